@@ -1,0 +1,1 @@
+//! Service-token JWTs and identity-provider verification. No HTTP.

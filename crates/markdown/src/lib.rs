@@ -1,0 +1,1 @@
+//! Document bytes to Markdown: one converter per format and a registry that sniffs content. No HTTP.
