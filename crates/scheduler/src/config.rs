@@ -1,0 +1,76 @@
+//! Per-model scheduler limits. Resolved values only: the server's config layer owns defaults
+//! coming from files and flags and builds one of these per model.
+
+use std::time::Duration;
+
+use crate::Error;
+
+/// Limits and knobs of one model's engine loop.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchedulerConfig {
+    /// Name used for the engine thread, logs and metrics (the model id).
+    pub name: String,
+    /// Most sequences in the running batch at once.
+    pub max_active: usize,
+    /// Most requests waiting for a slot beyond the free ones; past it `submit` answers `Overloaded`.
+    pub max_queued: usize,
+    /// Budget for the KV caches of all running sequences, in bytes. A sequence reserves
+    /// `(prompt + max_tokens) × kv_bytes_per_token` (clipped to the context) when admitted.
+    pub kv_budget_bytes: u64,
+    /// Longest a request waits for admission before `submit` answers `QueueTimeout`.
+    pub queue_timeout: Duration,
+    /// Prompt tokens fed per prefill chunk. Chunk boundaries depend only on this, never on the
+    /// other sequences, so a prompt's numerics do not depend on what runs beside it.
+    pub prefill_chunk: usize,
+    /// Soft limit on the tokens of one step (decode rows plus prefill chunks). At least one
+    /// prefill chunk runs per step when any prompt is waiting, so a long prompt always progresses.
+    pub max_step_tokens: usize,
+    /// Capacity of each stream's event channel. A stream whose channel is full is paused (it
+    /// takes no step, keeps its KV cache) until its reader catches up.
+    pub channel_capacity: usize,
+    /// A stream paused this long (its reader takes nothing) is aborted as `Disconnected`.
+    pub stall_timeout: Duration,
+    /// On shutdown, how long running streams may go on before they are aborted.
+    pub shutdown_grace: Duration,
+    /// What `Retry-After` suggests when a request is refused for load.
+    pub retry_after: Duration,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            name: "model".into(),
+            max_active: 16,
+            max_queued: 64,
+            kv_budget_bytes: 2 << 30,
+            queue_timeout: Duration::from_secs(30),
+            prefill_chunk: 128,
+            max_step_tokens: 192,
+            channel_capacity: 64,
+            stall_timeout: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(10),
+            retry_after: Duration::from_secs(1),
+        }
+    }
+}
+
+impl SchedulerConfig {
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        let bad = |what: &str| Err(Error::InvalidConfig(format!("{what} must be at least 1")));
+        if self.max_active == 0 {
+            return bad("max_active");
+        }
+        if self.prefill_chunk == 0 {
+            return bad("prefill_chunk");
+        }
+        if self.max_step_tokens == 0 {
+            return bad("max_step_tokens");
+        }
+        if self.channel_capacity < 2 {
+            return Err(Error::InvalidConfig(
+                "channel_capacity must be at least 2".into(),
+            ));
+        }
+        Ok(())
+    }
+}

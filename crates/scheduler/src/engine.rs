@@ -1,0 +1,545 @@
+//! The engine loop: owns the model on its own OS thread and runs one batched forward step after
+//! another over every running sequence. Each iteration admits waiting requests (FCFS), reaps
+//! cancelled / disconnected / stalled streams, plans a step (one decode row per running stream,
+//! then prefill chunks), runs it, samples and sends events without ever blocking on a reader.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hearth_infer::{Detokenizer, Sampler, Sequence, Step, TextModel, TextTokenizer};
+use hearth_types::{AbortReason, FinishReason, TokenEvent, Usage};
+use tokio::sync::mpsc::{self, error::TrySendError};
+use tracing::{debug, error, info, info_span, warn, Span};
+
+use crate::handle::{CancelHandle, Pending, RunState, Shared};
+use crate::Error;
+
+/// How long the loop sleeps when every running stream is paused on a full channel.
+const PAUSED_POLL: Duration = Duration::from_millis(2);
+/// How long the loop sleeps with nothing to do before looking at deadlines again.
+const IDLE_POLL: Duration = Duration::from_millis(50);
+/// After the last stream ended at shutdown, how long undelivered final events may wait.
+const FINAL_FLUSH: Duration = Duration::from_millis(500);
+
+/// One running sequence: its KV cache, its tokens and its way back to the reader.
+struct Active {
+    stream_id: String,
+    seq: Sequence,
+    /// Prompt followed by the generated tokens (the repetition penalty's context too).
+    ids: Vec<u32>,
+    prompt_len: usize,
+    generated: usize,
+    max_tokens: usize,
+    capacity: usize,
+    kv_bytes: u64,
+    sampler: Sampler,
+    detok: Detokenizer,
+    tx: mpsc::Sender<TokenEvent>,
+    cancel: CancelHandle,
+    /// Events not yet accepted by the channel. Non-empty means the stream is paused.
+    outbox: VecDeque<TokenEvent>,
+    paused_since: Option<Instant>,
+    enqueued: Instant,
+    last_token: Option<Instant>,
+    /// Tokens this step feeds, chosen by `plan`.
+    planned: Option<(usize, usize)>,
+    progress: Arc<AtomicUsize>,
+    span: Span,
+}
+
+impl Active {
+    fn fed(&self) -> usize {
+        self.seq.len()
+    }
+    fn prefilling(&self) -> bool {
+        self.fed() < self.prompt_len
+    }
+    fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt_len,
+            completion_tokens: self.generated,
+        }
+    }
+}
+
+/// A stream that has ended but whose last events wait for room in its channel.
+struct Closing {
+    tx: mpsc::Sender<TokenEvent>,
+    outbox: VecDeque<TokenEvent>,
+    since: Instant,
+}
+
+enum Flush {
+    /// Everything sent.
+    Empty,
+    /// The channel is full; the rest waits.
+    Full,
+    /// The reader is gone.
+    Closed,
+}
+
+fn flush(tx: &mpsc::Sender<TokenEvent>, outbox: &mut VecDeque<TokenEvent>) -> Flush {
+    while let Some(event) = outbox.pop_front() {
+        match tx.try_send(event) {
+            Ok(()) => {}
+            Err(TrySendError::Full(event)) => {
+                outbox.push_front(event);
+                return Flush::Full;
+            }
+            Err(TrySendError::Closed(_)) => {
+                outbox.clear();
+                return Flush::Closed;
+            }
+        }
+    }
+    Flush::Empty
+}
+
+/// The batch and everything the loop owns besides the model (kept apart so the model's
+/// borrowed logits can be read while the batch is changed).
+struct Batch {
+    shared: Arc<Shared>,
+    tokenizer: Arc<TextTokenizer>,
+    active: Vec<Active>,
+    closing: Vec<Closing>,
+    kv_reserved: u64,
+    vocab: usize,
+}
+
+pub(crate) struct Engine {
+    model: TextModel,
+    batch: Batch,
+}
+
+/// Marks the engine gone however the thread ends (return or panic) and wakes `shutdown`.
+struct ExitGuard(Arc<Shared>);
+
+impl Drop for ExitGuard {
+    fn drop(&mut self) {
+        let mut queue = self.0.lock();
+        let panicking = std::thread::panicking();
+        let why = if panicking {
+            "the engine thread panicked"
+        } else {
+            "the engine has stopped"
+        };
+        queue.dead.get_or_insert_with(|| why.to_string());
+        for pending in queue.waiting.drain(..) {
+            let refusal = if panicking {
+                Error::EngineUnavailable(why.to_string())
+            } else {
+                Error::ShuttingDown
+            };
+            self.0.registry.remove(&pending.stream_id, &pending.cancel);
+            let _ = pending.admit.send(Err(refusal));
+        }
+        queue.active = 0;
+        drop(queue);
+        self.0.metrics.queue_depth.store(0, Relaxed);
+        self.0.metrics.active.store(0, Relaxed);
+        if panicking {
+            error!(model = %self.0.config.name, "engine thread panicked; the model is unavailable");
+        }
+        self.0.stopped.send_replace(true);
+    }
+}
+
+impl Engine {
+    pub(crate) fn new(model: TextModel, shared: Arc<Shared>) -> Self {
+        let vocab = model.info().vocab_size;
+        let tokenizer = Arc::clone(&shared.tokenizer);
+        Engine {
+            model,
+            batch: Batch {
+                shared,
+                tokenizer,
+                active: Vec::new(),
+                closing: Vec::new(),
+                kv_reserved: 0,
+                vocab,
+            },
+        }
+    }
+
+    pub(crate) fn run(mut self) {
+        let _exit = ExitGuard(Arc::clone(&self.batch.shared));
+        let name = self.batch.shared.config.name.clone();
+        info!(model = %name, "engine started");
+        loop {
+            let draining = self.batch.admit(&self.model);
+            if let Some(deadline) = draining {
+                if Instant::now() >= deadline && !self.batch.active.is_empty() {
+                    info!(model = %name, streams = self.batch.active.len(), "grace period over, aborting");
+                    self.batch.abort_all(AbortReason::Shutdown);
+                }
+            }
+            self.batch.reap();
+            if draining.is_some() && self.batch.active.is_empty() {
+                self.batch.final_flush();
+                break;
+            }
+            if self.batch.plan() == 0 {
+                self.batch.idle_wait(draining.is_some());
+                continue;
+            }
+            self.step();
+        }
+        info!(model = %name, "engine stopped");
+    }
+
+    fn step(&mut self) {
+        let started = Instant::now();
+        let batch = &mut self.batch;
+        let mut rows = Vec::with_capacity(batch.active.len());
+        let mut tokens = 0;
+        let mut steps = Vec::with_capacity(batch.active.len());
+        for (i, a) in batch.active.iter_mut().enumerate() {
+            if let Some((from, to)) = a.planned.take() {
+                let Active { seq, ids, .. } = a;
+                let ids: &Vec<u32> = ids;
+                steps.push(Step {
+                    seq,
+                    tokens: &ids[from..to],
+                });
+                rows.push(i);
+                tokens += to - from;
+            }
+        }
+        let span = tracing::debug_span!("step", rows = rows.len(), tokens);
+        let _enter = span.enter();
+        let result = self.model.forward(&mut steps);
+        drop(steps);
+        let shared = Arc::clone(&batch.shared);
+        let metrics = &shared.metrics;
+        metrics.steps.fetch_add(1, Relaxed);
+        metrics.batch_rows.record(rows.len() as u64);
+        metrics.batch_tokens.record(tokens as u64);
+        match result {
+            Ok(logits) => batch.after_step(&rows, logits),
+            Err(e) => {
+                error!(error = %e, rows = rows.len(), "forward step failed; aborting its streams");
+                let reason = AbortReason::EngineFailure(e.to_string());
+                for &i in rows.iter().rev() {
+                    batch.end(i, Err(reason.clone()));
+                }
+            }
+        }
+        metrics.step_time.record_duration(started.elapsed());
+    }
+}
+
+impl Batch {
+    /// Moves waiting requests into the batch in arrival order while slots and KV budget allow.
+    /// Returns the shutdown deadline when draining.
+    fn admit(&mut self, model: &TextModel) -> Option<Instant> {
+        let shared = Arc::clone(&self.shared);
+        let config = &shared.config;
+        let mut queue = shared.lock();
+        let draining = match queue.state {
+            RunState::Running => None,
+            RunState::Draining { deadline } => Some(deadline),
+        };
+        // Requests cancelled while waiting leave without a slot.
+        let mut i = 0;
+        while i < queue.waiting.len() {
+            if queue.waiting[i].cancel.is_cancelled() || queue.waiting[i].tx.is_closed() {
+                if let Some(p) = queue.waiting.remove(i) {
+                    shared.registry.remove(&p.stream_id, &p.cancel);
+                    let _ = p.admit.send(Err(Error::Cancelled));
+                }
+            } else {
+                i += 1;
+            }
+        }
+        if draining.is_some() {
+            for p in queue.waiting.drain(..) {
+                shared.registry.remove(&p.stream_id, &p.cancel);
+                let _ = p.admit.send(Err(Error::ShuttingDown));
+            }
+        }
+        while let Some(front) = queue.waiting.front() {
+            let fits = self.active.len() < config.max_active
+                && self.kv_reserved + front.kv_bytes <= config.kv_budget_bytes;
+            if !fits {
+                break; // FCFS: nobody overtakes the head of the queue
+            }
+            let Some(p) = queue.waiting.pop_front() else {
+                break;
+            };
+            // An allocation failure is the request's, not the engine's: refuse it and go on.
+            match model.new_sequence(p.capacity) {
+                Ok(seq) => self.start(p, seq),
+                Err(e) => {
+                    shared.registry.remove(&p.stream_id, &p.cancel);
+                    let _ = p.admit.send(Err(e.into()));
+                }
+            }
+        }
+        queue.active = self.active.len();
+        shared
+            .metrics
+            .queue_depth
+            .store(queue.waiting.len() as u64, Relaxed);
+        shared
+            .metrics
+            .active
+            .store(self.active.len() as u64, Relaxed);
+        draining
+    }
+
+    fn start(&mut self, p: Pending, seq: Sequence) {
+        let Pending {
+            stream_id,
+            prompt,
+            params,
+            capacity,
+            kv_bytes,
+            tx,
+            cancel,
+            admit,
+            enqueued,
+            span,
+            progress,
+            ..
+        } = p;
+        if admit.send(Ok(())).is_err() {
+            // `submit` was dropped in the same instant; the closed channel ends it at once.
+            debug!(%stream_id, "admitted after its caller left");
+        }
+        let metrics = &self.shared.metrics;
+        metrics.queue_wait.record_duration(enqueued.elapsed());
+        metrics
+            .prompt_tokens
+            .fetch_add(prompt.len() as u64, Relaxed);
+        let span = info_span!(parent: &span, "generation", %stream_id, prompt_tokens = prompt.len(), max_tokens = params.max_tokens);
+        span.in_scope(|| {
+            debug!(
+                queued_ms = enqueued.elapsed().as_millis() as u64,
+                "admitted"
+            )
+        });
+        self.kv_reserved += kv_bytes;
+        self.active.push(Active {
+            stream_id,
+            seq,
+            prompt_len: prompt.len(),
+            ids: prompt,
+            generated: 0,
+            max_tokens: params.max_tokens,
+            capacity,
+            kv_bytes,
+            sampler: Sampler::new(&params),
+            detok: self.tokenizer.detokenizer(),
+            tx,
+            cancel,
+            outbox: VecDeque::new(),
+            paused_since: None,
+            enqueued,
+            last_token: None,
+            planned: None,
+            progress,
+            span,
+        });
+    }
+
+    /// Ends streams whose reader asked to stop or went away, or stalled too long; delivers what
+    /// paused streams and closing streams still owe.
+    fn reap(&mut self) {
+        let stall = self.shared.config.stall_timeout;
+        let mut i = self.active.len();
+        while i > 0 {
+            i -= 1;
+            let a = &mut self.active[i];
+            if a.cancel.is_cancelled() {
+                self.end(i, Err(AbortReason::Cancelled));
+                continue;
+            }
+            match flush(&a.tx, &mut a.outbox) {
+                Flush::Closed => self.end(i, Err(AbortReason::Disconnected)),
+                Flush::Empty => a.paused_since = None,
+                Flush::Full => {
+                    let since = *a.paused_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= stall {
+                        a.span
+                            .in_scope(|| warn!("reader stalled; aborting the stream"));
+                        self.end(i, Err(AbortReason::Disconnected));
+                    }
+                }
+            }
+        }
+        let paused = self.active.iter().filter(|a| !a.outbox.is_empty()).count();
+        self.shared.metrics.paused.store(paused as u64, Relaxed);
+        self.closing.retain_mut(|c| {
+            matches!(flush(&c.tx, &mut c.outbox), Flush::Full) && c.since.elapsed() < stall
+        });
+    }
+
+    /// Chooses what the next step feeds: one token for every stream that is decoding and not
+    /// paused, then whole prefill chunks in arrival order while the step's token budget lasts.
+    /// Returns the number of rows.
+    fn plan(&mut self) -> usize {
+        let config = &self.shared.config;
+        let mut budget = config.max_step_tokens;
+        let mut rows = 0;
+        for a in self.active.iter_mut() {
+            a.planned = None;
+            if a.outbox.is_empty() && !a.prefilling() {
+                let fed = a.fed();
+                a.planned = Some((fed, fed + 1));
+                budget = budget.saturating_sub(1);
+                rows += 1;
+            }
+        }
+        let mut prefills = 0;
+        for a in self.active.iter_mut().filter(|a| a.prefilling()) {
+            let from = a.fed();
+            let to = (from + config.prefill_chunk).min(a.prompt_len);
+            if prefills > 0 && to - from > budget {
+                break;
+            }
+            a.planned = Some((from, to));
+            budget = budget.saturating_sub(to - from);
+            prefills += 1;
+            rows += 1;
+        }
+        rows
+    }
+
+    /// Samples the next token of every sequence that caught up with its tokens this step.
+    fn after_step(&mut self, rows: &[usize], logits: &[f32]) {
+        let vocab = self.vocab;
+        let mut ended: Vec<(usize, Result<FinishReason, AbortReason>)> = Vec::new();
+        let now = Instant::now();
+        for (row, &i) in rows.iter().enumerate() {
+            let a = &mut self.active[i];
+            if a.fed() < a.ids.len() {
+                continue; // mid-prefill chunk: its logits are not needed
+            }
+            let Some(row_logits) = logits.get(row * vocab..(row + 1) * vocab) else {
+                ended.push((
+                    i,
+                    Err(AbortReason::EngineFailure(
+                        "logits shorter than the batch".into(),
+                    )),
+                ));
+                continue;
+            };
+            let id = a.sampler.sample(row_logits, &a.ids);
+            let metrics = &self.shared.metrics;
+            match a.last_token {
+                None => metrics
+                    .time_to_first_token
+                    .record_duration(now - a.enqueued),
+                Some(last) => metrics.inter_token_latency.record_duration(now - last),
+            }
+            a.last_token = Some(now);
+            if self.tokenizer.is_stop(id) {
+                ended.push((i, Ok(FinishReason::Stop)));
+                continue;
+            }
+            a.ids.push(id);
+            a.generated += 1;
+            a.progress.store(a.generated, Relaxed);
+            metrics.generated_tokens.fetch_add(1, Relaxed);
+            if let Some(text) = a.detok.push(id) {
+                a.outbox.push_back(TokenEvent::Token { text, id });
+            }
+            if a.generated >= a.max_tokens {
+                ended.push((i, Ok(FinishReason::Length)));
+            } else if a.fed() >= a.capacity {
+                ended.push((i, Ok(FinishReason::ContextFull)));
+            } else if let Flush::Full = flush(&a.tx, &mut a.outbox) {
+                a.paused_since.get_or_insert(now);
+            }
+        }
+        for (i, outcome) in ended.into_iter().rev() {
+            self.end(i, outcome);
+        }
+    }
+
+    /// Removes sequence `i` from the batch at once (its KV cache is freed here) and queues its
+    /// final events.
+    fn end(&mut self, i: usize, outcome: Result<FinishReason, AbortReason>) {
+        let mut a = self.active.remove(i);
+        self.kv_reserved -= a.kv_bytes;
+        self.shared.registry.remove(&a.stream_id, &a.cancel);
+        let usage = a.usage();
+        let metrics = &self.shared.metrics;
+        let terminal = match outcome {
+            Ok(reason) => {
+                metrics.finished.fetch_add(1, Relaxed);
+                a.span.in_scope(|| {
+                    info!(
+                        completion_tokens = usage.completion_tokens,
+                        ?reason,
+                        "finished"
+                    )
+                });
+                TokenEvent::Finished { usage, reason }
+            }
+            Err(reason) => {
+                metrics.aborted.fetch_add(1, Relaxed);
+                a.span.in_scope(|| {
+                    info!(
+                        completion_tokens = usage.completion_tokens,
+                        ?reason,
+                        "aborted"
+                    )
+                });
+                TokenEvent::Aborted { usage, reason }
+            }
+        };
+        // Cancelled and finished streams still get their text: whatever the detokenizer holds.
+        if let Some(text) = a.detok.finish() {
+            let id = a.ids.last().copied().unwrap_or_default();
+            a.outbox.push_back(TokenEvent::Token { text, id });
+        }
+        a.outbox.push_back(terminal);
+        if let Flush::Full = flush(&a.tx, &mut a.outbox) {
+            self.closing.push(Closing {
+                tx: a.tx,
+                outbox: a.outbox,
+                since: Instant::now(),
+            });
+        }
+        self.shared
+            .metrics
+            .active
+            .store(self.active.len() as u64, Relaxed);
+    }
+
+    fn abort_all(&mut self, reason: AbortReason) {
+        for i in (0..self.active.len()).rev() {
+            self.end(i, Err(reason.clone()));
+        }
+    }
+
+    /// Gives undelivered final events a short while to go out before the thread exits.
+    fn final_flush(&mut self) {
+        let until = Instant::now() + FINAL_FLUSH;
+        while !self.closing.is_empty() && Instant::now() < until {
+            self.closing
+                .retain_mut(|c| matches!(flush(&c.tx, &mut c.outbox), Flush::Full));
+            std::thread::sleep(PAUSED_POLL);
+        }
+    }
+
+    /// Sleeps until a request arrives (or briefly, when streams are paused or draining).
+    fn idle_wait(&self, draining: bool) {
+        let queue = self.shared.lock();
+        // Checked under the lock, so a request pushed before we sleep is never missed.
+        let quiet = queue.waiting.is_empty() && self.active.is_empty() && self.closing.is_empty();
+        let timeout = if quiet && !draining {
+            IDLE_POLL
+        } else {
+            PAUSED_POLL
+        };
+        let _unused = self
+            .shared
+            .wake
+            .wait_timeout(queue, timeout)
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+    }
+}

@@ -1,0 +1,590 @@
+//! The async side: [`SchedulerHandle::submit`] queues a request and waits for its admission,
+//! [`Generation`] is what a caller reads events from, [`StreamRegistry`] finds a running stream
+//! by id to cancel it. Nothing here ever blocks on the engine beyond a short mutex.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use hearth_infer::{SamplingParams, TextModel, TextTokenizer};
+use hearth_types::{AbortReason, FinishReason, TokenEvent, Usage};
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::Span;
+
+use crate::engine::Engine;
+use crate::metrics::{Metrics, MetricsSnapshot};
+use crate::{Error, SchedulerConfig};
+
+/// One generation request, already tokenized and validated by the caller.
+#[derive(Debug)]
+pub struct Request {
+    /// The rendered, tokenized prompt.
+    pub prompt_ids: Vec<u32>,
+    /// Sampling parameters; `params.max_tokens` is the most output tokens.
+    pub params: SamplingParams,
+    /// Unique id under which [`StreamRegistry::cancel`] finds this stream.
+    pub stream_id: String,
+    /// The caller's span; the engine's per-request span is its child.
+    pub span: Span,
+}
+
+/// Stops one stream (queued or running) within one engine step. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct CancelHandle(Arc<AtomicBool>);
+
+impl CancelHandle {
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+    fn same(&self, other: &CancelHandle) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// Stream id -> cancel handle of every queued or running stream. Share one registry between
+/// the schedulers of several models so one lookup serves `/stream/shutdown`.
+#[derive(Debug, Clone, Default)]
+pub struct StreamRegistry(Arc<Mutex<HashMap<String, CancelHandle>>>);
+
+impl StreamRegistry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn map(&self) -> MutexGuard<'_, HashMap<String, CancelHandle>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Cancels the stream with this id. False when no queued or running stream has it (unknown
+    /// or already ended): the caller answers 404.
+    pub fn cancel(&self, stream_id: &str) -> bool {
+        match self.map().get(stream_id) {
+            Some(handle) if !handle.is_cancelled() => {
+                handle.cancel();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// True while the stream is queued or running.
+    pub fn contains(&self, stream_id: &str) -> bool {
+        self.map().contains_key(stream_id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.map().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn insert(&self, stream_id: &str, handle: CancelHandle) -> Result<(), Error> {
+        let mut map = self.map();
+        if map.contains_key(stream_id) {
+            return Err(Error::DuplicateStreamId(stream_id.to_string()));
+        }
+        map.insert(stream_id.to_string(), handle);
+        Ok(())
+    }
+
+    /// Removes the entry if it still belongs to `handle` (ids are never reused, but be exact).
+    pub(crate) fn remove(&self, stream_id: &str, handle: &CancelHandle) {
+        let mut map = self.map();
+        if map.get(stream_id).is_some_and(|h| h.same(handle)) {
+            map.remove(stream_id);
+        }
+    }
+}
+
+/// A request waiting for admission, owned by the shared queue until the engine takes it.
+pub(crate) struct Pending {
+    pub id: u64,
+    pub stream_id: String,
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    /// KV positions the sequence is allocated (prompt + max output, clipped to the context).
+    pub capacity: usize,
+    pub kv_bytes: u64,
+    pub tx: mpsc::Sender<TokenEvent>,
+    pub cancel: CancelHandle,
+    pub admit: oneshot::Sender<Result<(), Error>>,
+    pub enqueued: Instant,
+    pub span: Span,
+    pub progress: Arc<AtomicUsize>,
+}
+
+pub(crate) enum RunState {
+    Running,
+    /// Refusing new work; running streams end by `deadline` or are aborted.
+    Draining {
+        deadline: Instant,
+    },
+}
+
+pub(crate) struct Queue {
+    pub waiting: VecDeque<Pending>,
+    /// Sequences in the engine's batch, kept here so `submit` can count free slots.
+    pub active: usize,
+    pub state: RunState,
+    /// Set when the engine thread is gone, with the reason.
+    pub dead: Option<String>,
+}
+
+/// State shared by the handles and the engine thread.
+pub(crate) struct Shared {
+    pub config: SchedulerConfig,
+    pub queue: Mutex<Queue>,
+    pub wake: Condvar,
+    pub metrics: Metrics,
+    pub registry: StreamRegistry,
+    pub tokenizer: Arc<TextTokenizer>,
+    pub context_length: usize,
+    pub kv_bytes_per_token: u64,
+    pub stopped: watch::Sender<bool>,
+    next_id: AtomicU64,
+}
+
+impl Shared {
+    pub fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Starts draining (idempotent): new requests are refused, running ones get the grace period.
+    pub fn begin_shutdown(&self) {
+        let mut queue = self.lock();
+        if matches!(queue.state, RunState::Running) {
+            queue.state = RunState::Draining {
+                deadline: Instant::now() + self.config.shutdown_grace,
+            };
+        }
+        drop(queue);
+        self.wake.notify_all();
+    }
+}
+
+/// Starts engines. See [`Scheduler::spawn`].
+pub struct Scheduler;
+
+impl Scheduler {
+    /// Moves `model` onto a new OS thread running its engine loop, with a registry of its own.
+    pub fn spawn(model: TextModel, config: SchedulerConfig) -> Result<SchedulerHandle, Error> {
+        Self::spawn_with_registry(model, config, StreamRegistry::new())
+    }
+
+    /// Like [`Scheduler::spawn`], registering stream ids in a registry shared with other models.
+    pub fn spawn_with_registry(
+        model: TextModel,
+        config: SchedulerConfig,
+        registry: StreamRegistry,
+    ) -> Result<SchedulerHandle, Error> {
+        config.check()?;
+        let info = model.info();
+        let (stopped, stopped_rx) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            context_length: info.context_length,
+            kv_bytes_per_token: info.kv_bytes_per_token as u64,
+            tokenizer: model.tokenizer(),
+            config,
+            queue: Mutex::new(Queue {
+                waiting: VecDeque::new(),
+                active: 0,
+                state: RunState::Running,
+                dead: None,
+            }),
+            wake: Condvar::new(),
+            metrics: Metrics::default(),
+            registry,
+            stopped,
+            next_id: AtomicU64::new(0),
+        });
+        let engine_shared = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name(format!("engine-{}", shared.config.name))
+            .spawn(move || Engine::new(model, engine_shared).run())
+            .map_err(|e| {
+                Error::EngineUnavailable(format!("cannot start the engine thread: {e}"))
+            })?;
+        Ok(SchedulerHandle {
+            inner: Arc::new(HandleInner {
+                shared,
+                stopped: stopped_rx,
+            }),
+        })
+    }
+}
+
+struct HandleInner {
+    shared: Arc<Shared>,
+    stopped: watch::Receiver<bool>,
+}
+
+impl Drop for HandleInner {
+    /// The last handle gone: drain like a shutdown (running streams finish within the grace).
+    fn drop(&mut self) {
+        self.shared.begin_shutdown();
+    }
+}
+
+/// The async entry to one model's engine. Clone it freely; when the last clone is dropped the
+/// engine drains and stops.
+#[derive(Clone)]
+pub struct SchedulerHandle {
+    inner: Arc<HandleInner>,
+}
+
+impl std::fmt::Debug for SchedulerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SchedulerHandle")
+            .field("name", &self.inner.shared.config.name)
+            .finish()
+    }
+}
+
+/// Removes a request from the queue if `submit` gives up on it (timeout or dropped future).
+struct QueueGuard<'a> {
+    shared: &'a Shared,
+    id: u64,
+    stream_id: &'a str,
+    cancel: CancelHandle,
+    armed: bool,
+}
+
+impl QueueGuard<'_> {
+    /// True if the request was still waiting and is now removed.
+    fn withdraw(&mut self) -> bool {
+        self.armed = false;
+        let mut queue = self.shared.lock();
+        let before = queue.waiting.len();
+        queue.waiting.retain(|p| p.id != self.id);
+        let removed = queue.waiting.len() < before;
+        self.shared
+            .metrics
+            .queue_depth
+            .store(queue.waiting.len() as u64, Ordering::Relaxed);
+        drop(queue);
+        if removed {
+            self.shared.registry.remove(self.stream_id, &self.cancel);
+        }
+        removed
+    }
+}
+
+impl Drop for QueueGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            // The caller went away while waiting; if it was admitted meanwhile, the engine sees
+            // the dropped receiver at its next step.
+            self.cancel.cancel();
+            self.withdraw();
+        }
+    }
+}
+
+impl SchedulerHandle {
+    pub fn name(&self) -> &str {
+        &self.inner.shared.config.name
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.inner.shared.config
+    }
+
+    /// The model's tokenizer and chat template (to count prompt tokens before submitting).
+    pub fn tokenizer(&self) -> Arc<TextTokenizer> {
+        Arc::clone(&self.inner.shared.tokenizer)
+    }
+
+    pub fn context_length(&self) -> usize {
+        self.inner.shared.context_length
+    }
+
+    pub fn registry(&self) -> &StreamRegistry {
+        &self.inner.shared.registry
+    }
+
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.inner.shared.metrics.snapshot()
+    }
+
+    /// Why the engine is unavailable, if it is (the thread died).
+    pub fn unavailable(&self) -> Option<String> {
+        self.inner.shared.lock().dead.clone()
+    }
+
+    /// Queues `request` and waits until the engine admits it into the running batch.
+    ///
+    /// Refused at once, without queueing: `Overloaded` past the queue limit, `ShuttingDown`,
+    /// `EngineUnavailable`, and requests that can never run (`EmptyPrompt`, `PromptTooLong`,
+    /// `ExceedsKvBudget`, `DuplicateStreamId`). A request not admitted within the queue timeout
+    /// gets `QueueTimeout`. Dropping the returned future withdraws the request.
+    pub async fn submit(&self, request: Request) -> Result<Generation, Error> {
+        let shared = &*self.inner.shared;
+        let config = &shared.config;
+        let Request {
+            prompt_ids,
+            params,
+            stream_id,
+            span,
+        } = request;
+        let metrics = &shared.metrics;
+        metrics.requests.fetch_add(1, Ordering::Relaxed);
+        let refuse = |e: Error| {
+            metrics.rejected.fetch_add(1, Ordering::Relaxed);
+            Err(e)
+        };
+
+        let prompt_tokens = prompt_ids.len();
+        if prompt_tokens == 0 {
+            return refuse(Error::EmptyPrompt);
+        }
+        if params.max_tokens == 0 {
+            return refuse(Error::ZeroMaxTokens);
+        }
+        if prompt_tokens >= shared.context_length {
+            return refuse(Error::PromptTooLong {
+                got: prompt_tokens,
+                max: shared.context_length - 1,
+            });
+        }
+        let capacity = (prompt_tokens + params.max_tokens).min(shared.context_length);
+        let kv_bytes = capacity as u64 * shared.kv_bytes_per_token;
+        if kv_bytes > config.kv_budget_bytes {
+            return refuse(Error::ExceedsKvBudget {
+                prompt_tokens,
+                max_tokens: params.max_tokens,
+                needed_bytes: kv_bytes,
+                budget_bytes: config.kv_budget_bytes,
+            });
+        }
+
+        let cancel = CancelHandle::default();
+        if let Err(e) = shared.registry.insert(&stream_id, cancel.clone()) {
+            return refuse(e);
+        }
+        let (tx, events) = mpsc::channel(config.channel_capacity);
+        let (admit, admitted) = oneshot::channel();
+        let progress = Arc::new(AtomicUsize::new(0));
+        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut queue = shared.lock();
+            let refusal = if let Some(why) = &queue.dead {
+                Some(Error::EngineUnavailable(why.clone()))
+            } else if matches!(queue.state, RunState::Draining { .. }) {
+                Some(Error::ShuttingDown)
+            } else {
+                let free_slots = config.max_active.saturating_sub(queue.active);
+                let limit = config.max_queued + free_slots;
+                (queue.waiting.len() >= limit).then(|| Error::Overloaded {
+                    waiting: queue.waiting.len(),
+                    limit: config.max_queued,
+                    retry_after: config.retry_after,
+                })
+            };
+            if let Some(e) = refusal {
+                drop(queue);
+                shared.registry.remove(&stream_id, &cancel);
+                return refuse(e);
+            }
+            queue.waiting.push_back(Pending {
+                id,
+                stream_id: stream_id.clone(),
+                prompt: prompt_ids,
+                params,
+                capacity,
+                kv_bytes,
+                tx,
+                cancel: cancel.clone(),
+                admit,
+                enqueued: Instant::now(),
+                span,
+                progress: Arc::clone(&progress),
+            });
+            metrics
+                .queue_depth
+                .store(queue.waiting.len() as u64, Ordering::Relaxed);
+        }
+        shared.wake.notify_all();
+
+        let guard_id = stream_id.clone();
+        let mut guard = QueueGuard {
+            shared,
+            id,
+            stream_id: &guard_id,
+            cancel: cancel.clone(),
+            armed: true,
+        };
+        let started = Instant::now();
+        let mut admitted = admitted;
+        let admitted = match tokio::time::timeout(config.queue_timeout, &mut admitted).await {
+            Ok(result) => result,
+            Err(_elapsed) => {
+                if guard.withdraw() {
+                    return refuse(Error::QueueTimeout {
+                        waited: started.elapsed(),
+                        retry_after: config.retry_after,
+                    });
+                }
+                // The engine took it in the same instant: its answer is already on its way.
+                admitted.await
+            }
+        };
+        guard.armed = false;
+        drop(guard);
+        match admitted {
+            Ok(Ok(())) => Ok(Generation {
+                stream_id,
+                prompt_tokens,
+                events,
+                cancel,
+                progress,
+                registry: shared.registry.clone(),
+                done: false,
+            }),
+            Ok(Err(e)) => {
+                shared.registry.remove(&stream_id, &cancel);
+                refuse(e)
+            }
+            Err(_engine_gone) => {
+                shared.registry.remove(&stream_id, &cancel);
+                refuse(Error::EngineUnavailable("the engine stopped".into()))
+            }
+        }
+    }
+
+    /// Refuses new requests, lets running streams go on for the configured grace period, aborts
+    /// the rest with `AbortReason::Shutdown`, and resolves when the engine thread has exited.
+    pub async fn shutdown(&self) {
+        self.inner.shared.begin_shutdown();
+        let mut stopped = self.inner.stopped.clone();
+        // An error means the engine's sender is gone, which also means it stopped.
+        let _ = stopped.wait_for(|stopped| *stopped).await;
+    }
+}
+
+/// What one stream sends, in order: `Token`s, then exactly one `Finished` or `Aborted`.
+/// Dropping it cancels the stream (the engine sees the closed channel within one step).
+#[derive(Debug)]
+pub struct Generation {
+    stream_id: String,
+    prompt_tokens: usize,
+    events: mpsc::Receiver<TokenEvent>,
+    cancel: CancelHandle,
+    progress: Arc<AtomicUsize>,
+    registry: StreamRegistry,
+    done: bool,
+}
+
+/// A whole generation read to its end (see [`Generation::collect`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Output {
+    pub text: String,
+    pub usage: Usage,
+    pub outcome: Outcome,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Finished(FinishReason),
+    Aborted(AbortReason),
+}
+
+impl Generation {
+    pub fn stream_id(&self) -> &str {
+        &self.stream_id
+    }
+
+    pub fn prompt_tokens(&self) -> usize {
+        self.prompt_tokens
+    }
+
+    /// Output tokens generated so far (the engine's count, ahead of the events read).
+    pub fn generated_tokens(&self) -> usize {
+        self.progress.load(Ordering::Relaxed)
+    }
+
+    pub fn cancel_handle(&self) -> CancelHandle {
+        self.cancel.clone()
+    }
+
+    /// Stops the stream; an `Aborted { reason: Cancelled }` event follows within one step.
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    /// The next event; `None` after the terminal one. If the engine dies mid-stream this yields
+    /// an `Aborted { EngineFailure }` with the partial usage instead of ending silently.
+    pub async fn next(&mut self) -> Option<TokenEvent> {
+        if self.done {
+            return None;
+        }
+        match self.events.recv().await {
+            Some(event) => {
+                self.done = !matches!(event, TokenEvent::Token { .. });
+                Some(event)
+            }
+            None => {
+                self.done = true;
+                Some(TokenEvent::Aborted {
+                    usage: Usage {
+                        prompt_tokens: self.prompt_tokens,
+                        completion_tokens: self.generated_tokens(),
+                    },
+                    reason: AbortReason::EngineFailure("the engine stopped".into()),
+                })
+            }
+        }
+    }
+
+    /// Reads every event and returns the concatenated text with the terminal outcome.
+    pub async fn collect(mut self) -> Output {
+        let mut text = String::new();
+        while let Some(event) = self.next().await {
+            match event {
+                TokenEvent::Token { text: piece, .. } => text.push_str(&piece),
+                TokenEvent::Finished { usage, reason } => {
+                    return Output {
+                        text,
+                        usage,
+                        outcome: Outcome::Finished(reason),
+                    }
+                }
+                TokenEvent::Aborted { usage, reason } => {
+                    return Output {
+                        text,
+                        usage,
+                        outcome: Outcome::Aborted(reason),
+                    }
+                }
+            }
+        }
+        // `next` yields a terminal event before `None`; this only guards a future change.
+        let usage = Usage {
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.generated_tokens(),
+        };
+        Output {
+            text,
+            usage,
+            outcome: Outcome::Aborted(AbortReason::EngineFailure("stream ended early".into())),
+        }
+    }
+}
+
+impl Drop for Generation {
+    fn drop(&mut self) {
+        if !self.done {
+            self.cancel.cancel();
+        }
+        self.registry.remove(&self.stream_id, &self.cancel);
+    }
+}

@@ -1,0 +1,467 @@
+//! Behaviour of the scheduler with a real model: the deterministic tiny random llama
+//! (`TextModel::tiny_random`) for speed, and the real SmolLM2 weights for the greedy-equality
+//! check (fetched by `scripts/fetch-weights.sh`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hearth_infer::{ChatMessage, Role, SamplingParams, TextModel, TextModelConfig};
+use hearth_scheduler::{
+    Error, Generation, Outcome, Output, Request, Scheduler, SchedulerConfig, SchedulerHandle,
+};
+use hearth_types::{AbortReason, FinishReason, TokenEvent};
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.0,
+        max_tokens,
+        ..SamplingParams::default()
+    }
+}
+
+fn config(name: &str) -> SchedulerConfig {
+    SchedulerConfig {
+        name: name.into(),
+        // Small chunks so that the prompts below are prefilled over several steps, interleaved
+        // with the decoding of the others.
+        prefill_chunk: 8,
+        max_step_tokens: 24,
+        ..SchedulerConfig::default()
+    }
+}
+
+fn tiny(cfg: SchedulerConfig) -> SchedulerHandle {
+    Scheduler::spawn(TextModel::tiny_random(7), cfg).expect("spawn")
+}
+
+fn prompt(sched: &SchedulerHandle, text: &str) -> Vec<u32> {
+    let tok = sched.tokenizer();
+    let rendered = tok
+        .apply_chat_template(&[ChatMessage::new(Role::User, text)])
+        .expect("template");
+    tok.encode(&rendered).expect("encode")
+}
+
+fn request(ids: Vec<u32>, params: SamplingParams, stream_id: &str) -> Request {
+    Request {
+        prompt_ids: ids,
+        params,
+        stream_id: stream_id.into(),
+        span: tracing::Span::none(),
+    }
+}
+
+async fn run(sched: &SchedulerHandle, ids: Vec<u32>, params: SamplingParams, id: &str) -> Output {
+    sched
+        .submit(request(ids, params, id))
+        .await
+        .expect("submit")
+        .collect()
+        .await
+}
+
+/// Reads events until `n` tokens have arrived (or the stream ended).
+async fn read_tokens(generation: &mut Generation, n: usize) -> String {
+    let mut text = String::new();
+    let mut seen = 0;
+    while seen < n {
+        match generation.next().await {
+            Some(TokenEvent::Token { text: piece, .. }) => {
+                text.push_str(&piece);
+                seen += 1;
+            }
+            other => panic!("stream ended early: {other:?}"),
+        }
+    }
+    text
+}
+
+const PROMPTS: [&str; 8] = [
+    "Hi",
+    "What is the capital of France?",
+    "Write a haiku about the sea, the wind and an old lighthouse keeper.",
+    "List three prime numbers.",
+    "Explain in detail how a hash map handles collisions, with open addressing and chaining, and compare them.",
+    "Say yes.",
+    "Translate 'good morning' into German, Spanish and Italian, one per line.",
+    "Why is the sky blue? Answer like a physicist talking to a child who keeps asking why.",
+];
+
+async fn alone_then_together(make: impl Fn() -> SchedulerHandle, max_tokens: usize) {
+    let sched = make();
+    let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| prompt(&sched, p)).collect();
+    let mut alone = Vec::new();
+    for (i, ids) in prompts.iter().enumerate() {
+        alone.push(
+            run(
+                &sched,
+                ids.clone(),
+                greedy(max_tokens),
+                &format!("alone-{i}"),
+            )
+            .await,
+        );
+    }
+    // Together: started at different times, so they join a batch already running, some while
+    // others are still prefilling.
+    let mut tasks = Vec::new();
+    for (i, ids) in prompts.iter().enumerate() {
+        let s = sched.clone();
+        let ids = ids.clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(15 * i as u64)).await;
+            run(&s, ids, greedy(max_tokens), &format!("together-{i}")).await
+        }));
+    }
+    for (i, task) in tasks.into_iter().enumerate() {
+        let together = task.await.expect("task");
+        assert_eq!(together, alone[i], "prompt {i} differs when batched");
+        assert!(together.usage.completion_tokens > 0);
+        assert_eq!(together.usage.prompt_tokens, prompts[i].len());
+    }
+    let metrics = sched.metrics();
+    assert!(
+        metrics.batch_rows.max >= 4.0,
+        "requests never shared a step: {:?}",
+        metrics.batch_rows
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn greedy_output_alone_equals_output_alongside_seven_others() {
+    alone_then_together(|| tiny(config("tiny")), 24).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn greedy_output_alone_equals_output_alongside_seven_others_with_smollm2() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../weights/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/fetch-weights.sh",
+        path.display()
+    );
+    let model = TextModel::load(&TextModelConfig::local(path)).expect("load SmolLM2");
+    let handle = Scheduler::spawn(model, config("smollm2")).expect("spawn");
+    alone_then_together(move || handle.clone(), 16).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_ends_with_length_after_max_tokens_and_reports_usage() {
+    let sched = tiny(config("tiny"));
+    let ids = prompt(&sched, "Count to ten.");
+    let n = ids.len();
+    let out = run(&sched, ids, greedy(5), "s").await;
+    assert!(out.usage.completion_tokens <= 5);
+    assert_eq!(out.usage.prompt_tokens, n);
+    match out.outcome {
+        Outcome::Finished(FinishReason::Length) => assert_eq!(out.usage.completion_tokens, 5),
+        Outcome::Finished(FinishReason::Stop) => assert!(out.usage.completion_tokens < 5),
+        other => panic!("unexpected outcome {other:?}"),
+    }
+    assert!(
+        !sched.registry().contains("s"),
+        "a finished stream stays registered"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_by_handle_frees_the_slot_and_leaves_others_unchanged() {
+    let sched = tiny(SchedulerConfig {
+        max_active: 2,
+        ..config("tiny")
+    });
+    let other_ids = prompt(&sched, PROMPTS[2]);
+    let expected_other = run(&sched, other_ids.clone(), greedy(20), "ref").await;
+
+    let victim_ids = prompt(&sched, PROMPTS[4]);
+    // temperature 0 with a stop-free budget far beyond what we read
+    let mut victim = sched
+        .submit(request(victim_ids, greedy(400), "victim"))
+        .await
+        .unwrap();
+    let other = sched
+        .submit(request(other_ids, greedy(20), "other"))
+        .await
+        .unwrap();
+    // Both slots are taken: a third request waits until the victim's slot frees.
+    let third_ids = prompt(&sched, PROMPTS[0]);
+    let s = sched.clone();
+    let third = tokio::spawn(async move { run(&s, third_ids, greedy(4), "third").await });
+
+    let _ = read_tokens(&mut victim, 3).await;
+    victim.cancel();
+    let mut end = None;
+    while let Some(event) = victim.next().await {
+        if !matches!(event, TokenEvent::Token { .. }) {
+            end = Some(event);
+        }
+    }
+    match end {
+        Some(TokenEvent::Aborted {
+            usage,
+            reason: AbortReason::Cancelled,
+        }) => {
+            assert!(
+                usage.completion_tokens >= 3 && usage.completion_tokens < 400,
+                "{usage:?}"
+            );
+        }
+        other => panic!("expected Aborted(Cancelled), got {other:?}"),
+    }
+    let third = tokio::time::timeout(Duration::from_secs(60), third)
+        .await
+        .expect("third admitted")
+        .unwrap();
+    assert!(third.usage.completion_tokens > 0);
+    assert_eq!(other.collect().await, expected_other);
+    assert_eq!(sched.metrics().aborted, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_receiver_stops_the_stream_and_frees_its_slot() {
+    let sched = tiny(SchedulerConfig {
+        max_active: 1,
+        ..config("tiny")
+    });
+    let mut gone = sched
+        .submit(request(prompt(&sched, "Go on"), greedy(400), "gone"))
+        .await
+        .unwrap();
+    let _ = read_tokens(&mut gone, 2).await;
+    drop(gone);
+    // With one slot, this only runs once the dropped stream left the batch.
+    let next = tokio::time::timeout(
+        Duration::from_secs(60),
+        run(&sched, prompt(&sched, "Hi"), greedy(3), "next"),
+    )
+    .await
+    .expect("slot freed");
+    assert!(next.usage.completion_tokens > 0);
+    let m = sched.metrics();
+    assert_eq!(m.aborted, 1);
+    assert!(
+        m.generated_tokens < 400,
+        "the dropped stream went on generating"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_registry_cancels_a_running_stream_and_forgets_ended_ones() {
+    let sched = tiny(config("tiny"));
+    let mut g = sched
+        .submit(request(prompt(&sched, "Hello"), greedy(400), "abc"))
+        .await
+        .unwrap();
+    let _ = read_tokens(&mut g, 1).await;
+    assert!(sched.registry().cancel("abc"));
+    let out = g.collect().await;
+    assert!(
+        matches!(out.outcome, Outcome::Aborted(AbortReason::Cancelled)),
+        "{out:?}"
+    );
+    assert!(
+        !sched.registry().cancel("abc"),
+        "an ended stream is still cancellable"
+    );
+    assert!(!sched.registry().cancel("never-existed"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_refuses_at_once_with_overloaded() {
+    let sched = tiny(SchedulerConfig {
+        max_active: 1,
+        max_queued: 1,
+        ..config("tiny")
+    });
+    let _running = sched
+        .submit(request(prompt(&sched, "One"), greedy(400), "1"))
+        .await
+        .unwrap();
+    let s = sched.clone();
+    let ids = prompt(&sched, "Two");
+    let _queued =
+        tokio::spawn(async move { s.submit(request(ids, greedy(4), "2")).await.map(|_| ()) });
+    // Let the second request reach the queue.
+    while sched.metrics().queue_depth < 1 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let err = sched
+        .submit(request(prompt(&sched, "Three"), greedy(4), "3"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Overloaded {
+                waiting: 1,
+                limit: 1,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.is_overload() && err.retry_after().is_some());
+    assert!(!sched.registry().contains("3"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_waits_past_the_queue_timeout_is_refused() {
+    let sched = tiny(SchedulerConfig {
+        max_active: 1,
+        queue_timeout: Duration::from_millis(100),
+        ..config("tiny")
+    });
+    let _running = sched
+        .submit(request(prompt(&sched, "One"), greedy(400), "1"))
+        .await
+        .unwrap();
+    let err = sched
+        .submit(request(prompt(&sched, "Two"), greedy(4), "2"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::QueueTimeout { .. }), "{err:?}");
+    assert_eq!(
+        sched.metrics().queue_depth,
+        0,
+        "the timed-out request stayed queued"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_that_can_never_fit_are_refused_with_typed_errors() {
+    let model = TextModel::tiny_random(7);
+    let per_token = model.info().kv_bytes_per_token as u64;
+    let context = model.info().context_length;
+    let sched = Scheduler::spawn(
+        model,
+        SchedulerConfig {
+            kv_budget_bytes: per_token * 64,
+            ..config("tiny")
+        },
+    )
+    .unwrap();
+    let err = sched
+        .submit(request(vec![1; 10], greedy(100), "big"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::ExceedsKvBudget {
+                prompt_tokens: 10,
+                max_tokens: 100,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let err = sched
+        .submit(request(vec![], greedy(4), "empty"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::EmptyPrompt));
+    let err = sched
+        .submit(request(vec![1; context], greedy(4), "long"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::PromptTooLong { .. }), "{err:?}");
+    assert!(sched.registry().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kv_budget_holds_back_a_request_until_memory_frees() {
+    let model = TextModel::tiny_random(7);
+    let per_token = model.info().kv_bytes_per_token as u64;
+    let sched = tiny(SchedulerConfig {
+        kv_budget_bytes: per_token * 120,
+        ..config("tiny")
+    });
+    let ids = prompt(&sched, "Hi");
+    let need = ids.len() + 60;
+    assert!(
+        need * 2 > 120 && need <= 120,
+        "test prompt of {} tokens does not suit",
+        ids.len()
+    );
+    let first = sched
+        .submit(request(ids.clone(), greedy(60), "a"))
+        .await
+        .unwrap();
+    let s = sched.clone();
+    let second = tokio::spawn(async move { run(&s, ids, greedy(60), "b").await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        sched.metrics().active,
+        1,
+        "both fit although the budget holds one"
+    );
+    let _ = first.collect().await;
+    let second = tokio::time::timeout(Duration::from_secs(60), second)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(second.usage.completion_tokens > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_pauses_only_its_own_stream() {
+    let sched = tiny(SchedulerConfig {
+        channel_capacity: 2,
+        ..config("tiny")
+    });
+    let ids = prompt(&sched, PROMPTS[1]);
+    let expected = run(&sched, ids.clone(), greedy(30), "ref").await;
+    // Nobody reads this one for now: its channel fills and it pauses.
+    let slow = sched
+        .submit(request(ids.clone(), greedy(30), "slow"))
+        .await
+        .unwrap();
+    let fast = tokio::time::timeout(
+        Duration::from_secs(60),
+        run(&sched, prompt(&sched, PROMPTS[3]), greedy(40), "fast"),
+    )
+    .await
+    .expect("the fast stream was stalled by the slow one");
+    assert!(fast.usage.completion_tokens > 0);
+    if expected.usage.completion_tokens > 3 {
+        assert!(
+            slow.generated_tokens() < expected.usage.completion_tokens,
+            "a full channel did not pause"
+        );
+        assert_eq!(sched.metrics().paused, 1);
+    }
+    // Reading it now resumes it, with the same output it has alone.
+    assert_eq!(slow.collect().await, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_refuses_new_work_and_aborts_streams_after_the_grace_period() {
+    let sched = tiny(SchedulerConfig {
+        shutdown_grace: Duration::from_millis(100),
+        ..config("tiny")
+    });
+    let mut running = sched
+        .submit(request(prompt(&sched, "Go"), greedy(400), "r"))
+        .await
+        .unwrap();
+    let _ = read_tokens(&mut running, 1).await;
+    let reader = tokio::spawn(async move { running.collect().await });
+    tokio::time::timeout(Duration::from_secs(30), sched.shutdown())
+        .await
+        .expect("engine exits");
+    let out = reader.await.unwrap();
+    assert!(
+        matches!(out.outcome, Outcome::Aborted(AbortReason::Shutdown)),
+        "{out:?}"
+    );
+    assert!(out.usage.completion_tokens >= 1);
+    let err = sched
+        .submit(request(prompt(&sched, "Late"), greedy(4), "late"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::ShuttingDown | Error::EngineUnavailable(_)),
+        "{err:?}"
+    );
+}
