@@ -32,6 +32,7 @@ struct Active {
     prompt_len: usize,
     generated: usize,
     max_tokens: usize,
+    ignore_eos: bool,
     capacity: usize,
     kv_bytes: u64,
     sampler: Sampler,
@@ -294,6 +295,7 @@ impl Batch {
             stream_id,
             prompt,
             params,
+            ignore_eos,
             capacity,
             kv_bytes,
             tx,
@@ -328,6 +330,7 @@ impl Batch {
             ids: prompt,
             generated: 0,
             max_tokens: params.max_tokens,
+            ignore_eos,
             capacity,
             kv_bytes,
             sampler: Sampler::new(&params),
@@ -435,7 +438,7 @@ impl Batch {
                 Some(last) => metrics.inter_token_latency.record_duration(now - last),
             }
             a.last_token = Some(now);
-            if self.tokenizer.is_stop(id) {
+            if !a.ignore_eos && self.tokenizer.is_stop(id) {
                 ended.push((i, Ok(FinishReason::Stop)));
                 continue;
             }

@@ -27,6 +27,9 @@ pub struct Request {
     pub stream_id: String,
     /// The caller's span; the engine's per-request span is its child.
     pub span: Span,
+    /// Keep generating through end-of-sequence tokens until `max_tokens` (benchmarks only, so
+    /// that every stream produces the same number of tokens).
+    pub ignore_eos: bool,
 }
 
 /// Stops one stream (queued or running) within one engine step. Cheap to clone.
@@ -110,6 +113,7 @@ pub(crate) struct Pending {
     pub stream_id: String,
     pub prompt: Vec<u32>,
     pub params: SamplingParams,
+    pub ignore_eos: bool,
     /// KV positions the sequence is allocated (prompt + max output, clipped to the context).
     pub capacity: usize,
     pub kv_bytes: u64,
@@ -335,6 +339,7 @@ impl SchedulerHandle {
             params,
             stream_id,
             span,
+            ignore_eos,
         } = request;
         let metrics = &shared.metrics;
         metrics.requests.fetch_add(1, Ordering::Relaxed);
@@ -400,6 +405,7 @@ impl SchedulerHandle {
                 stream_id: stream_id.clone(),
                 prompt: prompt_ids,
                 params,
+                ignore_eos,
                 capacity,
                 kv_bytes,
                 tx,

@@ -48,6 +48,16 @@ fn request(ids: Vec<u32>, params: SamplingParams, stream_id: &str) -> Request {
         params,
         stream_id: stream_id.into(),
         span: tracing::Span::none(),
+        ignore_eos: false,
+    }
+}
+
+/// A request that runs to `max_tokens` whatever the model samples (end-of-sequence ignored), for
+/// tests that need a stream to keep running.
+fn long(ids: Vec<u32>, max_tokens: usize, stream_id: &str) -> Request {
+    Request {
+        ignore_eos: true,
+        ..request(ids, greedy(max_tokens), stream_id)
     }
 }
 
@@ -176,10 +186,7 @@ async fn cancelling_by_handle_frees_the_slot_and_leaves_others_unchanged() {
 
     let victim_ids = prompt(&sched, PROMPTS[4]);
     // temperature 0 with a stop-free budget far beyond what we read
-    let mut victim = sched
-        .submit(request(victim_ids, greedy(400), "victim"))
-        .await
-        .unwrap();
+    let mut victim = sched.submit(long(victim_ids, 400, "victim")).await.unwrap();
     let other = sched
         .submit(request(other_ids, greedy(20), "other"))
         .await
@@ -225,7 +232,7 @@ async fn dropping_the_receiver_stops_the_stream_and_frees_its_slot() {
         ..config("tiny")
     });
     let mut gone = sched
-        .submit(request(prompt(&sched, "Go on"), greedy(400), "gone"))
+        .submit(long(prompt(&sched, "Go on"), 400, "gone"))
         .await
         .unwrap();
     let _ = read_tokens(&mut gone, 2).await;
@@ -250,7 +257,7 @@ async fn dropping_the_receiver_stops_the_stream_and_frees_its_slot() {
 async fn stream_registry_cancels_a_running_stream_and_forgets_ended_ones() {
     let sched = tiny(config("tiny"));
     let mut g = sched
-        .submit(request(prompt(&sched, "Hello"), greedy(400), "abc"))
+        .submit(long(prompt(&sched, "Hello"), 400, "abc"))
         .await
         .unwrap();
     let _ = read_tokens(&mut g, 1).await;
@@ -275,7 +282,7 @@ async fn a_full_queue_refuses_at_once_with_overloaded() {
         ..config("tiny")
     });
     let _running = sched
-        .submit(request(prompt(&sched, "One"), greedy(400), "1"))
+        .submit(long(prompt(&sched, "One"), 400, "1"))
         .await
         .unwrap();
     let s = sched.clone();
@@ -313,7 +320,7 @@ async fn a_request_that_waits_past_the_queue_timeout_is_refused() {
         ..config("tiny")
     });
     let _running = sched
-        .submit(request(prompt(&sched, "One"), greedy(400), "1"))
+        .submit(long(prompt(&sched, "One"), 400, "1"))
         .await
         .unwrap();
     let err = sched
@@ -384,12 +391,10 @@ async fn the_kv_budget_holds_back_a_request_until_memory_frees() {
         "test prompt of {} tokens does not suit",
         ids.len()
     );
-    let first = sched
-        .submit(request(ids.clone(), greedy(60), "a"))
-        .await
-        .unwrap();
+    let first = sched.submit(long(ids.clone(), 60, "a")).await.unwrap();
     let s = sched.clone();
-    let second = tokio::spawn(async move { run(&s, ids, greedy(60), "b").await });
+    let second =
+        tokio::spawn(async move { s.submit(long(ids, 60, "b")).await.unwrap().collect().await });
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(
         sched.metrics().active,
@@ -442,7 +447,7 @@ async fn shutdown_refuses_new_work_and_aborts_streams_after_the_grace_period() {
         ..config("tiny")
     });
     let mut running = sched
-        .submit(request(prompt(&sched, "Go"), greedy(400), "r"))
+        .submit(long(prompt(&sched, "Go"), 400, "r"))
         .await
         .unwrap();
     let _ = read_tokens(&mut running, 1).await;

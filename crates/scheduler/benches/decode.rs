@@ -1,0 +1,300 @@
+//! Aggregate decode throughput and inter-token latency of the scheduler alone (no HTTP), at
+//! several concurrency levels, on a real GGUF model.
+//!
+//! ```text
+//! cargo bench -p hearth-scheduler --bench decode -- \
+//!     [--model weights/SmolLM2-135M-Instruct.Q4_1.gguf] [--threads 2] [--streams 1,2,4,8,16]
+//!     [--max-tokens 64] [--natural-stop] [--json out.jsonl]
+//! ```
+//! Every stream generates exactly `--max-tokens` tokens (end-of-sequence ignored) unless
+//! `--natural-stop` is given. Prints a Markdown table; `--json` also writes one JSON object per
+//! concurrency level (the format `benches/loadgen.rs` writes, so scripts can compare them).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use hearth_infer::{ChatMessage, Role, SamplingParams, TextModel, TextModelConfig};
+use hearth_scheduler::{Request, Scheduler, SchedulerConfig, SchedulerHandle};
+use hearth_types::TokenEvent;
+
+/// Varied prompts that ask for long answers (stream `i` takes `PROMPTS[i % len]`).
+pub const PROMPTS: [&str; 8] = [
+    "Write a long story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain in detail how a hash map works, including collisions and resizing.",
+    "Describe the water cycle step by step for a school textbook.",
+    "Write a detailed travel guide for a weekend in Paris.",
+    "Explain how photosynthesis works, with all of its stages.",
+    "Write an essay about the history of the printing press.",
+    "Give a long list of tips for learning to play the guitar, with explanations.",
+    "Describe how a car engine works, part by part.",
+];
+
+struct Args {
+    model: PathBuf,
+    threads: usize,
+    streams: Vec<usize>,
+    max_tokens: usize,
+    natural_stop: bool,
+    json: Option<PathBuf>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut args = Args {
+        model: root.join("weights/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        threads: 2,
+        streams: vec![1, 2, 4, 8, 16],
+        max_tokens: 64,
+        natural_stop: false,
+        json: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--model" => args.model = value()?.into(),
+            "--threads" => {
+                args.threads = value()?.parse().map_err(|e| format!("--threads: {e}"))?
+            }
+            "--max-tokens" => {
+                args.max_tokens = value()?.parse().map_err(|e| format!("--max-tokens: {e}"))?
+            }
+            "--streams" => {
+                args.streams = value()?
+                    .split(',')
+                    .map(|s| s.trim().parse().map_err(|e| format!("--streams: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--natural-stop" => args.natural_stop = true,
+            "--json" => args.json = Some(value()?.into()),
+            "--bench" => {} // passed by `cargo bench`
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(args)
+}
+
+/// What one concurrency level measured.
+struct Level {
+    streams: usize,
+    tokens: usize,
+    wall: Duration,
+    ttft: Vec<f64>,
+    itl: Vec<f64>,
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+async fn one_stream(
+    sched: SchedulerHandle,
+    ids: Vec<u32>,
+    max_tokens: usize,
+    ignore_eos: bool,
+    id: String,
+    t0: Instant,
+) -> (usize, f64, Vec<f64>) {
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens,
+        ..SamplingParams::default()
+    };
+    let request = Request {
+        prompt_ids: ids,
+        params,
+        stream_id: id,
+        span: tracing::Span::none(),
+        ignore_eos,
+    };
+    let mut generation = sched.submit(request).await.expect("submit");
+    let mut last: Option<Instant> = None;
+    let mut ttft = f64::NAN;
+    let mut gaps = Vec::new();
+    let mut tokens = 0;
+    while let Some(event) = generation.next().await {
+        let now = Instant::now();
+        match event {
+            TokenEvent::Token { .. } => {
+                match last {
+                    None => ttft = (now - t0).as_secs_f64() * 1e3,
+                    Some(prev) => gaps.push((now - prev).as_secs_f64() * 1e3),
+                }
+                last = Some(now);
+            }
+            TokenEvent::Finished { usage, .. } => tokens = usage.completion_tokens,
+            TokenEvent::Aborted { usage, reason } => panic!("stream aborted: {reason:?} {usage:?}"),
+        }
+    }
+    (tokens, ttft, gaps)
+}
+
+async fn level(sched: &SchedulerHandle, prompts: &[Vec<u32>], n: usize, args: &Args) -> Level {
+    let t0 = Instant::now();
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            tokio::spawn(one_stream(
+                sched.clone(),
+                prompts[i % prompts.len()].clone(),
+                args.max_tokens,
+                !args.natural_stop,
+                format!("bench-{n}-{i}"),
+                t0,
+            ))
+        })
+        .collect();
+    let mut out = Level {
+        streams: n,
+        tokens: 0,
+        wall: Duration::ZERO,
+        ttft: vec![],
+        itl: vec![],
+    };
+    for task in tasks {
+        let (tokens, ttft, gaps) = task.await.expect("stream task");
+        out.tokens += tokens;
+        out.ttft.push(ttft);
+        out.itl.extend(gaps);
+    }
+    out.wall = t0.elapsed();
+    out.ttft.sort_by(f64::total_cmp);
+    out.itl.sort_by(f64::total_cmp);
+    out
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("decode bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(run(args));
+}
+
+async fn run(args: Args) {
+    let config = TextModelConfig {
+        threads: args.threads,
+        ..TextModelConfig::local(&args.model)
+    };
+    let started = Instant::now();
+    let model = TextModel::load(&config).unwrap_or_else(|e| {
+        eprintln!("cannot load {}: {e}", args.model.display());
+        std::process::exit(1)
+    });
+    eprintln!(
+        "loaded {} in {:.1}s",
+        args.model.display(),
+        started.elapsed().as_secs_f64()
+    );
+    let max_streams = args.streams.iter().copied().max().unwrap_or(1);
+    let sched = Scheduler::spawn(
+        model,
+        SchedulerConfig {
+            name: "bench".into(),
+            max_active: max_streams,
+            ..SchedulerConfig::default()
+        },
+    )
+    .expect("spawn");
+    let tok = sched.tokenizer();
+    let prompts: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|p| {
+            let text = tok
+                .apply_chat_template(&[ChatMessage::new(Role::User, *p)])
+                .expect("template");
+            tok.encode(&text).expect("encode")
+        })
+        .collect();
+    // Warm-up: page the weights in, size the buffers.
+    let _ = level(
+        &sched,
+        &prompts,
+        2,
+        &Args {
+            max_tokens: 8,
+            ..clone_args(&args)
+        },
+    )
+    .await;
+
+    println!(
+        "scheduler alone: {} threads={} max_tokens={} ({})",
+        args.model
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("?"),
+        args.threads,
+        args.max_tokens,
+        if args.natural_stop {
+            "natural stop"
+        } else {
+            "eos ignored"
+        }
+    );
+    println!("| streams | tokens | wall s | agg tok/s | × 1 stream | TTFT p50 ms | ITL p50 ms | ITL p99 ms | p99 × 1 stream |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut base: Option<(f64, f64)> = None;
+    let mut json = String::new();
+    for &n in &args.streams {
+        let l = level(&sched, &prompts, n, &args).await;
+        let tps = l.tokens as f64 / l.wall.as_secs_f64();
+        let p99 = quantile(&l.itl, 0.99);
+        let (tps1, p99_1) = *base.get_or_insert((tps, p99));
+        println!(
+            "| {} | {} | {:.2} | {:.1} | {:.2} | {:.1} | {:.1} | {:.1} | {:.2} |",
+            n,
+            l.tokens,
+            l.wall.as_secs_f64(),
+            tps,
+            tps / tps1,
+            quantile(&l.ttft, 0.5),
+            quantile(&l.itl, 0.5),
+            p99,
+            p99 / p99_1
+        );
+        json.push_str(&format!(
+            "{{\"target\":\"scheduler\",\"streams\":{},\"tokens\":{},\"wall_s\":{:.4},\"tok_s\":{:.3},\"ttft_p50_ms\":{:.3},\"itl_p50_ms\":{:.3},\"itl_p99_ms\":{:.3}}}\n",
+            n,
+            l.tokens,
+            l.wall.as_secs_f64(),
+            tps,
+            quantile(&l.ttft, 0.5),
+            quantile(&l.itl, 0.5),
+            p99
+        ));
+    }
+    let m = sched.metrics();
+    println!(
+        "engine: {} steps, step time p50 {:.1} ms, batch rows max {}",
+        m.steps,
+        m.step_time_us.p50 / 1e3,
+        m.batch_rows.max
+    );
+    if let Some(path) = &args.json {
+        std::fs::write(path, json).expect("write --json");
+    }
+    sched.shutdown().await;
+}
+
+fn clone_args(a: &Args) -> Args {
+    Args {
+        model: a.model.clone(),
+        threads: a.threads,
+        streams: a.streams.clone(),
+        max_tokens: a.max_tokens,
+        natural_stop: a.natural_stop,
+        json: None,
+    }
+}
