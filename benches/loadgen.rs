@@ -1,0 +1,360 @@
+//! HTTP load generator for streamed completions: N concurrent SSE streams at a time, measuring
+//! time to first token, inter-token latency p50/p99 and aggregate output tokens/s.
+//!
+//! ```text
+//! cargo bench --bench loadgen -- --url http://127.0.0.1:8081 --token <serviceToken> \
+//!     [--target hearth|llama] [--model alpha-3.3] [--streams 1,4,8,16] [--max-tokens 64]
+//!     [--ignore-eos] [--json out.jsonl]
+//! ```
+//! `--target hearth` posts the spec's completion request to `{url}/stream` and reads `{token}`
+//! events until `{completed}`; `--target llama` posts an OpenAI-style chat request to
+//! llama.cpp's `llama-server` (`{url}/v1/chat/completions`), for the same figures on the same
+//! model. Only loopback addresses are accepted. Prompts are the scheduler bench's.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+#[path = "../crates/scheduler/benches/shared/prompts.rs"]
+mod prompts;
+use prompts::PROMPTS;
+
+#[derive(Clone)]
+struct Args {
+    url: String,
+    target: Target,
+    token: String,
+    model: String,
+    streams: Vec<usize>,
+    max_tokens: usize,
+    ignore_eos: bool,
+    json: Option<String>,
+    label: Option<String>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Target {
+    Hearth,
+    Llama,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        url: String::new(),
+        target: Target::Hearth,
+        token: String::new(),
+        model: "alpha-3.3".into(),
+        streams: vec![1, 4, 8, 16],
+        max_tokens: 64,
+        ignore_eos: false,
+        json: None,
+        label: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--url" => args.url = value()?.trim_end_matches('/').to_string(),
+            "--token" => args.token = value()?,
+            "--model" => args.model = value()?,
+            "--label" => args.label = Some(value()?),
+            "--target" => {
+                args.target = match value()?.as_str() {
+                    "hearth" => Target::Hearth,
+                    "llama" => Target::Llama,
+                    other => return Err(format!("--target {other}: expected hearth or llama")),
+                }
+            }
+            "--max-tokens" => {
+                args.max_tokens = value()?.parse().map_err(|e| format!("--max-tokens: {e}"))?
+            }
+            "--streams" => {
+                args.streams = value()?
+                    .split(',')
+                    .map(|s| s.trim().parse().map_err(|e| format!("--streams: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--ignore-eos" => args.ignore_eos = true,
+            "--json" => args.json = Some(value()?),
+            "--bench" => {}
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    let host = args
+        .url
+        .strip_prefix("http://")
+        .and_then(|rest| rest.split(['/', ':']).next())
+        .ok_or("--url must be http://127.0.0.1:PORT (loopback only)")?;
+    if !(host == "localhost" || host.starts_with("127.") || host == "[") {
+        return Err(format!(
+            "--url host {host}: only loopback targets are allowed"
+        ));
+    }
+    if args.target == Target::Hearth && args.token.is_empty() {
+        return Err("--token is required for --target hearth".into());
+    }
+    Ok(args)
+}
+
+/// One stream's observations.
+struct StreamStats {
+    tokens: usize,
+    ttft_ms: f64,
+    gaps_ms: Vec<f64>,
+}
+
+/// Reads a server-sent-events body, calling `on_data` with each `data:` payload as it arrives;
+/// `on_data` returns false to stop.
+async fn read_sse(
+    response: reqwest::Response,
+    mut on_data: impl FnMut(&str) -> bool,
+) -> Result<(), String> {
+    let mut body = response.bytes_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    while let Some(chunk) = body.next().await {
+        buf.extend_from_slice(&chunk.map_err(|e| format!("body: {e}"))?);
+        while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = buf.drain(..end + 2).collect();
+            let text = String::from_utf8_lossy(&event);
+            for line in text.lines() {
+                if let Some(data) = line.strip_prefix("data:") {
+                    if !on_data(data.trim_start()) {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn one_stream(
+    client: reqwest::Client,
+    args: Args,
+    prompt: &'static str,
+    t0: Instant,
+) -> Result<StreamStats, String> {
+    let (url, body) = match args.target {
+        Target::Hearth => (
+            format!("{}/stream", args.url),
+            json!({
+                "serviceToken": args.token,
+                "model": args.model,
+                "messages": [{"role": "user", "content": prompt}],
+                "temperature": 0.0,
+                "maxOutputTokens": args.max_tokens,
+            }),
+        ),
+        Target::Llama => (
+            format!("{}/v1/chat/completions", args.url),
+            json!({
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": args.max_tokens,
+                "temperature": 0.0,
+                "top_k": 1,
+                "stream": true,
+                "ignore_eos": args.ignore_eos,
+                "cache_prompt": false,
+                "stream_options": {"include_usage": true},
+            }),
+        ),
+    };
+    let response = client
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    if !response.status().is_success() {
+        let status = response.status();
+        return Err(format!(
+            "{url}: {status}: {}",
+            response.text().await.unwrap_or_default()
+        ));
+    }
+    let mut stats = StreamStats {
+        tokens: 0,
+        ttft_ms: f64::NAN,
+        gaps_ms: Vec::new(),
+    };
+    let mut last: Option<Instant> = None;
+    let mut counted = 0usize;
+    let mut error = None;
+    let target = args.target;
+    read_sse(response, |data| {
+        let now = Instant::now();
+        let mut piece = false;
+        if data == "[DONE]" {
+            return false;
+        }
+        let value: Value = match serde_json::from_str(data) {
+            Ok(v) => v,
+            Err(e) => {
+                error = Some(format!("bad event {data:?}: {e}"));
+                return false;
+            }
+        };
+        match target {
+            Target::Hearth => {
+                if value.get("token").is_some() {
+                    piece = true;
+                } else if value.get("completed").is_some() || value.get("aborted").is_some() {
+                    stats.tokens = value["response"]["usage"]["completionTokens"]
+                        .as_u64()
+                        .unwrap_or(0) as usize;
+                    if value.get("aborted").is_some() {
+                        error = Some(format!("stream aborted: {data}"));
+                    }
+                    return false;
+                }
+            }
+            Target::Llama => {
+                if let Some(n) = value["usage"]["completion_tokens"].as_u64() {
+                    stats.tokens = n as usize;
+                }
+                let content = &value["choices"][0]["delta"]["content"];
+                if content.as_str().is_some_and(|s| !s.is_empty()) {
+                    piece = true;
+                    counted += 1;
+                }
+            }
+        }
+        if piece {
+            match last {
+                None => stats.ttft_ms = (now - t0).as_secs_f64() * 1e3,
+                Some(prev) => stats.gaps_ms.push((now - prev).as_secs_f64() * 1e3),
+            }
+            last = Some(now);
+        }
+        true
+    })
+    .await?;
+    if let Some(e) = error {
+        return Err(e);
+    }
+    if stats.tokens == 0 {
+        stats.tokens = counted;
+    }
+    Ok(stats)
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+async fn level(
+    client: &reqwest::Client,
+    args: &Args,
+    n: usize,
+) -> Result<(usize, Duration, Vec<f64>, Vec<f64>), String> {
+    let t0 = Instant::now();
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            tokio::spawn(one_stream(
+                client.clone(),
+                args.clone(),
+                PROMPTS[i % PROMPTS.len()],
+                t0,
+            ))
+        })
+        .collect();
+    let (mut tokens, mut ttft, mut itl) = (0, Vec::new(), Vec::new());
+    for task in tasks {
+        let s = task.await.map_err(|e| e.to_string())??;
+        tokens += s.tokens;
+        ttft.push(s.ttft_ms);
+        itl.extend(s.gaps_ms);
+    }
+    let wall = t0.elapsed();
+    ttft.sort_by(f64::total_cmp);
+    itl.sort_by(f64::total_cmp);
+    Ok((tokens, wall, ttft, itl))
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(600))
+        .build()
+        .map_err(|e| e.to_string())?;
+    // Warm-up: connections, weights paged in.
+    level(
+        &client,
+        &Args {
+            max_tokens: 4,
+            ..args.clone()
+        },
+        1,
+    )
+    .await?;
+    let label = args.label.clone().unwrap_or_else(|| match args.target {
+        Target::Hearth => "hearth-http".into(),
+        Target::Llama => "llama-server".into(),
+    });
+    println!(
+        "{label}: {} max_tokens={}{}",
+        args.url,
+        args.max_tokens,
+        if args.ignore_eos {
+            " (eos ignored)"
+        } else {
+            ""
+        }
+    );
+    println!("| streams | tokens | wall s | agg tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut json_lines = String::new();
+    for &n in &args.streams {
+        let (tokens, wall, ttft, itl) = level(&client, &args, n).await?;
+        let tps = tokens as f64 / wall.as_secs_f64();
+        println!(
+            "| {n} | {tokens} | {:.2} | {tps:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            wall.as_secs_f64(),
+            quantile(&ttft, 0.5),
+            quantile(&ttft, 0.99),
+            quantile(&itl, 0.5),
+            quantile(&itl, 0.99)
+        );
+        json_lines.push_str(
+            &json!({
+                "target": label,
+                "streams": n,
+                "tokens": tokens,
+                "wall_s": wall.as_secs_f64(),
+                "tok_s": tps,
+                "ttft_p50_ms": quantile(&ttft, 0.5),
+                "itl_p50_ms": quantile(&itl, 0.5),
+                "itl_p99_ms": quantile(&itl, 0.99),
+            })
+            .to_string(),
+        );
+        json_lines.push('\n');
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, json_lines).map_err(|e| format!("{path}: {e}"))?;
+    }
+    Ok(())
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("loadgen: {e}");
+            std::process::exit(2);
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    if let Err(e) = runtime.block_on(run(args)) {
+        eprintln!("loadgen: {e}");
+        std::process::exit(1);
+    }
+}
