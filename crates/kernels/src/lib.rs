@@ -1,1 +1,38 @@
-//! Quantized matrix kernels (scalar, AVX2, AVX-512) and the CPU thread pool behind Hearth's fast decode path.
+//! Quantized matrix kernels and the CPU thread pool behind Hearth's fast decode path.
+//!
+//! This crate owns: the GGML/GGUF block formats the default models use (Q4_0, Q4_1, Q5_0, Q8_0,
+//! Q4_K, Q6_K, plus Q8_K and F32/F16/BF16) with a scalar reference dequantizer
+//! ([`formats`]); a load-time repacking of weight rows into one SIMD-friendly layout
+//! ([`QMatrix`]); activations quantized to 8-bit blocks per row ([`QActs`]); register-blocked
+//! matrix x activation-rows products on a portable scalar path, AVX2+FMA, AVX-512 (F/BW/VL) and
+//! AVX-512 VNNI, picked at run time ([`KernelPath`]); and a persistent thread pool sized to the
+//! physical cores ([`ThreadPool`]). It deliberately knows nothing of models, tokenizers, GGUF
+//! files as a whole or candle: callers hand it the bytes of one tensor at a time.
+
+pub mod acts;
+mod error;
+pub mod formats;
+mod matmul;
+pub mod pack;
+pub mod pool;
+mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86_avx2;
+#[cfg(target_arch = "x86_64")]
+mod x86_avx512;
+
+pub use acts::QActs;
+pub use error::Error;
+pub use formats::{dequantize_row, GgmlType};
+pub use matmul::{matmul, matmul_f32, KernelPath};
+pub use pack::{Layout, QMatrix};
+pub use pool::{physical_cores, ThreadPool};
+
+// Layout ids as const-generic parameters of the SIMD tiles.
+pub(crate) const L_U4: u8 = 0;
+pub(crate) const L_U5: u8 = 1;
+pub(crate) const L_U6: u8 = 2;
+pub(crate) const L_S8: u8 = 3;
+
+#[cfg(test)]
+mod tests;

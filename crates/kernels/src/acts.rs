@@ -1,0 +1,141 @@
+//! Activations quantized to signed 8-bit blocks of 32 per row, as llama.cpp does for its
+//! Q8_0/Q8_1 dot products (`d = amax / 127`, `q = round(x / d)`), kept in a layout the kernels
+//! read without shuffles: besides the quants, every 4-element "lane" (one 32-bit SIMD lane of
+//! a `vpdpbusd`/`pmaddubsw` result) carries its block's scale `d` and `d * (sum of its 4 q)`,
+//! which turns a weight block's min (Q4_1, Q4_K, the zero points of Q5_0/Q6_K) into one
+//! fused multiply-add. One scale per 32 elements is at least as precise as Q8_K's one per 256,
+//! so K-quant weights use the same activation blocks.
+
+use crate::Error;
+
+/// Quantized activation rows; allocate once and reuse (re-quantizing never reallocates once
+/// the buffers have grown to the largest shape seen).
+#[derive(Debug, Default, Clone)]
+pub struct QActs {
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) kp: usize,
+    pub(crate) qs: Vec<i8>,
+    /// `rows * kp / 4`: the block scale of each lane.
+    pub(crate) lane_scale: Vec<f32>,
+    /// `rows * kp / 4`: `d * (q0 + q1 + q2 + q3)` of each lane.
+    pub(crate) lane_sum: Vec<f32>,
+}
+
+impl QActs {
+    pub fn new() -> QActs {
+        QActs::default()
+    }
+
+    /// Preallocates for up to `rows` rows of `cols` columns.
+    pub fn with_capacity(rows: usize, cols: usize) -> QActs {
+        let kp = cols.div_ceil(64).max(1) * 64;
+        QActs {
+            rows: 0,
+            cols: 0,
+            kp: 0,
+            qs: Vec::with_capacity(rows * kp),
+            lane_scale: Vec::with_capacity(rows * kp / 4),
+            lane_sum: Vec::with_capacity(rows * kp / 4),
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Quantizes `rows` rows of `cols` floats (row-major `x`).
+    pub fn quantize(&mut self, x: &[f32], rows: usize, cols: usize) -> Result<(), Error> {
+        if x.len() != rows * cols {
+            return Err(Error::ShapeMismatch {
+                what: "QActs::quantize input length",
+                expected: rows * cols,
+                got: x.len(),
+            });
+        }
+        let kp = cols.div_ceil(64).max(1) * 64;
+        self.rows = rows;
+        self.cols = cols;
+        self.kp = kp;
+        self.qs.clear();
+        self.qs.resize(rows * kp, 0);
+        self.lane_scale.clear();
+        self.lane_scale.resize(rows * kp / 4, 0.0);
+        self.lane_sum.clear();
+        self.lane_sum.resize(rows * kp / 4, 0.0);
+        for r in 0..rows {
+            let xr = &x[r * cols..(r + 1) * cols];
+            let qr = &mut self.qs[r * kp..(r + 1) * kp];
+            let ls = &mut self.lane_scale[r * kp / 4..(r + 1) * kp / 4];
+            let lsum = &mut self.lane_sum[r * kp / 4..(r + 1) * kp / 4];
+            for (b, xb) in xr.chunks(32).enumerate() {
+                let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+                let d = amax / 127.0;
+                let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+                for (j, &v) in xb.iter().enumerate() {
+                    // NaN/inf inputs saturate instead of poisoning the integer dot.
+                    let q = (v * id).round();
+                    qr[32 * b + j] = if q.is_nan() {
+                        0
+                    } else {
+                        q.clamp(-127.0, 127.0) as i8
+                    };
+                }
+                for l in 0..8 {
+                    let e = 32 * b + 4 * l;
+                    let s: i32 = qr[e..e + 4].iter().map(|&q| q as i32).sum();
+                    ls[8 * b + l] = d;
+                    lsum[8 * b + l] = d * s as f32;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The dequantized value of element `e` of row `r` (tests and references).
+    pub fn value(&self, r: usize, e: usize) -> f32 {
+        self.qs[r * self.kp + e] as f32 * self.lane_scale[(r * self.kp + e) / 4]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantized_activations_round_trip_within_half_a_step() {
+        let x: Vec<f32> = (0..2 * 100)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013)
+            .collect();
+        let mut a = QActs::new();
+        a.quantize(&x, 2, 100).unwrap();
+        for r in 0..2 {
+            for b in 0..4 {
+                let blk = &x[r * 100 + 32 * b..(r * 100 + (32 * b + 32).min(100))];
+                let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+                for (j, &v) in blk.iter().enumerate() {
+                    assert!((a.value(r, 32 * b + j) - v).abs() <= amax / 254.0 + 1e-7);
+                }
+            }
+            // padding reads as zero
+            assert_eq!(a.value(r, 120), 0.0);
+        }
+    }
+
+    #[test]
+    fn zero_block_quantizes_to_zero_scale() {
+        let mut a = QActs::new();
+        a.quantize(&[0.0; 64], 1, 64).unwrap();
+        assert!(a.qs.iter().all(|&q| q == 0));
+        assert!(a.lane_scale.iter().all(|&d| d == 0.0));
+    }
+
+    #[test]
+    fn wrong_input_length_is_an_error() {
+        let mut a = QActs::new();
+        assert!(a.quantize(&[0.0; 10], 1, 64).is_err());
+    }
+}

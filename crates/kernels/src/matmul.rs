@@ -1,0 +1,249 @@
+//! Run-time path selection and the multi-threaded matrix x activation-rows product.
+
+// Unsafe is needed here for two things: calling the `#[target_feature]` tiles (only after
+// `KernelPath::is_available` confirmed the CPU has the features, and after the shapes were
+// checked), and writing disjoint output elements from several pool threads through one raw
+// pointer (each output element belongs to exactly one chunk of weight rows).
+#![allow(unsafe_code)]
+
+use crate::acts::QActs;
+use crate::pack::{Layout, QMatrix};
+use crate::pool::ThreadPool;
+use crate::Error;
+#[cfg(target_arch = "x86_64")]
+use crate::{L_S8, L_U4, L_U5, L_U6};
+
+/// Which implementation runs the products. [`KernelPath::detect`] picks the best the CPU has;
+/// tests and benchmarks force each one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelPath {
+    Scalar,
+    Avx2,
+    Avx512,
+    Avx512Vnni,
+}
+
+impl KernelPath {
+    pub const ALL: [KernelPath; 4] = [
+        KernelPath::Scalar,
+        KernelPath::Avx2,
+        KernelPath::Avx512,
+        KernelPath::Avx512Vnni,
+    ];
+
+    /// Whether this CPU can run the path.
+    pub fn is_available(self) -> bool {
+        match self {
+            KernelPath::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            KernelPath::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            KernelPath::Avx512 => {
+                KernelPath::Avx2.is_available()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+            }
+            #[cfg(target_arch = "x86_64")]
+            KernelPath::Avx512Vnni => {
+                KernelPath::Avx512.is_available() && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The fastest path this CPU has.
+    pub fn detect() -> KernelPath {
+        [KernelPath::Avx512Vnni, KernelPath::Avx512, KernelPath::Avx2]
+            .into_iter()
+            .find(|p| p.is_available())
+            .unwrap_or(KernelPath::Scalar)
+    }
+
+    /// Every path this CPU can run, slowest first.
+    pub fn available() -> Vec<KernelPath> {
+        KernelPath::ALL
+            .into_iter()
+            .filter(|p| p.is_available())
+            .collect()
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelPath::Scalar => "scalar",
+            KernelPath::Avx2 => "avx2",
+            KernelPath::Avx512 => "avx512",
+            KernelPath::Avx512Vnni => "avx512vnni",
+        }
+    }
+
+    /// Parses [`KernelPath::name`] back.
+    pub fn from_name(s: &str) -> Option<KernelPath> {
+        KernelPath::ALL.into_iter().find(|p| p.name() == s)
+    }
+
+    /// Activation rows per tile.
+    fn max_nr(self) -> usize {
+        match self {
+            KernelPath::Avx2 => 2,
+            _ => 4,
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+type TileFn = unsafe fn(&QMatrix, usize, &QActs, usize, &mut [[f32; 4]; 4]);
+
+#[cfg(target_arch = "x86_64")]
+macro_rules! pick_nr {
+    ($f:path, $l:ident, $mr:literal, $nr:expr) => {{
+        use $f as tile;
+        match $nr {
+            1 => tile::<{ $l }, $mr, 1> as TileFn,
+            2 => tile::<{ $l }, $mr, 2> as TileFn,
+            3 => tile::<{ $l }, $mr, 3> as TileFn,
+            _ => tile::<{ $l }, $mr, 4> as TileFn,
+        }
+    }};
+}
+
+#[cfg(target_arch = "x86_64")]
+macro_rules! pick {
+    ($f:path, $layout:expr, $mr:expr, $nr:expr) => {{
+        match ($layout, $mr == 4) {
+            (Layout::U4Min, true) => pick_nr!($f, L_U4, 4, $nr),
+            (Layout::U4Min, false) => pick_nr!($f, L_U4, 1, $nr),
+            (Layout::U5, true) => pick_nr!($f, L_U5, 4, $nr),
+            (Layout::U5, false) => pick_nr!($f, L_U5, 1, $nr),
+            (Layout::U6, true) => pick_nr!($f, L_U6, 4, $nr),
+            (Layout::U6, false) => pick_nr!($f, L_U6, 1, $nr),
+            (Layout::S8, true) => pick_nr!($f, L_S8, 4, $nr),
+            (Layout::S8, false) => pick_nr!($f, L_S8, 1, $nr),
+        }
+    }};
+}
+
+/// One tile; `mr` is 4 or 1 and `nr` in 1..=4. Shapes and path availability are checked by
+/// the caller.
+#[allow(clippy::too_many_arguments)]
+fn run_tile(
+    path: KernelPath,
+    w: &QMatrix,
+    r0: usize,
+    mr: usize,
+    a: &QActs,
+    a0: usize,
+    nr: usize,
+    res: &mut [[f32; 4]; 4],
+) {
+    match path {
+        KernelPath::Scalar => crate::scalar::tile(w, r0, mr, a, a0, nr, res),
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 => {
+            let f = pick!(crate::x86_avx2::tile, w.layout, mr, nr);
+            // SAFETY: the path was checked available and the tile indices are in range.
+            unsafe { f(w, r0, a, a0, res) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512 => {
+            let f = pick!(crate::x86_avx512::tile_bw, w.layout, mr, nr);
+            // SAFETY: as above.
+            unsafe { f(w, r0, a, a0, res) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512Vnni => {
+            let f = pick!(crate::x86_avx512::tile_vnni, w.layout, mr, nr);
+            // SAFETY: as above.
+            unsafe { f(w, r0, a, a0, res) }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => crate::scalar::tile(w, r0, mr, a, a0, nr, res),
+    }
+}
+
+struct OutPtr(*mut f32);
+// SAFETY: chunks write disjoint elements (see the module comment).
+unsafe impl Sync for OutPtr {}
+unsafe impl Send for OutPtr {}
+
+/// `out[j * w.rows() + i] = sum_k w[i][k] * a[j][k]` for every activation row `j` and weight
+/// row `i` (`out` is row-major `[a.rows() x w.rows()]`). Each weight block loaded is used for
+/// up to 4 activation rows at once; weight rows are split into chunks over the pool.
+pub fn matmul(
+    path: KernelPath,
+    w: &QMatrix,
+    a: &QActs,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), Error> {
+    if !path.is_available() {
+        return Err(Error::PathUnavailable(path));
+    }
+    if a.cols != w.cols || a.kp != w.kp {
+        return Err(Error::ShapeMismatch {
+            what: "matmul activation columns",
+            expected: w.cols,
+            got: a.cols,
+        });
+    }
+    let (n, m) = (a.rows, w.rows);
+    if out.len() != n * m {
+        return Err(Error::ShapeMismatch {
+            what: "matmul output length",
+            expected: n * m,
+            got: out.len(),
+        });
+    }
+    if n == 0 || m == 0 {
+        return Ok(());
+    }
+    // About four chunks per thread so that a slow (descheduled) thread costs little.
+    let per = m.div_ceil(pool.threads() * 4).max(4).div_ceil(4) * 4;
+    let n_chunks = m.div_ceil(per);
+    let nr_max = path.max_nr();
+    let outp = OutPtr(out.as_mut_ptr());
+    let job = |ci: usize| {
+        let outp = &outp;
+        let (start, end) = (ci * per, ((ci + 1) * per).min(m));
+        let mut r = start;
+        while r < end {
+            let mr = if end - r >= 4 { 4 } else { 1 };
+            let mut a0 = 0;
+            while a0 < n {
+                let nr = nr_max.min(n - a0);
+                let mut res = [[0f32; 4]; 4];
+                run_tile(path, w, r, mr, a, a0, nr, &mut res);
+                for (i, res_i) in res.iter().enumerate().take(mr) {
+                    for (j, &v) in res_i.iter().enumerate().take(nr) {
+                        // SAFETY: (a0 + j) < n and (r + i) < m, so the index is inside `out`;
+                        // weight row r + i belongs to this chunk only.
+                        unsafe { *outp.0.add((a0 + j) * m + r + i) = v };
+                    }
+                }
+                a0 += nr;
+            }
+            r += mr;
+        }
+    };
+    pool.run(n_chunks, &job);
+    Ok(())
+}
+
+/// Quantizes `x` (`n` rows of `w.cols()`) into `scratch`, then runs [`matmul`].
+pub fn matmul_f32(
+    path: KernelPath,
+    w: &QMatrix,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+    scratch: &mut QActs,
+    pool: &ThreadPool,
+) -> Result<(), Error> {
+    scratch.quantize(x, n, w.cols)?;
+    matmul(path, w, scratch, out, pool)
+}

@@ -1,0 +1,396 @@
+//! Load-time repacking of GGML weight rows into one SIMD-friendly layout shared by every
+//! kernel path.
+//!
+//! Every supported format is rewritten, exactly, as `w = scale[g] * q + min[g]` with an
+//! unsigned `q` (or a signed 8-bit `q` and no min for Q8_0 / float weights) and one f16
+//! `scale` (and `min`) per group of 32 elements (16 for Q6_K). Rows are padded with zeros to
+//! a multiple of 64 columns ("chunks"). Within a 64-element chunk:
+//! - the low 4 bits of `q` sit in 32 bytes: byte `j` holds element `j` in its low nibble and
+//!   element `j + 32` in its high nibble, so one 32-byte load unpacks to the chunk in order;
+//! - Q5_0's fifth bit sits in an 8-byte plane: bit `e` is the fifth bit of element `e`;
+//! - Q6_K's two top bits sit in a 16-byte plane: bits `2*(e/16)..` of byte `e % 16`.
+//!
+//! Q4_0/Q4_1/Q5_0/Q8_0 scales are f16 in the file and stay exact. K-quant scales are products
+//! `d * sc` of an f16 and a 6/8-bit integer, rounded here to f16 (relative error <= 2^-11,
+//! far below the 4/6-bit quantization step).
+
+use crate::formats::{f16_at, k4_scale_min, q6k_q, GgmlType};
+use crate::Error;
+use half::f16;
+
+/// The repacked quant layout of a [`QMatrix`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// 4-bit unsigned q, per-32 scale and stored min (Q4_0, Q4_1, Q4_K).
+    U4Min,
+    /// 5-bit unsigned q, per-32 scale, min = -16 * scale (Q5_0).
+    U5,
+    /// 6-bit unsigned q, per-16 scale, min = -32 * scale (Q6_K).
+    U6,
+    /// Signed 8-bit q, per-32 scale, no min (Q8_0, Q8_K, and F32/F16/BF16 quantized at load).
+    S8,
+}
+
+impl Layout {
+    pub(crate) fn group(self) -> usize {
+        match self {
+            Layout::U6 => 16,
+            _ => 32,
+        }
+    }
+    /// Bytes of the low/8-bit quant plane per 64-element chunk.
+    pub(crate) fn qs_per_chunk(self) -> usize {
+        match self {
+            Layout::S8 => 64,
+            _ => 32,
+        }
+    }
+    /// Bytes of the high-bit plane per 64-element chunk.
+    pub(crate) fn hi_per_chunk(self) -> usize {
+        match self {
+            Layout::U5 => 8,
+            Layout::U6 => 16,
+            _ => 0,
+        }
+    }
+    /// Zero point for the derived-min layouts.
+    pub(crate) fn zero(self) -> f32 {
+        match self {
+            Layout::U5 => 16.0,
+            Layout::U6 => 32.0,
+            _ => 0.0,
+        }
+    }
+}
+
+/// A weight matrix (`rows` outputs x `cols` inputs) repacked for the kernels. Immutable once
+/// built; share it freely between threads.
+#[derive(Debug, Clone)]
+pub struct QMatrix {
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    /// `cols` rounded up to a multiple of 64.
+    pub(crate) kp: usize,
+    pub(crate) layout: Layout,
+    pub(crate) source: GgmlType,
+    pub(crate) qs: Vec<u8>,
+    pub(crate) hi: Vec<u8>,
+    /// f16 bits, `rows * kp / group`.
+    pub(crate) scales: Vec<u16>,
+    /// f16 bits, `rows * kp / group` for `U4Min`, else empty.
+    pub(crate) mins: Vec<u16>,
+}
+
+fn to_f16_bits(x: f32) -> u16 {
+    f16::from_f32(x.clamp(-65504.0, 65504.0)).to_bits()
+}
+
+/// One row decoded into unsigned/signed quants plus per-group scale/min, before packing.
+struct RowBuf {
+    q: Vec<u8>,
+    scale: Vec<f32>,
+    min: Vec<f32>,
+}
+
+impl QMatrix {
+    /// Repacks `rows` GGML rows of `cols` elements stored back to back in `bytes`.
+    pub fn from_ggml(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<QMatrix, Error> {
+        let row_bytes = ty.row_bytes(cols)?;
+        let need = row_bytes * rows;
+        if bytes.len() != need {
+            return Err(Error::ShapeMismatch {
+                what: "QMatrix::from_ggml bytes",
+                expected: need,
+                got: bytes.len(),
+            });
+        }
+        let layout = match ty {
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K => Layout::U4Min,
+            GgmlType::Q5_0 => Layout::U5,
+            GgmlType::Q6_K => Layout::U6,
+            GgmlType::Q8_0 | GgmlType::Q8_K | GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
+                Layout::S8
+            }
+        };
+        let mut m = QMatrix::empty(ty, layout, rows, cols);
+        let g = layout.group();
+        let mut rb = RowBuf {
+            q: vec![0; m.kp],
+            scale: vec![0.0; m.kp / g],
+            min: vec![0.0; m.kp / g],
+        };
+        let mut floats = vec![
+            0f32;
+            if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+                cols
+            } else {
+                0
+            }
+        ];
+        for r in 0..rows {
+            let src = &bytes[r * row_bytes..(r + 1) * row_bytes];
+            rb.q.fill(0);
+            rb.scale.fill(0.0);
+            rb.min.fill(0.0);
+            match ty {
+                GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
+                    crate::formats::dequantize_row(ty, src, &mut floats)?;
+                    quantize_s8_groups(&floats, &mut rb);
+                }
+                _ => decode_row(ty, src, &mut rb),
+            }
+            m.pack_row(r, &rb);
+        }
+        Ok(m)
+    }
+
+    /// Quantizes a row-major f32 matrix to signed 8-bit groups of 32 (Q8_0 precision).
+    pub fn from_f32(rows: usize, cols: usize, data: &[f32]) -> Result<QMatrix, Error> {
+        if data.len() != rows * cols {
+            return Err(Error::ShapeMismatch {
+                what: "QMatrix::from_f32 data",
+                expected: rows * cols,
+                got: data.len(),
+            });
+        }
+        let mut m = QMatrix::empty(GgmlType::F32, Layout::S8, rows, cols);
+        let mut rb = RowBuf {
+            q: vec![0; m.kp],
+            scale: vec![0.0; m.kp / 32],
+            min: vec![0.0; m.kp / 32],
+        };
+        for r in 0..rows {
+            rb.q.fill(0);
+            rb.scale.fill(0.0);
+            quantize_s8_groups(&data[r * cols..(r + 1) * cols], &mut rb);
+            m.pack_row(r, &rb);
+        }
+        Ok(m)
+    }
+
+    fn empty(source: GgmlType, layout: Layout, rows: usize, cols: usize) -> QMatrix {
+        let kp = cols.div_ceil(64).max(1) * 64;
+        let chunks = kp / 64;
+        let groups = kp / layout.group();
+        QMatrix {
+            rows,
+            cols,
+            kp,
+            layout,
+            source,
+            qs: vec![0; rows * chunks * layout.qs_per_chunk()],
+            hi: vec![0; rows * chunks * layout.hi_per_chunk()],
+            scales: vec![0; rows * groups],
+            mins: if layout == Layout::U4Min {
+                vec![0; rows * groups]
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    fn pack_row(&mut self, r: usize, rb: &RowBuf) {
+        let chunks = self.kp / 64;
+        let qpc = self.layout.qs_per_chunk();
+        let hpc = self.layout.hi_per_chunk();
+        for c in 0..chunks {
+            let q = &rb.q[64 * c..64 * c + 64];
+            let qs = &mut self.qs[(r * chunks + c) * qpc..(r * chunks + c + 1) * qpc];
+            if self.layout == Layout::S8 {
+                qs.copy_from_slice(q);
+            } else {
+                for j in 0..32 {
+                    qs[j] = (q[j] & 15) | ((q[j + 32] & 15) << 4);
+                }
+            }
+            let hi = &mut self.hi[(r * chunks + c) * hpc..(r * chunks + c + 1) * hpc];
+            match self.layout {
+                Layout::U5 => {
+                    let mut bits = 0u64;
+                    for (e, &v) in q.iter().enumerate() {
+                        bits |= (((v >> 4) & 1) as u64) << e;
+                    }
+                    hi.copy_from_slice(&bits.to_le_bytes());
+                }
+                Layout::U6 => {
+                    for (e, &v) in q.iter().enumerate() {
+                        hi[e % 16] |= ((v >> 4) & 3) << (2 * (e / 16));
+                    }
+                }
+                _ => {}
+            }
+        }
+        let groups = self.kp / self.layout.group();
+        for gi in 0..groups {
+            self.scales[r * groups + gi] = to_f16_bits(rb.scale[gi]);
+            if self.layout == Layout::U4Min {
+                self.mins[r * groups + gi] = to_f16_bits(rb.min[gi]);
+            }
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+    /// The GGML type the matrix was built from.
+    pub fn source_type(&self) -> GgmlType {
+        self.source
+    }
+    /// Heap bytes held by the packed weights.
+    pub fn bytes(&self) -> usize {
+        self.qs.len() + self.hi.len() + 2 * (self.scales.len() + self.mins.len())
+    }
+
+    /// The quant of element `e` of row `r`: unsigned for the U layouts, signed for S8.
+    #[inline]
+    pub(crate) fn q_at(&self, r: usize, e: usize) -> i32 {
+        let chunks = self.kp / 64;
+        let (c, i) = (e / 64, e % 64);
+        let base = r * chunks + c;
+        match self.layout {
+            Layout::S8 => self.qs[base * 64 + i] as i8 as i32,
+            l => {
+                let byte = self.qs[base * 32 + i % 32];
+                let mut q = if i < 32 { byte & 15 } else { byte >> 4 } as i32;
+                if l == Layout::U5 {
+                    q |= (((self.hi[base * 8 + i / 8] >> (i % 8)) & 1) as i32) << 4;
+                } else if l == Layout::U6 {
+                    q |= (((self.hi[base * 16 + i % 16] >> (2 * (i / 16))) & 3) as i32) << 4;
+                }
+                q
+            }
+        }
+    }
+
+    /// (scale, min) of the group holding element `e` of row `r`, as f32.
+    #[inline]
+    pub(crate) fn scale_min_at(&self, r: usize, e: usize) -> (f32, f32) {
+        let g = self.layout.group();
+        let groups = self.kp / g;
+        let s = f16::from_bits(self.scales[r * groups + e / g]).to_f32();
+        let m = match self.layout {
+            Layout::U4Min => f16::from_bits(self.mins[r * groups + e / g]).to_f32(),
+            l => -l.zero() * s,
+        };
+        (s, m)
+    }
+
+    /// Dequantizes row `r` of the packed matrix (e.g. an embedding lookup) into `out[..cols]`.
+    pub fn row_to_f32(&self, r: usize, out: &mut [f32]) -> Result<(), Error> {
+        if r >= self.rows {
+            return Err(Error::ShapeMismatch {
+                what: "QMatrix::row_to_f32 row index bound",
+                expected: self.rows,
+                got: r,
+            });
+        }
+        if out.len() < self.cols {
+            return Err(Error::ShapeMismatch {
+                what: "QMatrix::row_to_f32 output length",
+                expected: self.cols,
+                got: out.len(),
+            });
+        }
+        for (e, y) in out[..self.cols].iter_mut().enumerate() {
+            let (s, m) = self.scale_min_at(r, e);
+            *y = s * self.q_at(r, e) as f32 + m;
+        }
+        Ok(())
+    }
+}
+
+/// Signed 8-bit per-32 quantization of float weights (as llama.cpp's Q8_0).
+fn quantize_s8_groups(x: &[f32], rb: &mut RowBuf) {
+    for (gi, xs) in x.chunks(32).enumerate() {
+        let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let d = amax / 127.0;
+        // Round the scale to its stored f16 first so that q is computed against it.
+        let d16 = f16::from_f32(d).to_f32();
+        let id = if d16 > 0.0 { 1.0 / d16 } else { 0.0 };
+        for (j, &v) in xs.iter().enumerate() {
+            rb.q[32 * gi + j] = ((v * id).round().clamp(-127.0, 127.0) as i8) as u8;
+        }
+        rb.scale[gi] = d16;
+    }
+}
+
+fn decode_row(ty: GgmlType, src: &[u8], rb: &mut RowBuf) {
+    let bb = ty.block_bytes();
+    for (b, blk) in src.chunks_exact(bb).enumerate() {
+        match ty {
+            GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                let off = if ty == GgmlType::Q4_0 { 2 } else { 4 };
+                let d = f16_at(blk, 0);
+                rb.scale[b] = d;
+                rb.min[b] = if ty == GgmlType::Q4_0 {
+                    -8.0 * d
+                } else {
+                    f16_at(blk, 2)
+                };
+                for j in 0..16 {
+                    rb.q[32 * b + j] = blk[off + j] & 15;
+                    rb.q[32 * b + j + 16] = blk[off + j] >> 4;
+                }
+            }
+            GgmlType::Q5_0 => {
+                rb.scale[b] = f16_at(blk, 0);
+                let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+                for j in 0..16 {
+                    rb.q[32 * b + j] = (blk[6 + j] & 15) | ((((qh >> j) & 1) as u8) << 4);
+                    rb.q[32 * b + j + 16] =
+                        (blk[6 + j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+                }
+            }
+            GgmlType::Q8_0 => {
+                rb.scale[b] = f16_at(blk, 0);
+                rb.q[32 * b..32 * b + 32].copy_from_slice(&blk[2..34]);
+            }
+            GgmlType::Q8_K => {
+                let d = f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]);
+                for gi in 0..8 {
+                    rb.scale[8 * b + gi] = d;
+                }
+                rb.q[256 * b..256 * b + 256].copy_from_slice(&blk[4..260]);
+            }
+            GgmlType::Q4_K => {
+                let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+                let scales = &blk[4..16];
+                for j in 0..8 {
+                    let (sc, mn) = k4_scale_min(j, scales);
+                    rb.scale[8 * b + j] = d * sc as f32;
+                    rb.min[8 * b + j] = -dmin * mn as f32;
+                }
+                for c in 0..4 {
+                    for l in 0..32 {
+                        let q = blk[16 + 32 * c + l];
+                        rb.q[256 * b + 64 * c + l] = q & 15;
+                        rb.q[256 * b + 64 * c + 32 + l] = q >> 4;
+                    }
+                }
+            }
+            GgmlType::Q6_K => {
+                let d = f16_at(blk, 208);
+                for j in 0..16 {
+                    rb.scale[16 * b + j] = d * (blk[192 + j] as i8) as f32;
+                }
+                for e in 0..256 {
+                    rb.q[256 * b + e] = q6k_q(blk, e);
+                }
+            }
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
+                unreachable!("float rows are quantized by the caller")
+            }
+        }
+    }
+}

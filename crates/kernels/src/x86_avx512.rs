@@ -1,0 +1,163 @@
+//! AVX-512 tiles (F/BW/VL + F16C + FMA), with and without VNNI `vpdpbusd`.
+//!
+//! One 512-bit register holds a whole 64-element chunk. A tile computes `MR` weight rows x `NR`
+//! activation rows: each weight chunk is unpacked once and used for every activation row, each
+//! activation chunk is loaded once and used for every weight row. Integer dots are exact in
+//! i32; per-lane scales come from the weight groups (expanded with one permute) and from the
+//! activation lanes (see `acts`).
+
+// Unsafe is needed here because SIMD intrinsics and raw-pointer loads are unsafe fns. Each tile
+// is only reached through `matmul::run_tile`, which checked the CPU features and that every
+// row/chunk index is inside the packed buffers.
+#![allow(unsafe_code)]
+
+use crate::acts::QActs;
+use crate::pack::QMatrix;
+use crate::{L_S8, L_U4, L_U5, L_U6};
+use std::arch::x86_64::*;
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
+#[inline]
+unsafe fn unpack<const L: u8>(w: &QMatrix, base: usize) -> __m512i {
+    if L == L_S8 {
+        return _mm512_loadu_si512(w.qs.as_ptr().add(base * 64) as *const _);
+    }
+    let v = _mm256_loadu_si256(w.qs.as_ptr().add(base * 32) as *const __m256i);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let lo = _mm256_and_si256(v, m4);
+    let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    let q = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    if L == L_U5 {
+        let bits = (w.hi.as_ptr().add(base * 8) as *const u64).read_unaligned();
+        _mm512_or_si512(q, _mm512_maskz_set1_epi8(bits, 0x10))
+    } else if L == L_U6 {
+        let h = _mm512_broadcast_i32x4(_mm_loadu_si128(
+            w.hi.as_ptr().add(base * 16) as *const __m128i
+        ));
+        let sh = _mm512_srlv_epi32(
+            h,
+            _mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0),
+        );
+        let h2 = _mm512_and_si512(sh, _mm512_set1_epi8(3));
+        _mm512_or_si512(q, _mm512_slli_epi32(h2, 4))
+    } else {
+        q
+    }
+}
+
+/// Per-lane f32 values of the f16 group values at `p` for one chunk (2 groups of 32 or 4 of 16).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
+#[inline]
+unsafe fn expand<const L: u8>(p: *const u16) -> __m512 {
+    if L == L_U6 {
+        let v = _mm_cvtph_ps(_mm_loadl_epi64(p as *const __m128i));
+        _mm512_permutexvar_ps(
+            _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+            _mm512_castps128_ps512(v),
+        )
+    } else {
+        let v = _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()));
+        _mm512_permutexvar_ps(
+            _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+            _mm512_castps128_ps512(v),
+        )
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn dot_bw(u: __m512i, s: __m512i) -> __m512i {
+    _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1))
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn dot_vnni(u: __m512i, s: __m512i) -> __m512i {
+    _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s)
+}
+
+macro_rules! avx512_tile {
+    ($name:ident, $feat:literal, $dot:ident) => {
+        /// Computes `res[i][j] = dot(w row r0+i, act row a0+j)` for `i < MR`, `j < NR`.
+        ///
+        /// # Safety
+        /// The CPU must have the enabled features; rows `r0..r0+MR` and `a0..a0+NR` must exist,
+        /// `w.layout` must be the layout `L` names and `a.kp == w.kp`.
+        #[target_feature(enable = $feat)]
+        pub(crate) unsafe fn $name<const L: u8, const MR: usize, const NR: usize>(
+            w: &QMatrix,
+            r0: usize,
+            a: &QActs,
+            a0: usize,
+            res: &mut [[f32; 4]; 4],
+        ) {
+            let chunks = w.kp / 64;
+            let g = if L == L_U6 { 16 } else { 32 };
+            let gpc = 64 / g;
+            let groups = w.kp / g;
+            let zero = if L == L_U5 {
+                -16.0
+            } else if L == L_U6 {
+                -32.0
+            } else {
+                0.0
+            };
+            let mut acc = [[_mm512_setzero_ps(); NR]; MR];
+            let aq = a.qs.as_ptr();
+            for c in 0..chunks {
+                let mut av = [_mm512_setzero_si512(); NR];
+                for (j, v) in av.iter_mut().enumerate() {
+                    *v = _mm512_loadu_si512(aq.add((a0 + j) * a.kp + 64 * c) as *const _);
+                }
+                for (i, acc_i) in acc.iter_mut().enumerate() {
+                    let r = r0 + i;
+                    let wq = unpack::<L>(w, r * chunks + c);
+                    let ws = expand::<L>(w.scales.as_ptr().add(r * groups + c * gpc));
+                    let wm = if L == L_U4 {
+                        expand::<L>(w.mins.as_ptr().add(r * groups + c * gpc))
+                    } else {
+                        _mm512_mul_ps(ws, _mm512_set1_ps(zero))
+                    };
+                    let (wu, neg) = if L == L_S8 {
+                        (_mm512_abs_epi8(wq), _mm512_movepi8_mask(wq))
+                    } else {
+                        (wq, 0)
+                    };
+                    for (j, acc_ij) in acc_i.iter_mut().enumerate() {
+                        let lane = ((a0 + j) * a.kp + 64 * c) / 4;
+                        let dot = if L == L_S8 {
+                            let s = _mm512_mask_sub_epi8(av[j], neg, _mm512_setzero_si512(), av[j]);
+                            $dot(wu, s)
+                        } else {
+                            $dot(wu, av[j])
+                        };
+                        let t = _mm512_mul_ps(
+                            _mm512_cvtepi32_ps(dot),
+                            _mm512_loadu_ps(a.lane_scale.as_ptr().add(lane)),
+                        );
+                        *acc_ij = _mm512_fmadd_ps(t, ws, *acc_ij);
+                        if L != L_S8 {
+                            *acc_ij = _mm512_fmadd_ps(
+                                wm,
+                                _mm512_loadu_ps(a.lane_sum.as_ptr().add(lane)),
+                                *acc_ij,
+                            );
+                        }
+                    }
+                }
+            }
+            for i in 0..MR {
+                for j in 0..NR {
+                    res[i][j] = _mm512_reduce_add_ps(acc[i][j]);
+                }
+            }
+        }
+    };
+}
+
+avx512_tile!(tile_bw, "avx512f,avx512bw,avx512vl,f16c,fma", dot_bw);
+avx512_tile!(
+    tile_vnni,
+    "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma",
+    dot_vnni
+);
