@@ -100,15 +100,15 @@ impl QMatrix {
         cols: usize,
         bytes: &[u8],
     ) -> Result<QMatrix, Error> {
-        let row_bytes = ty.row_bytes(cols)?;
-        let need = row_bytes * rows;
-        if bytes.len() != need {
-            return Err(Error::ShapeMismatch {
-                what: "QMatrix::from_ggml bytes",
-                expected: need,
-                got: bytes.len(),
-            });
-        }
+        let mut m = QMatrix::for_ggml(ty, rows, cols)?;
+        m.pack_ggml_rows(0, bytes)?;
+        Ok(m)
+    }
+
+    /// An all-zero matrix laid out for `ty` weights, to be filled with [`QMatrix::pack_ggml_rows`]
+    /// (lets a loader stream a large tensor through a small buffer).
+    pub fn for_ggml(ty: GgmlType, rows: usize, cols: usize) -> Result<QMatrix, Error> {
+        ty.row_bytes(cols)?;
         let layout = match ty {
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K => Layout::U4Min,
             GgmlType::Q5_0 => Layout::U5,
@@ -117,36 +117,42 @@ impl QMatrix {
                 Layout::S8
             }
         };
-        let mut m = QMatrix::empty(ty, layout, rows, cols);
-        let g = layout.group();
+        Ok(QMatrix::empty(ty, layout, rows, cols))
+    }
+
+    /// Packs whole GGML rows (`bytes`, back to back) into rows `r0..` of a matrix made by
+    /// [`QMatrix::for_ggml`].
+    pub fn pack_ggml_rows(&mut self, r0: usize, bytes: &[u8]) -> Result<(), Error> {
+        let ty = self.source;
+        let row_bytes = ty.row_bytes(self.cols)?;
+        if bytes.len() % row_bytes != 0 || r0 + bytes.len() / row_bytes > self.rows {
+            return Err(Error::ShapeMismatch {
+                what: "QMatrix::pack_ggml_rows bytes (whole rows inside the matrix)",
+                expected: (self.rows - r0.min(self.rows)) * row_bytes,
+                got: bytes.len(),
+            });
+        }
+        let g = self.layout.group();
         let mut rb = RowBuf {
-            q: vec![0; m.kp],
-            scale: vec![0.0; m.kp / g],
-            min: vec![0.0; m.kp / g],
+            q: vec![0; self.kp],
+            scale: vec![0.0; self.kp / g],
+            min: vec![0.0; self.kp / g],
         };
-        let mut floats = vec![
-            0f32;
-            if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
-                cols
-            } else {
-                0
-            }
-        ];
-        for r in 0..rows {
-            let src = &bytes[r * row_bytes..(r + 1) * row_bytes];
+        let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+        let mut floats = vec![0f32; if float { self.cols } else { 0 }];
+        for (i, src) in bytes.chunks_exact(row_bytes).enumerate() {
             rb.q.fill(0);
             rb.scale.fill(0.0);
             rb.min.fill(0.0);
-            match ty {
-                GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
-                    crate::formats::dequantize_row(ty, src, &mut floats)?;
-                    quantize_s8_groups(&floats, &mut rb);
-                }
-                _ => decode_row(ty, src, &mut rb),
+            if float {
+                crate::formats::dequantize_row(ty, src, &mut floats)?;
+                quantize_s8_groups(&floats, &mut rb);
+            } else {
+                decode_row(ty, src, &mut rb);
             }
-            m.pack_row(r, &rb);
+            self.pack_row(r0 + i, &rb);
         }
-        Ok(m)
+        Ok(())
     }
 
     /// Quantizes a row-major f32 matrix to signed 8-bit groups of 32 (Q8_0 precision).

@@ -184,6 +184,38 @@ impl ThreadPool {
     }
 }
 
+impl ThreadPool {
+    /// Splits `data` into pieces of `piece` elements (the last may be shorter) and runs
+    /// `f(index, piece)` for each, spread over the pool.
+    pub fn for_each_piece_mut<T: Send>(
+        &self,
+        data: &mut [T],
+        piece: usize,
+        f: &(dyn Fn(usize, &mut [T]) + Sync),
+    ) {
+        if data.is_empty() || piece == 0 {
+            return;
+        }
+        let len = data.len();
+        let n = len.div_ceil(piece);
+        let base = SendPtr(data.as_mut_ptr());
+        self.run(n, &|i| {
+            let base = &base;
+            let start = i * piece;
+            let end = (start + piece).min(len);
+            // SAFETY: pieces `start..end` are disjoint for distinct `i`, inside `data`, and
+            // `data` stays mutably borrowed until `run` returns.
+            let chunk = unsafe { std::slice::from_raw_parts_mut(base.0.add(start), end - start) };
+            f(i, chunk);
+        });
+    }
+}
+
+struct SendPtr<T>(*mut T);
+// SAFETY: used only to hand out disjoint pieces of one slice (see `for_each_piece_mut`).
+unsafe impl<T: Send> Sync for SendPtr<T> {}
+unsafe impl<T: Send> Send for SendPtr<T> {}
+
 /// Claims and runs chunks of `epoch` until none are left (or the epoch moved on).
 fn work_on(s: &Shared, epoch: u64) {
     loop {
@@ -307,6 +339,20 @@ mod tests {
             n.fetch_add(1, Relaxed);
         });
         assert_eq!(n.load(Relaxed), 4);
+    }
+
+    #[test]
+    fn pieces_cover_the_slice_once_with_their_indices() {
+        let pool = ThreadPool::new(2);
+        let mut v = vec![0usize; 103];
+        pool.for_each_piece_mut(&mut v, 10, &|i, piece| {
+            for x in piece.iter_mut() {
+                *x += i + 1;
+            }
+        });
+        for (k, &x) in v.iter().enumerate() {
+            assert_eq!(x, k / 10 + 1);
+        }
     }
 
     #[test]
