@@ -1,0 +1,430 @@
+//! The completion service (spec sections 2.4, 3.2, 4.2): chat completions from local weights,
+//! one-shot (`POST /`) or streamed as server-sent events (`POST /stream`), stoppable by id
+//! (`POST /stream/shutdown`), billed against the user's balance through a hold placed before
+//! generating and settled exactly once after; health with a real store round-trip; a chat page.
+//!
+//! A request's path: credentials -> validation -> the model's engine -> chat template and
+//! tokenization -> prompt-length check -> hold of the worst-case cost -> scheduler admission ->
+//! a driver task that forwards events to the client and settles the hold at the end, whatever
+//! the end (finished, stopped, client gone, engine failure, shutdown).
+
+mod catalog;
+mod engines;
+mod validate;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use hearth_infer::SamplingParams;
+use hearth_scheduler::{Generation, Request};
+use hearth_store::{Hold, LedgerMeta};
+use hearth_types::{AbortReason, TokenEvent, Usage};
+use rust_decimal::Decimal;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, watch};
+use tracing::{info, instrument, warn, Instrument, Span};
+
+use crate::app::{json_fallbacks, AppState, Session};
+use crate::billing::money;
+use crate::error::{ApiError, AppJson};
+use crate::services::{Service, ServiceInitError};
+
+pub use catalog::{Catalog, TextModelSpec};
+use validate::{FieldError, RawCompletionRequest};
+
+/// Header carrying the id `/stream/shutdown` takes.
+pub const STREAM_ID_HEADER: &str = "x-stream-id";
+/// How long `/stream/shutdown` waits for the stream's final (partial) response.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(10);
+/// SSE comment interval, so proxies and clients keep a long prefill's connection open.
+const KEEP_ALIVE: Duration = Duration::from_secs(5);
+/// Pieces buffered between the driver task and the HTTP response body.
+const PIECE_BUFFER: usize = 32;
+
+/// The service's own state beside the shared [`AppState`].
+#[derive(Clone)]
+pub struct CompletionState {
+    app: AppState,
+    core: Arc<Core>,
+}
+
+struct Core {
+    catalog: Catalog,
+    engines: engines::Engines,
+    /// Live streams: id -> the final response once settled (for `/stream/shutdown` to return).
+    streams: Mutex<HashMap<String, watch::Receiver<Option<Value>>>>,
+}
+
+impl Core {
+    fn streams(&self) -> std::sync::MutexGuard<'_, HashMap<String, watch::Receiver<Option<Value>>>> {
+        self.streams.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Builds the completion router: reads the model table, starts loading every model in the
+/// background (requests wait for a model still loading; a failed load answers `GatewayError`),
+/// and drains the engines when the server shuts down.
+pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
+    let catalog =
+        catalog::load(&state.config.models).map_err(|e| ServiceInitError::new(Service::Completion, e))?;
+    let engines = engines::Engines::start(&catalog);
+    let core = Arc::new(Core { catalog, engines, streams: Mutex::new(HashMap::new()) });
+    let (token, drain) = (state.shutdown.clone(), Arc::clone(&core));
+    tokio::spawn(async move {
+        token.cancelled().await;
+        info!("draining the text engines");
+        drain.engines.shutdown().await;
+    });
+    let state = CompletionState { app: state, core };
+    Ok(json_fallbacks(
+        Router::new()
+            .route("/", get(health).post(complete))
+            .route("/stream", post(stream))
+            .route("/stream/shutdown", post(shutdown_stream))
+            .route("/ui", get(ui))
+            .with_state(state),
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Health and page
+
+/// `{status, env, ui}` plus `models` (each id `ready`, `loading` or `unavailable: <why>`).
+/// 200 when a write-then-read round trip on the store succeeds, 500 with `status: "failing"`
+/// when it does not. A model that failed to load does not fail the health check: requests for
+/// it answer `GatewayError`, and `models` says why.
+async fn health(State(cs): State<CompletionState>) -> Response {
+    let store = cs.app.store.clone();
+    let checked = tokio::task::spawn_blocking(move || store.health_check()).await;
+    let failure = match checked {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(e) => Some(e.to_string()),
+    };
+    let mut body = json!({
+        "status": if failure.is_none() { "healthy" } else { "failing" },
+        "env": cs.app.config.env,
+        "ui": cs.app.urls.ui(Service::Completion),
+        "models": cs.core.engines.status(),
+    });
+    match failure {
+        None => (StatusCode::OK, Json(body)).into_response(),
+        Some(why) => {
+            warn!(error = %why, "health check: the store failed its round trip");
+            body["error"] = json!({ "type": "InternalError", "message": "database check failed", "details": {} });
+            (StatusCode::INTERNAL_SERVER_ERROR, Json(body)).into_response()
+        }
+    }
+}
+
+const CHAT_PAGE: &str = include_str!("completion/chat.html");
+
+/// The chat page, with the model table's bounds and the sign-in page's address baked in.
+async fn ui(State(cs): State<CompletionState>) -> Html<String> {
+    let models: Vec<Value> = cs
+        .core
+        .catalog
+        .entries()
+        .map(|e| {
+            let s = &e.spec;
+            json!({
+                "id": s.id,
+                "temperatureMax": s.temperature_max,
+                "defaultTemperature": s.default_temperature,
+                "maxOutputTokens": s.max_output_tokens,
+                "defaultMaxOutputTokens": s.default_max_output_tokens,
+                "inputPrice": s.input_price_per_million.to_string(),
+                "outputPrice": s.output_price_per_million.to_string(),
+            })
+        })
+        .collect();
+    // JSON inside a <script>: `</` must not close the element.
+    let script_json = |v: &Value| v.to_string().replace("</", "<\\/");
+    Html(
+        CHAT_PAGE
+            .replace("__MODELS_JSON__", &script_json(&Value::Array(models)))
+            .replace("__AUTH_UI_JSON__", &script_json(&json!(cs.app.urls.ui(Service::Auth)))),
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Starting a generation
+
+/// A validated, paid-for (held), admitted generation.
+struct Started {
+    generation: Generation,
+    hold: Hold,
+    model: String,
+    spec: TextModelSpec,
+    margin: Decimal,
+    input_cost: Decimal,
+}
+
+fn field_error(e: FieldError) -> ApiError {
+    ApiError::new(crate::error::ErrorKind::InvalidRequest, e.message).with_details(e.details)
+}
+
+fn scheduler_error(e: hearth_scheduler::Error) -> ApiError {
+    use hearth_scheduler::Error as E;
+    match e {
+        E::Overloaded { .. } | E::QueueTimeout { .. } | E::ShuttingDown => ApiError::overloaded(e.to_string()),
+        E::EngineUnavailable(why) => ApiError::gateway(format!("the model's engine is unavailable: {why}")),
+        E::PromptTooLong { .. } | E::EmptyPrompt => ApiError::invalid_request("messages", e),
+        E::ExceedsKvBudget { .. } | E::ZeroMaxTokens => ApiError::invalid_request("maxOutputTokens", e),
+        other => ApiError::internal(other),
+    }
+}
+
+#[instrument(skip_all, fields(model, user))]
+async fn start(cs: &CompletionState, raw: RawCompletionRequest) -> Result<Started, ApiError> {
+    let token = validate::service_token(&raw)
+        .ok_or_else(|| ApiError::invalid_credentials("serviceToken is required"))?;
+    let session: Session = cs.app.authenticate(token)?;
+    Span::current().record("user", session.user_id.as_str());
+    let valid = validate::validate(&raw, &cs.core.catalog).map_err(field_error)?;
+    Span::current().record("model", valid.model.as_str());
+    let spec = cs
+        .core
+        .catalog
+        .get(&valid.model)
+        .cloned()
+        .ok_or_else(|| ApiError::internal(format!("validated model {} left the catalog", valid.model)))?;
+    let margin = cs.app.billing.margin(valid.margin_percent)?;
+    let engine = cs
+        .core
+        .engines
+        .get(&valid.model)
+        .await
+        .map_err(|why| ApiError::gateway(format!("model {} is unavailable: {why}", valid.model)))?;
+
+    let tokenizer = engine.tokenizer();
+    let messages = valid.messages.clone();
+    let prompt_ids = tokio::task::spawn_blocking(move || {
+        tokenizer.apply_chat_template(&messages).and_then(|text| tokenizer.encode(&text))
+    })
+    .await
+    .map_err(ApiError::internal)?
+    .map_err(|e| ApiError::invalid_request("messages", e))?;
+    let context = spec.context_length.map_or(engine.context_length(), |c| c.min(engine.context_length()));
+    validate::check_prompt_length(prompt_ids.len(), valid.max_output_tokens, &spec, context)
+        .map_err(field_error)?;
+
+    let million = Decimal::from(1_000_000);
+    let billing = &cs.app.billing;
+    let input_cost = billing.cost(Decimal::from(prompt_ids.len()), spec.input_price_per_million, million, margin)?;
+    let worst_output =
+        billing.cost(Decimal::from(valid.max_output_tokens), spec.output_price_per_million, million, margin)?;
+    let meta = LedgerMeta {
+        reason: format!("completion {}", valid.model),
+        developer_id: valid.developer_id.clone(),
+        application_id: valid.application_id.clone(),
+    };
+    let hold = billing.hold(&session.user_id, input_cost + worst_output, meta).await?;
+
+    let stream_id = uuid::Uuid::new_v4();
+    let params = SamplingParams {
+        temperature: valid.temperature,
+        max_tokens: valid.max_output_tokens,
+        seed: stream_id.as_u64_pair().0,
+        ..SamplingParams::default()
+    };
+    let request = Request {
+        prompt_ids,
+        params,
+        stream_id: stream_id.to_string(),
+        span: Span::current(),
+        ignore_eos: false,
+    };
+    match engine.submit(request).await {
+        Ok(generation) => Ok(Started { generation, hold, model: valid.model, spec, margin, input_cost }),
+        Err(e) => {
+            if let Err(release) = billing.release(&hold).await {
+                warn!(error = %release, "releasing the hold of a refused request failed");
+            }
+            Err(scheduler_error(e))
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Driving a generation to its end and settling
+
+/// What the driver hands the HTTP side.
+enum Piece {
+    Token(String),
+    /// The terminal response: `Ok` finished, `Err` aborted (partial).
+    End(Result<Value, Value>, Option<AbortReason>),
+}
+
+/// Reads the generation to its end, forwarding text to `out` while anyone listens (if `out`
+/// closes, the client went away: the generation is cancelled, and billed for what it made),
+/// then settles the hold exactly once and sends the final response.
+async fn drive(cs: CompletionState, started: Started, out: mpsc::Sender<Piece>, done: watch::Sender<Option<Value>>) {
+    let Started { mut generation, hold, model, spec, margin, input_cost } = started;
+    let stream_id = generation.stream_id().to_string();
+    let mut output = String::new();
+    let mut listening = true;
+    let (usage, abort) = loop {
+        let event = tokio::select! {
+            event = generation.next() => event,
+            _ = out.closed(), if listening => {
+                listening = false;
+                generation.cancel();
+                continue;
+            }
+        };
+        match event {
+            Some(TokenEvent::Token { text, .. }) => {
+                output.push_str(&text);
+                if listening && out.send(Piece::Token(text)).await.is_err() {
+                    listening = false;
+                    generation.cancel();
+                }
+            }
+            Some(TokenEvent::Finished { usage, .. }) => break (usage, None),
+            Some(TokenEvent::Aborted { usage, reason }) => {
+                // A cancel we issued because the client left is a disconnect, whatever raced.
+                let reason = if listening { reason } else { AbortReason::Disconnected };
+                break (usage, Some(reason));
+            }
+            None => {
+                let usage = Usage {
+                    prompt_tokens: generation.prompt_tokens(),
+                    completion_tokens: generation.generated_tokens(),
+                };
+                break (usage, Some(AbortReason::EngineFailure("the stream ended early".into())));
+            }
+        }
+    };
+
+    let billing = &cs.app.billing;
+    let million = Decimal::from(1_000_000);
+    let output_cost = billing
+        .cost(Decimal::from(usage.completion_tokens), spec.output_price_per_million, million, margin)
+        .unwrap_or(Decimal::ZERO);
+    let (balance_before, balance_after) = match billing.settle(&hold, input_cost + output_cost).await {
+        Ok(charge) => (money(charge.balance_before), money(charge.balance_after)),
+        Err(e) => {
+            warn!(error = %e, %stream_id, "settling a completion failed; the hold stays for release at start-up");
+            (money(hold.balance_before), money(hold.balance_before - hold.amount))
+        }
+    };
+    let response = json!({
+        "model": model,
+        "output": output,
+        "usage": {
+            "type": "completion",
+            "promptTokens": usage.prompt_tokens,
+            "completionTokens": usage.completion_tokens,
+            "inputCost": money(input_cost),
+            "outputCost": money(output_cost),
+        },
+        "balanceBefore": balance_before,
+        "balanceAfter": balance_after,
+    });
+    info!(%stream_id, prompt_tokens = usage.prompt_tokens, completion_tokens = usage.completion_tokens, aborted = ?abort, "completion settled");
+    done.send_replace(Some(response.clone()));
+    cs.core.streams().remove(&stream_id);
+    let end = match &abort {
+        None => Ok(response),
+        Some(_) => Err(response),
+    };
+    if listening {
+        let _ = out.send(Piece::End(end, abort)).await;
+    }
+}
+
+/// Starts the driver task and registers the stream for `/stream/shutdown`.
+fn spawn_driver(cs: &CompletionState, started: Started) -> (String, mpsc::Receiver<Piece>) {
+    let stream_id = started.generation.stream_id().to_string();
+    let (tx, rx) = mpsc::channel(PIECE_BUFFER);
+    let (done_tx, done_rx) = watch::channel(None);
+    cs.core.streams().insert(stream_id.clone(), done_rx);
+    tokio::spawn(drive(cs.clone(), started, tx, done_tx).instrument(Span::current()));
+    (stream_id, rx)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handlers
+
+/// `POST /`: the whole completion in one response. An abort (engine failure, server shutdown)
+/// answers an error whose `details.response` holds the partial, billed response.
+async fn complete(State(cs): State<CompletionState>, AppJson(raw): AppJson<RawCompletionRequest>) -> Result<Json<Value>, ApiError> {
+    let started = start(&cs, raw).await?;
+    let (_id, mut rx) = spawn_driver(&cs, started);
+    while let Some(piece) = rx.recv().await {
+        if let Piece::End(end, reason) = piece {
+            return match end {
+                Ok(response) => Ok(Json(response)),
+                Err(partial) => {
+                    let err = match reason {
+                        Some(AbortReason::Shutdown) => ApiError::overloaded("the server is shutting down"),
+                        Some(AbortReason::EngineFailure(why)) => ApiError::gateway(format!("the model's engine failed: {why}")),
+                        other => ApiError::internal(format!("completion aborted: {other:?}")),
+                    };
+                    Err(err.with_details(json!({ "response": partial })))
+                }
+            };
+        }
+    }
+    Err(ApiError::internal("the completion driver stopped without an answer"))
+}
+
+/// `POST /stream`: errors before the stream as JSON with their status; then `{token}` events,
+/// and `{completed, response}` or `{aborted, response}`.
+async fn stream(State(cs): State<CompletionState>, AppJson(raw): AppJson<RawCompletionRequest>) -> Result<Response, ApiError> {
+    let started = start(&cs, raw).await?;
+    let (stream_id, rx) = spawn_driver(&cs, started);
+    let events = futures::stream::unfold(rx, |mut rx| async move {
+        let piece = rx.recv().await?;
+        let data = match piece {
+            Piece::Token(token) => json!({ "token": token }),
+            Piece::End(Ok(response), _) => json!({ "completed": true, "response": response }),
+            Piece::End(Err(response), _) => json!({ "aborted": true, "response": response }),
+        };
+        Some((Ok::<Event, Infallible>(Event::default().data(data.to_string())), rx))
+    });
+    let mut response = Sse::new(events).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)).into_response();
+    let id = HeaderValue::from_str(&stream_id).map_err(ApiError::internal)?;
+    response.headers_mut().insert(STREAM_ID_HEADER, id);
+    Ok(response)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ShutdownRequest {
+    stream_id: String,
+}
+
+/// `POST /stream/shutdown`: stops an active stream and answers, once it has stopped and been
+/// billed, `200 {"streamId", "status": "terminated", "response": <partial response>}`. Unknown or
+/// already finished ids answer 404 `NotFound`; a stream that does not stop within 10 s, 500.
+async fn shutdown_stream(State(cs): State<CompletionState>, AppJson(body): AppJson<ShutdownRequest>) -> Result<Json<Value>, ApiError> {
+    let id = body.stream_id;
+    let not_found = || ApiError::not_found(format!("no active stream {id:?}")).with_details(json!({ "streamId": id }));
+    let Some(mut done) = cs.core.streams().get(&id).cloned() else {
+        return Err(not_found());
+    };
+    if !cs.core.engines.registry().cancel(&id) {
+        // Finished (or being stopped by another call) in the meantime.
+        return Err(not_found());
+    }
+    let waited = tokio::time::timeout(SHUTDOWN_WAIT, done.wait_for(Option::is_some)).await;
+    match waited {
+        Ok(Ok(response)) => {
+            let response = response.clone();
+            Ok(Json(json!({ "streamId": id, "status": "terminated", "response": response })))
+        }
+        Ok(Err(_)) => Err(ApiError::internal(format!("stream {id} lost its driver while stopping"))),
+        Err(_) => Err(ApiError::internal(format!("stream {id} did not stop within {}s", SHUTDOWN_WAIT.as_secs()))),
+    }
+}

@@ -1,0 +1,242 @@
+//! The text-model table: `[text."id"]` entries of `models.toml` resolved into what the service
+//! needs per model id: the spec's limits and prices ([`TextModelSpec`]), how to load the weights
+//! (`hearth_infer::TextModelConfig`) and the scheduler's limits (`SchedulerConfig`).
+//!
+//! Keys beyond the shipped file (all optional): `default_temperature`,
+//! `default_max_output_tokens`, `context_length` (caps the model's own), `max_active`,
+//! `max_queued`, `kv_budget_mb`, `queue_timeout_ms`, `prefill_chunk`, `device`, `threads`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hearth_infer::{DeviceSpec, TextModelConfig, WeightSource};
+use hearth_scheduler::SchedulerConfig;
+use rust_decimal::Decimal;
+use serde::Deserialize;
+
+/// The spec's limits, the prices and the defaults of one public model id.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextModelSpec {
+    pub id: String,
+    pub temperature_min: f32,
+    pub temperature_max: f32,
+    pub default_temperature: f32,
+    pub max_output_tokens: usize,
+    pub default_max_output_tokens: usize,
+    pub max_input_tokens: usize,
+    /// Caps the loaded model's context length (e.g. to bound KV memory); `None` = the model's.
+    pub context_length: Option<usize>,
+    pub input_price_per_million: Decimal,
+    pub output_price_per_million: Decimal,
+}
+
+/// One model id fully resolved.
+#[derive(Debug, Clone)]
+pub struct TextModelEntry {
+    pub spec: TextModelSpec,
+    pub load: TextModelConfig,
+    pub scheduler: SchedulerConfig,
+}
+
+/// Every text model id, in id order.
+#[derive(Debug, Clone, Default)]
+pub struct Catalog {
+    models: BTreeMap<String, TextModelEntry>,
+}
+
+impl Catalog {
+    pub fn new(entries: impl IntoIterator<Item = TextModelEntry>) -> Self {
+        Catalog { models: entries.into_iter().map(|e| (e.spec.id.clone(), e)).collect() }
+    }
+    pub fn ids(&self) -> Vec<String> {
+        self.models.keys().cloned().collect()
+    }
+    pub fn get(&self, id: &str) -> Option<&TextModelSpec> {
+        self.models.get(id).map(|e| &e.spec)
+    }
+    pub fn entry(&self, id: &str) -> Option<&TextModelEntry> {
+        self.models.get(id)
+    }
+    pub fn entries(&self) -> impl Iterator<Item = &TextModelEntry> {
+        self.models.values()
+    }
+}
+
+/// Default of `maxOutputTokens` when a request leaves it out (capped by the model's maximum).
+pub const DEFAULT_MAX_OUTPUT_TOKENS: usize = 512;
+/// Default temperature when a request leaves it out (capped by the model's maximum).
+pub const DEFAULT_TEMPERATURE: f32 = 0.7;
+
+#[derive(Debug, Default, Deserialize)]
+struct RawFile {
+    #[serde(default)]
+    defaults: RawDefaults,
+    #[serde(default)]
+    text: BTreeMap<String, RawTextModel>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct RawDefaults {
+    device: Option<String>,
+    threads: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTextModel {
+    weights: Option<String>,
+    hf: Option<String>,
+    file: Option<String>,
+    revision: Option<String>,
+    tokenizer: Option<String>,
+    chat_template: Option<String>,
+    temperature_max: Option<f32>,
+    default_temperature: Option<f32>,
+    max_output_tokens: Option<usize>,
+    default_max_output_tokens: Option<usize>,
+    max_input_tokens: Option<usize>,
+    context_length: Option<usize>,
+    input_price_per_million: Option<String>,
+    output_price_per_million: Option<String>,
+    device: Option<String>,
+    threads: Option<usize>,
+    max_active: Option<usize>,
+    max_queued: Option<usize>,
+    kv_budget_mb: Option<u64>,
+    queue_timeout_ms: Option<u64>,
+    prefill_chunk: Option<usize>,
+}
+
+/// What is wrong with the model table, naming the model and key.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error("{path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {source}")]
+    Parse { path: PathBuf, source: Box<toml::de::Error> },
+    #[error("models.toml [text.{id:?}]: {message}")]
+    Invalid { id: String, message: String },
+}
+
+/// Reads the `[text]` section of the model table at `path` (relative paths in it are relative to
+/// its folder).
+pub fn load(path: &Path) -> Result<Catalog, CatalogError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| CatalogError::Read { path: path.to_path_buf(), source })?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    parse(&text, base).map_err(|e| match e {
+        CatalogError::Parse { source, .. } => CatalogError::Parse { path: path.to_path_buf(), source },
+        other => other,
+    })
+}
+
+/// Parses model-table text; `base` resolves relative paths.
+pub fn parse(text: &str, base: &Path) -> Result<Catalog, CatalogError> {
+    let raw: RawFile = toml::from_str(text)
+        .map_err(|e| CatalogError::Parse { path: PathBuf::from("models.toml"), source: Box::new(e) })?;
+    let mut entries = Vec::new();
+    for (id, m) in raw.text {
+        entries.push(resolve(&id, m, &raw.defaults, base)?);
+    }
+    Ok(Catalog::new(entries))
+}
+
+fn resolve(id: &str, m: RawTextModel, defaults: &RawDefaults, base: &Path) -> Result<TextModelEntry, CatalogError> {
+    let invalid = |message: String| CatalogError::Invalid { id: id.to_string(), message };
+    let price = |key: &str, v: Option<String>| -> Result<Decimal, CatalogError> {
+        let v = v.ok_or_else(|| invalid(format!("{key} is required (a decimal string)")))?;
+        let d: Decimal = v.trim().parse().map_err(|e| invalid(format!("{key} = {v:?}: {e}")))?;
+        if d.is_sign_negative() {
+            return Err(invalid(format!("{key} must not be negative")));
+        }
+        Ok(d)
+    };
+    let source = match (m.weights, m.hf) {
+        (Some(w), None) => WeightSource::Local { path: base.join(w) },
+        (None, Some(repo)) => WeightSource::HfHub { repo, file: m.file, revision: m.revision },
+        (Some(_), Some(_)) => return Err(invalid("give either weights or hf, not both".into())),
+        (None, None) => return Err(invalid("weights (a local path) or hf (a repository) is required".into())),
+    };
+    let device_text = m.device.or_else(|| defaults.device.clone()).unwrap_or_else(|| "cpu".into());
+    let device: DeviceSpec = device_text.parse().map_err(invalid)?;
+    let temperature_max = m.temperature_max.unwrap_or(5.0);
+    if !(0.0..=5.0).contains(&temperature_max) {
+        return Err(invalid(format!("temperature_max must be within 0..=5, got {temperature_max}")));
+    }
+    let max_output_tokens = m.max_output_tokens.unwrap_or(2048);
+    if !(1..=16384).contains(&max_output_tokens) {
+        return Err(invalid(format!("max_output_tokens must be within 1..=16384, got {max_output_tokens}")));
+    }
+    let default_max_output_tokens =
+        m.default_max_output_tokens.unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS).clamp(1, max_output_tokens);
+    let default_temperature = m.default_temperature.unwrap_or(DEFAULT_TEMPERATURE).clamp(0.0, temperature_max);
+    let spec = TextModelSpec {
+        id: id.to_string(),
+        temperature_min: 0.0,
+        temperature_max,
+        default_temperature,
+        max_output_tokens,
+        default_max_output_tokens,
+        max_input_tokens: m.max_input_tokens.unwrap_or(128_000),
+        context_length: m.context_length,
+        input_price_per_million: price("input_price_per_million", m.input_price_per_million)?,
+        output_price_per_million: price("output_price_per_million", m.output_price_per_million)?,
+    };
+    let load = TextModelConfig {
+        source,
+        tokenizer: m.tokenizer.map(|t| base.join(t)),
+        chat_template: m.chat_template,
+        device,
+        threads: m.threads.or(defaults.threads).unwrap_or(0),
+        ..TextModelConfig::local(PathBuf::new())
+    };
+    let base_cfg = SchedulerConfig::default();
+    let scheduler = SchedulerConfig {
+        name: id.to_string(),
+        max_active: m.max_active.unwrap_or(base_cfg.max_active),
+        max_queued: m.max_queued.unwrap_or(base_cfg.max_queued),
+        kv_budget_bytes: m.kv_budget_mb.map(|mb| mb << 20).unwrap_or(base_cfg.kv_budget_bytes),
+        queue_timeout: m.queue_timeout_ms.map(Duration::from_millis).unwrap_or(base_cfg.queue_timeout),
+        prefill_chunk: m.prefill_chunk.unwrap_or(base_cfg.prefill_chunk),
+        ..base_cfg
+    };
+    Ok(TextModelEntry { spec, load, scheduler })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_models_toml_resolves_every_spec_model() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models.toml");
+        let catalog = load(&path).expect("models.toml parses");
+        assert_eq!(catalog.ids(), ["alpha-3.3", "beta-4-mini", "gamma-3.5-sonnet"]);
+        let beta = catalog.get("beta-4-mini").unwrap();
+        assert_eq!(beta.temperature_max, 2.0);
+        assert_eq!(beta.max_output_tokens, 16384);
+        assert_eq!(beta.input_price_per_million, "0.15".parse::<Decimal>().unwrap());
+        let gamma = catalog.entry("gamma-3.5-sonnet").unwrap();
+        assert_eq!(gamma.spec.temperature_max, 1.0);
+        assert!(gamma.load.chat_template.as_deref().is_some_and(|t| t.contains("<start_of_turn>")));
+    }
+
+    #[test]
+    fn a_bad_price_names_the_model_and_key() {
+        let err = parse("[text.m]\nweights = \"x.gguf\"\ninput_price_per_million = \"abc\"\noutput_price_per_million = \"1\"\n", Path::new("."))
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("\"m\"") && text.contains("input_price_per_million"), "{text}");
+    }
+
+    #[test]
+    fn defaults_are_capped_by_the_model_row() {
+        let c = parse("[text.m]\nweights = \"x.gguf\"\nmax_output_tokens = 100\ntemperature_max = 0.5\ninput_price_per_million = \"1\"\noutput_price_per_million = \"2\"\n", Path::new("/w"))
+            .unwrap();
+        let e = c.entry("m").unwrap();
+        assert_eq!(e.spec.default_max_output_tokens, 100);
+        assert_eq!(e.spec.default_temperature, 0.5);
+        assert_eq!(e.load.source, WeightSource::Local { path: PathBuf::from("/w/x.gguf") });
+    }
+}

@@ -1,0 +1,344 @@
+//! Parse, don't validate: the wire request (every field optional, any JSON type) becomes a
+//! [`ValidRequest`] or a [`FieldError`] naming the offending field. Section 8 of the spec:
+//! temperature and `maxOutputTokens` within the model's row, margin 0..=99, a non-empty message
+//! list with known roles, and a prompt that fits both the input limit and the context left after
+//! the output.
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use hearth_types::{ChatMessage, Role};
+
+use super::catalog::{Catalog, TextModelSpec};
+
+/// The completion request as it arrives; fields stay raw JSON so that each type error names
+/// its field instead of surfacing serde's message.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RawCompletionRequest {
+    pub service_token: Option<Value>,
+    pub messages: Option<Value>,
+    pub model: Option<Value>,
+    pub developer_id: Option<Value>,
+    pub application_id: Option<Value>,
+    pub temperature: Option<Value>,
+    pub max_output_tokens: Option<Value>,
+    pub override_gross_margin_percent: Option<Value>,
+}
+
+/// A request every later stage can trust.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidRequest {
+    pub model: String,
+    pub messages: Vec<ChatMessage>,
+    pub temperature: f32,
+    pub max_output_tokens: usize,
+    /// `None`: the configured default margin applies.
+    pub margin_percent: Option<f64>,
+    pub developer_id: Option<String>,
+    pub application_id: Option<String>,
+}
+
+/// One violation: which field, what is wrong, and machine-readable context.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+    pub details: Value,
+}
+
+impl FieldError {
+    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        let field = field.into();
+        FieldError { details: json!({ "field": field }), field, message: message.into() }
+    }
+
+    fn with(mut self, key: &str, value: Value) -> Self {
+        if let Some(map) = self.details.as_object_mut() {
+            map.insert(key.to_string(), value);
+        }
+        self
+    }
+}
+
+/// Temperature bounds of the spec whatever the model (section 8).
+pub const TEMPERATURE_RANGE: (f32, f32) = (0.0, 5.0);
+/// `maxOutputTokens` bounds of the spec whatever the model.
+pub const MAX_OUTPUT_TOKENS_RANGE: (u64, u64) = (1, 16384);
+
+fn optional_string(value: &Option<Value>, field: &str) -> Result<Option<String>, FieldError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(FieldError::new(field, format!("{field} must be a string"))),
+    }
+}
+
+/// The service token, if it is a non-empty string (anything else is `InvalidCredentials`).
+pub fn service_token(raw: &RawCompletionRequest) -> Option<&str> {
+    match &raw.service_token {
+        Some(Value::String(s)) if !s.is_empty() => Some(s),
+        _ => None,
+    }
+}
+
+fn number(value: &Value, field: &str) -> Result<f64, FieldError> {
+    value.as_f64().ok_or_else(|| FieldError::new(field, format!("{field} must be a number")))
+}
+
+pub fn validate(raw: &RawCompletionRequest, catalog: &Catalog) -> Result<ValidRequest, FieldError> {
+    let model_id = match &raw.model {
+        None | Some(Value::Null) => return Err(FieldError::new("model", "model is required")
+            .with("validModels", json!(catalog.ids()))),
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => return Err(FieldError::new("model", "model must be a string")),
+    };
+    let Some(spec) = catalog.get(&model_id) else {
+        let ids = catalog.ids();
+        return Err(FieldError::new(
+            "model",
+            format!("unknown model {model_id:?}; valid models: {}", ids.join(", ")),
+        )
+        .with("validModels", json!(ids)));
+    };
+
+    let messages = messages(&raw.messages)?;
+    let temperature = temperature(&raw.temperature, spec)?;
+    let max_output_tokens = max_output_tokens(&raw.max_output_tokens, spec)?;
+    let margin_percent = match &raw.override_gross_margin_percent {
+        None | Some(Value::Null) => None,
+        Some(v) => {
+            let field = "overrideGrossMarginPercent";
+            let m = number(v, field)?;
+            if !(0.0..=99.0).contains(&m) {
+                return Err(FieldError::new(field, format!("{field} must be between 0 and 99, got {m}"))
+                    .with("min", json!(0))
+                    .with("max", json!(99)));
+            }
+            Some(m)
+        }
+    };
+    Ok(ValidRequest {
+        model: model_id,
+        messages,
+        temperature,
+        max_output_tokens,
+        margin_percent,
+        developer_id: optional_string(&raw.developer_id, "developerId")?,
+        application_id: optional_string(&raw.application_id, "applicationId")?,
+    })
+}
+
+fn messages(value: &Option<Value>) -> Result<Vec<ChatMessage>, FieldError> {
+    let list = match value {
+        None | Some(Value::Null) => return Err(FieldError::new("messages", "messages is required")),
+        Some(Value::Array(list)) => list,
+        Some(_) => return Err(FieldError::new("messages", "messages must be an array of {role, content}")),
+    };
+    if list.is_empty() {
+        return Err(FieldError::new("messages", "messages must not be empty"));
+    }
+    list.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let field = format!("messages[{i}]");
+            let obj = m.as_object().ok_or_else(|| FieldError::new(&field, format!("{field} must be an object with role and content")))?;
+            let role = match obj.get("role") {
+                Some(Value::String(r)) => r.parse::<Role>().map_err(|e| {
+                    FieldError::new(format!("{field}.role"), format!("{field}.role: {e}"))
+                        .with("allowed", json!(["system", "user", "assistant"]))
+                })?,
+                _ => return Err(FieldError::new(format!("{field}.role"), format!("{field}.role must be a string"))),
+            };
+            let content = match obj.get("content") {
+                Some(Value::String(c)) => c.clone(),
+                _ => return Err(FieldError::new(format!("{field}.content"), format!("{field}.content must be a string"))),
+            };
+            Ok(ChatMessage { role, content })
+        })
+        .collect()
+}
+
+fn temperature(value: &Option<Value>, spec: &TextModelSpec) -> Result<f32, FieldError> {
+    let Some(value) = value.as_ref().filter(|v| !v.is_null()) else {
+        return Ok(spec.default_temperature);
+    };
+    let t = number(value, "temperature")?;
+    let (lo, hi) = (spec.temperature_min as f64, spec.temperature_max as f64);
+    if !(lo..=hi).contains(&t) {
+        return Err(FieldError::new(
+            "temperature",
+            format!("temperature must be between {lo} and {hi} for {}, got {t}", spec.id),
+        )
+        .with("min", json!(lo))
+        .with("max", json!(hi)));
+    }
+    Ok(t as f32)
+}
+
+fn max_output_tokens(value: &Option<Value>, spec: &TextModelSpec) -> Result<usize, FieldError> {
+    let field = "maxOutputTokens";
+    let Some(value) = value.as_ref().filter(|v| !v.is_null()) else {
+        return Ok(spec.default_max_output_tokens);
+    };
+    let max = spec.max_output_tokens as u64;
+    let out_of_range = || {
+        FieldError::new(field, format!("{field} must be an integer from 1 to {max} for {}", spec.id))
+            .with("min", json!(1))
+            .with("max", json!(max))
+    };
+    let n = match value {
+        Value::Number(n) => match (n.as_u64(), n.as_f64()) {
+            (Some(n), _) => n,
+            // 12.0 is an integer; 12.5 and -3 are not.
+            (None, Some(f)) if f.fract() == 0.0 && f >= 1.0 && f <= max as f64 => f as u64,
+            _ => return Err(out_of_range()),
+        },
+        _ => return Err(FieldError::new(field, format!("{field} must be a number"))),
+    };
+    if n < 1 || n > max {
+        return Err(out_of_range());
+    }
+    Ok(n as usize)
+}
+
+/// The prompt must fit both the model's input limit and the context left for the output.
+pub fn check_prompt_length(
+    prompt_tokens: usize,
+    max_output_tokens: usize,
+    spec: &TextModelSpec,
+    context_length: usize,
+) -> Result<(), FieldError> {
+    let room = context_length.saturating_sub(max_output_tokens);
+    let limit = spec.max_input_tokens.min(room);
+    if prompt_tokens > limit {
+        let why = if room < spec.max_input_tokens {
+            format!(
+                "the model's context of {context_length} tokens minus maxOutputTokens {max_output_tokens}"
+            )
+        } else {
+            format!("the input limit of {}", spec.id)
+        };
+        return Err(FieldError::new(
+            "messages",
+            format!("the prompt is {prompt_tokens} tokens; at most {limit} fit ({why})"),
+        )
+        .with("promptTokens", json!(prompt_tokens))
+        .with("maxPromptTokens", json!(limit)));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn catalog() -> Catalog {
+        super::super::catalog::parse(
+            r#"
+[text."alpha-3.3"]
+weights = "a.gguf"
+temperature_max = 5.0
+max_output_tokens = 2048
+max_input_tokens = 128000
+input_price_per_million = "0.60"
+output_price_per_million = "2.40"
+
+[text."gamma-3.5-sonnet"]
+weights = "g.gguf"
+temperature_max = 1.0
+max_output_tokens = 8192
+max_input_tokens = 200000
+input_price_per_million = "3.00"
+output_price_per_million = "15.00"
+"#,
+            Path::new("."),
+        )
+        .unwrap()
+    }
+
+    fn raw(v: Value) -> RawCompletionRequest {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn ok() -> Value {
+        json!({"serviceToken": "t", "model": "alpha-3.3", "messages": [{"role": "user", "content": "hi"}]})
+    }
+
+    fn field_of(mut v: Value, key: &str, value: Value) -> String {
+        v[key] = value;
+        validate(&raw(v), &catalog()).unwrap_err().field
+    }
+
+    #[test]
+    fn a_minimal_request_gets_the_documented_defaults() {
+        let v = validate(&raw(ok()), &catalog()).unwrap();
+        assert_eq!(v.max_output_tokens, DEFAULT_MAX_OUTPUT_TOKENS);
+        assert_eq!(v.temperature, DEFAULT_TEMPERATURE);
+        assert_eq!(v.margin_percent, None);
+        assert_eq!(v.messages, vec![ChatMessage::new(Role::User, "hi")]);
+    }
+
+    #[test]
+    fn every_violation_names_its_field() {
+        assert_eq!(field_of(ok(), "model", json!("nope")), "model");
+        assert_eq!(field_of(ok(), "model", json!(3)), "model");
+        assert_eq!(field_of(ok(), "messages", json!([])), "messages");
+        assert_eq!(field_of(ok(), "messages", json!("hi")), "messages");
+        assert_eq!(field_of(ok(), "messages", json!([{"role": "robot", "content": "x"}])), "messages[0].role");
+        assert_eq!(field_of(ok(), "messages", json!([{"role": "user"}])), "messages[0].content");
+        assert_eq!(field_of(ok(), "temperature", json!(5.5)), "temperature");
+        assert_eq!(field_of(ok(), "temperature", json!(-0.1)), "temperature");
+        assert_eq!(field_of(ok(), "temperature", json!("hot")), "temperature");
+        assert_eq!(field_of(ok(), "maxOutputTokens", json!(0)), "maxOutputTokens");
+        assert_eq!(field_of(ok(), "maxOutputTokens", json!(2049)), "maxOutputTokens");
+        assert_eq!(field_of(ok(), "maxOutputTokens", json!(1.5)), "maxOutputTokens");
+        assert_eq!(field_of(ok(), "overrideGrossMarginPercent", json!(100)), "overrideGrossMarginPercent");
+        assert_eq!(field_of(ok(), "overrideGrossMarginPercent", json!(-1)), "overrideGrossMarginPercent");
+        assert_eq!(field_of(ok(), "developerId", json!(5)), "developerId");
+        let mut no_model = ok();
+        no_model.as_object_mut().unwrap().remove("model");
+        assert_eq!(validate(&raw(no_model), &catalog()).unwrap_err().field, "model");
+    }
+
+    #[test]
+    fn limits_follow_the_model_row() {
+        let mut v = ok();
+        v["model"] = json!("gamma-3.5-sonnet");
+        v["temperature"] = json!(1.5);
+        let e = validate(&raw(v.clone()), &catalog()).unwrap_err();
+        assert_eq!(e.details["max"], json!(1.0));
+        v["temperature"] = json!(1.0);
+        v["maxOutputTokens"] = json!(8192);
+        let ok = validate(&raw(v), &catalog()).unwrap();
+        assert_eq!((ok.temperature, ok.max_output_tokens), (1.0, 8192));
+    }
+
+    #[test]
+    fn unknown_model_lists_the_valid_ids() {
+        let mut v = ok();
+        v["model"] = json!("gpt-9");
+        let e = validate(&raw(v), &catalog()).unwrap_err();
+        assert!(e.message.contains("alpha-3.3") && e.message.contains("gamma-3.5-sonnet"));
+        assert_eq!(e.details["validModels"], json!(["alpha-3.3", "gamma-3.5-sonnet"]));
+    }
+
+    #[test]
+    fn the_prompt_limit_message_gives_both_numbers() {
+        let c = catalog();
+        let spec = c.get("alpha-3.3").unwrap();
+        assert!(check_prompt_length(100, 512, spec, 8192).is_ok());
+        let e = check_prompt_length(8000, 512, spec, 8192).unwrap_err();
+        assert_eq!(e.field, "messages");
+        assert!(e.message.contains("8000") && e.message.contains("7680"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_missing_or_non_string_token_is_no_token() {
+        assert_eq!(service_token(&raw(ok())), Some("t"));
+        assert_eq!(service_token(&raw(json!({"serviceToken": 5}))), None);
+        assert_eq!(service_token(&raw(json!({"serviceToken": ""}))), None);
+        assert_eq!(service_token(&raw(json!({}))), None);
+    }
+}
