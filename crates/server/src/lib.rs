@@ -1,9 +1,20 @@
-//! The hearth binary's library: CLI, configuration, axum routers for the four services, web pages.
-//! The only crate that knows HTTP and JSON wire shapes.
+//! The `hearth` binary's library and the only crate that knows HTTP and JSON wire shapes: the
+//! CLI ([`cli`]), layered configuration ([`config`]), process state and startup ([`app`]), the
+//! error shape every JSON service answers with ([`error`]), prices and charging ([`billing`]),
+//! one axum router per service ([`services`]) and the web pages ([`pages`]).
+//!
+//! It deliberately holds no business logic of its own beyond request validation: tokens are
+//! `hearth-auth`'s, money and revocations `hearth-store`'s, models the inference crates'.
 
-pub mod cli {
-    /// Entry point of the `hearth` binary.
-    pub fn main() -> std::process::ExitCode {
-        std::process::ExitCode::SUCCESS
-    }
-}
+pub mod app;
+pub mod billing;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod pages;
+pub mod services;
+
+pub use app::{start, AppState, Running, Session};
+pub use config::{Config, RawConfig};
+pub use error::{ApiError, AppJson, ErrorKind};
+pub use services::Service;

@@ -1,0 +1,319 @@
+//! Process state and startup: [`AppState`] is what every handler can reach; [`start`] opens the
+//! store, loads the keys, binds one listener per chosen service and serves them until
+//! [`Running::shutdown`]. `hearth serve` and the integration tests both go through [`start`].
+
+use axum::extract::FromRef;
+use axum::Router;
+use chrono::{DateTime, Utc};
+use hearth_auth::{IdentityProvider, OidcIdp, ServiceTokens, SharedSecretIdp};
+use hearth_store::{Store, StoreOptions};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tower_http::trace::{DefaultMakeSpan, TraceLayer};
+use tracing::Level;
+
+use crate::billing::Billing;
+use crate::config::{Config, IdpChoice};
+use crate::error::ApiError;
+use crate::services::{self, Service, ServiceInitError};
+
+/// Where things live in the data dir.
+pub mod paths {
+    use std::path::{Path, PathBuf};
+
+    /// The sled database folder.
+    pub fn store(data_dir: &Path) -> PathBuf {
+        data_dir.join("db")
+    }
+    /// HS256 secret of service tokens (0600, created on first start).
+    pub fn service_token_secret(data_dir: &Path) -> PathBuf {
+        data_dir.join("service-token.secret")
+    }
+    /// HS256 secret of the built-in `shared-secret` identity provider (0600).
+    pub fn idp_secret(data_dir: &Path) -> PathBuf {
+        data_dir.join("idp.secret")
+    }
+    /// Key that authorizes the admin API on the auth listener (0600).
+    pub fn admin_key(data_dir: &Path) -> PathBuf {
+        data_dir.join("admin.key")
+    }
+}
+
+/// Everything a handler may need. Cheap to clone; handlers take parts with `State<T>` via
+/// `FromRef`. There is no global state: two `start`ed servers coexist in one process.
+#[derive(Clone, FromRef)]
+pub struct AppState {
+    pub config: Arc<Config>,
+    pub store: Store,
+    pub tokens: Arc<ServiceTokens>,
+    pub idp: Arc<IdentityProvider>,
+    pub admin_key: AdminKey,
+    pub urls: Arc<ServiceUrls>,
+    pub billing: Billing,
+    /// Cancelled when the server shuts down; long-lived tasks watch it.
+    pub shutdown: CancellationToken,
+}
+
+/// The admin API key (hex), compared in constant time.
+#[derive(Clone)]
+pub struct AdminKey(pub Arc<str>);
+
+impl AdminKey {
+    pub fn matches(&self, given: &str) -> bool {
+        let (a, b) = (self.0.as_bytes(), given.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+}
+
+/// Public base URL of each service (configured, or `http://` + the bound address), used for
+/// health `ui` fields and links between pages.
+#[derive(Debug, Clone)]
+pub struct ServiceUrls(HashMap<Service, String>);
+
+impl ServiceUrls {
+    pub fn get(&self, service: Service) -> &str {
+        self.0.get(&service).map(String::as_str).unwrap_or_default()
+    }
+    /// The URL of a service's `/ui` page.
+    pub fn ui(&self, service: Service) -> String {
+        format!("{}/ui", self.get(service))
+    }
+}
+
+/// A verified service token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    pub user_id: String,
+    pub is_marketing: bool,
+    pub jti: String,
+    pub expires_at: DateTime<Utc>,
+}
+
+impl AppState {
+    /// Checks a `serviceToken` from a request body: signature, issuer, audience, expiry
+    /// (`SessionExpired`) and revocation (`InvalidCredentials`), in-process against the same key
+    /// and store the auth service uses.
+    pub fn authenticate(&self, token: &str) -> Result<Session, ApiError> {
+        if token.trim().is_empty() {
+            return Err(ApiError::invalid_credentials("serviceToken is empty"));
+        }
+        let claims = self.tokens.verify(token).map_err(auth_error)?;
+        if self.store.is_token_revoked(&claims.jti).map_err(ApiError::internal)? {
+            return Err(ApiError::invalid_credentials("the service token has been revoked"));
+        }
+        Ok(Session {
+            expires_at: claims.expires_at(),
+            user_id: claims.sub,
+            is_marketing: claims.mkt,
+            jti: claims.jti,
+        })
+    }
+}
+
+/// Maps a token failure to the wire: expiry is `SessionExpired`, everything else about the token
+/// is `InvalidCredentials` (the reason goes in the message), key-set trouble is internal.
+pub fn auth_error(e: hearth_auth::Error) -> ApiError {
+    use hearth_auth::Error as E;
+    match e {
+        E::Expired => ApiError::session_expired(),
+        E::Invalid(why) => ApiError::invalid_credentials(format!("invalid token: {why}")),
+        e @ (E::AlgorithmNotAllowed(_) | E::UnknownKey { .. }) => ApiError::invalid_credentials(e.to_string()),
+        other => ApiError::internal(other),
+    }
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot open the store: {0}")]
+    Store(#[from] hearth_store::Error),
+    #[error("cannot load key material: {0}")]
+    Keys(#[from] hearth_auth::Error),
+    #[error("cannot listen for the {service} service on {addr}: {source}")]
+    Bind { service: Service, addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Service(#[from] ServiceInitError),
+}
+
+/// A started server.
+pub struct Running {
+    /// Bound address of each running service.
+    pub addrs: HashMap<Service, SocketAddr>,
+    pub state: AppState,
+    shutdown: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    pub fn addr(&self, service: Service) -> Option<SocketAddr> {
+        self.addrs.get(&service).copied()
+    }
+
+    /// Public base URL of a service.
+    pub fn url(&self, service: Service) -> &str {
+        self.state.urls.get(service)
+    }
+
+    /// A handle that stops the server when cancelled.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Stops accepting, lets requests in flight finish, and waits for every service to end.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        self.wait().await;
+    }
+
+    /// Waits until the server stops (after the shutdown token is cancelled).
+    pub async fn wait(self) {
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        // Make sure every acknowledged write is on disk before the process goes.
+        if let Err(e) = self.state.store.health_check() {
+            tracing::warn!(error = %e, "store not healthy at shutdown");
+        }
+    }
+}
+
+fn open_identity_provider(config: &Config) -> Result<IdentityProvider, StartError> {
+    Ok(match &config.auth.identity_provider {
+        IdpChoice::SharedSecret => {
+            let secret = hearth_auth::load_or_create_secret(&paths::idp_secret(&config.data_dir))?;
+            IdentityProvider::SharedSecret(SharedSecretIdp::new(secret.as_bytes()))
+        }
+        IdpChoice::Oidc(oidc) => IdentityProvider::Oidc(OidcIdp::new(oidc.clone())?),
+    })
+}
+
+/// Opens the store with the configured initial balance.
+pub fn open_store(config: &Config) -> Result<Store, hearth_store::Error> {
+    Store::open(
+        paths::store(&config.data_dir),
+        StoreOptions { initial_balance: config.billing.initial_balance },
+    )
+}
+
+/// Starts the configured services and returns once every listener is bound and serving.
+pub async fn start(config: Config) -> Result<Running, StartError> {
+    let store = open_store(&config)?;
+    store.release_stale_holds()?;
+    store.purge_expired(Utc::now())?;
+    let secret = hearth_auth::load_or_create_secret(&paths::service_token_secret(&config.data_dir))?;
+    let tokens = ServiceTokens::new(secret.as_bytes(), config.auth.issuer.clone(), config.auth.audience.clone());
+    let idp = open_identity_provider(&config)?;
+    let admin_key = hearth_auth::load_or_create_secret(&paths::admin_key(&config.data_dir))?;
+
+    // Bind everything first so that URLs derived from ephemeral ports are known to every page.
+    let mut listeners = Vec::new();
+    let mut addrs = HashMap::new();
+    for &service in &config.services {
+        let addr = service_addr(&config, service);
+        let listener = TcpListener::bind(addr).await.map_err(|source| StartError::Bind { service, addr, source })?;
+        let bound = listener.local_addr().map_err(|source| StartError::Bind { service, addr, source })?;
+        addrs.insert(service, bound);
+        listeners.push((service, listener));
+    }
+    let urls = Service::ALL
+        .into_iter()
+        .map(|s| {
+            let url = configured_public_url(&config, s)
+                .unwrap_or_else(|| format!("http://{}", addrs.get(&s).copied().unwrap_or_else(|| service_addr(&config, s))));
+            (s, url)
+        })
+        .collect();
+
+    let shutdown = CancellationToken::new();
+    let state = AppState {
+        billing: Billing::new(store.clone(), config.billing.default_margin_percent),
+        config: Arc::new(config),
+        store,
+        tokens: Arc::new(tokens),
+        idp: Arc::new(idp),
+        admin_key: AdminKey(admin_key.into()),
+        urls: Arc::new(ServiceUrls(urls)),
+        shutdown: shutdown.clone(),
+    };
+
+    let mut tasks = Vec::new();
+    for (service, listener) in listeners {
+        let router = with_common_layers(services::router(service, state.clone()).await?, &state.config);
+        let addr = addrs[&service];
+        tracing::info!(service = %service, addr = %addr, "listening");
+        let token = shutdown.clone();
+        tasks.push(tokio::spawn(async move {
+            let serve = axum::serve(listener, router).with_graceful_shutdown(token.cancelled_owned());
+            if let Err(e) = serve.await {
+                tracing::error!(service = %service, error = %e, "server stopped with an error");
+            }
+        }));
+    }
+    tasks.push(tokio::spawn(purge_loop(state.store.clone(), shutdown.clone())));
+    Ok(Running { addrs, state, shutdown, tasks })
+}
+
+fn service_addr(config: &Config, service: Service) -> SocketAddr {
+    match service {
+        Service::Auth => config.auth.addr,
+        Service::Completion => config.completion.addr,
+        Service::Markdown => config.markdown.addr,
+        Service::Imagine => config.imagine.addr,
+    }
+}
+
+fn configured_public_url(config: &Config, service: Service) -> Option<String> {
+    match service {
+        Service::Auth => config.auth.public_url.clone(),
+        Service::Completion => config.completion.public_url.clone(),
+        Service::Markdown => config.markdown.public_url.clone(),
+        Service::Imagine => config.imagine.public_url.clone(),
+    }
+}
+
+/// Layers every service shares: a request span, the body size limit.
+fn with_common_layers(router: Router, config: &Config) -> Router {
+    router
+        .layer(axum::extract::DefaultBodyLimit::max(config.max_body_bytes))
+        .layer(TraceLayer::new_for_http().make_span_with(DefaultMakeSpan::new().level(Level::INFO)))
+}
+
+/// JSON 404 and 405 answers in the shared error shape, for services that use it.
+pub fn json_fallbacks<S: Clone + Send + Sync + 'static>(router: Router<S>) -> Router<S> {
+    router
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(crate::error::ErrorKind::InvalidRequest, "method not allowed on this endpoint")
+        })
+}
+
+/// Forgets revocations of tokens that have expired anyway, hourly.
+async fn purge_loop(store: Store, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(3600));
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {
+                let store = store.clone();
+                match tokio::task::spawn_blocking(move || store.purge_expired(Utc::now())).await {
+                    Ok(Ok(n)) if n > 0 => tracing::info!(removed = n, "purged expired revocations"),
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => tracing::warn!(error = %e, "purging expired revocations failed"),
+                    Err(e) => tracing::warn!(error = %e, "purge task failed"),
+                }
+            }
+        }
+    }
+}
+
+/// Makes `path` absolute against the current directory (for messages and stable data dirs).
+pub fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}

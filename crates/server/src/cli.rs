@@ -1,0 +1,322 @@
+//! The `hearth` command line: `serve`, `idp mint`, `users list`, `balance show|credit`.
+//! The only place that reads the process environment.
+
+use clap::{Args, Parser, Subcommand};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use crate::app::{self, paths};
+use crate::config::{Config, IdpChoice, Layers, RawAuthConfig, RawCompletionConfig, RawConfig, RawImagineConfig, RawMarkdownConfig};
+use crate::error::ApiError;
+use crate::services::admin::{self, BalanceResponse, CreditResponse, UsersResponse};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "hearth",
+    version,
+    about = "Hearth: a self-hosted inference host (authentication, completion, markdown conversion and image generation services).",
+    long_about = None,
+    after_help = "Configuration is layered: built-in defaults < hearth.toml (or --config) < HEARTH_* environment variables < flags.\nSee README.md for every key."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start the chosen services, each on its own listener, until Ctrl-C or SIGTERM.
+    Serve(ServeArgs),
+    /// The built-in shared-secret identity provider.
+    #[command(subcommand)]
+    Idp(IdpCommand),
+    /// Users known to this Hearth.
+    #[command(subcommand)]
+    Users(UsersCommand),
+    /// Balances: show or change them (works with the server running or stopped).
+    #[command(subcommand)]
+    Balance(BalanceCommand),
+}
+
+#[derive(Debug, Args)]
+struct Common {
+    /// Configuration file [default: ./hearth.toml when it exists].
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Folder for the database, keys and secrets [default: ./data].
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Services to run, comma-separated [default: every service in this build].
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    services: Option<Vec<String>>,
+    /// Listen address of the auth service [default: 127.0.0.1:8081]; port 0 picks a free port.
+    #[arg(long, value_name = "ADDR")]
+    auth_addr: Option<String>,
+    /// Listen address of the completion service [default: 127.0.0.1:8082].
+    #[arg(long, value_name = "ADDR")]
+    completion_addr: Option<String>,
+    /// Listen address of the markdown service [default: 127.0.0.1:8083].
+    #[arg(long, value_name = "ADDR")]
+    markdown_addr: Option<String>,
+    /// Listen address of the image service [default: 127.0.0.1:8084].
+    #[arg(long, value_name = "ADDR")]
+    imagine_addr: Option<String>,
+    /// Model table [default: ./models.toml].
+    #[arg(long, value_name = "FILE")]
+    models: Option<PathBuf>,
+    /// Environment name reported by health endpoints [default: development].
+    #[arg(long)]
+    env: Option<String>,
+    /// Region name [default: local].
+    #[arg(long)]
+    region: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum IdpCommand {
+    /// Print an identity token for USER, accepted by the shared-secret provider at POST /token.
+    Mint {
+        /// The user id the token speaks for.
+        user: String,
+        /// Lifetime of the identity token in seconds.
+        #[arg(long, value_name = "SECS", default_value_t = 3600)]
+        ttl: i64,
+        /// Mark the user as a marketing account.
+        #[arg(long)]
+        marketing: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum UsersCommand {
+    /// List users with their balances.
+    List {
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum BalanceCommand {
+    /// Print a user's spendable balance.
+    Show {
+        user: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Add AMOUNT (a decimal string, at most 6 decimal places) to a user's balance.
+    /// A user not seen before is created first.
+    Credit {
+        user: String,
+        /// Decimal amount, e.g. 25 or 0.50; negative only together with --debit.
+        #[arg(allow_hyphen_values = true)]
+        amount: String,
+        /// Reason recorded in the ledger.
+        #[arg(long, value_name = "TEXT")]
+        note: Option<String>,
+        /// Take the amount away instead (never below zero); AMOUNT may then be written negative.
+        #[arg(long)]
+        debit: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+/// Why a command failed; printed as `error: ...`.
+#[derive(Debug, thiserror::Error)]
+enum CliError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Start(#[from] app::StartError),
+    #[error(transparent)]
+    Store(#[from] hearth_store::Error),
+    #[error(transparent)]
+    Auth(#[from] hearth_auth::Error),
+    #[error("{0}")]
+    Api(ApiError),
+    #[error("cannot reach the running server's admin API at {url}: {source}")]
+    AdminUnreachable { url: String, source: reqwest::Error },
+    #[error("{0}")]
+    Usage(String),
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// Entry point of the `hearth` binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return fail(CliError::Runtime(e)),
+    };
+    let result = runtime.block_on(run(cli));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
+}
+
+fn fail(e: CliError) -> ExitCode {
+    eprintln!("error: {e}");
+    ExitCode::FAILURE
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("hearth=info,tower_http=info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+/// Layers defaults < config file < HEARTH_* env < flags, and resolves.
+fn load_config(common: &Common, flags: RawConfig) -> Result<Config, CliError> {
+    let mut layers = Layers::new();
+    match &common.config {
+        Some(path) => layers = layers.file(path)?,
+        None if Path::new("hearth.toml").exists() => layers = layers.file(Path::new("hearth.toml"))?,
+        None => {}
+    }
+    let (layers, unknown) = layers.env(std::env::vars())?;
+    for name in unknown {
+        tracing::debug!(variable = %name, "HEARTH_ variable matches no configuration key");
+    }
+    let mut flags = flags;
+    if let Some(dir) = &common.data_dir {
+        flags.data_dir = Some(dir.clone());
+    }
+    Ok(layers.raw(&flags).build()?.resolve()?)
+}
+
+async fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Serve(args) => serve(args).await,
+        Command::Idp(IdpCommand::Mint { user, ttl, marketing, common }) => {
+            let config = load_config(&common, RawConfig::default())?;
+            if !matches!(config.auth.identity_provider, IdpChoice::SharedSecret) {
+                return Err(CliError::Usage("idp mint works only with identity_provider = \"shared-secret\"".into()));
+            }
+            if ttl < 1 {
+                return Err(CliError::Usage("--ttl must be at least 1 second".into()));
+            }
+            let secret = hearth_auth::load_or_create_secret(&paths::idp_secret(&config.data_dir))?;
+            let idp = hearth_auth::SharedSecretIdp::new(secret.as_bytes());
+            println!("{}", idp.mint(&user, chrono::Duration::seconds(ttl), marketing)?);
+            Ok(())
+        }
+        Command::Users(UsersCommand::List { common }) => {
+            let config = load_config(&common, RawConfig::default())?;
+            let resp: UsersResponse = admin_call(&config, "users", json!({}), admin::list_users).await?;
+            println!("{:<32} {:>20}  {:<9}  CREATED", "USER", "BALANCE", "MARKETING");
+            for u in resp.users {
+                println!("{:<32} {:>20}  {:<9}  {}", u.user_id, u.balance, if u.is_marketing { "yes" } else { "no" }, u.created_at);
+            }
+            Ok(())
+        }
+        Command::Balance(BalanceCommand::Show { user, common }) => {
+            let config = load_config(&common, RawConfig::default())?;
+            let u = user.clone();
+            let resp: BalanceResponse =
+                admin_call(&config, "balance", json!({ "userId": user }), move |s| admin::show_balance(s, &u)).await?;
+            println!("{} {}", resp.user_id, resp.balance);
+            Ok(())
+        }
+        Command::Balance(BalanceCommand::Credit { user, amount, note, debit, common }) => {
+            let config = load_config(&common, RawConfig::default())?;
+            admin::parse_amount(&amount).map_err(CliError::Api)?;
+            let body = json!({ "userId": user, "amount": amount, "note": note, "debit": debit });
+            let resp: CreditResponse = admin_call(&config, "credit", body, move |s| {
+                admin::apply_credit(s, &user, &amount, note.as_deref(), debit)
+            })
+            .await?;
+            println!("{}: {} -> {}", resp.user_id, resp.balance_before, resp.balance_after);
+            Ok(())
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> Result<(), CliError> {
+    init_tracing();
+    let flags = RawConfig {
+        services: args.services,
+        models: args.models,
+        env: args.env,
+        region: args.region,
+        auth: RawAuthConfig { addr: args.auth_addr, ..Default::default() },
+        completion: RawCompletionConfig { addr: args.completion_addr, ..Default::default() },
+        markdown: RawMarkdownConfig { addr: args.markdown_addr, ..Default::default() },
+        imagine: RawImagineConfig { addr: args.imagine_addr, ..Default::default() },
+        ..Default::default()
+    };
+    let config = load_config(&args.common, flags)?;
+    tracing::info!(data_dir = %app::absolute(&config.data_dir).display(), env = %config.env, region = %config.region, "starting");
+    let running = app::start(config).await?;
+    let token = running.shutdown_token();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        token.cancel();
+    });
+    running.wait().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+}
+
+/// Runs an admin operation on the store directly when no server holds it, or through the
+/// running server's admin API (auth listener, key from the data dir) when one does.
+async fn admin_call<T, F>(config: &Config, endpoint: &str, mut body: serde_json::Value, direct: F) -> Result<T, CliError>
+where
+    T: DeserializeOwned,
+    F: FnOnce(&hearth_store::Store) -> Result<T, ApiError>,
+{
+    match app::open_store(config) {
+        Ok(store) => return direct(&store).map_err(CliError::Api),
+        Err(hearth_store::Error::Locked { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let key_path = paths::admin_key(&config.data_dir);
+    let key = std::fs::read_to_string(&key_path)
+        .map_err(|e| CliError::Usage(format!("the database is in use but {} is unreadable: {e}", key_path.display())))?;
+    body["adminKey"] = json!(key.trim());
+    let base = config.auth.public_url.clone().unwrap_or_else(|| format!("http://{}", config.auth.addr));
+    let url = format!("{base}/admin/{endpoint}");
+    let resp = reqwest::Client::new()
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .map_err(|source| CliError::AdminUnreachable { url: url.clone(), source })?;
+    let status = resp.status();
+    let value: serde_json::Value = resp.json().await.map_err(|source| CliError::AdminUnreachable { url: url.clone(), source })?;
+    if !status.is_success() {
+        let message = value["error"]["message"].as_str().unwrap_or("request failed").to_string();
+        return Err(CliError::Usage(format!("server refused: {message} (HTTP {status})")));
+    }
+    serde_json::from_value(value).map_err(|e| CliError::Usage(format!("unexpected answer from {url}: {e}")))
+}
