@@ -1,1 +1,32 @@
-//! Image generation: the SDXL pipeline on candle (text encoders, UNet, VAE, Euler scheduler) and the tiny test model.
+//! Image generation: the SDXL pipeline on candle (both CLIP text encoders, the SDXL UNet with
+//! its added time conditioning, the VAE decoder, and a plain Euler discrete scheduler with
+//! trailing timestep spacing as SDXL-Lightning needs), weight loading from a diffusers-layout
+//! folder or Hugging Face repos, the tiny SDXL-shaped test model generator, and the one worker
+//! thread per model that serves a bounded queue.
+//!
+//! It deliberately knows nothing of HTTP, JSON wire shapes, accounts or prices: the server
+//! validates requests against its documented bounds, bills, and maps [`Error`] to responses.
+
+mod clip;
+pub mod config;
+mod error;
+pub mod files;
+pub mod model;
+pub mod pipeline;
+pub mod scheduler;
+pub mod tiny;
+mod tokenizer;
+mod unet;
+mod weights;
+mod worker;
+
+pub use clip::{ClipOutput, ClipTextEncoder};
+pub use error::{Error, Result};
+pub use files::{HubSource, ModelFiles};
+pub use model::{load_model, ImageModelSource, LoadOptions, LoadedModel, Provenance};
+pub use pipeline::{Image, ImageParams, PromptEmbeds, SdxlPipeline};
+pub use scheduler::EulerDiscrete;
+pub use tiny::write_tiny_sdxl;
+pub use tokenizer::ClipTokenizer;
+pub use unet::SdxlUNet;
+pub use worker::{GeneratedImage, ImageWorker};

@@ -1,0 +1,356 @@
+//! The SDXL text-to-image pipeline: prompt -> both CLIP encoders -> Euler sampling with the
+//! UNet -> VAE decode -> RGB bytes.
+
+use candle_core::{DType, Device, Tensor, D};
+use candle_transformers::models::stable_diffusion::vae::{AutoEncoderKL, AutoEncoderKLConfig};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::clip::ClipTextEncoder;
+use crate::config::{read_json, ClipTextConfig, SchedulerConfig, UNetConfig, VaeConfig};
+use crate::error::{Error, Result};
+use crate::files::ModelFiles;
+use crate::scheduler::EulerDiscrete;
+use crate::tokenizer::ClipTokenizer;
+use crate::unet::SdxlUNet;
+use crate::weights::mmap_var_builder;
+
+/// One validated generation request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageParams {
+    pub prompt: String,
+    /// Empty for none. Non-empty turns on classifier-free guidance with `guidance_scale`.
+    pub negative_prompt: String,
+    pub seed: u64,
+    pub steps: usize,
+    pub width: usize,
+    pub height: usize,
+    /// Used only when `negative_prompt` is non-empty.
+    pub guidance_scale: f64,
+}
+
+impl ImageParams {
+    /// Whether classifier-free guidance runs (two UNet passes per step).
+    pub fn uses_guidance(&self) -> bool {
+        !self.negative_prompt.is_empty() && self.guidance_scale > 1.0
+    }
+}
+
+/// Prompt conditioning for the UNet.
+#[derive(Debug, Clone)]
+pub struct PromptEmbeds {
+    /// `(batch, seq, hidden_1 + hidden_2)`: both penultimate hidden states, concatenated.
+    pub context: Tensor,
+    /// `(batch, projection_dim)`: the second encoder's projected pooled output.
+    pub pooled: Tensor,
+}
+
+/// An 8-bit RGB image, row-major.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Image {
+    pub width: usize,
+    pub height: usize,
+    pub rgb: Vec<u8>,
+}
+
+impl Image {
+    /// Encodes the image as PNG (deterministic for the same pixels).
+    pub fn to_png(&self) -> Result<Vec<u8>> {
+        let buf = image::RgbImage::from_raw(self.width as u32, self.height as u32, self.rgb.clone())
+            .ok_or_else(|| Error::Png("pixel buffer does not match the size".into()))?;
+        let mut out = std::io::Cursor::new(Vec::new());
+        buf.write_to(&mut out, image::ImageFormat::Png)
+            .map_err(|e| Error::Png(e.to_string()))?;
+        Ok(out.into_inner())
+    }
+}
+
+/// A loaded SDXL model. Immutable once loaded: one instance serves requests one at a time from
+/// its worker, all per-request state (latents, schedule) lives in `generate`.
+pub struct SdxlPipeline {
+    tokenizer: ClipTokenizer,
+    tokenizer_2: ClipTokenizer,
+    text_encoder: ClipTextEncoder,
+    text_encoder_2: ClipTextEncoder,
+    unet: SdxlUNet,
+    vae: AutoEncoderKL,
+    vae_scale: f64,
+    latent_channels: usize,
+    scheduler: SchedulerConfig,
+    device: Device,
+    dtype: DType,
+    vae_dtype: DType,
+}
+
+impl std::fmt::Debug for SdxlPipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SdxlPipeline")
+            .field("device", &self.device)
+            .field("dtype", &self.dtype)
+            .field("vae_scale", &self.vae_scale)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SdxlPipeline {
+    /// Loads every component. `dtype` is the UNet/text-encoder dtype (f32 on CPU; f16 or bf16
+    /// on CUDA); the VAE runs in f32 unless its config says it is fp16-safe
+    /// (`force_upcast: false`, as in madebyollin/sdxl-vae-fp16-fix).
+    pub fn load(files: &ModelFiles, device: &Device, dtype: DType) -> Result<Self> {
+        let te1: ClipTextConfig = read_json(&files.text_encoder_config)?;
+        let te2: ClipTextConfig = read_json(&files.text_encoder_2_config)?;
+        let unet_cfg: UNetConfig = read_json(&files.unet_config)?;
+        let vae_cfg: VaeConfig = read_json(&files.vae_config)?;
+        let scheduler = match &files.scheduler_config {
+            Some(p) => read_json(p)?,
+            None => SchedulerConfig::default(),
+        };
+        let context_dim = te1.hidden_size + te2.hidden_size;
+        if unet_cfg.cross_attention_dim != context_dim {
+            return Err(Error::config(
+                &files.unet_config,
+                format!(
+                    "cross_attention_dim {} != text encoder widths {} + {}",
+                    unet_cfg.cross_attention_dim, te1.hidden_size, te2.hidden_size
+                ),
+            ));
+        }
+        let tokenizer = ClipTokenizer::from_dir(&files.tokenizer, te1.max_position_embeddings)?;
+        let tokenizer_2 = ClipTokenizer::from_dir(&files.tokenizer_2, te2.max_position_embeddings)?;
+        let text_encoder =
+            ClipTextEncoder::new(mmap_var_builder(&files.text_encoder, dtype, device)?, &te1, false)?;
+        let text_encoder_2 = ClipTextEncoder::new(
+            mmap_var_builder(&files.text_encoder_2, dtype, device)?,
+            &te2,
+            true,
+        )?;
+        let unet = SdxlUNet::new(mmap_var_builder(&files.unet, dtype, device)?, &unet_cfg)?;
+        let vae_dtype = if dtype == DType::F32 || vae_cfg.force_upcast == Some(false) {
+            dtype
+        } else {
+            DType::F32
+        };
+        let vae = AutoEncoderKL::new(
+            mmap_var_builder(&files.vae, vae_dtype, device)?,
+            vae_cfg.in_channels,
+            vae_cfg.out_channels,
+            AutoEncoderKLConfig {
+                block_out_channels: vae_cfg.block_out_channels.clone(),
+                layers_per_block: vae_cfg.layers_per_block,
+                latent_channels: vae_cfg.latent_channels,
+                norm_num_groups: vae_cfg.norm_num_groups,
+                use_quant_conv: vae_cfg.use_quant_conv,
+                use_post_quant_conv: vae_cfg.use_post_quant_conv,
+            },
+        )?;
+        Ok(SdxlPipeline {
+            tokenizer,
+            tokenizer_2,
+            text_encoder,
+            text_encoder_2,
+            unet,
+            vae,
+            vae_scale: vae_cfg.scaling_factor,
+            latent_channels: unet_cfg.in_channels,
+            scheduler,
+            device: device.clone(),
+            dtype,
+            vae_dtype,
+        })
+    }
+
+    /// The device the model runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The VAE scaling factor read from `vae/config.json`.
+    pub fn vae_scaling_factor(&self) -> f64 {
+        self.vae_scale
+    }
+
+    /// Token ids of `text` for both tokenizers.
+    pub fn tokenize(&self, text: &str) -> (Vec<u32>, Vec<u32>) {
+        (self.tokenizer.encode(text), self.tokenizer_2.encode(text))
+    }
+
+    /// Encodes one prompt: penultimate hidden states of both encoders concatenated, and the
+    /// second encoder's projected pooled output.
+    pub fn encode_prompt(&self, text: &str) -> Result<PromptEmbeds> {
+        let (ids1, ids2) = self.tokenize(text);
+        let t1 = Tensor::new(ids1.as_slice(), &self.device)?.unsqueeze(0)?;
+        let t2 = Tensor::new(ids2.as_slice(), &self.device)?.unsqueeze(0)?;
+        let o1 = self.text_encoder.forward(&t1)?;
+        let o2 = self.text_encoder_2.forward(&t2)?;
+        let context = Tensor::cat(&[&o1.penultimate, &o2.penultimate], D::Minus1)?;
+        let pooled = o2
+            .pooled
+            .ok_or_else(|| Error::config("text_encoder_2", "no text projection"))?;
+        Ok(PromptEmbeds { context, pooled })
+    }
+
+    /// The text encoders' raw outputs for one prompt (for parity checks):
+    /// (encoder 1 penultimate, encoder 2 penultimate, encoder 2 projected pooled).
+    pub fn encode_prompt_parts(&self, text: &str) -> Result<(Tensor, Tensor, Tensor)> {
+        let (ids1, ids2) = self.tokenize(text);
+        let t1 = Tensor::new(ids1.as_slice(), &self.device)?.unsqueeze(0)?;
+        let t2 = Tensor::new(ids2.as_slice(), &self.device)?.unsqueeze(0)?;
+        let o1 = self.text_encoder.forward(&t1)?;
+        let o2 = self.text_encoder_2.forward(&t2)?;
+        let pooled = o2
+            .pooled
+            .ok_or_else(|| Error::config("text_encoder_2", "no text projection"))?;
+        Ok((o1.penultimate, o2.penultimate, pooled))
+    }
+
+    /// SDXL's added time ids: original size, crop top-left (0, 0), target size.
+    pub fn time_ids(&self, width: usize, height: usize, batch: usize) -> Result<Tensor> {
+        let (w, h) = (width as f32, height as f32);
+        let row = [h, w, 0.0, 0.0, h, w];
+        let data: Vec<f32> = (0..batch).flat_map(|_| row).collect();
+        Ok(Tensor::from_vec(data, (batch, 6), &self.device)?)
+    }
+
+    /// One UNet evaluation (noise prediction) in the model dtype, returned as f32.
+    pub fn unet_forward(
+        &self,
+        latents: &Tensor,
+        timestep: f64,
+        embeds: &PromptEmbeds,
+        time_ids: &Tensor,
+    ) -> Result<Tensor> {
+        let out = self.unet.forward(
+            &latents.to_dtype(self.dtype)?,
+            timestep,
+            &embeds.context.to_dtype(self.dtype)?,
+            &embeds.pooled,
+            time_ids,
+        )?;
+        Ok(out.to_dtype(DType::F32)?)
+    }
+
+    /// Decodes latents `(1, 4, h/8, w/8)` to an f32 image tensor `(1, 3, h, w)` in [-1, 1]
+    /// (not clamped): `vae.decode(latents / scaling_factor)`.
+    pub fn decode(&self, latents: &Tensor) -> Result<Tensor> {
+        let scaled = (latents / self.vae_scale)?.to_dtype(self.vae_dtype)?;
+        Ok(self.vae.decode(&scaled)?.to_dtype(DType::F32)?)
+    }
+
+    /// Seeded standard-normal noise for the initial latents, `(1, 4, height/8, width/8)`.
+    ///
+    /// Generated on the CPU with ChaCha8 and Box-Muller, so the same seed gives the same noise on
+    /// every device and platform.
+    pub fn initial_noise(&self, seed: u64, width: usize, height: usize) -> Result<Tensor> {
+        let shape = (1, self.latent_channels, height / 8, width / 8);
+        let n = self.latent_channels * (height / 8) * (width / 8);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut v = Vec::with_capacity(n + 1);
+        while v.len() < n {
+            // Box-Muller on (0, 1] uniforms.
+            let u1: f64 = 1.0 - rng.gen::<f64>();
+            let u2: f64 = rng.gen::<f64>();
+            let r = (-2.0 * u1.ln()).sqrt();
+            let th = std::f64::consts::TAU * u2;
+            v.push((r * th.cos()) as f32);
+            v.push((r * th.sin()) as f32);
+        }
+        v.truncate(n);
+        Ok(Tensor::from_vec(v, shape, &Device::Cpu)?.to_device(&self.device)?)
+    }
+
+    /// Runs the sampler from the given unit-variance `noise` and returns the final latents
+    /// (f32). `should_stop` is polled before every step; returning true aborts with
+    /// [`Error::Cancelled`].
+    pub fn sample(
+        &self,
+        params: &ImageParams,
+        noise: &Tensor,
+        should_stop: &dyn Fn() -> bool,
+    ) -> Result<Tensor> {
+        check_size(params.width, params.height)?;
+        let schedule = EulerDiscrete::new(&self.scheduler, params.steps)?;
+        let cfg = params.uses_guidance();
+        let embeds = {
+            let pos = self.encode_prompt(&params.prompt)?;
+            if cfg {
+                let neg = self.encode_prompt(&params.negative_prompt)?;
+                PromptEmbeds {
+                    context: Tensor::cat(&[&neg.context, &pos.context], 0)?,
+                    pooled: Tensor::cat(&[&neg.pooled, &pos.pooled], 0)?,
+                }
+            } else {
+                pos
+            }
+        };
+        let batch = if cfg { 2 } else { 1 };
+        let time_ids = self.time_ids(params.width, params.height, batch)?;
+        let mut latents = (noise.to_dtype(DType::F32)? * schedule.init_noise_sigma())?;
+        for (i, &t) in schedule.timesteps().iter().enumerate() {
+            if should_stop() {
+                return Err(Error::Cancelled);
+            }
+            let input = if cfg {
+                Tensor::cat(&[&latents, &latents], 0)?
+            } else {
+                latents.clone()
+            };
+            let input = schedule.scale_model_input(&input, i)?;
+            let pred = self.unet_forward(&input, t, &embeds, &time_ids)?;
+            let pred = if cfg {
+                let uncond = pred.get(0)?.unsqueeze(0)?;
+                let text = pred.get(1)?.unsqueeze(0)?;
+                (&uncond + ((text - &uncond)? * params.guidance_scale)?)?
+            } else {
+                pred
+            };
+            latents = schedule.step(&pred, i, &latents)?;
+            tracing::debug!(step = i + 1, steps = params.steps, "denoising step done");
+        }
+        Ok(latents)
+    }
+
+    /// The whole pipeline: seeded noise, sampling, decoding, conversion to 8-bit RGB.
+    pub fn generate(&self, params: &ImageParams, should_stop: &dyn Fn() -> bool) -> Result<Image> {
+        check_size(params.width, params.height)?;
+        let noise = self.initial_noise(params.seed, params.width, params.height)?;
+        let latents = self.sample(params, &noise, should_stop)?;
+        if should_stop() {
+            return Err(Error::Cancelled);
+        }
+        to_rgb8(&self.decode(&latents)?)
+    }
+}
+
+fn check_size(width: usize, height: usize) -> Result<()> {
+    for (field, v) in [("width", width), ("height", height)] {
+        if v == 0 || v % 8 != 0 {
+            return Err(Error::InvalidParams {
+                field,
+                message: "must be a positive multiple of 8".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `(1, 3, h, w)` in [-1, 1] -> 8-bit RGB, as diffusers' postprocessing does:
+/// `round(clamp(x / 2 + 0.5, 0, 1) * 255)`.
+pub fn to_rgb8(image: &Tensor) -> Result<Image> {
+    let (_, c, h, w) = image.dims4()?;
+    if c != 3 {
+        return Err(Error::config("vae", format!("decoder gave {c} channels, not 3")));
+    }
+    let x = ((image.get(0)? / 2.0)? + 0.5)?
+        .clamp(0f32, 1f32)?
+        .affine(255.0, 0.0)?
+        .round()?
+        .permute((1, 2, 0))?
+        .flatten_all()?
+        .to_device(&Device::Cpu)?
+        .to_vec1::<f32>()?;
+    Ok(Image {
+        width: w,
+        height: h,
+        rgb: x.into_iter().map(|v| v as u8).collect(),
+    })
+}

@@ -1,0 +1,131 @@
+//! One OS thread per image model owns the loaded pipeline and serves a bounded queue.
+//!
+//! A full queue answers [`Error::Overloaded`] at once. Each job carries a one-shot reply
+//! channel: when the caller stops waiting (its HTTP client disconnected and the handler future
+//! was dropped) the channel closes, and the worker skips the job if it has not started, or stops
+//! it before the next denoising step if it has.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::{Error, Result};
+use crate::pipeline::{ImageParams, SdxlPipeline};
+
+/// A finished image.
+#[derive(Debug, Clone)]
+pub struct GeneratedImage {
+    pub width: usize,
+    pub height: usize,
+    /// PNG file bytes.
+    pub png: Vec<u8>,
+    /// Wall-clock seconds the worker spent on it (sampling, decoding, PNG).
+    pub seconds: f64,
+}
+
+struct Job {
+    params: ImageParams,
+    reply: oneshot::Sender<Result<GeneratedImage>>,
+    span: tracing::Span,
+}
+
+/// Cloneable handle to a model's worker thread.
+#[derive(Clone)]
+pub struct ImageWorker {
+    tx: mpsc::Sender<Job>,
+    waiting: Arc<AtomicUsize>,
+}
+
+impl std::fmt::Debug for ImageWorker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImageWorker")
+            .field("waiting", &self.waiting.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl ImageWorker {
+    /// Starts the worker thread. `queue` is how many requests may wait behind the running one
+    /// (at least 1). The thread ends when every handle is dropped.
+    pub fn spawn(pipeline: SdxlPipeline, queue: usize, name: &str) -> Result<Self> {
+        let (tx, mut rx) = mpsc::channel::<Job>(queue.max(1));
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let counter = waiting.clone();
+        std::thread::Builder::new()
+            .name(format!("imagine-{name}"))
+            .spawn(move || {
+                while let Some(job) = rx.blocking_recv() {
+                    counter.fetch_sub(1, Ordering::Relaxed);
+                    run_job(&pipeline, job);
+                }
+            })
+            .map_err(|e| Error::io("worker thread", e))?;
+        Ok(ImageWorker { tx, waiting })
+    }
+
+    /// Queues a request and waits for its image. Dropping the returned future cancels the job.
+    pub async fn generate(&self, params: ImageParams) -> Result<GeneratedImage> {
+        let (reply, rx) = oneshot::channel();
+        let job = Job {
+            params,
+            reply,
+            span: tracing::Span::current(),
+        };
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = self.tx.try_send(job) {
+            let waiting = self.waiting.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
+            return Err(match e {
+                mpsc::error::TrySendError::Full(_) => Error::Overloaded { waiting },
+                mpsc::error::TrySendError::Closed(_) => Error::WorkerStopped,
+            });
+        }
+        rx.await.map_err(|_| Error::WorkerStopped)?
+    }
+
+    /// Whether the worker thread is still running.
+    pub fn is_alive(&self) -> bool {
+        !self.tx.is_closed()
+    }
+
+    /// Requests queued and not started yet.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+}
+
+fn run_job(pipeline: &SdxlPipeline, job: Job) {
+    let _enter = job.span.enter();
+    if job.reply.is_closed() {
+        tracing::info!("image request dropped before start: client gone");
+        return;
+    }
+    let start = Instant::now();
+    let reply = &job.reply;
+    let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        let image = pipeline.generate(&job.params, &|| reply.is_closed())?;
+        let png = image.to_png()?;
+        Ok(GeneratedImage {
+            width: image.width,
+            height: image.height,
+            png,
+            seconds: start.elapsed().as_secs_f64(),
+        })
+    }))
+    .unwrap_or_else(|_| Err(Error::Panicked));
+    match &result {
+        Ok(img) => tracing::info!(
+            steps = job.params.steps,
+            width = img.width,
+            height = img.height,
+            ms = (img.seconds * 1000.0) as u64,
+            "image generated"
+        ),
+        Err(Error::Cancelled) => tracing::info!("image request cancelled: client gone"),
+        Err(e) => tracing::error!(error = %e, "image generation failed"),
+    }
+    // The receiver may be gone by now; nothing else to do then.
+    let _ = job.reply.send(result);
+}

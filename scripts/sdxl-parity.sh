@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Regenerates tests/fixtures/imagine/sdxl-parity.{safetensors,json}: the reference outputs of
+# diffusers + transformers (torch, CPU) on the tiny SDXL model written by Hearth's generator.
+# Needs PyPI (torch, diffusers, transformers); the venv lives in the git-ignored .venv-sdxl/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=.venv-sdxl
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+"$VENV/bin/pip" install --quiet --progress-bar off \
+  "torch>=2.4" "diffusers>=0.30" "transformers>=4.44" safetensors numpy
+MODEL=$(mktemp -d)
+trap 'rm -rf "$MODEL"' EXIT
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
+cargo run --quiet -p hearth-imagine --example tiny_sdxl -- "$MODEL"
+"$VENV/bin/python" scripts/sdxl-parity.py "$MODEL" tests/fixtures/imagine/sdxl-parity.safetensors
