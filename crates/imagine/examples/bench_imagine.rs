@@ -1,12 +1,13 @@
 //! Image generation benchmark: seconds per image and per denoising step.
 //!
 //! `cargo run --release -p hearth-imagine --example bench_imagine -- [--model DIR] [--sizes 512,1024]
-//!  [--steps 4] [--runs 3] [--device cpu|cuda] [--dtype f32|f16|bf16]`
+//!  [--steps 4] [--runs 3] [--device cpu|cuda] [--dtype f32|f16|bf16] [--save DIR]`
 //!
 //! Without `--model` it writes the tiny SDXL-shaped test model to a temporary folder and times
 //! that. Each size gets one warm-up image, then `--runs` timed images (seeds 1..=runs); the
 //! report gives the mean of: prompt encoding, each UNet step, the VAE decode, PNG encoding, and
-//! the whole image. The last line is JSON for scripts.
+//! the whole image. The last line is JSON for scripts. `--save DIR` writes each size's last image
+//! as `DIR/bench-<size>.png`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -24,10 +25,11 @@ struct Args {
     runs: usize,
     device: String,
     dtype: Option<String>,
+    save: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut a = Args { model: None, sizes: vec![512, 1024], steps: 4, runs: 3, device: "cpu".into(), dtype: None };
+    let mut a = Args { model: None, sizes: vec![512, 1024], steps: 4, runs: 3, device: "cpu".into(), dtype: None, save: None };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut val = || it.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -43,6 +45,7 @@ fn parse_args() -> Result<Args, String> {
             "--runs" => a.runs = val()?.parse().map_err(|e| format!("--runs: {e}"))?,
             "--device" => a.device = val()?,
             "--dtype" => a.dtype = Some(val()?),
+            "--save" => a.save = Some(PathBuf::from(val()?)),
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -53,8 +56,10 @@ fn secs(t: Instant) -> f64 {
     t.elapsed().as_secs_f64()
 }
 
-/// One image with per-phase timings: (encode, per-step, decode, png, total).
-fn timed_image(p: &SdxlPipeline, prm: &ImageParams) -> hearth_imagine::Result<(f64, Vec<f64>, f64, f64, f64)> {
+type Timings = (f64, Vec<f64>, f64, f64, f64, Vec<u8>);
+
+/// One image with per-phase timings: (encode, per-step, decode, png, total, png bytes).
+fn timed_image(p: &SdxlPipeline, prm: &ImageParams) -> hearth_imagine::Result<Timings> {
     let start = Instant::now();
     let t = Instant::now();
     let embeds = p.encode_prompt(&prm.prompt)?;
@@ -78,8 +83,7 @@ fn timed_image(p: &SdxlPipeline, prm: &ImageParams) -> hearth_imagine::Result<(f
     let t = Instant::now();
     let png = img.to_png()?;
     let png_s = secs(t);
-    assert!(!png.is_empty());
-    Ok((enc, steps, dec, png_s, secs(start)))
+    Ok((enc, steps, dec, png_s, secs(start), png))
 }
 
 fn main() -> ExitCode {
@@ -131,13 +135,19 @@ fn main() -> ExitCode {
             };
             timed_image(&p, &prm(0))?; // warm-up
             let (mut enc, mut step, mut dec, mut png, mut total) = (0.0, 0.0, 0.0, 0.0, 0.0);
+            let mut last_png = Vec::new();
             for r in 0..args.runs {
-                let (e, s, d, g, t) = timed_image(&p, &prm(r as u64 + 1))?;
+                let (e, s, d, g, t, png_bytes) = timed_image(&p, &prm(r as u64 + 1))?;
+                last_png = png_bytes;
                 enc += e;
                 step += s.iter().sum::<f64>() / s.len() as f64;
                 dec += d;
                 png += g;
                 total += t;
+            }
+            if let Some(dir) = &args.save {
+                let path = dir.join(format!("bench-{size}.png"));
+                std::fs::write(&path, &last_png).map_err(|e| hearth_imagine::Error::Io { path, source: e })?;
             }
             let n = args.runs.max(1) as f64;
             let (enc, step, dec, png, total) = (enc / n, step / n, dec / n, png / n, total / n);
