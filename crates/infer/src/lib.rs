@@ -1,1 +1,31 @@
-//! Text models: weight loading (GGUF, safetensors, hf-hub), tokenizer, chat template, sampling, batched forward.
+//! Text models for Hearth: loading GGUF files and safetensors checkpoints (local or from the
+//! Hugging Face cache/hub), the tokenizer and chat template of each model, sampling, incremental
+//! detokenization, and one batched forward step over many sequences, each with its own KV cache.
+//!
+//! The weights of a [`TextModel`] are immutable after load; every [`Sequence`] owns its KV cache,
+//! so one model serves many concurrent generations. This crate deliberately knows nothing of
+//! scheduling, queues, HTTP, users or billing: the scheduler decides which sequences step
+//! together, the server decides what a request may ask for.
+
+mod attn;
+mod candle_gemma3;
+mod candle_llama;
+mod config;
+mod error;
+// The hand-written CPU backend (owned by the kernels engineer; see src/fast/mod.rs).
+mod fast;
+pub(crate) mod gguf;
+mod hub;
+mod load;
+mod model;
+mod sampler;
+mod template;
+mod tokenizer;
+
+pub use config::{BackendChoice, DeviceSpec, TextModelConfig, WeightSource};
+pub use error::Error;
+pub use gguf::{Arch, Hparams};
+pub use hearth_types::{ChatMessage, Role, SamplingParams};
+pub use model::{ModelInfo, Sequence, Step, TextModel};
+pub use sampler::Sampler;
+pub use tokenizer::{Detokenizer, TextTokenizer};

@@ -1,0 +1,222 @@
+//! Host-side pieces of the candle forward that run per sequence and per position: RoPE with each
+//! row's own position, writing K/V into a sequence's preallocated cache in place, and causal
+//! (optionally sliding-window) attention over that cache. Plain f32 slices, parallel over rows.
+
+use rayon::prelude::*;
+
+/// How RoPE pairs the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RopeStyle {
+    /// Pairs (2i, 2i+1): GGUF llama (its converter permutes Q/K for this).
+    Interleaved,
+    /// Pairs (i, i + d/2): Hugging Face llama checkpoints, Gemma.
+    Neox,
+}
+
+/// Rotates `x` (`n_heads` heads of `head_dim` each, one position) in place, computing the angles
+/// as ggml does: `theta_i = pos * base^(-2i/d)` by repeated f32 multiplication.
+pub(crate) fn rope_row(
+    x: &mut [f32],
+    head_dim: usize,
+    pos: usize,
+    base: f32,
+    style: RopeStyle,
+    cs: &mut Vec<(f32, f32)>,
+) {
+    let half = head_dim / 2;
+    cs.clear();
+    let scale = base.powf(-2.0 / head_dim as f32);
+    let mut theta = pos as f32;
+    for _ in 0..half {
+        cs.push((theta.cos(), theta.sin()));
+        theta *= scale;
+    }
+    for head in x.chunks_exact_mut(head_dim) {
+        for (i, &(c, s)) in cs.iter().enumerate() {
+            let (a, b) = match style {
+                RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                RopeStyle::Neox => (i, i + half),
+            };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * c - x1 * s;
+            head[b] = x0 * s + x1 * c;
+        }
+    }
+}
+
+/// RMS-normalises each `dim`-wide chunk of `x` in place with weight `w`.
+pub(crate) fn rms_norm_chunks(x: &mut [f32], w: &[f32], eps: f32) {
+    let dim = w.len();
+    for chunk in x.chunks_exact_mut(dim) {
+        let ms = chunk.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+        let r = 1.0 / (ms + eps).sqrt();
+        for (v, &g) in chunk.iter_mut().zip(w) {
+            *v = *v * r * g;
+        }
+    }
+}
+
+/// One query row of a batch: which sequence cache it reads and at which absolute position.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RowRef {
+    /// Index into the batch's steps.
+    pub step: usize,
+    /// Absolute position of the row in its sequence.
+    pub pos: usize,
+}
+
+/// Attention shape for one layer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AttnShape {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+    /// Positions attended including the current one; `None` = the whole prefix.
+    pub window: Option<usize>,
+}
+
+/// Causal attention for every row: `q` is `[rows, n_head*head_dim]`, `caches[step]` is the
+/// step's (K, V) layer cache `[capacity, n_head_kv*head_dim]` already holding this row's own
+/// K/V. Writes `out` `[rows, n_head*head_dim]`.
+pub(crate) fn attention(
+    q: &[f32],
+    rows: &[RowRef],
+    caches: &[(&[f32], &[f32])],
+    shape: AttnShape,
+    out: &mut [f32],
+) {
+    let AttnShape {
+        n_head,
+        n_head_kv,
+        head_dim,
+        scale,
+        window,
+    } = shape;
+    let q_dim = n_head * head_dim;
+    let kv_dim = n_head_kv * head_dim;
+    let group = n_head / n_head_kv;
+    out.par_chunks_mut(q_dim)
+        .zip(q.par_chunks(q_dim))
+        .zip(rows.par_iter())
+        .for_each_init(
+            Vec::new,
+            |scores: &mut Vec<f32>, ((out_row, q_row), row)| {
+                let (kc, vc) = caches[row.step];
+                let start = match window {
+                    Some(w) => (row.pos + 1).saturating_sub(w),
+                    None => 0,
+                };
+                let n = row.pos + 1 - start;
+                for h in 0..n_head {
+                    let kvh = h / group;
+                    let qh = &q_row[h * head_dim..(h + 1) * head_dim];
+                    scores.clear();
+                    let mut max = f32::NEG_INFINITY;
+                    for j in start..=row.pos {
+                        let kr =
+                            &kc[j * kv_dim + kvh * head_dim..j * kv_dim + (kvh + 1) * head_dim];
+                        let s = qh.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * scale;
+                        max = max.max(s);
+                        scores.push(s);
+                    }
+                    let mut sum = 0.0f32;
+                    for s in scores.iter_mut() {
+                        *s = (*s - max).exp();
+                        sum += *s;
+                    }
+                    let inv = 1.0 / sum;
+                    let oh = &mut out_row[h * head_dim..(h + 1) * head_dim];
+                    oh.fill(0.0);
+                    for (idx, &p) in scores.iter().enumerate().take(n) {
+                        let j = start + idx;
+                        let vr =
+                            &vc[j * kv_dim + kvh * head_dim..j * kv_dim + (kvh + 1) * head_dim];
+                        let w = p * inv;
+                        for (o, &v) in oh.iter_mut().zip(vr) {
+                            *o += w * v;
+                        }
+                    }
+                }
+            },
+        );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_at_position_zero_is_identity_and_preserves_norm_elsewhere() {
+        let mut cs = Vec::new();
+        let orig: Vec<f32> = (0..16).map(|i| i as f32 * 0.1 - 0.5).collect();
+        for style in [RopeStyle::Interleaved, RopeStyle::Neox] {
+            let mut x = orig.clone();
+            rope_row(&mut x, 8, 0, 10000.0, style, &mut cs);
+            assert_eq!(x, orig);
+            rope_row(&mut x, 8, 17, 10000.0, style, &mut cs);
+            let n0: f32 = orig.iter().map(|v| v * v).sum();
+            let n1: f32 = x.iter().map(|v| v * v).sum();
+            assert!((n0 - n1).abs() < 1e-4);
+            assert_ne!(x, orig);
+        }
+    }
+
+    #[test]
+    fn attention_of_a_single_position_returns_its_value() {
+        let shape = AttnShape {
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: 2,
+            scale: 1.0,
+            window: None,
+        };
+        let k = [1.0, 0.0];
+        let v = [3.0, -2.0];
+        let q = [0.3, 0.1, -5.0, 2.0];
+        let mut out = [0.0; 4];
+        attention(
+            &q,
+            &[RowRef { step: 0, pos: 0 }],
+            &[(&k, &v)],
+            shape,
+            &mut out,
+        );
+        assert_eq!(out, [3.0, -2.0, 3.0, -2.0]);
+    }
+
+    #[test]
+    fn sliding_window_ignores_positions_before_the_window() {
+        // Position 2 with window 1 sees only itself.
+        let shape = AttnShape {
+            n_head: 1,
+            n_head_kv: 1,
+            head_dim: 1,
+            scale: 1.0,
+            window: Some(1),
+        };
+        let k = [1.0, 1.0, 1.0];
+        let v = [10.0, 20.0, 30.0];
+        let mut out = [0.0];
+        attention(
+            &[1.0],
+            &[RowRef { step: 0, pos: 2 }],
+            &[(&k, &v)],
+            shape,
+            &mut out,
+        );
+        assert_eq!(out, [30.0]);
+        let shape = AttnShape {
+            window: None,
+            ..shape
+        };
+        attention(
+            &[1.0],
+            &[RowRef { step: 0, pos: 2 }],
+            &[(&k, &v)],
+            shape,
+            &mut out,
+        );
+        assert!((out[0] - 20.0).abs() < 1e-5);
+    }
+}

@@ -1,0 +1,117 @@
+//! Where and how to load a text model: the resolved form of a `models.toml` `[text."id"]` entry.
+
+use std::path::PathBuf;
+
+/// Where the weights come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WeightSource {
+    /// A `.gguf` file, or a folder holding `config.json` + `*.safetensors` (+ `tokenizer.json`).
+    Local { path: PathBuf },
+    /// A Hugging Face repository, read cache-first (works offline when the files are cached).
+    /// `file` names the `.gguf` to take; `None` means a safetensors checkpoint.
+    HfHub {
+        repo: String,
+        file: Option<String>,
+        revision: Option<String>,
+    },
+}
+
+/// Which device runs the model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DeviceSpec {
+    #[default]
+    Cpu,
+    /// CUDA device ordinal; needs the `cuda` cargo feature.
+    Cuda(usize),
+}
+
+impl std::str::FromStr for DeviceSpec {
+    type Err = String;
+    /// Parses `cpu`, `cuda` (= `cuda:0`) or `cuda:N`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "cpu" => Ok(DeviceSpec::Cpu),
+            "cuda" => Ok(DeviceSpec::Cuda(0)),
+            other => other
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(DeviceSpec::Cuda)
+                .ok_or_else(|| format!("device {other:?}: expected cpu, cuda or cuda:N")),
+        }
+    }
+}
+
+/// Which forward implementation runs the model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// The fastest available for the device (the hand-written CPU path once it exists).
+    #[default]
+    Auto,
+    /// The forward written on candle ops (works on every device).
+    Candle,
+    /// The hand-written CPU fast path (`src/fast/`).
+    Fast,
+}
+
+impl std::str::FromStr for BackendChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "auto" => Ok(BackendChoice::Auto),
+            "candle" => Ok(BackendChoice::Candle),
+            "fast" => Ok(BackendChoice::Fast),
+            other => Err(format!("backend {other:?}: expected auto, candle or fast")),
+        }
+    }
+}
+
+/// Where and how to load one text model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TextModelConfig {
+    pub source: WeightSource,
+    /// A `tokenizer.json`; `None` = from the GGUF metadata or the safetensors folder.
+    pub tokenizer: Option<PathBuf>,
+    /// Overrides the model's own chat template.
+    pub chat_template: Option<String>,
+    pub device: DeviceSpec,
+    /// CPU threads; 0 = one per physical core.
+    pub threads: usize,
+    pub backend: BackendChoice,
+}
+
+impl TextModelConfig {
+    /// A config for a local file or folder with every other setting at its default.
+    pub fn local(path: impl Into<PathBuf>) -> Self {
+        TextModelConfig {
+            source: WeightSource::Local { path: path.into() },
+            tokenizer: None,
+            chat_template: None,
+            device: DeviceSpec::Cpu,
+            threads: 0,
+            backend: BackendChoice::Auto,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_specs_parse_cpu_and_cuda_ordinals() {
+        assert_eq!("cpu".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cpu);
+        assert_eq!("cuda".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(0));
+        assert_eq!("cuda:2".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(2));
+        assert!("tpu".parse::<DeviceSpec>().is_err());
+        assert!("cuda:x".parse::<DeviceSpec>().is_err());
+    }
+
+    #[test]
+    fn backend_choices_parse() {
+        assert_eq!(
+            "fast".parse::<BackendChoice>().unwrap(),
+            BackendChoice::Fast
+        );
+        assert!("gpu".parse::<BackendChoice>().is_err());
+    }
+}

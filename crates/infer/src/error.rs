@@ -1,0 +1,52 @@
+//! The crate's one error type. Callers map it to their own (the scheduler wraps it, the server
+//! picks HTTP statuses); nothing here knows about HTTP.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong loading or running a text model.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("weights file {path} not found: {hint}")]
+    WeightsNotFound { path: PathBuf, hint: String },
+    #[error("reading {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("unsupported model architecture {0:?} (supported: llama, mistral, gemma3)")]
+    UnsupportedArchitecture(String),
+    #[error("model file is missing or has a bad value for {key}: {reason}")]
+    Metadata { key: String, reason: String },
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("chat template: {0}")]
+    Template(String),
+    #[error("context full: {needed} positions needed, the sequence holds {capacity}")]
+    ContextFull { needed: usize, capacity: usize },
+    #[error("a sequence of {requested} tokens exceeds the model's context length {max}")]
+    SequenceTooLong { requested: usize, max: usize },
+    #[error("token id {id} is outside the vocabulary of {vocab_size}")]
+    InvalidToken { id: u32, vocab_size: usize },
+    #[error("invalid batch: {0}")]
+    InvalidBatch(String),
+    #[error("device {0} is not available in this build (enable the `cuda` feature)")]
+    DeviceUnavailable(String),
+    #[error("Hugging Face hub: {0}")]
+    Hub(String),
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+impl Error {
+    pub(crate) fn metadata(key: impl Into<String>, reason: impl std::fmt::Display) -> Self {
+        Error::Metadata {
+            key: key.into(),
+            reason: reason.to_string(),
+        }
+    }
+
+    pub(crate) fn tokenizer(e: impl std::fmt::Display) -> Self {
+        Error::Tokenizer(e.to_string())
+    }
+}

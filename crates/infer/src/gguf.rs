@@ -1,0 +1,269 @@
+//! GGUF metadata: typed access to keys and the hyperparameters every backend needs. The CPU fast
+//! path (`src/fast/`) reuses [`Hparams`] so both backends agree on the model's shape.
+
+use std::fs::File;
+use std::io::Cursor;
+use std::path::Path;
+
+use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::quantized::QTensor;
+use candle_core::Device;
+
+use crate::Error;
+
+/// Typed reads of GGUF metadata with errors that name the key.
+pub(crate) struct Meta<'a>(pub &'a gguf_file::Content);
+
+impl Meta<'_> {
+    fn get(&self, key: &str) -> Result<&Value, Error> {
+        self.0
+            .metadata
+            .get(key)
+            .ok_or_else(|| Error::metadata(key, "missing"))
+    }
+    fn opt<T>(
+        &self,
+        key: &str,
+        f: impl FnOnce(&Value) -> candle_core::Result<T>,
+    ) -> Result<Option<T>, Error> {
+        match self.0.metadata.get(key) {
+            None => Ok(None),
+            Some(v) => f(v).map(Some).map_err(|e| Error::metadata(key, e)),
+        }
+    }
+    pub fn string(&self, key: &str) -> Result<String, Error> {
+        self.get(key)?
+            .to_string()
+            .cloned()
+            .map_err(|e| Error::metadata(key, e))
+    }
+    pub fn opt_string(&self, key: &str) -> Result<Option<String>, Error> {
+        self.opt(key, |v| v.to_string().cloned())
+    }
+    /// Any integer type, as usize.
+    pub fn usize(&self, key: &str) -> Result<usize, Error> {
+        self.opt_usize(key)?
+            .ok_or_else(|| Error::metadata(key, "missing"))
+    }
+    pub fn opt_usize(&self, key: &str) -> Result<Option<usize>, Error> {
+        self.opt(key, |v| match v {
+            Value::U8(x) => Ok(*x as usize),
+            Value::U16(x) => Ok(*x as usize),
+            Value::U32(x) => Ok(*x as usize),
+            Value::U64(x) => Ok(*x as usize),
+            Value::I8(x) if *x >= 0 => Ok(*x as usize),
+            Value::I16(x) if *x >= 0 => Ok(*x as usize),
+            Value::I32(x) if *x >= 0 => Ok(*x as usize),
+            Value::I64(x) if *x >= 0 => Ok(*x as usize),
+            other => candle_core::bail!("expected a non-negative integer, got {other:?}"),
+        })
+    }
+    pub fn opt_u32(&self, key: &str) -> Result<Option<u32>, Error> {
+        Ok(self.opt_usize(key)?.map(|v| v as u32))
+    }
+    pub fn opt_f32(&self, key: &str) -> Result<Option<f32>, Error> {
+        self.opt(key, |v| match v {
+            Value::F32(x) => Ok(*x),
+            Value::F64(x) => Ok(*x as f32),
+            other => candle_core::bail!("expected a float, got {other:?}"),
+        })
+    }
+    pub fn opt_bool(&self, key: &str) -> Result<Option<bool>, Error> {
+        self.opt(key, |v| v.to_bool())
+    }
+    pub fn string_array(&self, key: &str) -> Result<Vec<String>, Error> {
+        let arr = self
+            .get(key)?
+            .to_vec()
+            .map_err(|e| Error::metadata(key, e))?;
+        arr.iter()
+            .map(|v| v.to_string().cloned().map_err(|e| Error::metadata(key, e)))
+            .collect()
+    }
+    pub fn opt_i32_array(&self, key: &str) -> Result<Option<Vec<i32>>, Error> {
+        self.opt(key, |v| v.to_vec()?.iter().map(|x| x.to_i32()).collect())
+    }
+    pub fn opt_f32_array(&self, key: &str) -> Result<Option<Vec<f32>>, Error> {
+        self.opt(key, |v| v.to_vec()?.iter().map(|x| x.to_f32()).collect())
+    }
+}
+
+/// The supported transformer families.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// llama, mistral, SmolLM2 ...: RMSNorm, interleaved RoPE, SwiGLU, GQA.
+    Llama,
+    /// Gemma 3: q/k norms, post-norms, GELU gate, NeoX RoPE with local/global bases, sliding window.
+    Gemma3,
+}
+
+/// Model shape and numerics read from GGUF metadata (`{arch}.*` keys).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hparams {
+    pub arch: Arch,
+    /// The GGUF `general.architecture` string.
+    pub arch_name: String,
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub context_length: usize,
+    pub rms_eps: f32,
+    pub rope_theta: f32,
+    /// Gemma 3: RoPE base of the sliding-window layers.
+    pub rope_theta_local: f32,
+    /// Gemma 3: window of the local layers (positions attended, the current one included).
+    pub sliding_window: Option<usize>,
+    /// Gemma 3: every `sliding_window_pattern`-th layer is global.
+    pub sliding_window_pattern: usize,
+    pub vocab_size: usize,
+}
+
+impl Hparams {
+    pub fn from_gguf(content: &gguf_file::Content) -> Result<Self, Error> {
+        let meta = Meta(content);
+        let arch_name = meta.string("general.architecture")?;
+        let arch = match arch_name.as_str() {
+            "llama" | "mistral" => Arch::Llama,
+            "gemma3" => Arch::Gemma3,
+            other => return Err(Error::UnsupportedArchitecture(other.to_string())),
+        };
+        let k = |s: &str| format!("{arch_name}.{s}");
+        let n_embd = meta.usize(&k("embedding_length"))?;
+        let n_head = meta.usize(&k("attention.head_count"))?;
+        let head_dim = meta
+            .opt_usize(&k("attention.key_length"))?
+            .unwrap_or(n_embd / n_head.max(1));
+        let vocab_size = match meta.opt_usize(&k("vocab_size"))? {
+            Some(v) => v,
+            None => meta.string_array("tokenizer.ggml.tokens")?.len(),
+        };
+        let hp = Hparams {
+            arch,
+            n_layer: meta.usize(&k("block_count"))?,
+            n_embd,
+            n_ff: meta.usize(&k("feed_forward_length"))?,
+            n_head,
+            n_head_kv: meta
+                .opt_usize(&k("attention.head_count_kv"))?
+                .unwrap_or(n_head),
+            head_dim,
+            context_length: meta.opt_usize(&k("context_length"))?.unwrap_or(2048),
+            rms_eps: meta
+                .opt_f32(&k("attention.layer_norm_rms_epsilon"))?
+                .unwrap_or(1e-5),
+            rope_theta: meta.opt_f32(&k("rope.freq_base"))?.unwrap_or(match arch {
+                Arch::Llama => 10_000.0,
+                Arch::Gemma3 => 1_000_000.0,
+            }),
+            rope_theta_local: meta
+                .opt_f32(&k("rope.local_freq_base"))?
+                .unwrap_or(10_000.0),
+            sliding_window: match arch {
+                Arch::Gemma3 => meta.opt_usize(&k("attention.sliding_window"))?,
+                Arch::Llama => None,
+            },
+            sliding_window_pattern: meta
+                .opt_usize(&k("attention.sliding_window_type"))?
+                .unwrap_or(6),
+            vocab_size,
+            arch_name,
+        };
+        hp.validate()?;
+        Ok(hp)
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), Error> {
+        let bad = |what: &str| {
+            Err(Error::metadata(
+                format!("{}.{what}", self.arch_name),
+                "inconsistent hyperparameters",
+            ))
+        };
+        if self.n_layer == 0
+            || self.n_embd == 0
+            || self.n_head == 0
+            || self.head_dim == 0
+            || self.vocab_size == 0
+        {
+            return bad("block_count/embedding_length/head_count");
+        }
+        if self.n_head_kv == 0 || self.n_head % self.n_head_kv != 0 {
+            return bad("attention.head_count_kv");
+        }
+        if self.head_dim % 2 != 0 {
+            return bad("attention.key_length");
+        }
+        Ok(())
+    }
+
+    /// Width of one position's K (or V) in one layer: `n_head_kv * head_dim`.
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+
+    /// Bytes of KV cache per token position over all layers (K and V, f32).
+    pub fn kv_bytes_per_token(&self) -> usize {
+        2 * self.n_layer * self.kv_dim() * std::mem::size_of::<f32>()
+    }
+
+    /// Gemma 3: whether layer `il` attends within the sliding window only.
+    pub fn is_sliding(&self, il: usize) -> bool {
+        self.sliding_window.is_some() && (il + 1) % self.sliding_window_pattern.max(1) != 0
+    }
+}
+
+/// An opened GGUF file: its metadata and a memory map to read tensors from without a copy
+/// through a buffered reader.
+pub(crate) struct GgufFile {
+    pub content: gguf_file::Content,
+    mmap: memmap2::Mmap,
+    pub file_bytes: u64,
+}
+
+impl GgufFile {
+    pub fn open(path: &Path) -> Result<Self, Error> {
+        let io = |source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        let file_bytes = file.metadata().map_err(io)?.len();
+        let mmap = mmap(&file).map_err(io)?;
+        let content =
+            gguf_file::Content::read(&mut Cursor::new(&mmap[..])).map_err(|e| e.with_path(path))?;
+        Ok(GgufFile {
+            content,
+            mmap,
+            file_bytes,
+        })
+    }
+
+    pub fn tensor(&self, name: &str, device: &Device) -> Result<QTensor, Error> {
+        if !self.content.tensor_infos.contains_key(name) {
+            return Err(Error::metadata(name, "tensor missing from the GGUF file"));
+        }
+        Ok(self
+            .content
+            .tensor(&mut Cursor::new(&self.mmap[..]), name, device)?)
+    }
+
+    pub fn has_tensor(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    /// The raw bytes of the whole file (for backends that read GGUF blocks in place).
+    pub fn bytes(&self) -> &[u8] {
+        &self.mmap[..]
+    }
+}
+
+/// The one unsafe site of the crate: mapping the weights file read-only. Sound as long as the
+/// file is not truncated while mapped, which weights files are not.
+#[allow(unsafe_code)]
+fn mmap(file: &File) -> std::io::Result<memmap2::Mmap> {
+    // SAFETY: read-only map of a weights file that nothing writes while the model loads.
+    unsafe { memmap2::Mmap::map(file) }
+}

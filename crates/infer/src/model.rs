@@ -1,0 +1,543 @@
+//! `TextModel` (immutable weights + a forward backend), `Sequence` (one KV cache) and the batched
+//! `forward` over `Step`s.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::config::{BackendChoice, DeviceSpec, TextModelConfig};
+use crate::gguf::{Arch, Hparams};
+use crate::tokenizer::TextTokenizer;
+use crate::Error;
+
+/// What the scheduler and server need to know about a loaded model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelInfo {
+    /// "llama", "gemma3", ...
+    pub architecture: String,
+    pub context_length: usize,
+    pub vocab_size: usize,
+    /// KV cache bytes one token position takes (all layers, K and V), for memory budgets.
+    pub kv_bytes_per_token: usize,
+    pub weights_bytes: u64,
+    /// Which forward runs the model ("candle" or "fast").
+    pub backend: String,
+}
+
+/// One sequence's KV cache, preallocated for `capacity` positions and written in place.
+///
+/// Layout (shared by every backend): for each layer `l`, `k[l]` and `v[l]` are plain `Vec<f32>`
+/// of `capacity * kv_dim` elements, row-major `[position][kv_head][head_dim]`, with
+/// `kv_dim = n_head_kv * head_dim`. K is stored after RoPE. Positions `0..len` are valid.
+#[derive(Debug, Clone)]
+pub struct Sequence {
+    pub(crate) k: Vec<Vec<f32>>,
+    pub(crate) v: Vec<Vec<f32>>,
+    pub(crate) len: usize,
+    pub(crate) capacity: usize,
+    pub(crate) kv_dim: usize,
+}
+
+impl Sequence {
+    /// Positions filled so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Positions the cache holds in all.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+    /// Positions still free.
+    pub fn remaining(&self) -> usize {
+        self.capacity - self.len
+    }
+    /// Forgets positions from `len` on (e.g. to re-run a suffix); no-op if `len >= self.len()`.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+    /// Bytes of KV memory this sequence reserved.
+    pub fn kv_bytes(&self) -> usize {
+        2 * self.k.len() * self.capacity * self.kv_dim * std::mem::size_of::<f32>()
+    }
+}
+
+/// One entry of a batched step: append `tokens` to `seq` (a prefill chunk, or one token).
+pub struct Step<'a> {
+    pub seq: &'a mut Sequence,
+    pub tokens: &'a [u32],
+}
+
+/// A forward implementation. Writes K/V of every step's tokens at positions `seq.len..` (the
+/// caller advances `len` afterwards) and the logits of each step's last token into `logits`
+/// (`steps.len() * vocab_size`, row-major).
+pub(crate) trait Backend: Send {
+    fn name(&self) -> &'static str;
+    fn forward(&mut self, steps: &mut [Step<'_>], logits: &mut Vec<f32>) -> Result<(), Error>;
+}
+
+/// A loaded text model: immutable weights, one forward backend, its tokenizer. Owned by one
+/// engine thread; sequences (KV caches) live outside it so one model serves many.
+pub struct TextModel {
+    pub(crate) hp: Hparams,
+    pub(crate) backend: Box<dyn Backend>,
+    info: ModelInfo,
+    tokenizer: Arc<TextTokenizer>,
+    pool: rayon::ThreadPool,
+    logits: Vec<f32>,
+}
+
+impl std::fmt::Debug for TextModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextModel")
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Cores to use when the config says 0: physical cores from /proc/cpuinfo, else logical CPUs.
+pub(crate) fn physical_cores() -> usize {
+    let logical = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
+        return logical;
+    };
+    let mut cores = std::collections::HashSet::new();
+    let mut physical = String::new();
+    for line in info.lines() {
+        if let Some((key, value)) = line.split_once(':') {
+            match key.trim() {
+                "physical id" => physical = value.trim().to_string(),
+                "core id" => {
+                    cores.insert((physical.clone(), value.trim().to_string()));
+                }
+                _ => {}
+            }
+        }
+    }
+    if cores.is_empty() {
+        logical
+    } else {
+        cores.len().min(logical)
+    }
+}
+
+pub(crate) fn device_for(spec: DeviceSpec) -> Result<Device, Error> {
+    match spec {
+        DeviceSpec::Cpu => Ok(Device::Cpu),
+        #[cfg(feature = "cuda")]
+        DeviceSpec::Cuda(n) => Ok(Device::new_cuda(n)?),
+        #[cfg(not(feature = "cuda"))]
+        DeviceSpec::Cuda(n) => Err(Error::DeviceUnavailable(format!("cuda:{n}"))),
+    }
+}
+
+impl TextModel {
+    pub(crate) fn assemble(
+        hp: Hparams,
+        backend: Box<dyn Backend>,
+        tokenizer: TextTokenizer,
+        weights_bytes: u64,
+        threads: usize,
+    ) -> Result<TextModel, Error> {
+        let threads = if threads == 0 {
+            physical_cores()
+        } else {
+            threads
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("hearth-infer-{i}"))
+            .build()
+            .map_err(|e| Error::InvalidBatch(format!("cannot start {threads} threads: {e}")))?;
+        let info = ModelInfo {
+            architecture: hp.arch_name.clone(),
+            context_length: hp.context_length,
+            vocab_size: hp.vocab_size,
+            kv_bytes_per_token: hp.kv_bytes_per_token(),
+            weights_bytes,
+            backend: backend.name().to_string(),
+        };
+        Ok(TextModel {
+            hp,
+            backend,
+            info,
+            tokenizer: Arc::new(tokenizer),
+            pool,
+            logits: Vec::new(),
+        })
+    }
+
+    /// Loads the model `cfg` names (GGUF file, safetensors folder, or a Hugging Face repo).
+    pub fn load(cfg: &TextModelConfig) -> Result<TextModel, Error> {
+        crate::load::load(cfg)
+    }
+
+    /// A llama-shaped model with small dims (2 layers, hidden 64, 4 heads / 2 KV heads), seeded
+    /// random weights, and a real byte-level BPE tokenizer with ChatML template, for fast tests
+    /// of everything above the model. Same seed => same model => same tokens.
+    pub fn tiny_random(seed: u64) -> TextModel {
+        let tokenizer = crate::tokenizer::tiny();
+        let hp = tiny_hparams(tokenizer.vocab_size());
+        let tensors = tiny_tensors(&hp, seed).expect("tiny tensors build on the CPU");
+        let backend = crate::candle_llama::from_hf_tensors(tensors, hp.clone(), &Device::Cpu)
+            .expect("tiny tensors have every llama weight");
+        TextModel::assemble(hp, Box::new(backend), tokenizer, 0, 1).expect("one thread starts")
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    pub fn tokenizer(&self) -> Arc<TextTokenizer> {
+        Arc::clone(&self.tokenizer)
+    }
+
+    /// Threads the forward runs on.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// A fresh sequence with its KV cache preallocated for `max_tokens` positions (prompt +
+    /// output). Memory is zero-filled lazily by the OS, so it becomes resident as it fills.
+    pub fn new_sequence(&self, max_tokens: usize) -> Result<Sequence, Error> {
+        if max_tokens > self.hp.context_length {
+            return Err(Error::SequenceTooLong {
+                requested: max_tokens,
+                max: self.hp.context_length,
+            });
+        }
+        let kv_dim = self.hp.kv_dim();
+        let alloc = || {
+            (0..self.hp.n_layer)
+                .map(|_| vec![0.0f32; max_tokens * kv_dim])
+                .collect()
+        };
+        Ok(Sequence {
+            k: alloc(),
+            v: alloc(),
+            len: 0,
+            capacity: max_tokens,
+            kv_dim,
+        })
+    }
+
+    /// One batched step: appends each step's tokens to its sequence and returns the logits of
+    /// each step's last position, row-major `[steps.len() * vocab_size]`. On error no sequence
+    /// advances.
+    pub fn forward(&mut self, steps: &mut [Step<'_>]) -> Result<&[f32], Error> {
+        self.validate(steps)?;
+        if steps.is_empty() {
+            self.logits.clear();
+            return Ok(&self.logits);
+        }
+        let TextModel {
+            pool,
+            backend,
+            logits,
+            ..
+        } = self;
+        pool.install(|| backend.forward(steps, logits))?;
+        for st in steps.iter_mut() {
+            st.seq.len += st.tokens.len();
+        }
+        Ok(&self.logits)
+    }
+
+    fn validate(&self, steps: &[Step<'_>]) -> Result<(), Error> {
+        let vocab = self.hp.vocab_size;
+        for (i, st) in steps.iter().enumerate() {
+            if st.tokens.is_empty() {
+                return Err(Error::InvalidBatch(format!("step {i} has no tokens")));
+            }
+            if st.seq.k.len() != self.hp.n_layer || st.seq.kv_dim != self.hp.kv_dim() {
+                return Err(Error::InvalidBatch(format!(
+                    "step {i}'s sequence was made by another model"
+                )));
+            }
+            let needed = st.seq.len + st.tokens.len();
+            if needed > st.seq.capacity {
+                return Err(Error::ContextFull {
+                    needed,
+                    capacity: st.seq.capacity,
+                });
+            }
+            if let Some(&id) = st.tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(Error::InvalidToken {
+                    id,
+                    vocab_size: vocab,
+                });
+            }
+        }
+        for (i, a) in steps.iter().enumerate() {
+            for b in &steps[i + 1..] {
+                if std::ptr::eq(a.seq, b.seq) {
+                    return Err(Error::InvalidBatch(
+                        "a sequence appears twice in one step".into(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn tiny_hparams(vocab_size: usize) -> Hparams {
+    Hparams {
+        arch: Arch::Llama,
+        arch_name: "llama".into(),
+        n_layer: 2,
+        n_embd: 64,
+        n_ff: 128,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 16,
+        context_length: 4096,
+        rms_eps: 1e-5,
+        rope_theta: 10_000.0,
+        rope_theta_local: 10_000.0,
+        sliding_window: None,
+        sliding_window_pattern: 1,
+        vocab_size,
+    }
+}
+
+/// Seeded random llama weights under Hugging Face names.
+pub(crate) fn tiny_tensors(hp: &Hparams, seed: u64) -> Result<HashMap<String, Tensor>, Error> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut t = HashMap::new();
+    let mut rand = |rows: usize, cols: usize, scale: f32| -> Result<Tensor, Error> {
+        let data: Vec<f32> = (0..rows * cols)
+            .map(|_| (rng.gen::<f32>() * 2.0 - 1.0) * scale)
+            .collect();
+        Ok(Tensor::from_vec(data, (rows, cols), &Device::Cpu)?)
+    };
+    let (e, f, qd, kvd) = (hp.n_embd, hp.n_ff, hp.n_head * hp.head_dim, hp.kv_dim());
+    let s = 1.0 / (e as f32).sqrt();
+    t.insert(
+        "model.embed_tokens.weight".to_string(),
+        rand(hp.vocab_size, e, 1.0)?,
+    );
+    for il in 0..hp.n_layer {
+        let p = |n: &str| format!("model.layers.{il}.{n}.weight");
+        t.insert(p("self_attn.q_proj"), rand(qd, e, s)?);
+        t.insert(p("self_attn.k_proj"), rand(kvd, e, s)?);
+        t.insert(p("self_attn.v_proj"), rand(kvd, e, s)?);
+        t.insert(p("self_attn.o_proj"), rand(e, qd, s)?);
+        t.insert(p("mlp.gate_proj"), rand(f, e, s)?);
+        t.insert(p("mlp.up_proj"), rand(f, e, s)?);
+        t.insert(p("mlp.down_proj"), rand(e, f, 1.0 / (f as f32).sqrt())?);
+        t.insert(
+            p("input_layernorm"),
+            Tensor::ones(e, DType::F32, &Device::Cpu)?,
+        );
+        t.insert(
+            p("post_attention_layernorm"),
+            Tensor::ones(e, DType::F32, &Device::Cpu)?,
+        );
+    }
+    t.insert(
+        "model.norm.weight".to_string(),
+        Tensor::ones(e, DType::F32, &Device::Cpu)?,
+    );
+    t.insert(
+        "lm_head.weight".to_string(),
+        rand(hp.vocab_size, e, 4.0 * s)?,
+    );
+    Ok(t)
+}
+
+/// Which backend to build for a device and choice. The hand-written CPU path (`src/fast/`) slots
+/// in here; until it exists, `auto` means candle and `fast` is an error.
+pub(crate) fn resolve_backend(
+    choice: BackendChoice,
+    device: &Device,
+) -> Result<BackendChoice, Error> {
+    match choice {
+        BackendChoice::Auto | BackendChoice::Candle => Ok(BackendChoice::Candle),
+        BackendChoice::Fast if !device.is_cpu() => Err(Error::InvalidBatch(
+            "backend \"fast\" runs on the CPU only".into(),
+        )),
+        // GGUF files only; safetensors folders always load on candle (see load.rs).
+        BackendChoice::Fast => Ok(BackendChoice::Fast),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hearth_types::{ChatMessage, Role, SamplingParams};
+
+    fn greedy(model: &mut TextModel, prompt: &[u32], n: usize) -> Vec<u32> {
+        let mut seq = model.new_sequence(prompt.len() + n).unwrap();
+        let mut out = Vec::new();
+        let mut next = prompt.to_vec();
+        for _ in 0..n {
+            let logits = model
+                .forward(&mut [Step {
+                    seq: &mut seq,
+                    tokens: &next,
+                }])
+                .unwrap();
+            let id = crate::Sampler::new(&SamplingParams::default()).sample(logits, &[]);
+            out.push(id);
+            next = vec![id];
+        }
+        out
+    }
+
+    #[test]
+    fn tiny_random_is_deterministic_per_seed() {
+        let mut a = TextModel::tiny_random(1);
+        let mut b = TextModel::tiny_random(1);
+        let mut c = TextModel::tiny_random(2);
+        let tok = a.tokenizer();
+        let prompt = tok
+            .encode(
+                &tok.apply_chat_template(&[ChatMessage::new(Role::User, "hello")])
+                    .unwrap(),
+            )
+            .unwrap();
+        let ga = greedy(&mut a, &prompt, 12);
+        assert_eq!(ga, greedy(&mut b, &prompt, 12));
+        assert_ne!(ga, greedy(&mut c, &prompt, 12));
+        assert_eq!(a.info().vocab_size, tok.vocab_size());
+    }
+
+    #[test]
+    fn chunked_prefill_gives_the_same_logits_as_one_chunk() {
+        let mut m = TextModel::tiny_random(3);
+        let prompt: Vec<u32> = (10..40).collect();
+        let mut s1 = m.new_sequence(64).unwrap();
+        let one = m
+            .forward(&mut [Step {
+                seq: &mut s1,
+                tokens: &prompt,
+            }])
+            .unwrap()
+            .to_vec();
+        let mut s2 = m.new_sequence(64).unwrap();
+        m.forward(&mut [Step {
+            seq: &mut s2,
+            tokens: &prompt[..17],
+        }])
+        .unwrap();
+        let two = m
+            .forward(&mut [Step {
+                seq: &mut s2,
+                tokens: &prompt[17..],
+            }])
+            .unwrap()
+            .to_vec();
+        assert_eq!(s1.len(), 30);
+        assert_eq!(s2.len(), 30);
+        for (a, b) in one.iter().zip(&two) {
+            assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn a_batch_of_mixed_prefill_and_decode_matches_each_sequence_alone() {
+        let mut m = TextModel::tiny_random(4);
+        let vocab = m.info().vocab_size;
+        let prompts: Vec<Vec<u32>> = (0..5)
+            .map(|i| {
+                (0..(3 + 4 * i))
+                    .map(|j| (7 * j + 13 * i) as u32 % 250)
+                    .collect()
+            })
+            .collect();
+        let alone: Vec<Vec<u32>> = prompts.iter().map(|p| greedy(&mut m, p, 6)).collect();
+        // Batched: sequence i starts i steps late, so prefills and decodes mix in one call.
+        let mut seqs: Vec<Sequence> = prompts
+            .iter()
+            .map(|p| m.new_sequence(p.len() + 6).unwrap())
+            .collect();
+        let mut next: Vec<Vec<u32>> = prompts.clone();
+        let mut got: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
+        for t in 0..(6 + prompts.len()) {
+            let active: Vec<usize> = (0..prompts.len())
+                .filter(|&i| t >= i && got[i].len() < 6)
+                .collect();
+            if active.is_empty() {
+                continue;
+            }
+            let mut steps: Vec<Step> = Vec::new();
+            let mut order = Vec::new();
+            for (i, seq) in seqs.iter_mut().enumerate() {
+                if active.contains(&i) {
+                    steps.push(Step {
+                        seq,
+                        tokens: &next[i],
+                    });
+                    order.push(i);
+                }
+            }
+            let logits = m.forward(&mut steps).unwrap().to_vec();
+            assert_eq!(logits.len(), order.len() * vocab);
+            for (row, &i) in order.iter().enumerate() {
+                let id = crate::Sampler::new(&SamplingParams::default())
+                    .sample(&logits[row * vocab..(row + 1) * vocab], &[]);
+                got[i].push(id);
+                next[i] = vec![id];
+            }
+        }
+        assert_eq!(got, alone);
+    }
+
+    #[test]
+    fn a_full_sequence_is_a_typed_error_and_does_not_advance() {
+        let mut m = TextModel::tiny_random(5);
+        let mut s = m.new_sequence(4).unwrap();
+        let err = m
+            .forward(&mut [Step {
+                seq: &mut s,
+                tokens: &[1, 2, 3, 4, 5],
+            }])
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::ContextFull {
+                    needed: 5,
+                    capacity: 4
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(s.len(), 0);
+        let err = m
+            .forward(&mut [Step {
+                seq: &mut s,
+                tokens: &[u32::MAX],
+            }])
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidToken { .. }));
+        let err = m
+            .forward(&mut [Step {
+                seq: &mut s,
+                tokens: &[],
+            }])
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidBatch(_)));
+        assert!(matches!(
+            m.new_sequence(1 << 30),
+            Err(Error::SequenceTooLong { .. })
+        ));
+    }
+
+    #[test]
+    fn info_accounts_kv_bytes_per_token() {
+        let m = TextModel::tiny_random(0);
+        // 2 layers * (K + V) * 2 kv heads * 16 dims * 4 bytes
+        assert_eq!(m.info().kv_bytes_per_token, 2 * 2 * 32 * 4);
+        let s = m.new_sequence(10).unwrap();
+        assert_eq!(s.kv_bytes(), 10 * m.info().kv_bytes_per_token);
+    }
+}
