@@ -643,7 +643,10 @@ mod tests {
         let two = tok.token_to_id("2").unwrap();
         assert!(ids.windows(2).any(|w| w == [four, two]), "{ids:?}");
         assert!(ids.contains(&tok.token_to_id("hello").unwrap()));
-        assert!(tok.encode(" hello").unwrap() == vec![tok.token_to_id("Ġhello").unwrap()]);
+        assert_eq!(
+            tok.encode("hello").unwrap(),
+            vec![tok.token_to_id("hello").unwrap()]
+        );
     }
 
     #[test]
