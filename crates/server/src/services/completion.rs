@@ -35,7 +35,7 @@ use tracing::{info, instrument, warn, Instrument, Span};
 
 use crate::app::{json_fallbacks, AppState, Session};
 use crate::billing::money;
-use crate::error::{ApiError, AppJson};
+use crate::error::{ApiError, AppJson, ErrorKind};
 use crate::services::{Service, ServiceInitError};
 
 pub use catalog::{Catalog, TextModelSpec};
@@ -65,8 +65,12 @@ struct Core {
 }
 
 impl Core {
-    fn streams(&self) -> std::sync::MutexGuard<'_, HashMap<String, watch::Receiver<Option<Value>>>> {
-        self.streams.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn streams(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, watch::Receiver<Option<Value>>>> {
+        self.streams
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -74,10 +78,14 @@ impl Core {
 /// background (requests wait for a model still loading; a failed load answers `GatewayError`),
 /// and drains the engines when the server shuts down.
 pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
-    let catalog =
-        catalog::load(&state.config.models).map_err(|e| ServiceInitError::new(Service::Completion, e))?;
+    let catalog = catalog::load(&state.config.models)
+        .map_err(|e| ServiceInitError::new(Service::Completion, e))?;
     let engines = engines::Engines::start(&catalog);
-    let core = Arc::new(Core { catalog, engines, streams: Mutex::new(HashMap::new()) });
+    let core = Arc::new(Core {
+        catalog,
+        engines,
+        streams: Mutex::new(HashMap::new()),
+    });
     let (token, drain) = (state.shutdown.clone(), Arc::clone(&core));
     tokio::spawn(async move {
         token.cancelled().await;
@@ -152,7 +160,10 @@ async fn ui(State(cs): State<CompletionState>) -> Html<String> {
     Html(
         CHAT_PAGE
             .replace("__MODELS_JSON__", &script_json(&Value::Array(models)))
-            .replace("__AUTH_UI_JSON__", &script_json(&json!(cs.app.urls.ui(Service::Auth)))),
+            .replace(
+                "__AUTH_UI_JSON__",
+                &script_json(&json!(cs.app.urls.ui(Service::Auth))),
+            ),
     )
 }
 
@@ -170,16 +181,22 @@ struct Started {
 }
 
 fn field_error(e: FieldError) -> ApiError {
-    ApiError::new(crate::error::ErrorKind::InvalidRequest, e.message).with_details(e.details)
+    ApiError::new(ErrorKind::InvalidRequest, e.message).with_details(e.details)
 }
 
 fn scheduler_error(e: hearth_scheduler::Error) -> ApiError {
     use hearth_scheduler::Error as E;
     match e {
-        E::Overloaded { .. } | E::QueueTimeout { .. } | E::ShuttingDown => ApiError::overloaded(e.to_string()),
-        E::EngineUnavailable(why) => ApiError::gateway(format!("the model's engine is unavailable: {why}")),
+        E::Overloaded { .. } | E::QueueTimeout { .. } | E::ShuttingDown => {
+            ApiError::overloaded(e.to_string())
+        }
+        E::EngineUnavailable(why) => {
+            ApiError::gateway(format!("the model's engine is unavailable: {why}"))
+        }
         E::PromptTooLong { .. } | E::EmptyPrompt => ApiError::invalid_request("messages", e),
-        E::ExceedsKvBudget { .. } | E::ZeroMaxTokens => ApiError::invalid_request("maxOutputTokens", e),
+        E::ExceedsKvBudget { .. } | E::ZeroMaxTokens => {
+            ApiError::invalid_request("maxOutputTokens", e)
+        }
         other => ApiError::internal(other),
     }
 }
@@ -188,47 +205,62 @@ fn scheduler_error(e: hearth_scheduler::Error) -> ApiError {
 async fn start(cs: &CompletionState, raw: RawCompletionRequest) -> Result<Started, ApiError> {
     let token = validate::service_token(&raw)
         .ok_or_else(|| ApiError::invalid_credentials("serviceToken is required"))?;
-    let session: Session = cs.app.authenticate(token)?;
+    // The completion service's error types (spec section 7) have no SessionExpired: an expired
+    // token is InvalidCredentials here, with the reason in the message.
+    let session: Session = cs.app.authenticate(token).map_err(|e| match e.kind {
+        ErrorKind::SessionExpired => ApiError::invalid_credentials("the service token has expired"),
+        _ => e,
+    })?;
     Span::current().record("user", session.user_id.as_str());
     let valid = validate::validate(&raw, &cs.core.catalog).map_err(field_error)?;
     Span::current().record("model", valid.model.as_str());
-    let spec = cs
-        .core
-        .catalog
-        .get(&valid.model)
-        .cloned()
-        .ok_or_else(|| ApiError::internal(format!("validated model {} left the catalog", valid.model)))?;
+    let spec = cs.core.catalog.get(&valid.model).cloned().ok_or_else(|| {
+        ApiError::internal(format!("validated model {} left the catalog", valid.model))
+    })?;
     let margin = cs.app.billing.margin(valid.margin_percent)?;
-    let engine = cs
-        .core
-        .engines
-        .get(&valid.model)
-        .await
-        .map_err(|why| ApiError::gateway(format!("model {} is unavailable: {why}", valid.model)))?;
+    let engine =
+        cs.core.engines.get(&valid.model).await.map_err(|why| {
+            ApiError::gateway(format!("model {} is unavailable: {why}", valid.model))
+        })?;
 
     let tokenizer = engine.tokenizer();
     let messages = valid.messages.clone();
     let prompt_ids = tokio::task::spawn_blocking(move || {
-        tokenizer.apply_chat_template(&messages).and_then(|text| tokenizer.encode(&text))
+        tokenizer
+            .apply_chat_template(&messages)
+            .and_then(|text| tokenizer.encode(&text))
     })
     .await
     .map_err(ApiError::internal)?
     .map_err(|e| ApiError::invalid_request("messages", e))?;
-    let context = spec.context_length.map_or(engine.context_length(), |c| c.min(engine.context_length()));
+    let context = spec
+        .context_length
+        .map_or(engine.context_length(), |c| c.min(engine.context_length()));
     validate::check_prompt_length(prompt_ids.len(), valid.max_output_tokens, &spec, context)
         .map_err(field_error)?;
 
     let million = Decimal::from(1_000_000);
     let billing = &cs.app.billing;
-    let input_cost = billing.cost(Decimal::from(prompt_ids.len()), spec.input_price_per_million, million, margin)?;
-    let worst_output =
-        billing.cost(Decimal::from(valid.max_output_tokens), spec.output_price_per_million, million, margin)?;
+    let input_cost = billing.cost(
+        Decimal::from(prompt_ids.len()),
+        spec.input_price_per_million,
+        million,
+        margin,
+    )?;
+    let worst_output = billing.cost(
+        Decimal::from(valid.max_output_tokens),
+        spec.output_price_per_million,
+        million,
+        margin,
+    )?;
     let meta = LedgerMeta {
         reason: format!("completion {}", valid.model),
         developer_id: valid.developer_id.clone(),
         application_id: valid.application_id.clone(),
     };
-    let hold = billing.hold(&session.user_id, input_cost + worst_output, meta).await?;
+    let hold = billing
+        .hold(&session.user_id, input_cost + worst_output, meta)
+        .await?;
 
     let stream_id = uuid::Uuid::new_v4();
     let params = SamplingParams {
@@ -245,7 +277,14 @@ async fn start(cs: &CompletionState, raw: RawCompletionRequest) -> Result<Starte
         ignore_eos: false,
     };
     match engine.submit(request).await {
-        Ok(generation) => Ok(Started { generation, hold, model: valid.model, spec, margin, input_cost }),
+        Ok(generation) => Ok(Started {
+            generation,
+            hold,
+            model: valid.model,
+            spec,
+            margin,
+            input_cost,
+        }),
         Err(e) => {
             if let Err(release) = billing.release(&hold).await {
                 warn!(error = %release, "releasing the hold of a refused request failed");
@@ -268,8 +307,20 @@ enum Piece {
 /// Reads the generation to its end, forwarding text to `out` while anyone listens (if `out`
 /// closes, the client went away: the generation is cancelled, and billed for what it made),
 /// then settles the hold exactly once and sends the final response.
-async fn drive(cs: CompletionState, started: Started, out: mpsc::Sender<Piece>, done: watch::Sender<Option<Value>>) {
-    let Started { mut generation, hold, model, spec, margin, input_cost } = started;
+async fn drive(
+    cs: CompletionState,
+    started: Started,
+    out: mpsc::Sender<Piece>,
+    done: watch::Sender<Option<Value>>,
+) {
+    let Started {
+        mut generation,
+        hold,
+        model,
+        spec,
+        margin,
+        input_cost,
+    } = started;
     let stream_id = generation.stream_id().to_string();
     let mut output = String::new();
     let mut listening = true;
@@ -293,7 +344,11 @@ async fn drive(cs: CompletionState, started: Started, out: mpsc::Sender<Piece>, 
             Some(TokenEvent::Finished { usage, .. }) => break (usage, None),
             Some(TokenEvent::Aborted { usage, reason }) => {
                 // A cancel we issued because the client left is a disconnect, whatever raced.
-                let reason = if listening { reason } else { AbortReason::Disconnected };
+                let reason = if listening {
+                    reason
+                } else {
+                    AbortReason::Disconnected
+                };
                 break (usage, Some(reason));
             }
             None => {
@@ -301,7 +356,10 @@ async fn drive(cs: CompletionState, started: Started, out: mpsc::Sender<Piece>, 
                     prompt_tokens: generation.prompt_tokens(),
                     completion_tokens: generation.generated_tokens(),
                 };
-                break (usage, Some(AbortReason::EngineFailure("the stream ended early".into())));
+                break (
+                    usage,
+                    Some(AbortReason::EngineFailure("the stream ended early".into())),
+                );
             }
         }
     };
@@ -309,13 +367,24 @@ async fn drive(cs: CompletionState, started: Started, out: mpsc::Sender<Piece>, 
     let billing = &cs.app.billing;
     let million = Decimal::from(1_000_000);
     let output_cost = billing
-        .cost(Decimal::from(usage.completion_tokens), spec.output_price_per_million, million, margin)
+        .cost(
+            Decimal::from(usage.completion_tokens),
+            spec.output_price_per_million,
+            million,
+            margin,
+        )
         .unwrap_or(Decimal::ZERO);
-    let (balance_before, balance_after) = match billing.settle(&hold, input_cost + output_cost).await {
+    let (balance_before, balance_after) = match billing
+        .settle(&hold, input_cost + output_cost)
+        .await
+    {
         Ok(charge) => (money(charge.balance_before), money(charge.balance_after)),
         Err(e) => {
             warn!(error = %e, %stream_id, "settling a completion failed; the hold stays for release at start-up");
-            (money(hold.balance_before), money(hold.balance_before - hold.amount))
+            (
+                money(hold.balance_before),
+                money(hold.balance_before - hold.amount),
+            )
         }
     };
     let response = json!({
@@ -358,7 +427,10 @@ fn spawn_driver(cs: &CompletionState, started: Started) -> (String, mpsc::Receiv
 
 /// `POST /`: the whole completion in one response. An abort (engine failure, server shutdown)
 /// answers an error whose `details.response` holds the partial, billed response.
-async fn complete(State(cs): State<CompletionState>, AppJson(raw): AppJson<RawCompletionRequest>) -> Result<Json<Value>, ApiError> {
+async fn complete(
+    State(cs): State<CompletionState>,
+    AppJson(raw): AppJson<RawCompletionRequest>,
+) -> Result<Json<Value>, ApiError> {
     let started = start(&cs, raw).await?;
     let (_id, mut rx) = spawn_driver(&cs, started);
     while let Some(piece) = rx.recv().await {
@@ -367,8 +439,12 @@ async fn complete(State(cs): State<CompletionState>, AppJson(raw): AppJson<RawCo
                 Ok(response) => Ok(Json(response)),
                 Err(partial) => {
                     let err = match reason {
-                        Some(AbortReason::Shutdown) => ApiError::overloaded("the server is shutting down"),
-                        Some(AbortReason::EngineFailure(why)) => ApiError::gateway(format!("the model's engine failed: {why}")),
+                        Some(AbortReason::Shutdown) => {
+                            ApiError::overloaded("the server is shutting down")
+                        }
+                        Some(AbortReason::EngineFailure(why)) => {
+                            ApiError::gateway(format!("the model's engine failed: {why}"))
+                        }
                         other => ApiError::internal(format!("completion aborted: {other:?}")),
                     };
                     Err(err.with_details(json!({ "response": partial })))
@@ -376,12 +452,17 @@ async fn complete(State(cs): State<CompletionState>, AppJson(raw): AppJson<RawCo
             };
         }
     }
-    Err(ApiError::internal("the completion driver stopped without an answer"))
+    Err(ApiError::internal(
+        "the completion driver stopped without an answer",
+    ))
 }
 
 /// `POST /stream`: errors before the stream as JSON with their status; then `{token}` events,
 /// and `{completed, response}` or `{aborted, response}`.
-async fn stream(State(cs): State<CompletionState>, AppJson(raw): AppJson<RawCompletionRequest>) -> Result<Response, ApiError> {
+async fn stream(
+    State(cs): State<CompletionState>,
+    AppJson(raw): AppJson<RawCompletionRequest>,
+) -> Result<Response, ApiError> {
     let started = start(&cs, raw).await?;
     let (stream_id, rx) = spawn_driver(&cs, started);
     let events = futures::stream::unfold(rx, |mut rx| async move {
@@ -391,9 +472,14 @@ async fn stream(State(cs): State<CompletionState>, AppJson(raw): AppJson<RawComp
             Piece::End(Ok(response), _) => json!({ "completed": true, "response": response }),
             Piece::End(Err(response), _) => json!({ "aborted": true, "response": response }),
         };
-        Some((Ok::<Event, Infallible>(Event::default().data(data.to_string())), rx))
+        Some((
+            Ok::<Event, Infallible>(Event::default().data(data.to_string())),
+            rx,
+        ))
     });
-    let mut response = Sse::new(events).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)).into_response();
+    let mut response = Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+        .into_response();
     let id = HeaderValue::from_str(&stream_id).map_err(ApiError::internal)?;
     response.headers_mut().insert(STREAM_ID_HEADER, id);
     Ok(response)
@@ -408,9 +494,15 @@ struct ShutdownRequest {
 /// `POST /stream/shutdown`: stops an active stream and answers, once it has stopped and been
 /// billed, `200 {"streamId", "status": "terminated", "response": <partial response>}`. Unknown or
 /// already finished ids answer 404 `NotFound`; a stream that does not stop within 10 s, 500.
-async fn shutdown_stream(State(cs): State<CompletionState>, AppJson(body): AppJson<ShutdownRequest>) -> Result<Json<Value>, ApiError> {
+async fn shutdown_stream(
+    State(cs): State<CompletionState>,
+    AppJson(body): AppJson<ShutdownRequest>,
+) -> Result<Json<Value>, ApiError> {
     let id = body.stream_id;
-    let not_found = || ApiError::not_found(format!("no active stream {id:?}")).with_details(json!({ "streamId": id }));
+    let not_found = || {
+        ApiError::not_found(format!("no active stream {id:?}"))
+            .with_details(json!({ "streamId": id }))
+    };
     let Some(mut done) = cs.core.streams().get(&id).cloned() else {
         return Err(not_found());
     };
@@ -422,9 +514,16 @@ async fn shutdown_stream(State(cs): State<CompletionState>, AppJson(body): AppJs
     match waited {
         Ok(Ok(response)) => {
             let response = response.clone();
-            Ok(Json(json!({ "streamId": id, "status": "terminated", "response": response })))
+            Ok(Json(
+                json!({ "streamId": id, "status": "terminated", "response": response }),
+            ))
         }
-        Ok(Err(_)) => Err(ApiError::internal(format!("stream {id} lost its driver while stopping"))),
-        Err(_) => Err(ApiError::internal(format!("stream {id} did not stop within {}s", SHUTDOWN_WAIT.as_secs()))),
+        Ok(Err(_)) => Err(ApiError::internal(format!(
+            "stream {id} lost its driver while stopping"
+        ))),
+        Err(_) => Err(ApiError::internal(format!(
+            "stream {id} did not stop within {}s",
+            SHUTDOWN_WAIT.as_secs()
+        ))),
     }
 }

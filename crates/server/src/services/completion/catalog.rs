@@ -4,7 +4,8 @@
 //!
 //! Keys beyond the shipped file (all optional): `default_temperature`,
 //! `default_max_output_tokens`, `context_length` (caps the model's own), `max_active`,
-//! `max_queued`, `kv_budget_mb`, `queue_timeout_ms`, `prefill_chunk`, `device`, `threads`.
+//! `max_queued`, `kv_budget_mb`, `queue_timeout_ms`, `prefill_chunk`, `shutdown_grace_ms`,
+//! `device`, `threads`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -47,7 +48,12 @@ pub struct Catalog {
 
 impl Catalog {
     pub fn new(entries: impl IntoIterator<Item = TextModelEntry>) -> Self {
-        Catalog { models: entries.into_iter().map(|e| (e.spec.id.clone(), e)).collect() }
+        Catalog {
+            models: entries
+                .into_iter()
+                .map(|e| (e.spec.id.clone(), e))
+                .collect(),
+        }
     }
     pub fn ids(&self) -> Vec<String> {
         self.models.keys().cloned().collect()
@@ -106,15 +112,22 @@ struct RawTextModel {
     kv_budget_mb: Option<u64>,
     queue_timeout_ms: Option<u64>,
     prefill_chunk: Option<usize>,
+    shutdown_grace_ms: Option<u64>,
 }
 
 /// What is wrong with the model table, naming the model and key.
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
     #[error("{path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: {source}")]
-    Parse { path: PathBuf, source: Box<toml::de::Error> },
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
     #[error("models.toml [text.{id:?}]: {message}")]
     Invalid { id: String, message: String },
 }
@@ -122,19 +135,26 @@ pub enum CatalogError {
 /// Reads the `[text]` section of the model table at `path` (relative paths in it are relative to
 /// its folder).
 pub fn load(path: &Path) -> Result<Catalog, CatalogError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| CatalogError::Read { path: path.to_path_buf(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| CatalogError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let base = path.parent().unwrap_or(Path::new("."));
     parse(&text, base).map_err(|e| match e {
-        CatalogError::Parse { source, .. } => CatalogError::Parse { path: path.to_path_buf(), source },
+        CatalogError::Parse { source, .. } => CatalogError::Parse {
+            path: path.to_path_buf(),
+            source,
+        },
         other => other,
     })
 }
 
 /// Parses model-table text; `base` resolves relative paths.
 pub fn parse(text: &str, base: &Path) -> Result<Catalog, CatalogError> {
-    let raw: RawFile = toml::from_str(text)
-        .map_err(|e| CatalogError::Parse { path: PathBuf::from("models.toml"), source: Box::new(e) })?;
+    let raw: RawFile = toml::from_str(text).map_err(|e| CatalogError::Parse {
+        path: PathBuf::from("models.toml"),
+        source: Box::new(e),
+    })?;
     let mut entries = Vec::new();
     for (id, m) in raw.text {
         entries.push(resolve(&id, m, &raw.defaults, base)?);
@@ -142,11 +162,22 @@ pub fn parse(text: &str, base: &Path) -> Result<Catalog, CatalogError> {
     Ok(Catalog::new(entries))
 }
 
-fn resolve(id: &str, m: RawTextModel, defaults: &RawDefaults, base: &Path) -> Result<TextModelEntry, CatalogError> {
-    let invalid = |message: String| CatalogError::Invalid { id: id.to_string(), message };
+fn resolve(
+    id: &str,
+    m: RawTextModel,
+    defaults: &RawDefaults,
+    base: &Path,
+) -> Result<TextModelEntry, CatalogError> {
+    let invalid = |message: String| CatalogError::Invalid {
+        id: id.to_string(),
+        message,
+    };
     let price = |key: &str, v: Option<String>| -> Result<Decimal, CatalogError> {
         let v = v.ok_or_else(|| invalid(format!("{key} is required (a decimal string)")))?;
-        let d: Decimal = v.trim().parse().map_err(|e| invalid(format!("{key} = {v:?}: {e}")))?;
+        let d: Decimal = v
+            .trim()
+            .parse()
+            .map_err(|e| invalid(format!("{key} = {v:?}: {e}")))?;
         if d.is_sign_negative() {
             return Err(invalid(format!("{key} must not be negative")));
         }
@@ -154,23 +185,43 @@ fn resolve(id: &str, m: RawTextModel, defaults: &RawDefaults, base: &Path) -> Re
     };
     let source = match (m.weights, m.hf) {
         (Some(w), None) => WeightSource::Local { path: base.join(w) },
-        (None, Some(repo)) => WeightSource::HfHub { repo, file: m.file, revision: m.revision },
+        (None, Some(repo)) => WeightSource::HfHub {
+            repo,
+            file: m.file,
+            revision: m.revision,
+        },
         (Some(_), Some(_)) => return Err(invalid("give either weights or hf, not both".into())),
-        (None, None) => return Err(invalid("weights (a local path) or hf (a repository) is required".into())),
+        (None, None) => {
+            return Err(invalid(
+                "weights (a local path) or hf (a repository) is required".into(),
+            ))
+        }
     };
-    let device_text = m.device.or_else(|| defaults.device.clone()).unwrap_or_else(|| "cpu".into());
+    let device_text = m
+        .device
+        .or_else(|| defaults.device.clone())
+        .unwrap_or_else(|| "cpu".into());
     let device: DeviceSpec = device_text.parse().map_err(invalid)?;
     let temperature_max = m.temperature_max.unwrap_or(5.0);
     if !(0.0..=5.0).contains(&temperature_max) {
-        return Err(invalid(format!("temperature_max must be within 0..=5, got {temperature_max}")));
+        return Err(invalid(format!(
+            "temperature_max must be within 0..=5, got {temperature_max}"
+        )));
     }
     let max_output_tokens = m.max_output_tokens.unwrap_or(2048);
     if !(1..=16384).contains(&max_output_tokens) {
-        return Err(invalid(format!("max_output_tokens must be within 1..=16384, got {max_output_tokens}")));
+        return Err(invalid(format!(
+            "max_output_tokens must be within 1..=16384, got {max_output_tokens}"
+        )));
     }
-    let default_max_output_tokens =
-        m.default_max_output_tokens.unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS).clamp(1, max_output_tokens);
-    let default_temperature = m.default_temperature.unwrap_or(DEFAULT_TEMPERATURE).clamp(0.0, temperature_max);
+    let default_max_output_tokens = m
+        .default_max_output_tokens
+        .unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS)
+        .clamp(1, max_output_tokens);
+    let default_temperature = m
+        .default_temperature
+        .unwrap_or(DEFAULT_TEMPERATURE)
+        .clamp(0.0, temperature_max);
     let spec = TextModelSpec {
         id: id.to_string(),
         temperature_min: 0.0,
@@ -196,12 +247,26 @@ fn resolve(id: &str, m: RawTextModel, defaults: &RawDefaults, base: &Path) -> Re
         name: id.to_string(),
         max_active: m.max_active.unwrap_or(base_cfg.max_active),
         max_queued: m.max_queued.unwrap_or(base_cfg.max_queued),
-        kv_budget_bytes: m.kv_budget_mb.map(|mb| mb << 20).unwrap_or(base_cfg.kv_budget_bytes),
-        queue_timeout: m.queue_timeout_ms.map(Duration::from_millis).unwrap_or(base_cfg.queue_timeout),
+        kv_budget_bytes: m
+            .kv_budget_mb
+            .map(|mb| mb << 20)
+            .unwrap_or(base_cfg.kv_budget_bytes),
+        queue_timeout: m
+            .queue_timeout_ms
+            .map(Duration::from_millis)
+            .unwrap_or(base_cfg.queue_timeout),
         prefill_chunk: m.prefill_chunk.unwrap_or(base_cfg.prefill_chunk),
+        shutdown_grace: m
+            .shutdown_grace_ms
+            .map(Duration::from_millis)
+            .unwrap_or(base_cfg.shutdown_grace),
         ..base_cfg
     };
-    Ok(TextModelEntry { spec, load, scheduler })
+    Ok(TextModelEntry {
+        spec,
+        load,
+        scheduler,
+    })
 }
 
 #[cfg(test)]
@@ -212,14 +277,24 @@ mod tests {
     fn the_shipped_models_toml_resolves_every_spec_model() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models.toml");
         let catalog = load(&path).expect("models.toml parses");
-        assert_eq!(catalog.ids(), ["alpha-3.3", "beta-4-mini", "gamma-3.5-sonnet"]);
+        assert_eq!(
+            catalog.ids(),
+            ["alpha-3.3", "beta-4-mini", "gamma-3.5-sonnet"]
+        );
         let beta = catalog.get("beta-4-mini").unwrap();
         assert_eq!(beta.temperature_max, 2.0);
         assert_eq!(beta.max_output_tokens, 16384);
-        assert_eq!(beta.input_price_per_million, "0.15".parse::<Decimal>().unwrap());
+        assert_eq!(
+            beta.input_price_per_million,
+            "0.15".parse::<Decimal>().unwrap()
+        );
         let gamma = catalog.entry("gamma-3.5-sonnet").unwrap();
         assert_eq!(gamma.spec.temperature_max, 1.0);
-        assert!(gamma.load.chat_template.as_deref().is_some_and(|t| t.contains("<start_of_turn>")));
+        assert!(gamma
+            .load
+            .chat_template
+            .as_deref()
+            .is_some_and(|t| t.contains("<start_of_turn>")));
     }
 
     #[test]
@@ -227,7 +302,10 @@ mod tests {
         let err = parse("[text.m]\nweights = \"x.gguf\"\ninput_price_per_million = \"abc\"\noutput_price_per_million = \"1\"\n", Path::new("."))
             .unwrap_err();
         let text = err.to_string();
-        assert!(text.contains("\"m\"") && text.contains("input_price_per_million"), "{text}");
+        assert!(
+            text.contains("\"m\"") && text.contains("input_price_per_million"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -237,6 +315,11 @@ mod tests {
         let e = c.entry("m").unwrap();
         assert_eq!(e.spec.default_max_output_tokens, 100);
         assert_eq!(e.spec.default_temperature, 0.5);
-        assert_eq!(e.load.source, WeightSource::Local { path: PathBuf::from("/w/x.gguf") });
+        assert_eq!(
+            e.load.source,
+            WeightSource::Local {
+                path: PathBuf::from("/w/x.gguf")
+            }
+        );
     }
 }

@@ -33,7 +33,8 @@ impl Engines {
     /// Starts loading every model of the catalog on background threads and returns at once.
     pub fn start(catalog: &Catalog) -> Engines {
         let registry = StreamRegistry::new();
-        let mut groups: Vec<(hearth_infer::TextModelConfig, watch::Receiver<EngineState>)> = Vec::new();
+        let mut groups: Vec<(hearth_infer::TextModelConfig, watch::Receiver<EngineState>)> =
+            Vec::new();
         let mut slots = BTreeMap::new();
         for entry in catalog.entries() {
             if let Some((_, rx)) = groups.iter().find(|(load, _)| *load == entry.load) {
@@ -64,7 +65,9 @@ impl Engines {
             });
             let rx = match spawned {
                 Ok(_) => rx,
-                Err(e) => watch::channel(EngineState::Failed(format!("cannot start the loader: {e}"))).1,
+                Err(e) => {
+                    watch::channel(EngineState::Failed(format!("cannot start the loader: {e}"))).1
+                }
             };
             groups.push((entry.load.clone(), rx.clone()));
             slots.insert(entry.spec.id.clone(), rx);
@@ -78,12 +81,19 @@ impl Engines {
 
     /// The engine of `id`, waiting while it loads. `Err` carries why it is unavailable.
     pub async fn get(&self, id: &str) -> Result<SchedulerHandle, String> {
-        let mut rx = self.slots.get(id).ok_or_else(|| format!("no engine for model {id}"))?.clone();
-        let state = tokio::time::timeout(LOAD_WAIT, rx.wait_for(|s| !matches!(s, EngineState::Loading)))
-            .await
-            .map_err(|_| format!("model {id} is still loading"))?
-            .map_err(|_| format!("the loader of model {id} stopped"))?
+        let mut rx = self
+            .slots
+            .get(id)
+            .ok_or_else(|| format!("no engine for model {id}"))?
             .clone();
+        let state = tokio::time::timeout(
+            LOAD_WAIT,
+            rx.wait_for(|s| !matches!(s, EngineState::Loading)),
+        )
+        .await
+        .map_err(|_| format!("model {id} is still loading"))?
+        .map_err(|_| format!("the loader of model {id} stopped"))?
+        .clone();
         match state {
             EngineState::Ready(handle) => match handle.unavailable() {
                 None => Ok(handle),

@@ -50,7 +50,11 @@ pub struct FieldError {
 impl FieldError {
     fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
         let field = field.into();
-        FieldError { details: json!({ "field": field }), field, message: message.into() }
+        FieldError {
+            details: json!({ "field": field }),
+            field,
+            message: message.into(),
+        }
     }
 
     fn with(mut self, key: &str, value: Value) -> Self {
@@ -83,13 +87,17 @@ pub fn service_token(raw: &RawCompletionRequest) -> Option<&str> {
 }
 
 fn number(value: &Value, field: &str) -> Result<f64, FieldError> {
-    value.as_f64().ok_or_else(|| FieldError::new(field, format!("{field} must be a number")))
+    value
+        .as_f64()
+        .ok_or_else(|| FieldError::new(field, format!("{field} must be a number")))
 }
 
 pub fn validate(raw: &RawCompletionRequest, catalog: &Catalog) -> Result<ValidRequest, FieldError> {
     let model_id = match &raw.model {
-        None | Some(Value::Null) => return Err(FieldError::new("model", "model is required")
-            .with("validModels", json!(catalog.ids()))),
+        None | Some(Value::Null) => {
+            return Err(FieldError::new("model", "model is required")
+                .with("validModels", json!(catalog.ids())))
+        }
         Some(Value::String(s)) => s.clone(),
         Some(_) => return Err(FieldError::new("model", "model must be a string")),
     };
@@ -97,7 +105,10 @@ pub fn validate(raw: &RawCompletionRequest, catalog: &Catalog) -> Result<ValidRe
         let ids = catalog.ids();
         return Err(FieldError::new(
             "model",
-            format!("unknown model {model_id:?}; valid models: {}", ids.join(", ")),
+            format!(
+                "unknown model {model_id:?}; valid models: {}",
+                ids.join(", ")
+            ),
         )
         .with("validModels", json!(ids)));
     };
@@ -111,9 +122,12 @@ pub fn validate(raw: &RawCompletionRequest, catalog: &Catalog) -> Result<ValidRe
             let field = "overrideGrossMarginPercent";
             let m = number(v, field)?;
             if !(0.0..=99.0).contains(&m) {
-                return Err(FieldError::new(field, format!("{field} must be between 0 and 99, got {m}"))
-                    .with("min", json!(0))
-                    .with("max", json!(99)));
+                return Err(FieldError::new(
+                    field,
+                    format!("{field} must be between 0 and 99, got {m}"),
+                )
+                .with("min", json!(0))
+                .with("max", json!(99)));
             }
             Some(m)
         }
@@ -131,9 +145,16 @@ pub fn validate(raw: &RawCompletionRequest, catalog: &Catalog) -> Result<ValidRe
 
 fn messages(value: &Option<Value>) -> Result<Vec<ChatMessage>, FieldError> {
     let list = match value {
-        None | Some(Value::Null) => return Err(FieldError::new("messages", "messages is required")),
+        None | Some(Value::Null) => {
+            return Err(FieldError::new("messages", "messages is required"))
+        }
         Some(Value::Array(list)) => list,
-        Some(_) => return Err(FieldError::new("messages", "messages must be an array of {role, content}")),
+        Some(_) => {
+            return Err(FieldError::new(
+                "messages",
+                "messages must be an array of {role, content}",
+            ))
+        }
     };
     if list.is_empty() {
         return Err(FieldError::new("messages", "messages must not be empty"));
@@ -142,17 +163,32 @@ fn messages(value: &Option<Value>) -> Result<Vec<ChatMessage>, FieldError> {
         .enumerate()
         .map(|(i, m)| {
             let field = format!("messages[{i}]");
-            let obj = m.as_object().ok_or_else(|| FieldError::new(&field, format!("{field} must be an object with role and content")))?;
+            let obj = m.as_object().ok_or_else(|| {
+                FieldError::new(
+                    &field,
+                    format!("{field} must be an object with role and content"),
+                )
+            })?;
             let role = match obj.get("role") {
                 Some(Value::String(r)) => r.parse::<Role>().map_err(|e| {
                     FieldError::new(format!("{field}.role"), format!("{field}.role: {e}"))
                         .with("allowed", json!(["system", "user", "assistant"]))
                 })?,
-                _ => return Err(FieldError::new(format!("{field}.role"), format!("{field}.role must be a string"))),
+                _ => {
+                    return Err(FieldError::new(
+                        format!("{field}.role"),
+                        format!("{field}.role must be a string"),
+                    ))
+                }
             };
             let content = match obj.get("content") {
                 Some(Value::String(c)) => c.clone(),
-                _ => return Err(FieldError::new(format!("{field}.content"), format!("{field}.content must be a string"))),
+                _ => {
+                    return Err(FieldError::new(
+                        format!("{field}.content"),
+                        format!("{field}.content must be a string"),
+                    ))
+                }
             };
             Ok(ChatMessage { role, content })
         })
@@ -168,7 +204,10 @@ fn temperature(value: &Option<Value>, spec: &TextModelSpec) -> Result<f32, Field
     if !(lo..=hi).contains(&t) {
         return Err(FieldError::new(
             "temperature",
-            format!("temperature must be between {lo} and {hi} for {}, got {t}", spec.id),
+            format!(
+                "temperature must be between {lo} and {hi} for {}, got {t}",
+                spec.id
+            ),
         )
         .with("min", json!(lo))
         .with("max", json!(hi)));
@@ -183,9 +222,12 @@ fn max_output_tokens(value: &Option<Value>, spec: &TextModelSpec) -> Result<usiz
     };
     let max = spec.max_output_tokens as u64;
     let out_of_range = || {
-        FieldError::new(field, format!("{field} must be an integer from 1 to {max} for {}", spec.id))
-            .with("min", json!(1))
-            .with("max", json!(max))
+        FieldError::new(
+            field,
+            format!("{field} must be an integer from 1 to {max} for {}", spec.id),
+        )
+        .with("min", json!(1))
+        .with("max", json!(max))
     };
     let n = match value {
         Value::Number(n) => match (n.as_u64(), n.as_f64()) {
@@ -286,20 +328,44 @@ output_price_per_million = "15.00"
         assert_eq!(field_of(ok(), "model", json!(3)), "model");
         assert_eq!(field_of(ok(), "messages", json!([])), "messages");
         assert_eq!(field_of(ok(), "messages", json!("hi")), "messages");
-        assert_eq!(field_of(ok(), "messages", json!([{"role": "robot", "content": "x"}])), "messages[0].role");
-        assert_eq!(field_of(ok(), "messages", json!([{"role": "user"}])), "messages[0].content");
+        assert_eq!(
+            field_of(ok(), "messages", json!([{"role": "robot", "content": "x"}])),
+            "messages[0].role"
+        );
+        assert_eq!(
+            field_of(ok(), "messages", json!([{"role": "user"}])),
+            "messages[0].content"
+        );
         assert_eq!(field_of(ok(), "temperature", json!(5.5)), "temperature");
         assert_eq!(field_of(ok(), "temperature", json!(-0.1)), "temperature");
         assert_eq!(field_of(ok(), "temperature", json!("hot")), "temperature");
-        assert_eq!(field_of(ok(), "maxOutputTokens", json!(0)), "maxOutputTokens");
-        assert_eq!(field_of(ok(), "maxOutputTokens", json!(2049)), "maxOutputTokens");
-        assert_eq!(field_of(ok(), "maxOutputTokens", json!(1.5)), "maxOutputTokens");
-        assert_eq!(field_of(ok(), "overrideGrossMarginPercent", json!(100)), "overrideGrossMarginPercent");
-        assert_eq!(field_of(ok(), "overrideGrossMarginPercent", json!(-1)), "overrideGrossMarginPercent");
+        assert_eq!(
+            field_of(ok(), "maxOutputTokens", json!(0)),
+            "maxOutputTokens"
+        );
+        assert_eq!(
+            field_of(ok(), "maxOutputTokens", json!(2049)),
+            "maxOutputTokens"
+        );
+        assert_eq!(
+            field_of(ok(), "maxOutputTokens", json!(1.5)),
+            "maxOutputTokens"
+        );
+        assert_eq!(
+            field_of(ok(), "overrideGrossMarginPercent", json!(100)),
+            "overrideGrossMarginPercent"
+        );
+        assert_eq!(
+            field_of(ok(), "overrideGrossMarginPercent", json!(-1)),
+            "overrideGrossMarginPercent"
+        );
         assert_eq!(field_of(ok(), "developerId", json!(5)), "developerId");
         let mut no_model = ok();
         no_model.as_object_mut().unwrap().remove("model");
-        assert_eq!(validate(&raw(no_model), &catalog()).unwrap_err().field, "model");
+        assert_eq!(
+            validate(&raw(no_model), &catalog()).unwrap_err().field,
+            "model"
+        );
     }
 
     #[test]
@@ -321,7 +387,10 @@ output_price_per_million = "15.00"
         v["model"] = json!("gpt-9");
         let e = validate(&raw(v), &catalog()).unwrap_err();
         assert!(e.message.contains("alpha-3.3") && e.message.contains("gamma-3.5-sonnet"));
-        assert_eq!(e.details["validModels"], json!(["alpha-3.3", "gamma-3.5-sonnet"]));
+        assert_eq!(
+            e.details["validModels"],
+            json!(["alpha-3.3", "gamma-3.5-sonnet"])
+        );
     }
 
     #[test]
@@ -331,7 +400,11 @@ output_price_per_million = "15.00"
         assert!(check_prompt_length(100, 512, spec, 8192).is_ok());
         let e = check_prompt_length(8000, 512, spec, 8192).unwrap_err();
         assert_eq!(e.field, "messages");
-        assert!(e.message.contains("8000") && e.message.contains("7680"), "{}", e.message);
+        assert!(
+            e.message.contains("8000") && e.message.contains("7680"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

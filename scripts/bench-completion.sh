@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Completion service load test: time to first token, inter-token latency p50/p99 and output
+# tokens/s at 1, 4, 8 and 16 concurrent SSE streams against a running `hearth serve`
+# (alpha-3.3 = SmolLM2-135M-Instruct Q4_1, greedy, natural stop), and the same load on the
+# scheduler alone (no HTTP), to report the HTTP layer's overhead. Loopback only.
+#
+#   scripts/bench-completion.sh      # env: THREADS=2 STREAMS=1,4,8,16 MAX_TOKENS=64
+# Results: Markdown tables on stdout, JSON lines in .cache/bench/.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+THREADS="${THREADS:-2}"
+STREAMS="${STREAMS:-1,4,8,16}"
+MAX_TOKENS="${MAX_TOKENS:-64}"
+AUTH_PORT="${AUTH_PORT:-18181}"
+COMPLETION_PORT="${COMPLETION_PORT:-18182}"
+OUT="$ROOT/.cache/bench"
+TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
+mkdir -p "$OUT"
+log() { echo "bench-completion: $*" >&2; }
+
+[ -f weights/SmolLM2-135M-Instruct.Q4_1.gguf ] || scripts/fetch-weights.sh smollm2
+
+log "scheduler alone (same prompts, greedy, natural stop)"
+cargo bench -q -p hearth-scheduler --bench decode -- --threads "$THREADS" --streams "$STREAMS" \
+    --max-tokens "$MAX_TOKENS" --natural-stop --json "$OUT/scheduler-natural.jsonl"
+
+log "building hearth (release)"
+cargo build -q --release --bin hearth
+HEARTH="$TARGET/release/hearth"
+
+DATA="$(mktemp -d)"
+# The shipped model table with absolute weight paths and the benchmark's thread count.
+sed -e "s|^weights = \"weights/|weights = \"$ROOT/weights/|" -e "s|^threads = .*|threads = $THREADS|" \
+    models.toml >"$DATA/models.toml"
+"$HEARTH" serve --data-dir "$DATA" --services auth,completion --models "$DATA/models.toml" \
+    --auth-addr "127.0.0.1:$AUTH_PORT" --completion-addr "127.0.0.1:$COMPLETION_PORT" \
+    >"$OUT/hearth-serve.log" 2>&1 &
+PID=$!
+trap 'kill "$PID" 2>/dev/null || true; rm -rf "$DATA"' EXIT
+for _ in $(seq 1 240); do
+    if curl -sf "http://127.0.0.1:$COMPLETION_PORT/" | grep -q '"alpha-3.3":"ready"'; then break; fi
+    if ! kill -0 "$PID" 2>/dev/null; then log "hearth exited; see $OUT/hearth-serve.log"; exit 1; fi
+    sleep 0.5
+done
+
+IDP="$("$HEARTH" idp mint bench --data-dir "$DATA")"
+TOKEN="$(curl -sf -X POST "http://127.0.0.1:$AUTH_PORT/token" -H 'Content-Type: application/json' \
+    -d "{\"userId\":\"bench\",\"idpToken\":\"$IDP\",\"lifetimeSeconds\":3600}" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["serviceToken"])')"
+"$HEARTH" balance credit bench 1000000 --data-dir "$DATA" >/dev/null
+
+log "HTTP load on 127.0.0.1:$COMPLETION_PORT"
+cargo bench -q --bench loadgen -- --target hearth --url "http://127.0.0.1:$COMPLETION_PORT" \
+    --token "$TOKEN" --model alpha-3.3 --streams "$STREAMS" --max-tokens "$MAX_TOKENS" \
+    --json "$OUT/http.jsonl"
+
+python3 - "$OUT/scheduler-natural.jsonl" "$OUT/http.jsonl" <<'PY'
+import json, sys
+sched = {r["streams"]: r for r in map(json.loads, open(sys.argv[1]))}
+http = {r["streams"]: r for r in map(json.loads, open(sys.argv[2]))}
+print("\nHTTP layer overhead (same prompts and tokens; positive = HTTP slower)")
+print("| streams | scheduler tok/s | HTTP tok/s | throughput overhead | scheduler TTFT p50 ms | HTTP TTFT p50 ms | TTFT overhead ms |")
+print("|---:|---:|---:|---:|---:|---:|---:|")
+for n in sorted(http):
+    if n in sched:
+        s, h = sched[n], http[n]
+        over = (1 - h["tok_s"] / s["tok_s"]) * 100
+        print(f"| {n} | {s['tok_s']:.1f} | {h['tok_s']:.1f} | {over:+.1f}% | {s['ttft_p50_ms']:.1f} | {h['ttft_p50_ms']:.1f} | {h['ttft_p50_ms'] - s['ttft_p50_ms']:+.1f} |")
+PY

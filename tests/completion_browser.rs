@@ -1,0 +1,96 @@
+//! The chat page in real headless Chromium: sign in through the auth page's callback, stream a
+//! reply, stop a second one mid-way, and see the balance drop after each.
+
+use std::str::FromStr;
+
+use hearth_server::Service;
+use hearth_store::LedgerMeta;
+use rust_decimal::Decimal;
+
+use crate::common::browser::Browser;
+use crate::common::TestApp;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_page_signs_in_streams_stops_and_shows_the_balance_drop() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let models = tempfile::tempdir().unwrap();
+    let table = crate::completion::models_toml(models.path());
+    let app = TestApp::builder()
+        .services(&[Service::Auth, Service::Completion])
+        .configure(|raw| raw.models = Some(table))
+        .spawn()
+        .await;
+    let store = &app.running().state.store;
+    store.ensure_user("wren", false).unwrap();
+    store
+        .credit("wren", Decimal::from(10), &LedgerMeta::reason("test funds"))
+        .unwrap();
+    let start_balance = store.balance("wren").unwrap();
+
+    // Not signed in: the page links to the auth page with itself as the callback.
+    browser
+        .client
+        .goto(&format!("{}/ui", app.url(Service::Completion)))
+        .await
+        .unwrap();
+    browser.click("#signin").await;
+    browser.wait_for_url(|u| u.contains("callback=")).await;
+    browser.fill("#userId", "wren").await;
+    browser.fill("#idpToken", &app.idp_token("wren")).await;
+    browser.click("#submit").await;
+    browser
+        .wait_for_url(|u| u.starts_with(&app.url(Service::Completion)) && !u.contains('#'))
+        .await;
+    assert!(browser.visible_text("#who").await.contains("wren"));
+
+    // A streamed reply ends with its usage, cost and the balance after it.
+    browser.fill("#maxTokens", "16").await;
+    browser.fill("#prompt", "Say hello in French.").await;
+    browser.click("#send").await;
+    let meta = browser.visible_text(".msg.assistant .meta").await;
+    assert!(
+        meta.contains("output tokens") && meta.contains("balance"),
+        "{meta}"
+    );
+    let after_first = Decimal::from_str(&browser.visible_text("#balance").await).unwrap();
+    assert!(
+        after_first < start_balance,
+        "{after_first} !< {start_balance}"
+    );
+
+    // A long reply stopped mid-way: marked as stopped, billed, balance lower again.
+    browser.fill("#maxTokens", "2000").await;
+    browser
+        .fill("#prompt", "Count from one to one thousand in words.")
+        .await;
+    browser.click("#send").await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let replies = browser
+            .client
+            .find_all(fantoccini::Locator::Css(".msg.assistant"))
+            .await
+            .unwrap();
+        let text = replies.last().unwrap().text().await.unwrap();
+        if replies.len() == 2 && !text.trim().is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second reply never started"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    browser.click("#stop").await;
+    let stopped = browser.visible_text(".msg.assistant .meta.aborted").await;
+    assert!(stopped.starts_with("stopped"), "{stopped}");
+    let after_second = Decimal::from_str(&browser.visible_text("#balance").await).unwrap();
+    assert!(
+        after_second < after_first,
+        "{after_second} !< {after_first}"
+    );
+    assert_eq!(store.balance("wren").unwrap(), after_second);
+    browser.close().await;
+}
