@@ -1,0 +1,674 @@
+//! The hand-written CPU forward (backend "fast") for GGUF models of the llama family and
+//! Gemma 3, on `hearth-kernels`.
+//!
+//! - Weights are read once from the GGUF file (streamed through a small buffer, no mmap kept)
+//!   and repacked for the SIMD kernels; Q/K/V and gate/up are fused into one matrix each when
+//!   their block types agree, so one pass over the activations feeds all of them.
+//! - Every row of the batch (prefill chunks and single decode tokens alike) goes through the
+//!   projections and MLP as one matrix product in which each weight block loaded is used for
+//!   every row.
+//! - K/V go straight into each [`Sequence`](crate::Sequence)'s preallocated cache (layout
+//!   `[position][kv_head][head_dim]`, K after RoPE, shared with the candle backend); attention
+//!   reads the contiguous cache per (row, head) on the kernel pool.
+//! - All intermediate buffers live in [`Scratch`] and only grow: once a batch shape has been
+//!   seen, a step performs no heap allocation and no per-op dispatch beyond the kernels.
+//!
+//! Numerics follow the candle backend (and llama.cpp): RMSNorm, RoPE with angles computed by
+//! repeated multiplication as ggml does (interleaved pairs for llama GGUF, NeoX for Gemma),
+//! SwiGLU / GELU-tanh gates, activations quantized to 8-bit blocks before each product.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+
+use candle_core::quantized::gguf_file::{Content, TensorInfo};
+use candle_core::quantized::GgmlDType;
+use hearth_kernels::{matmul, ops, GgmlType, KernelPath, QActs, QMatrix, ThreadPool};
+
+use crate::attn::RopeStyle;
+use crate::candle_llama::Activation;
+use crate::gguf::{Arch, Hparams};
+use crate::model::{Backend, Step};
+use crate::Error;
+
+#[cfg(test)]
+mod tests;
+
+/// A projection whose output columns are the concatenation of one or more weight matrices.
+enum Proj {
+    Fused(QMatrix),
+    /// Parts with different block types, run one after another.
+    Split(Vec<QMatrix>),
+}
+
+impl Proj {
+    fn out_dim(&self) -> usize {
+        match self {
+            Proj::Fused(m) => m.rows(),
+            Proj::Split(ms) => ms.iter().map(|m| m.rows()).sum(),
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Proj::Fused(m) => m.bytes(),
+            Proj::Split(ms) => ms.iter().map(|m| m.bytes()).sum(),
+        }
+    }
+
+    /// `out` is `[n, out_dim]`; `tmp` is scratch for the split case.
+    fn run(&self, k: &Kern, a: &QActs, out: &mut [f32], tmp: &mut Vec<f32>) -> Result<(), Error> {
+        match self {
+            Proj::Fused(m) => k.matmul(m, a, out),
+            Proj::Split(ms) => {
+                let n = a.rows();
+                let total = self.out_dim();
+                let mut col = 0;
+                for m in ms {
+                    let t = fit(tmp, n * m.rows());
+                    k.matmul(m, a, t)?;
+                    for r in 0..n {
+                        out[r * total + col..r * total + col + m.rows()]
+                            .copy_from_slice(&t[r * m.rows()..(r + 1) * m.rows()]);
+                    }
+                    col += m.rows();
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    /// Output columns `[q | k | v]`.
+    qkv: Proj,
+    wo: QMatrix,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    post_attn_norm: Option<Vec<f32>>,
+    ffn_norm: Vec<f32>,
+    /// Output columns `[gate | up]`.
+    gate_up: Proj,
+    down: QMatrix,
+    post_ffn_norm: Option<Vec<f32>>,
+    /// Index into `FastModel::rope_bases`.
+    rope: usize,
+    window: Option<usize>,
+}
+
+/// The kernel path and pool every product runs on.
+struct Kern {
+    path: KernelPath,
+    pool: ThreadPool,
+}
+
+impl Kern {
+    fn matmul(&self, w: &QMatrix, a: &QActs, out: &mut [f32]) -> Result<(), Error> {
+        matmul(self.path, w, a, out, &self.pool)
+            .map_err(|e| Error::InvalidBatch(format!("fast backend: {e}")))
+    }
+}
+
+/// Buffers reused by every step; they grow to the largest batch seen and never shrink.
+#[derive(Default)]
+struct Scratch {
+    /// (step index, absolute position) of each row.
+    rows: Vec<(usize, usize)>,
+    /// Row index of each step's last token.
+    last: Vec<usize>,
+    x: Vec<f32>,
+    h: Vec<f32>,
+    qkv: Vec<f32>,
+    att: Vec<f32>,
+    proj: Vec<f32>,
+    gu: Vec<f32>,
+    ff: Vec<f32>,
+    fin: Vec<f32>,
+    tmp: Vec<f32>,
+    /// Per RoPE base: `(cos, sin)` for `[row][pair]`.
+    cs: Vec<Vec<(f32, f32)>>,
+    acts: QActs,
+}
+
+/// `v[..len]`, growing `v` if needed (no allocation once it is large enough).
+fn fit(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+    &mut v[..len]
+}
+
+pub(crate) struct FastModel {
+    hp: Hparams,
+    kern: Kern,
+    embd: QMatrix,
+    /// `None`: tied to the embeddings.
+    output: Option<QMatrix>,
+    norm: Vec<f32>,
+    layers: Vec<Layer>,
+    rope_style: RopeStyle,
+    rope_bases: Vec<f32>,
+    embed_scale: Option<f32>,
+    activation: Activation,
+    attn_scale: f32,
+    s: Scratch,
+}
+
+fn ggml_type(name: &str, t: GgmlDType) -> Result<GgmlType, Error> {
+    Ok(match t {
+        GgmlDType::F32 => GgmlType::F32,
+        GgmlDType::F16 => GgmlType::F16,
+        GgmlDType::BF16 => GgmlType::BF16,
+        GgmlDType::Q4_0 => GgmlType::Q4_0,
+        GgmlDType::Q4_1 => GgmlType::Q4_1,
+        GgmlDType::Q5_0 => GgmlType::Q5_0,
+        GgmlDType::Q8_0 => GgmlType::Q8_0,
+        GgmlDType::Q4K => GgmlType::Q4_K,
+        GgmlDType::Q6K => GgmlType::Q6_K,
+        GgmlDType::Q8K => GgmlType::Q8_K,
+        other => {
+            return Err(Error::metadata(
+                name,
+                format!("block type {other:?} is not supported by the fast backend (use backend = \"candle\")"),
+            ))
+        }
+    })
+}
+
+/// Streams tensors out of a GGUF file through one reusable buffer.
+struct Reader<'a> {
+    path: &'a Path,
+    file: File,
+    content: &'a Content,
+    buf: Vec<u8>,
+}
+
+impl<'a> Reader<'a> {
+    fn info(&self, name: &str) -> Result<&'a TensorInfo, Error> {
+        self.content
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| Error::metadata(name, "tensor missing from the GGUF file"))
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    fn read_at(&mut self, offset: u64, len: usize) -> Result<(), Error> {
+        let io = |source| Error::Io {
+            path: self.path.to_path_buf(),
+            source,
+        };
+        self.buf.resize(len, 0);
+        self.file.seek(SeekFrom::Start(offset)).map_err(io)?;
+        self.file.read_exact(&mut self.buf[..len]).map_err(io)
+    }
+
+    /// (type, rows, cols, absolute byte offset) of a 2-D tensor.
+    fn shape2(&self, name: &str) -> Result<(GgmlType, usize, usize, u64), Error> {
+        let info = self.info(name)?;
+        let (rows, cols) = info.shape.dims2().map_err(|e| Error::metadata(name, e))?;
+        let ty = ggml_type(name, info.ggml_dtype)?;
+        Ok((
+            ty,
+            rows,
+            cols,
+            self.content.tensor_data_offset + info.offset,
+        ))
+    }
+
+    /// The named 2-D tensors stacked by rows into one packed matrix (they must share the
+    /// block type and column count).
+    fn matrix(&mut self, names: &[&str]) -> Result<QMatrix, Error> {
+        let shapes = names
+            .iter()
+            .map(|n| self.shape2(n))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (ty, _, cols, _) = shapes[0];
+        let total: usize = shapes.iter().map(|s| s.1).sum();
+        let mut m = QMatrix::for_ggml(ty, total, cols).map_err(|e| Error::metadata(names[0], e))?;
+        let mut r0 = 0;
+        for (name, &(t, rows, c, off)) in names.iter().zip(&shapes) {
+            if t != ty || c != cols {
+                return Err(Error::metadata(
+                    *name,
+                    "cannot be stacked with its neighbours",
+                ));
+            }
+            let row_bytes = t.row_bytes(c).map_err(|e| Error::metadata(*name, e))?;
+            let per_read = (4 << 20) / row_bytes.max(1) + 1;
+            let mut r = 0;
+            while r < rows {
+                let k = per_read.min(rows - r);
+                self.read_at(off + (r * row_bytes) as u64, k * row_bytes)?;
+                m.pack_ggml_rows(r0 + r, &self.buf[..k * row_bytes])
+                    .map_err(|e| Error::metadata(*name, e))?;
+                r += k;
+            }
+            r0 += rows;
+        }
+        Ok(m)
+    }
+
+    /// Stacks `names` into one matrix when their types agree, else keeps them apart.
+    fn proj(&mut self, names: &[&str]) -> Result<Proj, Error> {
+        let shapes = names
+            .iter()
+            .map(|n| self.shape2(n))
+            .collect::<Result<Vec<_>, _>>()?;
+        if shapes
+            .iter()
+            .all(|s| s.0 == shapes[0].0 && s.2 == shapes[0].2)
+        {
+            Ok(Proj::Fused(self.matrix(names)?))
+        } else {
+            Ok(Proj::Split(
+                names
+                    .iter()
+                    .map(|n| self.matrix(&[n]))
+                    .collect::<Result<_, _>>()?,
+            ))
+        }
+    }
+
+    /// A 1-D tensor (norm weights) as f32.
+    fn vector(&mut self, name: &str, len: usize) -> Result<Vec<f32>, Error> {
+        let info = self.info(name)?;
+        let ty = ggml_type(name, info.ggml_dtype)?;
+        let n = info.shape.elem_count();
+        if n != len {
+            return Err(Error::metadata(
+                name,
+                format!("has {n} elements, expected {len}"),
+            ));
+        }
+        let bytes = ty.row_bytes(n).map_err(|e| Error::metadata(name, e))?;
+        self.read_at(self.content.tensor_data_offset + info.offset, bytes)?;
+        let mut out = vec![0f32; n];
+        hearth_kernels::dequantize_row(ty, &self.buf[..bytes], &mut out)
+            .map_err(|e| Error::metadata(name, e))?;
+        Ok(out)
+    }
+}
+
+/// Builds the fast backend from an opened GGUF file at `path`.
+pub(crate) fn from_gguf(
+    path: &Path,
+    content: &Content,
+    hp: Hparams,
+    threads: usize,
+) -> Result<FastModel, Error> {
+    let file = File::open(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut rd = Reader {
+        path,
+        file,
+        content,
+        buf: Vec::new(),
+    };
+    let (hd, e) = (hp.head_dim, hp.n_embd);
+    if hd > 512 {
+        return Err(Error::metadata(
+            "attention.key_length",
+            "head size above 512 is not supported by the fast backend",
+        ));
+    }
+    let embd = rd.matrix(&["token_embd.weight"])?;
+    if embd.rows() != hp.vocab_size || embd.cols() != e {
+        return Err(Error::metadata(
+            "token_embd.weight",
+            "shape differs from vocab_size x embedding_length",
+        ));
+    }
+    let output = if rd.has("output.weight") {
+        Some(rd.matrix(&["output.weight"])?)
+    } else {
+        None
+    };
+    let gemma = hp.arch == Arch::Gemma3;
+    let mut layers = Vec::with_capacity(hp.n_layer);
+    for il in 0..hp.n_layer {
+        let p = |s: &str| format!("blk.{il}.{s}.weight");
+        let (q, k, v) = (p("attn_q"), p("attn_k"), p("attn_v"));
+        let qkv = rd.proj(&[&q, &k, &v])?;
+        if qkv.out_dim() != hp.n_head * hd + 2 * hp.kv_dim() {
+            return Err(Error::metadata(
+                q,
+                "Q/K/V shapes differ from the head counts",
+            ));
+        }
+        let (gate, up) = (p("ffn_gate"), p("ffn_up"));
+        let gate_up = rd.proj(&[&gate, &up])?;
+        let sliding = hp.is_sliding(il);
+        let opt = |rd: &mut Reader, name: String, len: usize| -> Result<Option<Vec<f32>>, Error> {
+            if gemma {
+                Ok(Some(rd.vector(&name, len)?))
+            } else {
+                Ok(None)
+            }
+        };
+        let layer = Layer {
+            attn_norm: rd.vector(&p("attn_norm"), e)?,
+            qkv,
+            wo: rd.matrix(&[&p("attn_output")])?,
+            q_norm: opt(&mut rd, p("attn_q_norm"), hd)?,
+            k_norm: opt(&mut rd, p("attn_k_norm"), hd)?,
+            post_attn_norm: opt(&mut rd, p("post_attention_norm"), e)?,
+            ffn_norm: rd.vector(&p("ffn_norm"), e)?,
+            gate_up,
+            down: rd.matrix(&[&p("ffn_down")])?,
+            post_ffn_norm: opt(&mut rd, p("post_ffw_norm"), e)?,
+            rope: usize::from(gemma && sliding),
+            window: if sliding { hp.sliding_window } else { None },
+        };
+        if layer.gate_up.out_dim() != 2 * hp.n_ff
+            || layer.down.cols() != hp.n_ff
+            || layer.wo.rows() != e
+        {
+            return Err(Error::metadata(
+                p("ffn_down"),
+                "MLP/output shapes differ from the hyperparameters",
+            ));
+        }
+        layers.push(layer);
+    }
+    let norm = rd.vector("output_norm.weight", e)?;
+    let (rope_style, rope_bases, embed_scale, activation) = match hp.arch {
+        Arch::Llama => (
+            RopeStyle::Interleaved,
+            vec![hp.rope_theta],
+            None,
+            Activation::Silu,
+        ),
+        Arch::Gemma3 => (
+            RopeStyle::Neox,
+            vec![hp.rope_theta, hp.rope_theta_local],
+            Some((e as f64).sqrt() as f32),
+            Activation::GeluTanh,
+        ),
+    };
+    let model = FastModel {
+        attn_scale: 1.0 / (hd as f32).sqrt(),
+        kern: Kern {
+            path: KernelPath::detect(),
+            pool: ThreadPool::new(threads),
+        },
+        s: Scratch {
+            cs: vec![Vec::new(); rope_bases.len()],
+            ..Scratch::default()
+        },
+        hp,
+        embd,
+        output,
+        norm,
+        layers,
+        rope_style,
+        rope_bases,
+        embed_scale,
+        activation,
+    };
+    tracing::debug!(
+        packed_bytes = model.weights_bytes(),
+        kernel_path = model.kern.path.name(),
+        threads = model.kern.pool.threads(),
+        "fast backend ready"
+    );
+    Ok(model)
+}
+
+impl FastModel {
+    /// Bytes of packed weights held.
+    pub(crate) fn weights_bytes(&self) -> u64 {
+        let mut b = self.embd.bytes() + self.output.as_ref().map_or(0, |m| m.bytes());
+        for l in &self.layers {
+            b += l.qkv.bytes() + l.wo.bytes() + l.gate_up.bytes() + l.down.bytes();
+        }
+        b as u64
+    }
+
+    /// Forces a kernel path (tests compare paths); refuses one the CPU lacks.
+    #[cfg(test)]
+    pub(crate) fn set_kernel_path(&mut self, path: KernelPath) -> bool {
+        if path.is_available() {
+            self.kern.path = path;
+        }
+        path.is_available()
+    }
+}
+
+fn rope_head(x: &mut [f32], cs: &[(f32, f32)], style: RopeStyle) {
+    let half = cs.len();
+    for (i, &(c, s)) in cs.iter().enumerate() {
+        let (a, b) = match style {
+            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+            RopeStyle::Neox => (i, i + half),
+        };
+        let (x0, x1) = (x[a], x[b]);
+        x[a] = x0 * c - x1 * s;
+        x[b] = x0 * s + x1 * c;
+    }
+}
+
+/// RMSNorm of each `dim`-wide row of `x` into `out`.
+fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let dim = w.len();
+    for (xr, or) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+        ops::rms_norm(xr, w, eps, or);
+    }
+}
+
+/// RMSNorm of each `dim`-wide row of `x` in place.
+fn norm_rows_in_place(x: &mut [f32], w: &[f32], eps: f32, tmp: &mut [f32]) {
+    let dim = w.len();
+    for xr in x.chunks_exact_mut(dim) {
+        let t = &mut tmp[..dim];
+        ops::rms_norm(xr, w, eps, t);
+        xr.copy_from_slice(t);
+    }
+}
+
+fn gelu_tanh(x: f32) -> f32 {
+    const C: f32 = 0.797_884_6; // sqrt(2 / pi)
+    0.5 * x * (1.0 + (C * (x + 0.044_715 * x * x * x)).tanh())
+}
+
+impl Backend for FastModel {
+    fn name(&self) -> &'static str {
+        "fast"
+    }
+
+    fn forward(&mut self, steps: &mut [Step<'_>], logits: &mut Vec<f32>) -> Result<(), Error> {
+        let FastModel {
+            hp,
+            kern,
+            embd,
+            output,
+            norm,
+            layers,
+            rope_style,
+            rope_bases,
+            embed_scale,
+            activation,
+            attn_scale,
+            s,
+        } = self;
+        let (e, hd, nh, eps) = (hp.n_embd, hp.head_dim, hp.n_head, hp.rms_eps);
+        let (qd, kvd, ff) = (nh * hd, hp.kv_dim(), hp.n_ff);
+        let qkv_w = qd + 2 * kvd;
+        let group = nh / hp.n_head_kv;
+        let half = hd / 2;
+
+        s.rows.clear();
+        s.last.clear();
+        for (si, st) in steps.iter().enumerate() {
+            for i in 0..st.tokens.len() {
+                s.rows.push((si, st.seq.len + i));
+            }
+            s.last.push(s.rows.len() - 1);
+        }
+        let n = s.rows.len();
+        let x = fit(&mut s.x, n * e);
+        {
+            let mut r = 0;
+            for st in steps.iter() {
+                for &t in st.tokens {
+                    embd.row_to_f32(t as usize, &mut x[r * e..(r + 1) * e])
+                        .map_err(|err| Error::InvalidBatch(format!("fast backend: {err}")))?;
+                    r += 1;
+                }
+            }
+        }
+        if let Some(sc) = *embed_scale {
+            x.iter_mut().for_each(|v| *v *= sc);
+        }
+        // RoPE angles per base and row, as ggml computes them.
+        for (b, &base) in rope_bases.iter().enumerate() {
+            let cs = &mut s.cs[b];
+            cs.clear();
+            let scale = base.powf(-2.0 / hd as f32);
+            for &(_, pos) in &s.rows {
+                let mut theta = pos as f32;
+                for _ in 0..half {
+                    cs.push((theta.cos(), theta.sin()));
+                    theta *= scale;
+                }
+            }
+        }
+
+        for (il, layer) in layers.iter().enumerate() {
+            // --- attention ---
+            let h = fit(&mut s.h, n * e);
+            norm_rows(&s.x[..n * e], &layer.attn_norm, eps, h);
+            s.acts
+                .quantize(h, n, e)
+                .map_err(|err| Error::InvalidBatch(format!("fast backend: {err}")))?;
+            let qkv = fit(&mut s.qkv, n * qkv_w);
+            layer.qkv.run(kern, &s.acts, qkv, &mut s.tmp)?;
+            for (r, &(si, pos)) in s.rows.iter().enumerate() {
+                let row = &mut qkv[r * qkv_w..(r + 1) * qkv_w];
+                let (q, kv) = row.split_at_mut(qd);
+                let (k, v) = kv.split_at_mut(kvd);
+                let mut t = [0f32; 512];
+                if let Some(w) = &layer.q_norm {
+                    for qh in q.chunks_exact_mut(hd) {
+                        ops::rms_norm(qh, w, eps, &mut t[..hd]);
+                        qh.copy_from_slice(&t[..hd]);
+                    }
+                }
+                if let Some(w) = &layer.k_norm {
+                    for kh in k.chunks_exact_mut(hd) {
+                        ops::rms_norm(kh, w, eps, &mut t[..hd]);
+                        kh.copy_from_slice(&t[..hd]);
+                    }
+                }
+                let cs = &s.cs[layer.rope][r * half..(r + 1) * half];
+                for qh in q.chunks_exact_mut(hd) {
+                    rope_head(qh, cs, *rope_style);
+                }
+                for kh in k.chunks_exact_mut(hd) {
+                    rope_head(kh, cs, *rope_style);
+                }
+                let seq = &mut *steps[si].seq;
+                seq.k[il][pos * kvd..(pos + 1) * kvd].copy_from_slice(k);
+                seq.v[il][pos * kvd..(pos + 1) * kvd].copy_from_slice(v);
+            }
+            let att = fit(&mut s.att, n * qd);
+            {
+                let steps_ro: &[Step<'_>] = steps;
+                let rows = &s.rows;
+                let qkv: &[f32] = qkv;
+                let (scale, window) = (*attn_scale, layer.window);
+                kern.pool.for_each_piece_mut(att, hd, &|i, out| {
+                    let (r, head) = (i / nh, i % nh);
+                    let (si, pos) = rows[r];
+                    let seq: &crate::Sequence = steps_ro[si].seq;
+                    let kvh = head / group;
+                    let start = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                    let q = &qkv[r * qkv_w + head * hd..r * qkv_w + (head + 1) * hd];
+                    ops::attend(
+                        q,
+                        &seq.k[il][kvh * hd..],
+                        &seq.v[il][kvh * hd..],
+                        kvd,
+                        start,
+                        pos + 1,
+                        scale,
+                        out,
+                    );
+                });
+            }
+            s.acts
+                .quantize(att, n, qd)
+                .map_err(|err| Error::InvalidBatch(format!("fast backend: {err}")))?;
+            let proj = fit(&mut s.proj, n * e);
+            kern.matmul(&layer.wo, &s.acts, proj)?;
+            if let Some(w) = &layer.post_attn_norm {
+                norm_rows_in_place(proj, w, eps, fit(&mut s.tmp, e));
+            }
+            for (xv, &pv) in s.x[..n * e].iter_mut().zip(proj.iter()) {
+                *xv += pv;
+            }
+
+            // --- MLP ---
+            let h = fit(&mut s.h, n * e);
+            norm_rows(&s.x[..n * e], &layer.ffn_norm, eps, h);
+            s.acts
+                .quantize(h, n, e)
+                .map_err(|err| Error::InvalidBatch(format!("fast backend: {err}")))?;
+            let gu = fit(&mut s.gu, n * 2 * ff);
+            layer.gate_up.run(kern, &s.acts, gu, &mut s.tmp)?;
+            let f = fit(&mut s.ff, n * ff);
+            for r in 0..n {
+                let (g, u) = gu[r * 2 * ff..(r + 1) * 2 * ff].split_at(ff);
+                let fr = &mut f[r * ff..(r + 1) * ff];
+                match activation {
+                    Activation::Silu => {
+                        for ((o, &gv), &uv) in fr.iter_mut().zip(g).zip(u) {
+                            *o = gv / (1.0 + (-gv).exp()) * uv;
+                        }
+                    }
+                    Activation::GeluTanh => {
+                        for ((o, &gv), &uv) in fr.iter_mut().zip(g).zip(u) {
+                            *o = gelu_tanh(gv) * uv;
+                        }
+                    }
+                }
+            }
+            s.acts
+                .quantize(f, n, ff)
+                .map_err(|err| Error::InvalidBatch(format!("fast backend: {err}")))?;
+            let proj = fit(&mut s.proj, n * e);
+            kern.matmul(&layer.down, &s.acts, proj)?;
+            if let Some(w) = &layer.post_ffn_norm {
+                norm_rows_in_place(proj, w, eps, fit(&mut s.tmp, e));
+            }
+            for (xv, &pv) in s.x[..n * e].iter_mut().zip(proj.iter()) {
+                *xv += pv;
+            }
+        }
+
+        // --- output head, last row of each step only ---
+        let ns = steps.len();
+        let fin = fit(&mut s.fin, ns * e);
+        for (j, &r) in s.last.iter().enumerate() {
+            ops::rms_norm(
+                &s.x[r * e..(r + 1) * e],
+                norm,
+                eps,
+                &mut fin[j * e..(j + 1) * e],
+            );
+        }
+        s.acts
+            .quantize(fin, ns, e)
+            .map_err(|err| Error::InvalidBatch(format!("fast backend: {err}")))?;
+        let head = output.as_ref().unwrap_or(embd);
+        logits.clear();
+        logits.resize(ns * head.rows(), 0.0);
+        kern.matmul(head, &s.acts, logits)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,318 @@
+//! The fast backend against the candle backend on the same GGUF file: small llama and
+//! Gemma 3 models written here with seeded random weights in the block types the default
+//! models use, plus the real SmolLM2 weights when `weights/` has them.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+use crate::gguf::GgufFile;
+use crate::Sequence;
+
+struct Spec {
+    arch: &'static str,
+    embd: GgmlDType,
+    /// Types of attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down.
+    layer: [GgmlDType; 7],
+}
+
+const E: usize = 256;
+const FF: usize = 512;
+const HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+const HD: usize = 64;
+const LAYERS: usize = 2;
+const VOCAB: usize = 300;
+
+fn write_model(dir: &Path, spec: &Spec, seed: u64) -> PathBuf {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut rand = |rows: usize, cols: usize, scale: f32| -> Tensor {
+        let data: Vec<f32> = (0..rows * cols)
+            .map(|_| (rng.gen::<f32>() * 2.0 - 1.0) * scale)
+            .collect();
+        Tensor::from_vec(data, (rows, cols), &Device::Cpu).unwrap()
+    };
+    let q = |t: Tensor, ty: GgmlDType| QTensor::quantize(&t, ty).unwrap();
+    let norm = |len: usize, rng: &mut StdRng| -> QTensor {
+        let data: Vec<f32> = (0..len).map(|_| 0.8 + 0.4 * rng.gen::<f32>()).collect();
+        QTensor::quantize(
+            &Tensor::from_vec(data, len, &Device::Cpu).unwrap(),
+            GgmlDType::F32,
+        )
+        .unwrap()
+    };
+    let s = 1.0 / (E as f32).sqrt();
+    let mut tensors: Vec<(String, QTensor)> = vec![(
+        "token_embd.weight".into(),
+        q(rand(VOCAB, E, 1.0), spec.embd),
+    )];
+    let mut nrng = StdRng::seed_from_u64(seed ^ 0xABCD);
+    for il in 0..LAYERS {
+        let p = |n: &str| format!("blk.{il}.{n}.weight");
+        let l = &spec.layer;
+        tensors.push((p("attn_q"), q(rand(HEADS * HD, E, s), l[0])));
+        tensors.push((p("attn_k"), q(rand(KV_HEADS * HD, E, s), l[1])));
+        tensors.push((p("attn_v"), q(rand(KV_HEADS * HD, E, s), l[2])));
+        tensors.push((p("attn_output"), q(rand(E, HEADS * HD, s), l[3])));
+        tensors.push((p("ffn_gate"), q(rand(FF, E, s), l[4])));
+        tensors.push((p("ffn_up"), q(rand(FF, E, s), l[5])));
+        tensors.push((
+            p("ffn_down"),
+            q(rand(E, FF, 1.0 / (FF as f32).sqrt()), l[6]),
+        ));
+        tensors.push((p("attn_norm"), norm(E, &mut nrng)));
+        tensors.push((p("ffn_norm"), norm(E, &mut nrng)));
+        if spec.arch == "gemma3" {
+            tensors.push((p("attn_q_norm"), norm(HD, &mut nrng)));
+            tensors.push((p("attn_k_norm"), norm(HD, &mut nrng)));
+            tensors.push((p("post_attention_norm"), norm(E, &mut nrng)));
+            tensors.push((p("post_ffw_norm"), norm(E, &mut nrng)));
+        }
+    }
+    tensors.push(("output_norm.weight".into(), norm(E, &mut nrng)));
+    let a = spec.arch;
+    let meta: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String(a.into())),
+        (format!("{a}.block_count"), Value::U32(LAYERS as u32)),
+        (format!("{a}.embedding_length"), Value::U32(E as u32)),
+        (format!("{a}.feed_forward_length"), Value::U32(FF as u32)),
+        (
+            format!("{a}.attention.head_count"),
+            Value::U32(HEADS as u32),
+        ),
+        (
+            format!("{a}.attention.head_count_kv"),
+            Value::U32(KV_HEADS as u32),
+        ),
+        (format!("{a}.attention.key_length"), Value::U32(HD as u32)),
+        (format!("{a}.context_length"), Value::U32(256)),
+        (format!("{a}.vocab_size"), Value::U32(VOCAB as u32)),
+        (
+            format!("{a}.attention.layer_norm_rms_epsilon"),
+            Value::F32(1e-6),
+        ),
+        (format!("{a}.rope.freq_base"), Value::F32(10_000.0)),
+        (format!("{a}.attention.sliding_window"), Value::U32(5)),
+        (format!("{a}.attention.sliding_window_type"), Value::U32(2)),
+    ];
+    let path = dir.join(format!("{a}-{seed}.gguf"));
+    let mut f = std::fs::File::create(&path).unwrap();
+    let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let t_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    gguf_file::write(&mut f, &meta_refs, &t_refs).unwrap();
+    path
+}
+
+fn new_seq(hp: &Hparams, cap: usize) -> Sequence {
+    let kv_dim = hp.kv_dim();
+    let alloc = || {
+        (0..hp.n_layer)
+            .map(|_| vec![0.0f32; cap * kv_dim])
+            .collect()
+    };
+    Sequence {
+        k: alloc(),
+        v: alloc(),
+        len: 0,
+        capacity: cap,
+        kv_dim,
+    }
+}
+
+/// Runs the same schedule (two sequences: a prefill, then mixed prefill-chunk + decode steps)
+/// through a backend and returns every step's logits.
+fn run_schedule(b: &mut dyn Backend, hp: &Hparams) -> Vec<Vec<f32>> {
+    let mut s1 = new_seq(hp, 64);
+    let mut s2 = new_seq(hp, 64);
+    let p1: Vec<u32> = (0..9).map(|i| (i * 31 + 7) % VOCAB as u32).collect();
+    let p2: Vec<u32> = (0..13).map(|i| (i * 17 + 3) % VOCAB as u32).collect();
+    let mut out = Vec::new();
+    let mut logits = Vec::new();
+    b.forward(
+        &mut [Step {
+            seq: &mut s1,
+            tokens: &p1,
+        }],
+        &mut logits,
+    )
+    .unwrap();
+    s1.len += p1.len();
+    out.push(logits.clone());
+    for t in 0..6u32 {
+        // s2 prefills in two chunks while s1 decodes, then both decode.
+        let tok1 = [(t * 37 + 11) % VOCAB as u32];
+        let tok2: Vec<u32> = match t {
+            0 => p2[..6].to_vec(),
+            1 => p2[6..].to_vec(),
+            _ => vec![(t * 13 + 5) % VOCAB as u32],
+        };
+        b.forward(
+            &mut [
+                Step {
+                    seq: &mut s1,
+                    tokens: &tok1,
+                },
+                Step {
+                    seq: &mut s2,
+                    tokens: &tok2,
+                },
+            ],
+            &mut logits,
+        )
+        .unwrap();
+        s1.len += 1;
+        s2.len += tok2.len();
+        out.push(logits.clone());
+    }
+    out
+}
+
+fn compare(spec: &Spec, seed: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_model(dir.path(), spec, seed);
+    let file = GgufFile::open(&path).unwrap();
+    let hp = Hparams::from_gguf(&file.content).unwrap();
+    let mut candle: Box<dyn Backend> = match hp.arch {
+        Arch::Llama => {
+            Box::new(crate::candle_llama::from_gguf(&file, hp.clone(), &Device::Cpu).unwrap())
+        }
+        Arch::Gemma3 => {
+            Box::new(crate::candle_gemma3::from_gguf(&file, hp.clone(), &Device::Cpu).unwrap())
+        }
+    };
+    let reference = run_schedule(candle.as_mut(), &hp);
+    let mut fast = from_gguf(&path, &file.content, hp.clone(), 2).unwrap();
+    for path in KernelPath::available() {
+        assert!(fast.set_kernel_path(path));
+        let got = run_schedule(&mut fast, &hp);
+        for (step, (g, r)) in got.iter().zip(&reference).enumerate() {
+            assert_eq!(g.len(), r.len());
+            let rms = (r.iter().map(|v| v * v).sum::<f32>() / r.len() as f32).sqrt();
+            let max_diff = g
+                .iter()
+                .zip(r)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                max_diff <= 0.05 * rms + 1e-3,
+                "{} {path:?} step {step}: max |fast - candle| = {max_diff}, logits rms {rms}",
+                spec.arch
+            );
+        }
+    }
+}
+
+#[test]
+fn llama_q4_1_logits_match_the_candle_backend_on_every_kernel_path() {
+    let l = [GgmlDType::Q4_1; 7];
+    compare(
+        &Spec {
+            arch: "llama",
+            embd: GgmlDType::Q8_0,
+            layer: l,
+        },
+        1,
+    );
+}
+
+#[test]
+fn llama_with_mixed_block_types_matches_the_candle_backend() {
+    use GgmlDType::*;
+    // V and down differ from their neighbours, so Q/K/V and gate/up cannot all be fused.
+    let l = [Q4K, Q4K, Q6K, Q5_0, Q4_0, Q4_0, Q6K];
+    compare(
+        &Spec {
+            arch: "llama",
+            embd: Q6K,
+            layer: l,
+        },
+        2,
+    );
+}
+
+#[test]
+fn gemma3_q4_k_m_shaped_model_matches_the_candle_backend() {
+    use GgmlDType::*;
+    let l = [Q4K, Q4K, Q6K, Q4K, Q4K, Q4K, Q6K];
+    compare(
+        &Spec {
+            arch: "gemma3",
+            embd: Q6K,
+            layer: l,
+        },
+        3,
+    );
+}
+
+#[test]
+fn unsupported_block_types_are_a_typed_error() {
+    use GgmlDType::*;
+    let dir = tempfile::tempdir().unwrap();
+    let spec = Spec {
+        arch: "llama",
+        embd: Q8_0,
+        layer: [Q5_1, Q4_0, Q4_0, Q4_0, Q4_0, Q4_0, Q4_0],
+    };
+    let path = write_model(dir.path(), &spec, 4);
+    let file = GgufFile::open(&path).unwrap();
+    let hp = Hparams::from_gguf(&file.content).unwrap();
+    let err = from_gguf(&path, &file.content, hp, 1)
+        .err()
+        .expect("Q5_1 is refused");
+    assert!(matches!(err, Error::Metadata { .. }), "{err}");
+}
+
+/// Greedy decoding on the real SmolLM2-135M-Instruct Q4_1 weights: the fast backend's tokens
+/// equal the candle backend's (skipped when `weights/` does not have the file).
+#[test]
+fn smollm2_greedy_tokens_equal_the_candle_backend() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../weights/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !path.exists() {
+        eprintln!(
+            "skipping: {} is missing (scripts/fetch-weights.sh)",
+            path.display()
+        );
+        return;
+    }
+    let file = GgufFile::open(&path).unwrap();
+    let hp = Hparams::from_gguf(&file.content).unwrap();
+    let mut candle = crate::candle_llama::from_gguf(&file, hp.clone(), &Device::Cpu).unwrap();
+    let mut fast = from_gguf(&path, &file.content, hp.clone(), 2).unwrap();
+    // "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    let prompt: Vec<u32> = vec![
+        1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198,
+    ];
+    let greedy = |b: &mut dyn Backend| -> Vec<u32> {
+        let mut seq = new_seq(&hp, 64);
+        let mut logits = Vec::new();
+        let mut next = prompt.clone();
+        let mut out = Vec::new();
+        for _ in 0..24 {
+            b.forward(
+                &mut [Step {
+                    seq: &mut seq,
+                    tokens: &next,
+                }],
+                &mut logits,
+            )
+            .unwrap();
+            seq.len += next.len();
+            let id = logits
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .map(|(i, _)| i as u32)
+                .unwrap();
+            out.push(id);
+            next = vec![id];
+        }
+        out
+    };
+    assert_eq!(greedy(&mut fast), greedy(&mut candle));
+}
