@@ -60,16 +60,27 @@ fn load_path(
         Some(tj) => crate::tokenizer::from_files(tj, cfg.chat_template.as_deref())?,
         None => crate::tokenizer::from_gguf(&file.content, cfg.chat_template.as_deref())?,
     };
-    let backend: Box<dyn Backend> = match (backend, hp.arch) {
-        // The hand-written CPU path (src/fast/), llama family and Gemma 3.
-        (BackendChoice::Fast, _) => Box::new(crate::fast::from_gguf(
-            path,
-            &file.content,
-            hp.clone(),
-            cfg.threads,
-        )?),
-        (_, Arch::Llama) => Box::new(crate::candle_llama::from_gguf(&file, hp.clone(), device)?),
-        (_, Arch::Gemma3) => Box::new(crate::candle_gemma3::from_gguf(&file, hp.clone(), device)?),
+    // The hand-written CPU path (src/fast/), llama family and Gemma 3. Under `auto`, a file it
+    // cannot run (e.g. a block type it lacks) falls back to candle.
+    let fast = match backend {
+        BackendChoice::Fast => {
+            match crate::fast::from_gguf(path, &file.content, hp.clone(), cfg.threads) {
+                Ok(m) => Some(m),
+                Err(e) if cfg.backend == BackendChoice::Auto => {
+                    tracing::warn!(error = %e, "the fast CPU backend cannot run this file; using candle");
+                    None
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        _ => None,
+    };
+    let backend: Box<dyn Backend> = match (fast, hp.arch) {
+        (Some(m), _) => Box::new(m),
+        (None, Arch::Llama) => Box::new(crate::candle_llama::from_gguf(&file, hp.clone(), device)?),
+        (None, Arch::Gemma3) => {
+            Box::new(crate::candle_gemma3::from_gguf(&file, hp.clone(), device)?)
+        }
     };
     let weights_bytes = file.file_bytes;
     drop(file); // unmap: the weights now live in the backend

@@ -360,6 +360,8 @@ pub(crate) fn resolve_backend(
     device: &Device,
 ) -> Result<BackendChoice, Error> {
     match choice {
+        // Auto: the hand-written CPU path on the CPU (GGUF files; see load.rs), candle elsewhere.
+        BackendChoice::Auto if device.is_cpu() => Ok(BackendChoice::Fast),
         BackendChoice::Auto | BackendChoice::Candle => Ok(BackendChoice::Candle),
         BackendChoice::Fast if !device.is_cpu() => Err(Error::InvalidBatch(
             "backend \"fast\" runs on the CPU only".into(),

@@ -71,26 +71,7 @@ impl QActs {
             let qr = &mut self.qs[r * kp..(r + 1) * kp];
             let ls = &mut self.lane_scale[r * kp / 4..(r + 1) * kp / 4];
             let lsum = &mut self.lane_sum[r * kp / 4..(r + 1) * kp / 4];
-            for (b, xb) in xr.chunks(32).enumerate() {
-                let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
-                let d = amax / 127.0;
-                let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-                for (j, &v) in xb.iter().enumerate() {
-                    // NaN/inf inputs saturate instead of poisoning the integer dot.
-                    let q = (v * id).round();
-                    qr[32 * b + j] = if q.is_nan() {
-                        0
-                    } else {
-                        q.clamp(-127.0, 127.0) as i8
-                    };
-                }
-                for l in 0..8 {
-                    let e = 32 * b + 4 * l;
-                    let s: i32 = qr[e..e + 4].iter().map(|&q| q as i32).sum();
-                    ls[8 * b + l] = d;
-                    lsum[8 * b + l] = d * s as f32;
-                }
-            }
+            crate::ops::quantize_row(xr, qr, ls, lsum);
         }
         Ok(())
     }

@@ -13,6 +13,7 @@ pub mod acts;
 mod error;
 pub mod formats;
 mod matmul;
+pub mod ops;
 pub mod pack;
 pub mod pool;
 mod scalar;

@@ -125,7 +125,7 @@ impl QMatrix {
     pub fn pack_ggml_rows(&mut self, r0: usize, bytes: &[u8]) -> Result<(), Error> {
         let ty = self.source;
         let row_bytes = ty.row_bytes(self.cols)?;
-        if bytes.len() % row_bytes != 0 || r0 + bytes.len() / row_bytes > self.rows {
+        if !bytes.len().is_multiple_of(row_bytes) || r0 + bytes.len() / row_bytes > self.rows {
             return Err(Error::ShapeMismatch {
                 what: "QMatrix::pack_ggml_rows bytes (whole rows inside the matrix)",
                 expected: (self.rows - r0.min(self.rows)) * row_bytes,

@@ -1,0 +1,212 @@
+//! Small f32 row operations of a transformer step (attention over a contiguous KV cache,
+//! RMSNorm), compiled for AVX-512, AVX2+FMA and the baseline, picked at run time. The bodies
+//! are plain Rust written with 16 independent accumulators so the compiler vectorizes them
+//! for whichever target features the variant enables.
+
+// Unsafe is needed here only to call the `#[target_feature]` variants, which happens after
+// `is_x86_feature_detected!` confirmed the CPU has those features.
+#![allow(unsafe_code)]
+
+const LANES: usize = 16;
+
+#[inline(always)]
+fn dot_body(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0f32; LANES];
+    let mut ca = a.chunks_exact(LANES);
+    let mut cb = b.chunks_exact(LANES);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for l in 0..LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        s += x * y;
+    }
+    s
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attend_body(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    stride: usize,
+    start: usize,
+    end: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    let out = &mut out[..hd];
+    out.fill(0.0);
+    let mut m = f32::NEG_INFINITY;
+    let mut l = 0f32;
+    for j in start..end {
+        let kr = &k[j * stride..j * stride + hd];
+        let s = dot_body(q, kr) * scale;
+        if s > m {
+            let c = (m - s).exp();
+            l *= c;
+            for o in out.iter_mut() {
+                *o *= c;
+            }
+            m = s;
+        }
+        let p = (s - m).exp();
+        l += p;
+        let vr = &v[j * stride..j * stride + hd];
+        for (o, &x) in out.iter_mut().zip(vr) {
+            *o += p * x;
+        }
+    }
+    if l > 0.0 {
+        let inv = 1.0 / l;
+        for o in out.iter_mut() {
+            *o *= inv;
+        }
+    }
+}
+
+#[inline(always)]
+fn rms_norm_body(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ss = dot_body(x, x);
+    let r = 1.0 / (ss / x.len() as f32 + eps).sqrt();
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * r * g;
+    }
+}
+
+#[inline(always)]
+fn quantize_row_body(x: &[f32], q: &mut [i8], lane_scale: &mut [f32], lane_sum: &mut [f32]) {
+    for (b, xb) in x.chunks(32).enumerate() {
+        let mut mx = [0f32; 32];
+        for (m, v) in mx.iter_mut().zip(xb) {
+            *m = v.abs();
+        }
+        let mut amax = 0f32;
+        for m in mx {
+            amax = if m > amax { m } else { amax };
+        }
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let qb = &mut q[32 * b..32 * b + 32];
+        for (o, &v) in qb.iter_mut().zip(xb) {
+            // `as` saturates and maps NaN to 0, so odd inputs cannot poison the integer dot.
+            *o = (v * id).round_ties_even().clamp(-127.0, 127.0) as i8;
+        }
+        for l in 0..8 {
+            let s = qb[4 * l] as i32
+                + qb[4 * l + 1] as i32
+                + qb[4 * l + 2] as i32
+                + qb[4 * l + 3] as i32;
+            lane_scale[8 * b + l] = d;
+            lane_sum[8 * b + l] = d * s as f32;
+        }
+    }
+}
+
+macro_rules! multiversion {
+    ($(#[$doc:meta])* pub fn $name:ident($($arg:ident : $ty:ty),*) $(-> $ret:ty)? => $body:ident) => {
+        $(#[$doc])*
+        #[allow(clippy::too_many_arguments)]
+        pub fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn v512($($arg: $ty),*) $(-> $ret)? {
+                    $body($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn v256($($arg: $ty),*) $(-> $ret)? {
+                    $body($($arg),*)
+                }
+                if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl") && is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: the features were just detected.
+                    return unsafe { v512($($arg),*) };
+                }
+                if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                    // SAFETY: as above.
+                    return unsafe { v256($($arg),*) };
+                }
+            }
+            $body($($arg),*)
+        }
+    };
+}
+
+multiversion! {
+    /// Dot product of the common prefix of `a` and `b`.
+    pub fn dot(a: &[f32], b: &[f32]) -> f32 => dot_body
+}
+
+multiversion! {
+    /// One attention head: `out = softmax(scale * q . K[j]) V[j]` over `j in start..end`, where
+    /// key `j` is `k[j * stride..][..q.len()]` and value `j` likewise in `v` (pass the cache
+    /// slices starting at the head's offset). Numerically stable (running max).
+    pub fn attend(q: &[f32], k: &[f32], v: &[f32], stride: usize, start: usize, end: usize, scale: f32, out: &mut [f32]) => attend_body
+}
+
+multiversion! {
+    /// `out = x / sqrt(mean(x^2) + eps) * w`.
+    pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) => rms_norm_body
+}
+
+multiversion! {
+    /// Quantizes one activation row into 8-bit blocks of 32 (see `acts`); the output slices
+    /// are the row's padded quants and per-lane scales/sums, pre-zeroed by the caller.
+    pub fn quantize_row(x: &[f32], q: &mut [i8], lane_scale: &mut [f32], lane_sum: &mut [f32]) => quantize_row_body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attention_matches_a_two_pass_softmax() {
+        let hd = 24;
+        let stride = 40;
+        let n = 9;
+        let k: Vec<f32> = (0..n * stride)
+            .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.3)
+            .collect();
+        let v: Vec<f32> = (0..n * stride)
+            .map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.2)
+            .collect();
+        let q: Vec<f32> = (0..hd).map(|i| (i as f32 - 12.0) * 0.1).collect();
+        let off = 8;
+        let mut out = vec![0f32; hd];
+        attend(&q, &k[off..], &v[off..], stride, 2, n, 0.5, &mut out);
+        let scores: Vec<f32> = (2..n)
+            .map(|j| (0..hd).map(|d| q[d] * k[off + j * stride + d]).sum::<f32>() * 0.5)
+            .collect();
+        let mx = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f32> = scores.iter().map(|s| (s - mx).exp()).collect();
+        let z: f32 = e.iter().sum();
+        for d in 0..hd {
+            let r: f32 = (2..n).map(|j| e[j - 2] / z * v[off + j * stride + d]).sum();
+            assert!((out[d] - r).abs() < 1e-5, "{d}: {} vs {r}", out[d]);
+        }
+    }
+
+    #[test]
+    fn rms_norm_and_dot_match_plain_loops() {
+        let x: Vec<f32> = (0..37).map(|i| i as f32 * 0.25 - 3.0).collect();
+        let w: Vec<f32> = (0..37).map(|i| 1.0 + i as f32 * 0.01).collect();
+        let mut out = vec![0f32; 37];
+        rms_norm(&x, &w, 1e-5, &mut out);
+        let ms: f32 = x.iter().map(|v| v * v).sum::<f32>() / 37.0;
+        for i in 0..37 {
+            assert!((out[i] - x[i] / (ms + 1e-5).sqrt() * w[i]).abs() < 1e-5);
+        }
+        let d: f32 = x.iter().zip(&w).map(|(a, b)| a * b).sum();
+        assert!((dot(&x, &w) - d).abs() < 1e-4);
+    }
+}
