@@ -29,7 +29,15 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut a = Args { model: None, sizes: vec![512, 1024], steps: 4, runs: 3, device: "cpu".into(), dtype: None, save: None };
+    let mut a = Args {
+        model: None,
+        sizes: vec![512, 1024],
+        steps: 4,
+        runs: 3,
+        device: "cpu".into(),
+        dtype: None,
+        save: None,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut val = || it.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -115,13 +123,20 @@ fn main() -> ExitCode {
         println!(
             "model {} ({}), device {}, dtype {:?}, loaded in {:.2}s, {} threads",
             dir.display(),
-            if tiny { "tiny test model" } else { "real weights" },
+            if tiny {
+                "tiny test model"
+            } else {
+                "real weights"
+            },
             args.device,
             dtype,
             secs(t),
             candle_core::utils::get_num_threads()
         );
-        println!("{:>6} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10}", "size", "steps", "s/image", "s/step", "encode", "decode", "png");
+        println!(
+            "{:>6} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            "size", "steps", "s/image", "s/step", "encode", "decode", "png"
+        );
         let mut json = Vec::new();
         for &size in &args.sizes {
             let prm = |seed| ImageParams {
@@ -147,11 +162,15 @@ fn main() -> ExitCode {
             }
             if let Some(dir) = &args.save {
                 let path = dir.join(format!("bench-{size}.png"));
-                std::fs::write(&path, &last_png).map_err(|e| hearth_imagine::Error::Io { path, source: e })?;
+                std::fs::write(&path, &last_png)
+                    .map_err(|e| hearth_imagine::Error::Io { path, source: e })?;
             }
             let n = args.runs.max(1) as f64;
             let (enc, step, dec, png, total) = (enc / n, step / n, dec / n, png / n, total / n);
-            println!("{size:>6} {:>6} {total:>10.3} {step:>10.4} {enc:>10.4} {dec:>10.3} {png:>10.4}", args.steps);
+            println!(
+                "{size:>6} {:>6} {total:>10.3} {step:>10.4} {enc:>10.4} {dec:>10.3} {png:>10.4}",
+                args.steps
+            );
             json.push(format!(
                 "{{\"size\":{size},\"steps\":{},\"runs\":{},\"s_per_image\":{total:.4},\"s_per_step\":{step:.5},\"encode_s\":{enc:.5},\"decode_s\":{dec:.4},\"png_s\":{png:.5}}}",
                 args.steps, args.runs

@@ -7,7 +7,9 @@
 //! small, weight-compatible implementation (transformers' `CLIPTextModel` tensor names).
 
 use candle_core::{DType, Device, Module, Tensor};
-use candle_nn::{embedding, layer_norm, linear, linear_no_bias, Embedding, LayerNorm, Linear, VarBuilder};
+use candle_nn::{
+    embedding, layer_norm, linear, linear_no_bias, Embedding, LayerNorm, Linear, VarBuilder,
+};
 
 use crate::config::ClipTextConfig;
 use crate::error::{Error, Result};
@@ -92,7 +94,9 @@ impl Layer {
 
     fn forward(&self, xs: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
         let xs = (xs + self.attn.forward(&self.ln1.forward(xs)?, mask)?)?;
-        let h = self.act.forward(&self.fc1.forward(&self.ln2.forward(&xs)?)?)?;
+        let h = self
+            .act
+            .forward(&self.fc1.forward(&self.ln2.forward(&xs)?)?)?;
         xs + self.fc2.forward(&h)?
     }
 }
@@ -131,7 +135,11 @@ impl ClipTextEncoder {
                 ))
             }
         };
-        if config.num_hidden_layers < 2 || config.hidden_size % config.num_attention_heads != 0 {
+        if config.num_hidden_layers < 2
+            || !config
+                .hidden_size
+                .is_multiple_of(config.num_attention_heads)
+        {
             return Err(Error::config(
                 "text_encoder config.json",
                 "need at least 2 layers and hidden_size divisible by the head count",
@@ -141,8 +149,11 @@ impl ClipTextEncoder {
         let h = config.hidden_size;
         let emb = tm.pp("embeddings");
         let token_embedding = embedding(config.vocab_size, h, emb.pp("token_embedding"))?;
-        let position_embedding =
-            embedding(config.max_position_embeddings, h, emb.pp("position_embedding"))?;
+        let position_embedding = embedding(
+            config.max_position_embeddings,
+            h,
+            emb.pp("position_embedding"),
+        )?;
         let layers = (0..config.num_hidden_layers)
             .map(|i| Layer::new(tm.pp(format!("encoder.layers.{i}")), config, act))
             .collect::<candle_core::Result<Vec<_>>>()?;
@@ -183,7 +194,11 @@ impl ClipTextEncoder {
         let n = self.layers.len();
         let mut penultimate = None;
         // The last layer only matters for the pooled output.
-        let run = if self.text_projection.is_some() { n } else { n - 1 };
+        let run = if self.text_projection.is_some() {
+            n
+        } else {
+            n - 1
+        };
         for (i, layer) in self.layers.iter().take(run).enumerate() {
             xs = layer.forward(&xs, &mask)?;
             if i + 2 == n {

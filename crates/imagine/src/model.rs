@@ -83,7 +83,9 @@ fn cuda_device(ordinal: usize, _spec: &str) -> Result<Device> {
 
 #[cfg(not(feature = "cuda"))]
 fn cuda_device(_ordinal: usize, spec: &str) -> Result<Device> {
-    Err(Error::Device(format!("{spec} (built without the `cuda` feature)")))
+    Err(Error::Device(format!(
+        "{spec} (built without the `cuda` feature)"
+    )))
 }
 
 /// Parses a dtype name, with the device's default when `None`.
@@ -161,6 +163,9 @@ mod tests {
         #[cfg(not(feature = "cuda"))]
         assert!(matches!(parse_device("cuda:0"), Err(Error::Device(_))));
         assert_eq!(parse_dtype(None, &Device::Cpu).unwrap(), DType::F32);
-        assert_eq!(parse_dtype(Some("bf16"), &Device::Cpu).unwrap(), DType::BF16);
+        assert_eq!(
+            parse_dtype(Some("bf16"), &Device::Cpu).unwrap(),
+            DType::BF16
+        );
     }
 }

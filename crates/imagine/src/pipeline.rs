@@ -56,8 +56,9 @@ pub struct Image {
 impl Image {
     /// Encodes the image as PNG (deterministic for the same pixels).
     pub fn to_png(&self) -> Result<Vec<u8>> {
-        let buf = image::RgbImage::from_raw(self.width as u32, self.height as u32, self.rgb.clone())
-            .ok_or_else(|| Error::Png("pixel buffer does not match the size".into()))?;
+        let buf =
+            image::RgbImage::from_raw(self.width as u32, self.height as u32, self.rgb.clone())
+                .ok_or_else(|| Error::Png("pixel buffer does not match the size".into()))?;
         let mut out = std::io::Cursor::new(Vec::new());
         buf.write_to(&mut out, image::ImageFormat::Png)
             .map_err(|e| Error::Png(e.to_string()))?;
@@ -117,8 +118,11 @@ impl SdxlPipeline {
         }
         let tokenizer = ClipTokenizer::from_dir(&files.tokenizer, te1.max_position_embeddings)?;
         let tokenizer_2 = ClipTokenizer::from_dir(&files.tokenizer_2, te2.max_position_embeddings)?;
-        let text_encoder =
-            ClipTextEncoder::new(mmap_var_builder(&files.text_encoder, dtype, device)?, &te1, false)?;
+        let text_encoder = ClipTextEncoder::new(
+            mmap_var_builder(&files.text_encoder, dtype, device)?,
+            &te1,
+            false,
+        )?;
         let text_encoder_2 = ClipTextEncoder::new(
             mmap_var_builder(&files.text_encoder_2, dtype, device)?,
             &te2,
@@ -323,7 +327,7 @@ impl SdxlPipeline {
 
 fn check_size(width: usize, height: usize) -> Result<()> {
     for (field, v) in [("width", width), ("height", height)] {
-        if v == 0 || v % 8 != 0 {
+        if v == 0 || !v.is_multiple_of(8) {
             return Err(Error::InvalidParams {
                 field,
                 message: "must be a positive multiple of 8".into(),
@@ -338,7 +342,10 @@ fn check_size(width: usize, height: usize) -> Result<()> {
 pub fn to_rgb8(image: &Tensor) -> Result<Image> {
     let (_, c, h, w) = image.dims4()?;
     if c != 3 {
-        return Err(Error::config("vae", format!("decoder gave {c} channels, not 3")));
+        return Err(Error::config(
+            "vae",
+            format!("decoder gave {c} channels, not 3"),
+        ));
     }
     let x = ((image.get(0)? / 2.0)? + 0.5)?
         .clamp(0f32, 1f32)?

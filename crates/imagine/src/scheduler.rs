@@ -159,7 +159,11 @@ mod tests {
         assert_eq!(s.sigmas().len(), 5);
         assert_eq!(*s.sigmas().last().unwrap(), 0.0);
         // sigma(999) of the SDXL schedule is about 14.61; sigmas decrease.
-        assert!((s.init_noise_sigma() - 14.6146).abs() < 1e-3, "{}", s.sigmas()[0]);
+        assert!(
+            (s.init_noise_sigma() - 14.6146).abs() < 1e-3,
+            "{}",
+            s.sigmas()[0]
+        );
         assert!(s.sigmas().windows(2).all(|w| w[0] > w[1]));
     }
 

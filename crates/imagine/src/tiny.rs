@@ -79,7 +79,11 @@ pub fn write_tiny_sdxl(dir: &Path, seed: u64) -> Result<()> {
     let make = |name: &str, build: &dyn Fn(VarBuilder) -> Result<()>| -> Result<()> {
         let rec = Recorder::new(seed ^ fnv1a(name.as_bytes()));
         let store = rec.tensors.clone();
-        build(VarBuilder::from_backend(Box::new(rec), DType::F32, dev.clone()))?;
+        build(VarBuilder::from_backend(
+            Box::new(rec),
+            DType::F32,
+            dev.clone(),
+        ))?;
         let map: HashMap<String, Tensor> = store
             .lock()
             .map_err(|_| Error::config(name, "recorder lock poisoned"))?
@@ -123,7 +127,10 @@ pub fn write_tiny_sdxl(dir: &Path, seed: u64) -> Result<()> {
     write_json(&dir.join("text_encoder_2/config.json"), &te2)?;
     write_json(&dir.join("unet/config.json"), &unet)?;
     write_json(&dir.join("vae/config.json"), &vae)?;
-    write_json(&dir.join("scheduler/scheduler_config.json"), &scheduler_config())?;
+    write_json(
+        &dir.join("scheduler/scheduler_config.json"),
+        &scheduler_config(),
+    )?;
     write_json(&dir.join("model_index.json"), &model_index())?;
     write_json(
         &dir.join(TINY_MARKER),
@@ -226,8 +233,17 @@ fn model_index() -> Value {
     })
 }
 
-fn write_tokenizer(dir: &Path, vocab: &[String], merges: &[(String, String)], pad: &str) -> Result<()> {
-    let map: BTreeMap<&str, usize> = vocab.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
+fn write_tokenizer(
+    dir: &Path,
+    vocab: &[String],
+    merges: &[(String, String)],
+    pad: &str,
+) -> Result<()> {
+    let map: BTreeMap<&str, usize> = vocab
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.as_str(), i))
+        .collect();
     write_json(&dir.join("vocab.json"), &json!(map))?;
     let mut text = String::from("#version: 0.2\n");
     for (a, b) in merges {
@@ -283,13 +299,13 @@ fn train_bpe(corpus: &str, n_merges: usize) -> (Vec<String>, Vec<(String, String
             }
         }
         // Most frequent pair; ties go to the smallest pair (BTreeMap order) for determinism.
-        let Some((pair, _)) = counts
-            .into_iter()
-            .fold(None::<((String, String), usize)>, |best, (p, n)| match best {
+        let Some((pair, _)) = counts.into_iter().fold(
+            None::<((String, String), usize)>,
+            |best, (p, n)| match best {
                 Some((_, bn)) if bn >= n => best,
                 _ => Some((p, n)),
-            })
-        else {
+            },
+        ) else {
             break;
         };
         let joined = format!("{}{}", pair.0, pair.1);

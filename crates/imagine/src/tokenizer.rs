@@ -40,7 +40,8 @@ impl ClipTokenizer {
         let vocab_path = dir.join("vocab.json");
         let encoder: HashMap<String, u32> = read_json(&vocab_path)?;
         let merges_path = dir.join("merges.txt");
-        let merges = std::fs::read_to_string(&merges_path).map_err(|e| Error::io(&merges_path, e))?;
+        let merges =
+            std::fs::read_to_string(&merges_path).map_err(|e| Error::io(&merges_path, e))?;
         let mut ranks = HashMap::new();
         for (rank, line) in merges
             .lines()
@@ -52,7 +53,12 @@ impl ClipTokenizer {
                 (Some(a), Some(b), None) => {
                     ranks.insert((a.to_string(), b.to_string()), rank);
                 }
-                _ => return Err(Error::config(&merges_path, format!("bad merge line {line:?}"))),
+                _ => {
+                    return Err(Error::config(
+                        &merges_path,
+                        format!("bad merge line {line:?}"),
+                    ))
+                }
             }
         }
         let pad_name = special_token(dir, "pad_token")?.unwrap_or_else(|| EOS.to_string());
@@ -117,7 +123,11 @@ impl ClipTokenizer {
         loop {
             let best = word
                 .windows(2)
-                .filter_map(|w| self.ranks.get(&(w[0].clone(), w[1].clone())).map(|r| (*r, w)))
+                .filter_map(|w| {
+                    self.ranks
+                        .get(&(w[0].clone(), w[1].clone()))
+                        .map(|r| (*r, w))
+                })
                 .min_by_key(|(r, _)| *r)
                 .map(|(_, w)| (w[0].clone(), w[1].clone()));
             let Some((a, b)) = best else { break };

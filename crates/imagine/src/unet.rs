@@ -80,8 +80,12 @@ impl SdxlUNet {
             .projection_class_embeddings_input_dim
             .ok_or_else(|| bad("projection_class_embeddings_input_dim is missing"))?;
         let heads_of = |i: usize| -> Result<usize> {
-            let h = c.num_attention_heads.as_ref().unwrap_or(&c.attention_head_dim);
-            h.get(i).ok_or_else(|| bad("attention heads list too short"))
+            let h = c
+                .num_attention_heads
+                .as_ref()
+                .unwrap_or(&c.attention_head_dim);
+            h.get(i)
+                .ok_or_else(|| bad("attention heads list too short"))
         };
         let depth_of = |i: usize| -> Result<usize> {
             c.transformer_layers_per_block
@@ -103,7 +107,11 @@ impl SdxlUNet {
         let mut down = Vec::with_capacity(n);
         for i in 0..n {
             let out = c.block_out_channels[i];
-            let inp = if i == 0 { ch0 } else { c.block_out_channels[i - 1] };
+            let inp = if i == 0 {
+                ch0
+            } else {
+                c.block_out_channels[i - 1]
+            };
             let cfg = DownBlock2DConfig {
                 num_layers: c.layers_per_block,
                 resnet_eps: c.norm_eps,
@@ -163,7 +171,11 @@ impl SdxlUNet {
         for i in 0..n {
             let rev = n - 1 - i;
             let out = c.block_out_channels[rev];
-            let prev = if i == 0 { last } else { c.block_out_channels[rev + 1] };
+            let prev = if i == 0 {
+                last
+            } else {
+                c.block_out_channels[rev + 1]
+            };
             let inp = c.block_out_channels[rev.saturating_sub(1)];
             let cfg = UpBlock2DConfig {
                 num_layers: c.layers_per_block + 1,
@@ -247,7 +259,7 @@ impl SdxlUNet {
         // 2. down
         let n = self.down.len();
         let factor = 1usize << (n - 1);
-        let odd_size = h % factor != 0 || w % factor != 0;
+        let odd_size = !h.is_multiple_of(factor) || !w.is_multiple_of(factor);
         let mut xs = self.conv_in.forward(xs)?;
         let mut skips = vec![xs.clone()];
         for block in &self.down {
@@ -284,7 +296,7 @@ impl SdxlUNet {
 }
 
 fn check_heads(channels: usize, heads: usize) -> Result<()> {
-    if heads == 0 || channels % heads != 0 {
+    if heads == 0 || !channels.is_multiple_of(heads) {
         return Err(bad(format!(
             "{channels} channels are not divisible into {heads} attention heads"
         )));

@@ -13,7 +13,11 @@ use crate::error::{Error, Result};
 /// Mapping avoids holding a second copy of multi-gigabyte weights in memory while they are
 /// converted to `dtype`. It is unsafe because the file must not be modified while mapped;
 /// Hearth only maps its own model files, which nothing rewrites while the server runs.
-pub(crate) fn mmap_var_builder(path: &Path, dtype: DType, device: &Device) -> Result<VarBuilder<'static>> {
+pub(crate) fn mmap_var_builder(
+    path: &Path,
+    dtype: DType,
+    device: &Device,
+) -> Result<VarBuilder<'static>> {
     if !path.is_file() {
         return Err(Error::io(
             path,

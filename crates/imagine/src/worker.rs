@@ -76,7 +76,10 @@ impl ImageWorker {
         };
         self.waiting.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = self.tx.try_send(job) {
-            let waiting = self.waiting.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
+            let waiting = self
+                .waiting
+                .fetch_sub(1, Ordering::Relaxed)
+                .saturating_sub(1);
             return Err(match e {
                 mpsc::error::TrySendError::Full(_) => Error::Overloaded { waiting },
                 mpsc::error::TrySendError::Closed(_) => Error::WorkerStopped,

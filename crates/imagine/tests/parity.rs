@@ -30,10 +30,15 @@ struct Fixture {
 
 impl Fixture {
     fn get(&self, name: &str) -> &Tensor {
-        self.t.get(name).unwrap_or_else(|| panic!("fixture lacks {name}"))
+        self.t
+            .get(name)
+            .unwrap_or_else(|| panic!("fixture lacks {name}"))
     }
     fn meta(&self, key: &str) -> String {
-        self.meta[key].as_str().unwrap_or_else(|| panic!("meta lacks {key}")).to_string()
+        self.meta[key]
+            .as_str()
+            .unwrap_or_else(|| panic!("meta lacks {key}"))
+            .to_string()
     }
     fn usize(&self, key: &str) -> usize {
         self.meta(key).parse().unwrap()
@@ -47,11 +52,13 @@ fn fixture_dir() -> PathBuf {
 fn load() -> (tempfile::TempDir, SdxlPipeline, Fixture) {
     let dir = tempfile::tempdir().unwrap();
     write_tiny_sdxl(dir.path(), TINY_SEED).unwrap();
-    let t = candle_core::safetensors::load(fixture_dir().join("sdxl-parity.safetensors"), &Device::Cpu)
-        .expect("parity fixture (run scripts/sdxl-parity.sh)");
-    let meta: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture_dir().join("sdxl-parity.json")).unwrap())
-            .unwrap();
+    let t =
+        candle_core::safetensors::load(fixture_dir().join("sdxl-parity.safetensors"), &Device::Cpu)
+            .expect("parity fixture (run scripts/sdxl-parity.sh)");
+    let meta: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture_dir().join("sdxl-parity.json")).unwrap(),
+    )
+    .unwrap();
     let fx = Fixture { t, meta };
     let files = ModelFiles::from_dir(dir.path(), None).unwrap();
     let p = SdxlPipeline::load(&files, &Device::Cpu, DType::F32).unwrap();
@@ -63,20 +70,40 @@ fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
     assert_eq!(a.dims(), b.dims(), "shape mismatch");
     let a = a.to_dtype(DType::F64).unwrap().flatten_all().unwrap();
     let b = b.to_dtype(DType::F64).unwrap().flatten_all().unwrap();
-    let diff = (&a - &b).unwrap().abs().unwrap().max(0).unwrap().to_scalar::<f64>().unwrap();
-    let scale = b.abs().unwrap().max(0).unwrap().to_scalar::<f64>().unwrap().max(1e-12);
+    let diff = (&a - &b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f64>()
+        .unwrap();
+    let scale = b
+        .abs()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f64>()
+        .unwrap()
+        .max(1e-12);
     diff / scale
 }
 
 fn check(name: &str, ours: &Tensor, reference: &Tensor, tol: f64) {
     let e = rel_err(ours, reference);
     println!("{name}: relative max error {e:.3e} (tolerance {tol:.0e})");
-    assert!(e <= tol, "{name}: relative max error {e:.3e} exceeds {tol:.0e}");
+    assert!(
+        e <= tol,
+        "{name}: relative max error {e:.3e} exceeds {tol:.0e}"
+    );
 }
 
 fn sha256(path: &Path) -> String {
     let bytes = std::fs::read(path).unwrap();
-    Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[test]
@@ -88,7 +115,11 @@ fn generator_writes_exactly_the_weights_the_reference_ran() {
         ("te1_sha256", "text_encoder/model.safetensors"),
         ("te2_sha256", "text_encoder_2/model.safetensors"),
     ] {
-        assert_eq!(sha256(&dir.path().join(file)), fx.meta(key), "{file} differs from the reference's");
+        assert_eq!(
+            sha256(&dir.path().join(file)),
+            fx.meta(key),
+            "{file} differs from the reference's"
+        );
     }
 }
 
@@ -107,12 +138,37 @@ fn text_encoders_match_penultimate_states_and_projected_pooled_output() {
     let (_d, p, fx) = load();
     let prompt = fx.meta("prompt");
     let (h1, h2, pooled) = p.encode_prompt_parts(&prompt).unwrap();
-    check("text_encoder penultimate", &h1, fx.get("te1_penultimate"), TIGHT);
-    check("text_encoder_2 penultimate", &h2, fx.get("te2_penultimate"), TIGHT);
-    check("text_encoder_2 pooled+projected", &pooled, fx.get("te2_pooled"), TIGHT);
+    check(
+        "text_encoder penultimate",
+        &h1,
+        fx.get("te1_penultimate"),
+        TIGHT,
+    );
+    check(
+        "text_encoder_2 penultimate",
+        &h2,
+        fx.get("te2_penultimate"),
+        TIGHT,
+    );
+    check(
+        "text_encoder_2 pooled+projected",
+        &pooled,
+        fx.get("te2_pooled"),
+        TIGHT,
+    );
     let e = p.encode_prompt(&prompt).unwrap();
-    check("prompt_embeds (concat)", &e.context, fx.get("prompt_embeds"), TIGHT);
-    check("pooled_prompt_embeds", &e.pooled, fx.get("pooled_prompt_embeds"), TIGHT);
+    check(
+        "prompt_embeds (concat)",
+        &e.context,
+        fx.get("prompt_embeds"),
+        TIGHT,
+    );
+    check(
+        "pooled_prompt_embeds",
+        &e.pooled,
+        fx.get("pooled_prompt_embeds"),
+        TIGHT,
+    );
 }
 
 #[test]
@@ -125,7 +181,9 @@ fn one_unet_step_matches_diffusers_with_added_time_conditioning() {
     };
     let time_ids = p.time_ids(size, size, 1).unwrap();
     let t: f64 = fx.meta("unet_timestep").parse().unwrap();
-    let out = p.unet_forward(fx.get("unet_in"), t, &embeds, &time_ids).unwrap();
+    let out = p
+        .unet_forward(fx.get("unet_in"), t, &embeds, &time_ids)
+        .unwrap();
     check("unet noise prediction", &out, fx.get("unet_out"), UNET);
 }
 
@@ -174,7 +232,12 @@ fn full_four_step_generation_matches_from_the_same_initial_noise() {
 fn negative_prompt_with_guidance_matches_diffusers_cfg() {
     let (_d, p, fx) = load();
     let scale: f64 = fx.meta("cfg_scale").parse().unwrap();
-    let prm = params(&fx, &fx.meta("negative_prompt"), fx.usize("cfg_steps"), scale);
+    let prm = params(
+        &fx,
+        &fx.meta("negative_prompt"),
+        fx.usize("cfg_steps"),
+        scale,
+    );
     assert!(prm.uses_guidance());
     let lat = p.sample(&prm, fx.get("gen_noise"), &|| false).unwrap();
     check("cfg latents", &lat, fx.get("cfg_latents"), UNET);

@@ -52,12 +52,18 @@ fn initial_noise_depends_only_on_the_seed_and_is_standard_normal() {
     let a = p.initial_noise(11, 512, 512).unwrap();
     let b = p.initial_noise(11, 512, 512).unwrap();
     assert_eq!(a.dims(), &[1, 4, 64, 64]);
-    let (va, vb) = (a.flatten_all().unwrap().to_vec1::<f32>().unwrap(), b.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+    let (va, vb) = (
+        a.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        b.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+    );
     assert_eq!(va, vb);
     let n = va.len() as f64;
     let mean = va.iter().map(|&x| x as f64).sum::<f64>() / n;
     let var = va.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n;
-    assert!(mean.abs() < 0.03 && (var - 1.0).abs() < 0.05, "mean {mean} var {var}");
+    assert!(
+        mean.abs() < 0.03 && (var - 1.0).abs() < 0.05,
+        "mean {mean} var {var}"
+    );
 }
 
 #[test]
@@ -82,7 +88,10 @@ fn a_stop_request_cancels_between_steps() {
 fn sizes_that_are_not_multiples_of_8_name_the_field() {
     let (_d, p) = pipeline();
     let err = p.generate(&params(1, 130, 128), &|| false).unwrap_err();
-    assert!(matches!(err, Error::InvalidParams { field: "width", .. }), "{err}");
+    assert!(
+        matches!(err, Error::InvalidParams { field: "width", .. }),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -114,7 +123,9 @@ async fn the_worker_serves_in_turn_refuses_when_full_and_drops_abandoned_jobs() 
     let retry = async {
         loop {
             match worker.generate(params(3, 128, 128)).await {
-                Err(Error::Overloaded { .. }) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+                Err(Error::Overloaded { .. }) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await
+                }
                 other => return other,
             }
         }
