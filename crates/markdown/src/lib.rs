@@ -1,1 +1,212 @@
-//! Document bytes to Markdown: one converter per format and a registry that sniffs content. No HTTP.
+//! Document bytes to Markdown: one converter per format and a registry that sniffs content.
+//!
+//! This crate owns format detection ([`detect`]), one converter module per format under
+//! `formats/`, and the limits that keep hostile files harmless ([`Limits`]: input size, bytes
+//! unpacked from archives, archive members, nesting depth, a time budget, output size). Every
+//! conversion runs on its own thread with a large stack, and a panic inside a third-party parser
+//! is caught and returned as [`Error::Crashed`]. It deliberately knows nothing of HTTP, JSON
+//! wire shapes, concurrency limits or async runtimes: the server crate wraps it.
+
+mod detect;
+mod error;
+mod formats;
+mod limits;
+mod md;
+mod text;
+mod xml;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+pub use detect::{detect, Detected, Format};
+pub use error::{Error, Result};
+pub use limits::Limits;
+pub use text::decode as decode_text;
+
+use limits::{Budget, Ctx};
+
+/// Stack given to each conversion thread: parsers of nested documents recurse.
+const CONVERSION_STACK_BYTES: usize = 64 * 1024 * 1024;
+
+/// The result of one conversion.
+#[derive(Debug, Clone)]
+pub struct Conversion {
+    /// The document as Markdown.
+    pub markdown: String,
+    /// The format the registry chose.
+    pub format: Format,
+    /// Notes on anything left out (a page without a text layer, an over-limit archive member).
+    pub warnings: Vec<String>,
+}
+
+/// Converts documents under a fixed set of [`Limits`]. Cheap to clone; holds no other state.
+#[derive(Debug, Clone, Default)]
+pub struct Converter {
+    limits: Limits,
+}
+
+impl Converter {
+    /// A converter enforcing `limits`.
+    pub fn new(limits: Limits) -> Self {
+        Converter { limits }
+    }
+
+    /// The limits this converter enforces.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Converts `bytes`; `filename` (if known) breaks ties the content leaves open.
+    ///
+    /// Runs on a fresh thread with a large stack; blocks the caller until done.
+    pub fn convert(&self, bytes: &[u8], filename: Option<&str>) -> Result<Conversion> {
+        if bytes.len() as u64 > self.limits.max_input_bytes {
+            return Err(Error::TooLarge {
+                size: bytes.len() as u64,
+                limit: self.limits.max_input_bytes,
+            });
+        }
+        if bytes.is_empty() {
+            return Err(Error::Empty);
+        }
+        let limits = self.limits.clone();
+        std::thread::scope(|scope| {
+            let worker = std::thread::Builder::new()
+                .name("hearth-markdown".into())
+                .stack_size(CONVERSION_STACK_BYTES)
+                .spawn_scoped(scope, move || convert_here(limits, bytes, filename));
+            match worker {
+                Ok(handle) => handle.join().unwrap_or_else(|panic| {
+                    Err(Error::Crashed {
+                        format: Format::Text,
+                        message: panic_message(panic.as_ref()),
+                    })
+                }),
+                // No thread to be had: convert on the caller's own thread instead.
+                Err(_) => convert_here(self.limits.clone(), bytes, filename),
+            }
+        })
+    }
+
+    /// Converts built-in samples of several formats and checks the output: the health check's
+    /// notion of "the converter works".
+    pub fn self_test(&self) -> Result<()> {
+        formats::self_test(self)
+    }
+}
+
+fn convert_here(limits: Limits, bytes: &[u8], filename: Option<&str>) -> Result<Conversion> {
+    let format = match detect(bytes, filename) {
+        Detected::Known(f) => f,
+        Detected::Refused(what) => {
+            return Err(Error::Unsupported {
+                what: what.to_string(),
+            })
+        }
+        Detected::Unknown => {
+            return Err(Error::Unsupported {
+                what: match filename.and_then(|n| n.rsplit_once('.')) {
+                    Some((_, ext)) => format!("binary content with extension .{ext}"),
+                    None => "unrecognised binary content".to_string(),
+                },
+            })
+        }
+    };
+    let budget = Budget::new(limits);
+    let ctx = Ctx {
+        budget: &budget,
+        depth: 0,
+    };
+    let markdown = convert_format(ctx, format, bytes, filename)?;
+    let markdown = cap_output(markdown, budget.limits.max_output_bytes, &ctx);
+    Ok(Conversion {
+        markdown,
+        format,
+        warnings: budget.into_warnings(),
+    })
+}
+
+/// Runs one format's converter with panics contained. Used for the top level and for nested
+/// documents (archive members, attachments).
+pub(crate) fn convert_format(
+    ctx: Ctx<'_>,
+    format: Format,
+    bytes: &[u8],
+    filename: Option<&str>,
+) -> Result<String> {
+    ctx.check_time()?;
+    let run = AssertUnwindSafe(|| formats::convert(ctx, format, bytes, filename));
+    match catch_unwind(run) {
+        Ok(result) => result.map(|md| md::tidy(&md)),
+        Err(panic) => {
+            let message = panic_message(panic.as_ref());
+            tracing::warn!(%format, %message, "converter panicked; contained");
+            Err(Error::Crashed { format, message })
+        }
+    }
+}
+
+fn cap_output(mut markdown: String, max: usize, ctx: &Ctx<'_>) -> String {
+    if markdown.len() > max {
+        let mut cut = max;
+        while !markdown.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        markdown.truncate(cut);
+        markdown.push_str("\n\n*(output cut at the size limit)*\n");
+        ctx.warn(format!("output cut at {max} bytes"));
+    }
+    markdown
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "internal parser error".to_string()
+    }
+}
+
+/// Entry points into the hand-written parsers, for the fuzz targets in `fuzz/` and the
+/// stress tests. Not a stable API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use crate::limits::{Budget, Ctx};
+    use crate::{Limits, Result};
+
+    fn with_ctx<T>(f: impl FnOnce(Ctx<'_>) -> T) -> T {
+        let budget = Budget::new(Limits::default());
+        f(Ctx {
+            budget: &budget,
+            depth: 0,
+        })
+    }
+
+    /// The RTF reader.
+    pub fn rtf(data: &[u8]) -> Result<String> {
+        with_ctx(|ctx| crate::formats::rtf::convert(ctx, data))
+    }
+
+    /// The MS-OXRTFCP decompressor of `.msg` bodies.
+    pub fn compressed_rtf(data: &[u8]) -> Result<Vec<u8>> {
+        with_ctx(|ctx| crate::formats::msg::decompress_rtf(&ctx, data))
+    }
+
+    /// The XML tree builder: returns the length of the text it kept.
+    pub fn xml(data: &[u8]) -> Result<usize> {
+        with_ctx(|ctx| {
+            crate::xml::parse(&ctx, crate::Format::Xml, data).map(|root| root.text().len())
+        })
+    }
+
+    /// Delimiter sniffing and the CSV table writer.
+    pub fn csv(data: &[u8]) -> Result<String> {
+        with_ctx(|ctx| crate::formats::csv::convert(ctx, crate::Format::Csv, data))
+    }
+
+    /// Format detection.
+    pub fn detect(data: &[u8]) -> crate::Detected {
+        crate::detect(data, None)
+    }
+}

@@ -1,0 +1,50 @@
+//! Converts files with the hearth-markdown library and reports, per file, a tab-separated line:
+//! `path  format  bytes  milliseconds  words  status`. With `--out DIR` the Markdown is written
+//! to `DIR/<file name>.md`. Used by scripts/bench-markdown.sh.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use hearth_markdown::Converter;
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let mut out_dir: Option<PathBuf> = None;
+    let mut files = Vec::new();
+    while let Some(a) = args.next() {
+        if a == "--out" {
+            out_dir = args.next().map(PathBuf::from);
+        } else {
+            files.push(PathBuf::from(a));
+        }
+    }
+    let converter = Converter::default();
+    for path in files {
+        let Ok(bytes) = std::fs::read(&path) else {
+            eprintln!("cannot read {}", path.display());
+            continue;
+        };
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        let start = Instant::now();
+        let result = converter.convert(&bytes, name.as_deref());
+        let ms = start.elapsed().as_secs_f64() * 1000.0;
+        let (format, words, status, markdown) = match result {
+            Ok(c) => (
+                c.format.name().to_string(),
+                c.markdown.split_whitespace().count(),
+                "ok".to_string(),
+                c.markdown,
+            ),
+            Err(e) => ("-".to_string(), 0, format!("error: {e}"), String::new()),
+        };
+        if let (Some(dir), Some(name)) = (&out_dir, &name) {
+            let _ = std::fs::create_dir_all(dir);
+            let _ = std::fs::write(dir.join(format!("{name}.md")), &markdown);
+        }
+        println!(
+            "{}\t{format}\t{}\t{ms:.3}\t{words}\t{status}",
+            path.display(),
+            bytes.len()
+        );
+    }
+}

@@ -1,0 +1,113 @@
+//! E-mail (`.eml`, MIME): the headers that matter, the body (plain text, or HTML converted), and
+//! attachments converted under their own headings within the nesting limits.
+
+use mail_parser::{Address, MessageParser, MimeHeaders};
+
+use crate::detect::{detect, Detected, Format};
+use crate::error::{Error, Result};
+use crate::limits::Ctx;
+use crate::md;
+
+fn addresses(a: Option<&Address<'_>>) -> Option<String> {
+    let list: Vec<String> = a?
+        .iter()
+        .map(
+            |addr| match (addr.name.as_deref(), addr.address.as_deref()) {
+                (Some(n), Some(e)) if !n.is_empty() => format!("{n} <{e}>"),
+                (_, Some(e)) => e.to_string(),
+                (Some(n), None) => n.to_string(),
+                (None, None) => String::new(),
+            },
+        )
+        .filter(|s| !s.is_empty())
+        .collect();
+    (!list.is_empty()).then(|| list.join(", "))
+}
+
+pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
+    let msg = MessageParser::default()
+        .parse(bytes)
+        .ok_or_else(|| Error::malformed(Format::Eml, "not a MIME message"))?;
+    let mut blocks = Vec::new();
+    blocks.push(format!(
+        "# {}",
+        msg.subject().unwrap_or("(no subject)").trim()
+    ));
+    let mut headers = Vec::new();
+    for (label, value) in [
+        ("From", addresses(msg.from())),
+        ("To", addresses(msg.to())),
+        ("Cc", addresses(msg.cc())),
+        ("Date", msg.date().map(|d| d.to_rfc3339())),
+    ] {
+        if let Some(v) = value {
+            headers.push(format!("**{label}:** {}", md::escape_inline(&v)));
+        }
+    }
+    if !headers.is_empty() {
+        blocks.push(headers.join("  \n"));
+    }
+    let body = match msg.body_text(0) {
+        Some(t) if !t.trim().is_empty() => t.replace("\r\n", "\n"),
+        _ => msg
+            .body_html(0)
+            .map(|h| super::html::html_to_markdown(&h))
+            .unwrap_or_default(),
+    };
+    blocks.push(body);
+    for part in msg.attachments() {
+        ctx.check_time()?;
+        let name = part.attachment_name().unwrap_or("attachment").to_string();
+        let data = part.contents();
+        ctx.charge(data.len() as u64)?;
+        let converted = ctx
+            .nested()
+            .and_then(|nested| match detect(data, Some(&name)) {
+                Detected::Known(f) => crate::convert_format(nested, f, data, Some(&name)),
+                _ => Err(Error::Unsupported {
+                    what: "binary attachment".into(),
+                }),
+            });
+        match converted {
+            Ok(text) => blocks.push(format!(
+                "## Attachment: {}\n\n{}",
+                md::escape_inline(&name),
+                text.trim()
+            )),
+            Err(e @ (Error::ExpandsTooMuch { .. } | Error::TimedOut { .. })) => return Err(e),
+            Err(e) => blocks.push(format!(
+                "## Attachment: {}\n\n*(not converted: {e})*",
+                md::escape_inline(&name)
+            )),
+        }
+    }
+    Ok(md::join_blocks(blocks))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::{Budget, Limits};
+
+    #[test]
+    fn headers_body_and_text_attachment() {
+        let eml = b"From: Ann Example <ann@example.org>\r\nTo: bob@example.org\r\nSubject: Quarterly figures\r\nDate: Tue, 1 Oct 2024 10:00:00 +0000\r\nMIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=XX\r\n\r\n--XX\r\nContent-Type: text/plain\r\n\r\nPlease find the numbers attached.\r\n--XX\r\nContent-Type: text/csv\r\nContent-Disposition: attachment; filename=\"q3.csv\"\r\n\r\nregion,sales\r\nnorth,10\r\n--XX--\r\n";
+        let budget = Budget::new(Limits::default());
+        let out = convert(
+            Ctx {
+                budget: &budget,
+                depth: 0,
+            },
+            eml,
+        )
+        .unwrap();
+        assert!(out.starts_with("# Quarterly figures"), "{out}");
+        assert!(
+            out.contains("**From:** Ann Example \\<ann@example.org\\>"),
+            "{out}"
+        );
+        assert!(out.contains("Please find the numbers attached."), "{out}");
+        assert!(out.contains("## Attachment: q3.csv"), "{out}");
+        assert!(out.contains("| north | 10 |"), "{out}");
+    }
+}

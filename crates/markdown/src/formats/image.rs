@@ -1,0 +1,65 @@
+//! Images: format, dimensions and EXIF metadata as a table (no pixels, no OCR).
+
+use std::io::Cursor;
+
+use crate::detect::Format;
+use crate::error::{Error, Result};
+use crate::limits::Ctx;
+use crate::md;
+
+pub fn convert(_ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
+    let kind = imagesize::image_type(bytes).map_err(|e| Error::malformed(Format::Image, e))?;
+    let size = imagesize::blob_size(bytes).map_err(|e| Error::malformed(Format::Image, e))?;
+    let mut rows = vec![
+        vec!["Property".to_string(), "Value".to_string()],
+        vec!["Format".into(), format!("{kind:?}").to_uppercase()],
+        vec!["Width".into(), format!("{} px", size.width)],
+        vec!["Height".into(), format!("{} px", size.height)],
+    ];
+    if let Ok(exif) = exif::Reader::new().read_from_container(&mut Cursor::new(bytes)) {
+        for field in exif.fields() {
+            if field.ifd_num != exif::In::PRIMARY && field.tag.to_string().starts_with("Tag(") {
+                continue;
+            }
+            // Binary blobs (maker notes, thumbnails) are noise in a document.
+            if matches!(field.value, exif::Value::Undefined(..))
+                && field.tag != exif::Tag::ExifVersion
+            {
+                continue;
+            }
+            let value = field.display_value().with_unit(&exif).to_string();
+            if value.len() > 200 {
+                continue;
+            }
+            rows.push(vec![md::cell(&field.tag.to_string()), md::cell(&value)]);
+        }
+    }
+    Ok(format!("# Image\n\n{}", md::table(&rows)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::{Budget, Limits};
+
+    #[test]
+    fn png_dimensions_are_reported() {
+        // A 3x2 PNG header is enough for the dimensions.
+        let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
+        png.extend_from_slice(&3u32.to_be_bytes());
+        png.extend_from_slice(&2u32.to_be_bytes());
+        png.extend_from_slice(&[8, 6, 0, 0, 0, 0, 0, 0, 0]);
+        let budget = Budget::new(Limits::default());
+        let out = convert(
+            Ctx {
+                budget: &budget,
+                depth: 0,
+            },
+            &png,
+        )
+        .unwrap();
+        assert!(out.contains("| Format | PNG |"), "{out}");
+        assert!(out.contains("| Width | 3 px |"), "{out}");
+        assert!(out.contains("| Height | 2 px |"), "{out}");
+    }
+}

@@ -1,0 +1,78 @@
+//! One module per format, and the dispatch from [`Format`] to its converter.
+
+pub(crate) mod archive;
+pub(crate) mod csv;
+mod docx;
+mod email;
+mod epub;
+mod html;
+mod image;
+mod inline;
+mod ipynb;
+pub(crate) mod msg;
+mod odf;
+mod pdf;
+mod pptx;
+pub(crate) mod rtf;
+mod sheet;
+mod structured;
+mod text;
+mod zipfile;
+
+use crate::detect::Format;
+use crate::error::{Error, Result};
+use crate::limits::Ctx;
+use crate::Converter;
+
+/// Converts `bytes`, already identified as `format`.
+pub(crate) fn convert(
+    ctx: Ctx<'_>,
+    format: Format,
+    bytes: &[u8],
+    filename: Option<&str>,
+) -> Result<String> {
+    match format {
+        Format::Pdf => pdf::convert(ctx, bytes),
+        Format::Docx => docx::convert(ctx, bytes),
+        Format::Pptx => pptx::convert(ctx, bytes),
+        Format::Xlsx | Format::Xls | Format::Ods => sheet::convert(ctx, format, bytes),
+        Format::Odt => odf::convert(ctx, bytes),
+        Format::Epub => epub::convert(ctx, bytes),
+        Format::Zip => zipfile::convert(ctx, bytes, filename),
+        Format::Msg => msg::convert(ctx, bytes),
+        Format::Eml => email::convert(ctx, bytes),
+        Format::Rtf => rtf::convert(ctx, bytes),
+        Format::Html => html::convert(ctx, bytes),
+        Format::Xml => structured::xml(ctx, bytes),
+        Format::Json => structured::json(ctx, bytes),
+        Format::Ipynb => ipynb::convert(ctx, bytes),
+        Format::Csv | Format::Tsv => csv::convert(ctx, format, bytes),
+        Format::Markdown => Ok(text::markdown(bytes)),
+        Format::Text => Ok(text::plain(bytes)),
+        Format::Image => image::convert(ctx, bytes),
+    }
+}
+
+/// Converts small built-in samples (HTML, CSV, RTF, JSON) and checks the Markdown that comes out.
+pub(crate) fn self_test(converter: &Converter) -> Result<()> {
+    let samples: [(&str, &[u8], &str); 4] = [
+        (
+            "self-test.html",
+            b"<html><body><h1>Self test</h1><p>Hello <b>world</b></p><script>x()</script></body></html>",
+            "# Self test",
+        ),
+        ("self-test.csv", b"name,qty\napple,3\n", "| apple | 3 |"),
+        ("self-test.rtf", b"{\\rtf1\\ansi {\\b bold} text\\par}", "**bold** text"),
+        ("self-test.json", b"{\"a\": [1, 2]}", "\"a\""),
+    ];
+    for (name, bytes, expected) in samples {
+        let out = converter.convert(bytes, Some(name))?;
+        if !out.markdown.contains(expected) {
+            return Err(Error::Crashed {
+                format: out.format,
+                message: format!("self-test of {name} produced unexpected output"),
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,449 @@
+//! PDF: text in content-stream (reading) order per page through pdf-extract's glyph callbacks,
+//! with our own layout pass: lines and paragraphs from positions, headings from font size,
+//! grid-aligned runs of lines as tables, hyphenation joined, double-printed glyphs dropped.
+//! pdf_oxide is the fallback when pdf-extract cannot open the file.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use pdf_extract::{MediaBox, OutputDev, OutputError, Transform};
+
+use crate::detect::Format;
+use crate::error::{Error, Result};
+use crate::limits::Ctx;
+use crate::md;
+
+#[derive(Debug, Clone)]
+struct Glyph {
+    x: f64,
+    y: f64,
+    end: f64,
+    size: f64,
+    text: String,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Line {
+    /// Pieces separated by wide gaps: (x start, text).
+    segments: Vec<(f64, String)>,
+    size: f64,
+    y: f64,
+}
+
+impl Line {
+    fn text(&self) -> String {
+        self.segments
+            .iter()
+            .map(|(_, t)| t.trim())
+            .filter(|t| !t.is_empty())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+struct Collector<'c> {
+    ctx: &'c Ctx<'c>,
+    page_height: f64,
+    glyphs: Vec<Glyph>,
+    pages: Vec<Vec<Glyph>>,
+    timed_out: bool,
+    count: usize,
+}
+
+impl OutputDev for Collector<'_> {
+    fn begin_page(
+        &mut self,
+        _n: u32,
+        media_box: &MediaBox,
+        _art: Option<(f64, f64, f64, f64)>,
+    ) -> std::result::Result<(), OutputError> {
+        self.page_height = media_box.ury - media_box.lly;
+        self.glyphs.clear();
+        Ok(())
+    }
+
+    fn end_page(&mut self) -> std::result::Result<(), OutputError> {
+        self.pages.push(std::mem::take(&mut self.glyphs));
+        Ok(())
+    }
+
+    fn output_character(
+        &mut self,
+        trm: &Transform,
+        width: f64,
+        _spacing: f64,
+        font_size: f64,
+        text: &str,
+    ) -> std::result::Result<(), OutputError> {
+        self.count += 1;
+        if self.count % 2048 == 0 && self.ctx.out_of_time() {
+            self.timed_out = true;
+            return Err(OutputError::FormatError(std::fmt::Error));
+        }
+        let scale = (trm.m11 * trm.m22 - trm.m12 * trm.m21).abs().sqrt();
+        let size = (font_size * scale).abs().max(0.1);
+        let x = trm.m31;
+        let y = self.page_height - trm.m32;
+        // Fake bold and shadows print the same glyph twice at (almost) the same spot.
+        let dup = self.glyphs.iter().rev().take(4).any(|g| {
+            g.text == text && (g.x - x).abs() < size * 0.2 && (g.y - y).abs() < size * 0.2
+        });
+        if dup || text.is_empty() {
+            return Ok(());
+        }
+        self.glyphs.push(Glyph {
+            x,
+            y,
+            end: x + width * size,
+            size,
+            text: text.to_string(),
+        });
+        Ok(())
+    }
+
+    fn begin_word(&mut self) -> std::result::Result<(), OutputError> {
+        Ok(())
+    }
+    fn end_word(&mut self) -> std::result::Result<(), OutputError> {
+        Ok(())
+    }
+    fn end_line(&mut self) -> std::result::Result<(), OutputError> {
+        Ok(())
+    }
+}
+
+pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
+    let pages = match catch_unwind(AssertUnwindSafe(|| extract(&ctx, bytes))) {
+        Ok(Ok(pages)) => pages,
+        Ok(Err(e @ (Error::Encrypted { .. } | Error::TimedOut { .. }))) => return Err(e),
+        Ok(Err(primary)) => return fallback(&ctx, bytes, primary),
+        Err(_) => {
+            return fallback(
+                &ctx,
+                bytes,
+                Error::malformed(Format::Pdf, "pdf-extract failed on this file"),
+            )
+        }
+    };
+    if pages
+        .iter()
+        .all(|p| p.iter().all(|l| l.text().trim().is_empty()))
+        && !pages.is_empty()
+    {
+        // No text at all: maybe a font pdf-extract cannot decode; see whether pdf_oxide can.
+        if let Ok(text) = fallback(&ctx, bytes, Error::malformed(Format::Pdf, "no text")) {
+            if !text.trim().is_empty() && !text.contains("has no text layer") {
+                return Ok(text);
+            }
+        }
+    }
+    Ok(render(&ctx, &pages))
+}
+
+fn extract(ctx: &Ctx<'_>, bytes: &[u8]) -> Result<Vec<Vec<Line>>> {
+    let mut doc =
+        pdf_extract::Document::load_mem(bytes).map_err(|e| Error::malformed(Format::Pdf, e))?;
+    if doc.is_encrypted() && doc.decrypt("").is_err() {
+        return Err(Error::Encrypted {
+            format: Format::Pdf,
+        });
+    }
+    let numbers: Vec<u32> = doc.get_pages().keys().copied().collect();
+    let mut out = Vec::with_capacity(numbers.len());
+    let mut collector = Collector {
+        ctx,
+        page_height: 792.0,
+        glyphs: Vec::new(),
+        pages: Vec::new(),
+        timed_out: false,
+        count: 0,
+    };
+    for n in numbers {
+        ctx.check_time()?;
+        collector.glyphs.clear();
+        let before = collector.pages.len();
+        // One page failing (or panicking inside the parser) costs that page, not the document.
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            pdf_extract::output_doc_page(&doc, &mut collector, n)
+        }));
+        if collector.timed_out {
+            return Err(Error::TimedOut {
+                limit: ctx.limits().time_limit,
+            });
+        }
+        let glyphs = if collector.pages.len() > before {
+            collector.pages.pop().unwrap_or_default()
+        } else {
+            std::mem::take(&mut collector.glyphs)
+        };
+        if !matches!(result, Ok(Ok(()))) {
+            ctx.warn(format!("page {n}: could not be read completely"));
+        }
+        out.push(lines(&glyphs));
+    }
+    Ok(out)
+}
+
+/// Groups glyphs, in content-stream order, into lines; wide gaps split a line into segments.
+fn lines(glyphs: &[Glyph]) -> Vec<Line> {
+    let mut out: Vec<Line> = Vec::new();
+    let mut cur = Line::default();
+    let mut last: Option<&Glyph> = None;
+    for g in glyphs {
+        if let Some(p) = last {
+            let dy = (g.y - p.y).abs();
+            let size = p.size.max(g.size);
+            let new_line = dy > size * 1.5
+                || (g.x < p.end - size * 0.5 && dy > size * 0.5)
+                || (g.x < p.x - size * 5.0);
+            if new_line {
+                if !cur.segments.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                }
+            } else {
+                let gap = g.x - p.end;
+                if gap > size * 1.5 {
+                    cur.segments.push((g.x, String::new()));
+                } else if gap > size * 0.15 && !p.text.ends_with(' ') && !g.text.starts_with(' ') {
+                    if let Some(seg) = cur.segments.last_mut() {
+                        seg.1.push(' ');
+                    }
+                }
+            }
+        }
+        if cur.segments.is_empty() {
+            cur.segments.push((g.x, String::new()));
+            cur.y = g.y;
+        }
+        if let Some(seg) = cur.segments.last_mut() {
+            seg.1.push_str(&g.text);
+        }
+        if g.text.trim().is_empty() {
+            // Spaces do not set the size of a line.
+        } else {
+            cur.size = cur.size.max(g.size);
+        }
+        last = Some(g);
+    }
+    if !cur.segments.is_empty() {
+        out.push(cur);
+    }
+    out.retain(|l| !l.text().is_empty());
+    out
+}
+
+fn round(size: f64) -> i64 {
+    (size * 2.0).round() as i64
+}
+
+fn render(ctx: &Ctx<'_>, pages: &[Vec<Line>]) -> String {
+    // Body size: the size carrying the most characters.
+    let mut weight: HashMap<i64, usize> = HashMap::new();
+    for l in pages.iter().flatten() {
+        *weight.entry(round(l.size)).or_default() += l.text().chars().count();
+    }
+    let body = weight
+        .iter()
+        .max_by_key(|(s, w)| (**w, -**s))
+        .map(|(s, _)| *s)
+        .unwrap_or(24);
+    let is_heading = |l: &Line| {
+        let t = l.text();
+        round(l.size) as f64 >= body as f64 * 1.15
+            && t.chars().count() <= 150
+            && t.chars().any(char::is_alphabetic)
+    };
+    let mut heading_sizes: Vec<i64> = pages
+        .iter()
+        .flatten()
+        .filter(|l| is_heading(l))
+        .map(|l| round(l.size))
+        .collect();
+    heading_sizes.sort_unstable_by(|a, b| b.cmp(a));
+    heading_sizes.dedup();
+    let level_of = |size: i64| {
+        heading_sizes
+            .iter()
+            .position(|&s| s == size)
+            .map(|p| (p + 1).min(4))
+            .unwrap_or(4)
+    };
+
+    let mut blocks: Vec<String> = Vec::new();
+    for (pi, page) in pages.iter().enumerate() {
+        if page.is_empty() {
+            blocks.push(format!(
+                "*(page {} has no text layer; it may be a scanned image)*",
+                pi + 1
+            ));
+            ctx.warn(format!("page {} has no text layer", pi + 1));
+            continue;
+        }
+        let mut i = 0;
+        let mut para: Vec<String> = Vec::new();
+        let mut prev: Option<&Line> = None;
+        while i < page.len() {
+            let line = &page[i];
+            // A table: three or more consecutive lines with the same number (2+) of wide-gap segments.
+            let cols = line.segments.len();
+            if cols >= 2 {
+                let mut j = i;
+                while j < page.len() && page[j].segments.len() == cols && !is_heading(&page[j]) {
+                    j += 1;
+                }
+                if j - i >= 3 {
+                    flush(&mut para, &mut blocks);
+                    let rows: Vec<Vec<String>> = page[i..j]
+                        .iter()
+                        .map(|l| l.segments.iter().map(|(_, t)| md::cell(t)).collect())
+                        .collect();
+                    blocks.push(md::table(&rows));
+                    i = j;
+                    prev = None;
+                    continue;
+                }
+            }
+            let text = line.text();
+            if is_heading(line) {
+                flush(&mut para, &mut blocks);
+                let level = level_of(round(line.size));
+                // Consecutive lines of the same heading size are one wrapped heading.
+                match (prev, blocks.last_mut()) {
+                    (Some(p), Some(last))
+                        if is_heading(p)
+                            && round(p.size) == round(line.size)
+                            && last.starts_with('#') =>
+                    {
+                        last.push(' ');
+                        last.push_str(&text);
+                    }
+                    _ => blocks.push(format!("{} {}", "#".repeat(level), text)),
+                }
+            } else {
+                let bullet = bullet_item(&text);
+                let gap = prev.map(|p| (line.y - p.y).abs()).unwrap_or(0.0);
+                let new_para = prev.is_none_or(|p| {
+                    is_heading(p) || gap > p.size.max(line.size) * 1.9 || line.y < p.y
+                });
+                if bullet.is_some() || new_para {
+                    flush(&mut para, &mut blocks);
+                }
+                para.push(bullet.unwrap_or(text));
+            }
+            prev = Some(line);
+            i += 1;
+        }
+        flush(&mut para, &mut blocks);
+    }
+    md::join_blocks(blocks)
+}
+
+fn bullet_item(text: &str) -> Option<String> {
+    let t = text.trim_start();
+    for b in ["•", "◦", "▪", "●", "○", "■", "–", "", "·"] {
+        if let Some(rest) = t.strip_prefix(b) {
+            if rest.starts_with(' ') || rest.starts_with('\t') {
+                return Some(format!("- {}", rest.trim()));
+            }
+        }
+    }
+    None
+}
+
+/// Joins a paragraph's lines, mending words hyphenated across line ends.
+fn flush(para: &mut Vec<String>, blocks: &mut Vec<String>) {
+    if para.is_empty() {
+        return;
+    }
+    let mut text = String::new();
+    for line in para.drain(..) {
+        let line = line.trim();
+        if text.is_empty() {
+            text.push_str(line);
+            continue;
+        }
+        let hyphenated = text.ends_with('-')
+            && text[..text.len() - 1]
+                .chars()
+                .last()
+                .is_some_and(char::is_lowercase)
+            && line.chars().next().is_some_and(char::is_lowercase);
+        if hyphenated {
+            text.pop();
+            text.push_str(line);
+        } else {
+            text.push(' ');
+            text.push_str(line);
+        }
+    }
+    blocks.push(text);
+}
+
+/// pdf_oxide, for files pdf-extract cannot open.
+fn fallback(ctx: &Ctx<'_>, bytes: &[u8], primary: Error) -> Result<String> {
+    let result = catch_unwind(AssertUnwindSafe(|| -> Result<String> {
+        let doc = pdf_oxide::PdfDocument::from_bytes(bytes.to_vec())
+            .map_err(|e| Error::malformed(Format::Pdf, e))?;
+        let count = doc
+            .page_count()
+            .map_err(|e| Error::malformed(Format::Pdf, e))?;
+        let mut blocks = Vec::new();
+        for i in 0..count {
+            ctx.check_time()?;
+            match doc.extract_text(i) {
+                Ok(t) if !t.trim().is_empty() => blocks.push(t),
+                Ok(_) => blocks.push(format!(
+                    "*(page {} has no text layer; it may be a scanned image)*",
+                    i + 1
+                )),
+                Err(e) => ctx.warn(format!("page {}: {e}", i + 1)),
+            }
+        }
+        Ok(md::join_blocks(blocks))
+    }));
+    match result {
+        Ok(Ok(text)) => {
+            ctx.warn("read with the fallback PDF parser");
+            Ok(text)
+        }
+        Ok(Err(e @ Error::TimedOut { .. })) => Err(e),
+        _ => Err(primary),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn g(x: f64, y: f64, text: &str) -> Glyph {
+        Glyph {
+            x,
+            y,
+            end: x + 6.0 * text.chars().count() as f64,
+            size: 12.0,
+            text: text.into(),
+        }
+    }
+
+    #[test]
+    fn hyphenated_line_ends_are_joined() {
+        let mut para = vec!["the conver-".to_string(), "sion works".to_string()];
+        let mut blocks = Vec::new();
+        flush(&mut para, &mut blocks);
+        assert_eq!(blocks, vec!["the conversion works"]);
+    }
+
+    #[test]
+    fn glyphs_group_into_lines_and_segments() {
+        let glyphs = vec![
+            g(10.0, 100.0, "Name"),
+            g(200.0, 100.0, "Qty"),
+            g(10.0, 115.0, "apple"),
+            g(200.0, 115.0, "3"),
+        ];
+        let lines = lines(&glyphs);
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0].segments.len(), 2);
+        assert_eq!(lines[1].text(), "apple 3");
+    }
+}

@@ -1,0 +1,297 @@
+//! PPTX (PresentationML): a section per slide with its title, text in reading order, bulleted
+//! body placeholders with their levels, tables, picture alt text and speaker notes.
+
+use std::collections::HashMap;
+
+use super::archive::{self, Archive};
+use super::inline::{self, Run};
+use crate::detect::Format;
+use crate::error::{Error, Result};
+use crate::limits::Ctx;
+use crate::md;
+use crate::xml::Element;
+
+pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
+    let mut ar = Archive::open(&ctx, Format::Pptx, bytes)?;
+    let pres_part = archive::relationships(&ctx, &mut ar, "")?
+        .into_iter()
+        .find(|r| r.kind == "officeDocument")
+        .map(|r| r.target)
+        .unwrap_or_else(|| "ppt/presentation.xml".into());
+    let pres = ar
+        .xml(&ctx, &pres_part)?
+        .ok_or_else(|| Error::malformed(Format::Pptx, "no presentation part"))?;
+    let rels: HashMap<String, String> = archive::relationships(&ctx, &mut ar, &pres_part)?
+        .into_iter()
+        .map(|r| (r.id, r.target))
+        .collect();
+    let mut slides = Vec::new();
+    if let Some(list) = pres.find("sldIdLst") {
+        for id in list.children_named("sldId") {
+            if let Some(target) = id
+                .attr_q("r:id")
+                .or_else(|| id.attr("id"))
+                .and_then(|rid| rels.get(rid))
+            {
+                slides.push(target.clone());
+            }
+        }
+    }
+    if slides.is_empty() {
+        // No slide list: fall back to the slide parts in numeric order.
+        let mut names: Vec<String> = ar
+            .names()
+            .into_iter()
+            .filter(|n| n.starts_with("ppt/slides/slide") && n.ends_with(".xml"))
+            .collect();
+        names.sort_by_key(|n| {
+            n.trim_start_matches("ppt/slides/slide")
+                .trim_end_matches(".xml")
+                .parse::<u32>()
+                .unwrap_or(0)
+        });
+        slides = names;
+    }
+    let mut sections = Vec::new();
+    for (i, part) in slides.iter().enumerate() {
+        ctx.check_time()?;
+        let Some(slide) = ar.xml(&ctx, part)? else {
+            continue;
+        };
+        let slide_rels = archive::relationships(&ctx, &mut ar, part)?;
+        let links: HashMap<String, String> = slide_rels
+            .iter()
+            .filter(|r| r.kind == "hyperlink")
+            .map(|r| (r.id.clone(), r.target.clone()))
+            .collect();
+        let (title, body) = slide_content(&ctx, &slide, &links)?;
+        let mut section = match title {
+            Some(t) => format!("## Slide {}: {}", i + 1, t),
+            None => format!("## Slide {}", i + 1),
+        };
+        if !body.trim().is_empty() {
+            section.push_str("\n\n");
+            section.push_str(body.trim());
+        }
+        if let Some(notes_part) = slide_rels.iter().find(|r| r.kind == "notesSlide") {
+            if let Some(notes) = ar.xml(&ctx, &notes_part.target)? {
+                let text = notes_text(&notes, &links);
+                if !text.trim().is_empty() {
+                    section.push_str("\n\n### Notes\n\n");
+                    section.push_str(text.trim());
+                }
+            }
+        }
+        sections.push(section);
+    }
+    Ok(md::join_blocks(sections))
+}
+
+fn placeholder_type(sp: &Element) -> Option<String> {
+    let nv = sp.elements().find(|e| e.name.starts_with("nv"))?;
+    let ph = nv.child("nvPr")?.child("ph")?;
+    Some(ph.attr("type").unwrap_or("body").to_string())
+}
+
+fn position(shape: &Element) -> (i64, i64) {
+    let off = shape
+        .elements()
+        .find(|e| e.name == "spPr" || e.name == "xfrm" || e.name == "grpSpPr")
+        .and_then(|p| {
+            if p.name == "xfrm" {
+                Some(p)
+            } else {
+                p.child("xfrm")
+            }
+        })
+        .and_then(|x| x.child("off"));
+    let get = |k: &str| {
+        off.and_then(|o| o.attr(k))
+            .and_then(|v| v.parse::<i64>().ok())
+            .unwrap_or(i64::MAX / 2)
+    };
+    (get("y"), get("x"))
+}
+
+/// (title, body Markdown) of a slide.
+fn slide_content(
+    ctx: &Ctx<'_>,
+    slide: &Element,
+    links: &HashMap<String, String>,
+) -> Result<(Option<String>, String)> {
+    let Some(tree) = slide.find("spTree") else {
+        return Ok((None, String::new()));
+    };
+    let mut title = None;
+    let mut blocks = Vec::new();
+    shapes(ctx, tree, links, &mut title, &mut blocks)?;
+    Ok((title, md::join_blocks(blocks)))
+}
+
+fn shapes(
+    ctx: &Ctx<'_>,
+    tree: &Element,
+    links: &HashMap<String, String>,
+    title: &mut Option<String>,
+    blocks: &mut Vec<String>,
+) -> Result<()> {
+    let mut ordered: Vec<&Element> = tree.elements().collect();
+    // Reading order: top to bottom, then left to right (stable for shapes without a position).
+    ordered.sort_by_key(|s| position(s));
+    for shape in ordered {
+        ctx.check_time()?;
+        match shape.name.as_str() {
+            "sp" => {
+                let ph = placeholder_type(shape);
+                let Some(body) = shape.child("txBody") else {
+                    continue;
+                };
+                if matches!(ph.as_deref(), Some("title" | "ctrTitle")) && title.is_none() {
+                    let t = paragraphs(body, links, false).replace('\n', " ");
+                    if !t.trim().is_empty() {
+                        *title = Some(t.trim().to_string());
+                        continue;
+                    }
+                }
+                if matches!(ph.as_deref(), Some("sldNum" | "dt" | "ftr")) {
+                    continue;
+                }
+                let bullets = matches!(ph.as_deref(), Some("body" | "obj"));
+                blocks.push(paragraphs(body, links, bullets));
+            }
+            "graphicFrame" => {
+                if let Some(tbl) = shape.find("tbl") {
+                    blocks.push(table(tbl, links));
+                }
+            }
+            "pic" => {
+                let alt = shape
+                    .find("cNvPr")
+                    .and_then(|c| c.attr("descr").filter(|d| !d.trim().is_empty()))
+                    .map(|d| d.replace(['\n', '\r'], " "));
+                let name = shape
+                    .find("cNvPr")
+                    .and_then(|c| c.attr("name"))
+                    .unwrap_or("image");
+                if let Some(alt) = alt {
+                    blocks.push(format!(
+                        "![{}]({})",
+                        md::escape_inline(alt.trim()),
+                        name.replace(' ', "")
+                    ));
+                }
+            }
+            "grpSp" => shapes(ctx, shape, links, title, blocks)?,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The paragraphs of a text body; `bullets` renders them as a list with their levels.
+fn paragraphs(body: &Element, links: &HashMap<String, String>, bullets: bool) -> String {
+    let mut lines = Vec::new();
+    for p in body.children_named("p") {
+        let mut runs = Vec::new();
+        runs_of(p, links, &mut runs);
+        let text = inline::render(&runs).trim().to_string();
+        if text.is_empty() {
+            continue;
+        }
+        let ppr = p.child("pPr");
+        let level = ppr
+            .and_then(|x| x.attr("lvl"))
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(0)
+            .min(8);
+        let no_bullet = ppr.is_some_and(|x| x.child("buNone").is_some());
+        let explicit_bullet =
+            ppr.is_some_and(|x| x.child("buChar").is_some() || x.child("buAutoNum").is_some());
+        if (bullets && !no_bullet) || explicit_bullet {
+            lines.push((
+                format!("{}- {}", "  ".repeat(level), text.replace('\n', " ")),
+                true,
+            ));
+        } else {
+            lines.push((text, false));
+        }
+    }
+    let mut out = String::new();
+    let mut prev_list = false;
+    for (line, list) in lines {
+        if !out.is_empty() {
+            out.push_str(if list && prev_list { "\n" } else { "\n\n" });
+        }
+        out.push_str(&line);
+        prev_list = list;
+    }
+    out
+}
+
+fn runs_of(p: &Element, links: &HashMap<String, String>, runs: &mut Vec<Run>) {
+    for el in p.elements() {
+        match el.name.as_str() {
+            "r" | "fld" => {
+                let rpr = el.child("rPr");
+                let flag = |k: &str| {
+                    rpr.and_then(|r| r.attr(k))
+                        .is_some_and(|v| v == "1" || v == "true")
+                };
+                let link = rpr
+                    .and_then(|r| r.child("hlinkClick"))
+                    .and_then(|h| h.attr_q("r:id").or_else(|| h.attr("id")))
+                    .and_then(|id| links.get(id).cloned());
+                let strike = rpr
+                    .and_then(|r| r.attr("strike"))
+                    .is_some_and(|v| v != "noStrike");
+                runs.push(Run {
+                    text: el.child("t").map(|t| t.text()).unwrap_or_default(),
+                    bold: flag("b"),
+                    italic: flag("i"),
+                    strike,
+                    link,
+                    raw: false,
+                });
+            }
+            "br" => runs.push(Run::raw("  \n")),
+            _ => {}
+        }
+    }
+}
+
+fn table(tbl: &Element, links: &HashMap<String, String>) -> String {
+    let mut rows = Vec::new();
+    for tr in tbl.children_named("tr") {
+        let mut row = Vec::new();
+        for tc in tr.children_named("tc") {
+            let merged = tc.attr("hMerge").is_some() || tc.attr("vMerge").is_some();
+            let text = if merged {
+                String::new()
+            } else {
+                tc.child("txBody")
+                    .map(|b| md::cell(&paragraphs(b, links, false)))
+                    .unwrap_or_default()
+            };
+            row.push(text);
+        }
+        rows.push(row);
+    }
+    md::table(&rows)
+}
+
+fn notes_text(notes: &Element, links: &HashMap<String, String>) -> String {
+    let mut out = Vec::new();
+    let Some(tree) = notes.find("spTree") else {
+        return String::new();
+    };
+    let mut sps = Vec::new();
+    tree.find_all("sp", &mut sps);
+    for sp in sps {
+        if placeholder_type(sp).as_deref() == Some("body") {
+            if let Some(body) = sp.child("txBody") {
+                out.push(paragraphs(body, links, false));
+            }
+        }
+    }
+    md::join_blocks(out)
+}

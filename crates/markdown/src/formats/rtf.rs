@@ -1,0 +1,543 @@
+//! RTF, read by hand: no well-kept permissively licensed crate turns RTF into structured text
+//! (markitdown passes RTF through raw). A single pass over the bytes with an explicit group
+//! stack (no recursion): destinations that carry no text are skipped, `\'hh` bytes decode in the
+//! document's code page, `\uN` in Unicode, bold/italic become emphasis, `\outlinelevel` headings,
+//! `\listtext` bullets list items and `\cell`/`\row` GitHub tables.
+
+use encoding_rs::{Encoding, WINDOWS_1252};
+
+use super::inline::{self, Run};
+use crate::error::Result;
+use crate::limits::Ctx;
+use crate::md;
+
+/// Groups deeper than this are still parsed but share the deepest state (bounded memory).
+const MAX_GROUP_DEPTH: usize = 4096;
+
+#[derive(Debug, Clone)]
+struct State {
+    bold: bool,
+    italic: bool,
+    strike: bool,
+    skip: bool,
+    uc: usize,
+    list_text: bool,
+    field_inst: bool,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            bold: false,
+            italic: false,
+            strike: false,
+            skip: false,
+            uc: 1,
+            list_text: false,
+            field_inst: false,
+        }
+    }
+}
+
+/// Destinations whose text is not document content.
+const SKIP_DESTINATIONS: &[&str] = &[
+    "fonttbl",
+    "colortbl",
+    "stylesheet",
+    "info",
+    "pict",
+    "object",
+    "objdata",
+    "themedata",
+    "colorschememapping",
+    "datastore",
+    "latentstyles",
+    "listtable",
+    "listoverridetable",
+    "rsidtbl",
+    "generator",
+    "xmlnstbl",
+    "mmathPr",
+    "filetbl",
+    "revtbl",
+    "pgdsctbl",
+    "header",
+    "headerl",
+    "headerr",
+    "headerf",
+    "footer",
+    "footerl",
+    "footerr",
+    "footerf",
+    "bkmkstart",
+    "bkmkend",
+    "fldtype",
+    "wgrffmtfilter",
+    "xe",
+    "tc",
+    "private",
+    "nonshppict",
+    "blipuid",
+    "passwordhash",
+    "protusertbl",
+    "defchp",
+    "defpap",
+    "pnseclvl",
+    "panose",
+    "falt",
+    "leveltext",
+    "levelnumbers",
+    "fchars",
+    "lchars",
+    "docvar",
+    "atrfstart",
+    "atrfend",
+    "annotation",
+    "atnid",
+    "atnauthor",
+];
+
+struct Writer {
+    runs: Vec<Run>,
+    blocks: Vec<String>,
+    /// Current table: finished rows, the row being built, the cell being built.
+    rows: Vec<Vec<String>>,
+    row: Vec<String>,
+    in_table: bool,
+    heading: Option<usize>,
+    bullet: bool,
+    link: Option<String>,
+    pending_bytes: Vec<u8>,
+    encoding: &'static Encoding,
+}
+
+impl Writer {
+    fn text(&mut self, st: &State, s: &str) {
+        if st.skip || s.is_empty() {
+            return;
+        }
+        if st.list_text {
+            // The rendered list marker (a bullet or "1."): remember that this is a list item.
+            if s.trim().chars().any(|c| !c.is_whitespace()) {
+                self.bullet = true;
+            }
+            return;
+        }
+        if st.field_inst {
+            if let Some(rest) = s.trim().strip_prefix("HYPERLINK") {
+                let url = rest
+                    .trim()
+                    .trim_matches('"')
+                    .split('"')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_string();
+                if !url.is_empty() && !url.starts_with('\\') {
+                    self.link = Some(url);
+                }
+            }
+            return;
+        }
+        let run = Run {
+            text: s.to_string(),
+            bold: st.bold,
+            italic: st.italic,
+            strike: st.strike,
+            link: self.link.clone(),
+            raw: false,
+        };
+        self.runs.push(run);
+    }
+
+    fn flush_bytes(&mut self, st: &State) {
+        if self.pending_bytes.is_empty() {
+            return;
+        }
+        let bytes = std::mem::take(&mut self.pending_bytes);
+        let (text, _, _) = self.encoding.decode(&bytes);
+        self.text(st, &text);
+    }
+
+    fn paragraph_text(&mut self) -> String {
+        let text = inline::render(&std::mem::take(&mut self.runs));
+        text.trim().to_string()
+    }
+
+    fn end_paragraph(&mut self) {
+        let text = self.paragraph_text();
+        if self.in_table {
+            // A paragraph mark inside a cell: keep the cell's lines together.
+            if let Some(last) = self.row.last_mut() {
+                let _ = last;
+            }
+            if !text.is_empty() {
+                self.runs.push(Run::raw(format!("{text}<br>")));
+            }
+            return;
+        }
+        self.flush_table();
+        if !text.is_empty() {
+            let block = if let Some(level) = self.heading {
+                format!("{} {}", "#".repeat(level), text)
+            } else if self.bullet {
+                format!("- {text}")
+            } else {
+                text
+            };
+            self.blocks.push(block);
+        }
+        self.bullet = false;
+    }
+
+    fn end_cell(&mut self) {
+        let text = self.paragraph_text();
+        self.row.push(md::cell(text.trim_end_matches("<br>")));
+        self.in_table = true;
+    }
+
+    fn end_row(&mut self) {
+        let _ = self.paragraph_text();
+        let row = std::mem::take(&mut self.row);
+        if !row.is_empty() {
+            self.rows.push(row);
+        }
+        self.in_table = false;
+    }
+
+    fn flush_table(&mut self) {
+        if !self.rows.is_empty() {
+            let rows = std::mem::take(&mut self.rows);
+            self.blocks.push(md::table(&rows));
+        }
+    }
+}
+
+fn codepage(n: i32) -> &'static Encoding {
+    let label = match n {
+        437 | 850 | 1252 => "windows-1252",
+        10000 => "macintosh",
+        874 => "windows-874",
+        932 => "shift_jis",
+        936 => "gbk",
+        949 => "euc-kr",
+        950 => "big5",
+        1250..=1258 => {
+            return Encoding::for_label(format!("windows-{n}").as_bytes()).unwrap_or(WINDOWS_1252)
+        }
+        65001 => "utf-8",
+        _ => "windows-1252",
+    };
+    Encoding::for_label(label.as_bytes()).unwrap_or(WINDOWS_1252)
+}
+
+pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
+    let mut stack: Vec<State> = vec![State::default()];
+    let mut overflow = 0usize;
+    let mut w = Writer {
+        runs: Vec::new(),
+        blocks: Vec::new(),
+        rows: Vec::new(),
+        row: Vec::new(),
+        in_table: false,
+        heading: None,
+        bullet: false,
+        link: None,
+        pending_bytes: Vec::new(),
+        encoding: WINDOWS_1252,
+    };
+    // Characters still to skip after a \uN (its ANSI fallback).
+    let mut skip_chars = 0usize;
+    // True right after `{\*`: the next control word starts an ignorable destination.
+    let mut star = false;
+    // True right after `{`: the next control word may name a destination.
+    let mut group_start = false;
+    let mut i = 0usize;
+    let b = bytes;
+    let mut steps = 0u32;
+    while i < b.len() {
+        steps = steps.wrapping_add(1);
+        if steps % 65536 == 0 {
+            ctx.check_time()?;
+        }
+        let c = b[i];
+        match c {
+            b'{' => {
+                w.flush_bytes(stack.last().expect("stack never empty"));
+                if stack.len() < MAX_GROUP_DEPTH {
+                    let top = stack.last().cloned().unwrap_or_default();
+                    stack.push(top);
+                } else {
+                    overflow += 1;
+                }
+                group_start = true;
+                star = false;
+                i += 1;
+            }
+            b'}' => {
+                w.flush_bytes(stack.last().expect("stack never empty"));
+                if overflow > 0 {
+                    overflow -= 1;
+                } else if stack.len() > 1 {
+                    let closed = stack.pop().unwrap_or_default();
+                    if closed.field_inst {
+                        // leaving \fldinst: the link applies to the following \fldrslt
+                    } else if w.link.is_some()
+                        && !stack.last().is_some_and(|s| s.field_inst)
+                        && closed.skip == false
+                    {
+                        // leaving the field result group ends the link
+                    }
+                }
+                group_start = false;
+                i += 1;
+            }
+            b'\\' => {
+                i += 1;
+                if i >= b.len() {
+                    break;
+                }
+                let st_skip = stack.last().is_some_and(|s| s.skip);
+                let n = b[i];
+                if n.is_ascii_alphabetic() {
+                    let start = i;
+                    while i < b.len() && b[i].is_ascii_alphabetic() && i - start < 32 {
+                        i += 1;
+                    }
+                    let word = std::str::from_utf8(&b[start..i]).unwrap_or("");
+                    let num_start = i;
+                    if i < b.len() && b[i] == b'-' {
+                        i += 1;
+                    }
+                    while i < b.len() && b[i].is_ascii_digit() && i - num_start < 11 {
+                        i += 1;
+                    }
+                    let param: Option<i32> = std::str::from_utf8(&b[num_start..i])
+                        .ok()
+                        .and_then(|s| s.parse().ok());
+                    if i < b.len() && b[i] == b' ' {
+                        i += 1;
+                    }
+                    if word != "'" {
+                        w.flush_bytes(stack.last().expect("stack never empty"));
+                    }
+                    let was_group_start = group_start;
+                    group_start = false;
+                    let st = stack.last_mut().expect("stack never empty");
+                    if (star && was_group_start)
+                        || (was_group_start && SKIP_DESTINATIONS.contains(&word))
+                    {
+                        if word == "fldinst" {
+                            st.field_inst = true;
+                        } else {
+                            st.skip = true;
+                        }
+                        star = false;
+                        continue;
+                    }
+                    star = false;
+                    if skip_chars > 0 && !matches!(word, "u") {
+                        skip_chars = 0;
+                    }
+                    match word {
+                        "fldinst" => st.field_inst = true,
+                        "fldrslt" => st.field_inst = false,
+                        "listtext" | "pntext" => st.list_text = true,
+                        "ansicpg" => w.encoding = codepage(param.unwrap_or(1252)),
+                        "mac" => w.encoding = codepage(10000),
+                        "uc" => st.uc = param.unwrap_or(1).clamp(0, 10) as usize,
+                        "u" => {
+                            if let Some(p) = param {
+                                let code = if p < 0 { p + 65536 } else { p } as u32;
+                                let s = char::from_u32(code).map(String::from).unwrap_or_default();
+                                let st = st.clone();
+                                w.text(&st, &s);
+                                skip_chars = st.uc;
+                            }
+                        }
+                        "b" => st.bold = param != Some(0),
+                        "i" => st.italic = param != Some(0),
+                        "strike" | "striked" => st.strike = param != Some(0),
+                        "plain" => {
+                            st.bold = false;
+                            st.italic = false;
+                            st.strike = false;
+                        }
+                        "pard" => {
+                            w.heading = None;
+                        }
+                        "outlinelevel" => w.heading = param.map(|l| (l.clamp(0, 5) + 1) as usize),
+                        "par" | "sect" | "page" if !st_skip => {
+                            w.end_paragraph();
+                            w.link = None;
+                        }
+                        "line" if !st_skip => w.runs.push(Run::raw("  \n")),
+                        "tab" if !st_skip => {
+                            let st = st.clone();
+                            w.text(&st, " ");
+                        }
+                        "cell" | "nestcell" if !st_skip => w.end_cell(),
+                        "row" | "nestrow" if !st_skip => w.end_row(),
+                        "emdash" => {
+                            let st = st.clone();
+                            w.text(&st, "—");
+                        }
+                        "endash" => {
+                            let st = st.clone();
+                            w.text(&st, "–");
+                        }
+                        "bullet" => {
+                            let st = st.clone();
+                            w.text(&st, "•");
+                        }
+                        "lquote" => {
+                            let st = st.clone();
+                            w.text(&st, "‘");
+                        }
+                        "rquote" => {
+                            let st = st.clone();
+                            w.text(&st, "’");
+                        }
+                        "ldblquote" => {
+                            let st = st.clone();
+                            w.text(&st, "“");
+                        }
+                        "rdblquote" => {
+                            let st = st.clone();
+                            w.text(&st, "”");
+                        }
+                        "bin" => {
+                            // Raw binary data of the given length follows.
+                            let len = param.unwrap_or(0).max(0) as usize;
+                            i = i.saturating_add(len).min(b.len());
+                        }
+                        _ => {}
+                    }
+                } else {
+                    i += 1;
+                    group_start = false;
+                    match n {
+                        b'*' => {
+                            star = true;
+                            group_start = true;
+                        }
+                        b'\'' => {
+                            if i + 2 <= b.len() {
+                                let hex = |c: u8| (c as char).to_digit(16);
+                                if let (Some(h), Some(l)) = (hex(b[i]), hex(b[i + 1])) {
+                                    if skip_chars > 0 {
+                                        skip_chars -= 1;
+                                    } else {
+                                        w.pending_bytes.push((h * 16 + l) as u8);
+                                    }
+                                }
+                                i += 2;
+                            } else {
+                                i = b.len();
+                            }
+                        }
+                        b'~' => w.text(&stack.last().cloned().unwrap_or_default(), "\u{a0}"),
+                        b'_' => w.text(&stack.last().cloned().unwrap_or_default(), "-"),
+                        b'-' => {}
+                        b'\\' | b'{' | b'}' => {
+                            let s = (n as char).to_string();
+                            w.text(&stack.last().cloned().unwrap_or_default(), &s);
+                        }
+                        b'\n' | b'\r' => {
+                            w.flush_bytes(stack.last().expect("stack never empty"));
+                            if !st_skip {
+                                w.end_paragraph();
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            b'\r' | b'\n' => i += 1,
+            _ => {
+                group_start = false;
+                star = false;
+                // Plain text up to the next special byte.
+                let start = i;
+                while i < b.len() && !matches!(b[i], b'{' | b'}' | b'\\' | b'\r' | b'\n') {
+                    i += 1;
+                }
+                let mut chunk = &b[start..i];
+                while skip_chars > 0 && !chunk.is_empty() {
+                    chunk = &chunk[1..];
+                    skip_chars -= 1;
+                }
+                if !chunk.is_empty() {
+                    w.flush_bytes(stack.last().expect("stack never empty"));
+                    let (text, _, _) = w.encoding.decode(chunk);
+                    let st = stack.last().cloned().unwrap_or_default();
+                    w.text(&st, &text);
+                }
+            }
+        }
+    }
+    let st = stack.last().cloned().unwrap_or_default();
+    w.flush_bytes(&st);
+    if !w.row.is_empty() {
+        w.end_row();
+    }
+    w.in_table = false;
+    w.end_paragraph();
+    w.flush_table();
+    Ok(md::join_blocks(std::mem::take(&mut w.blocks)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::{Budget, Limits};
+
+    fn run(rtf: &[u8]) -> String {
+        let budget = Budget::new(Limits::default());
+        convert(
+            Ctx {
+                budget: &budget,
+                depth: 0,
+            },
+            rtf,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn text_emphasis_and_code_page_bytes() {
+        let out = run(br"{\rtf1\ansi\ansicpg1252{\fonttbl{\f0 Times;}}{\colortbl;\red0\green0\blue0;}\f0 Caf\'e9 is {\b bold} and {\i slanted}.\par Second \u8364? line.\par}");
+        assert_eq!(out, "Café is **bold** and *slanted*.\n\nSecond € line.\n");
+    }
+
+    #[test]
+    fn ignorable_destinations_are_skipped() {
+        let out = run(br"{\rtf1{\*\generator Riched20;}{\info{\title Secret}}Visible\par}");
+        assert_eq!(out, "Visible\n");
+    }
+
+    #[test]
+    fn tables_become_markdown_tables() {
+        let out = run(br"{\rtf1\trowd\cellx1000\cellx2000 Name\cell Qty\cell\row\trowd\cellx1000\cellx2000 apple\cell 3\cell\row\pard After\par}");
+        assert!(
+            out.contains("| Name | Qty |\n| --- | --- |\n| apple | 3 |"),
+            "{out}"
+        );
+        assert!(out.contains("After"), "{out}");
+    }
+
+    #[test]
+    fn headings_lists_and_links() {
+        let out = run(br#"{\rtf1\pard\outlinelevel0 Title\par\pard{\listtext\'95\tab}Item one\par{\field{\*\fldinst HYPERLINK "https://example.org"}{\fldrslt site}}\par}"#);
+        assert!(out.contains("# Title"), "{out}");
+        assert!(out.contains("- Item one"), "{out}");
+        assert!(out.contains("[site](https://example.org)"), "{out}");
+    }
+
+    #[test]
+    fn unbalanced_and_deep_groups_do_not_fail() {
+        let deep = format!("{{\\rtf1 {}x{}", "{".repeat(100_000), "}".repeat(10));
+        assert_eq!(run(deep.as_bytes()), "x\n");
+        assert_eq!(run(b"{\\rtf1 \\'"), "");
+    }
+}

@@ -1,0 +1,138 @@
+//! Resource limits and the per-conversion context that enforces them.
+
+use std::cell::{Cell, RefCell};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+
+/// Bounds on the work one conversion may do. The defaults suit a public upload service.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Largest input accepted, in bytes.
+    pub max_input_bytes: u64,
+    /// Total bytes that may be decompressed out of archives (zip members, nested archives,
+    /// attachments) during one conversion, all levels together.
+    pub max_unpacked_bytes: u64,
+    /// Most members one archive may list.
+    pub max_members: usize,
+    /// Deepest nesting of archives within archives, and of XML/HTML elements walked.
+    pub max_depth: usize,
+    /// Deepest XML element nesting a converter follows; deeper content is flattened.
+    pub max_xml_depth: usize,
+    /// Wall-clock budget of one conversion, checked between pages, rows, members and elements.
+    pub time_limit: Duration,
+    /// Largest Markdown output, in bytes; past it the output is cut and a note added.
+    pub max_output_bytes: usize,
+    /// Most rows rendered per spreadsheet sheet or CSV file.
+    pub max_table_rows: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_input_bytes: 50 * 1024 * 1024,
+            max_unpacked_bytes: 512 * 1024 * 1024,
+            max_members: 10_000,
+            max_depth: 4,
+            max_xml_depth: 256,
+            time_limit: Duration::from_secs(30),
+            max_output_bytes: 64 * 1024 * 1024,
+            max_table_rows: 100_000,
+        }
+    }
+}
+
+/// Counters shared by every level of one conversion.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    pub limits: Limits,
+    deadline: Instant,
+    unpacked: Cell<u64>,
+    warnings: RefCell<Vec<String>>,
+}
+
+impl Budget {
+    pub fn new(limits: Limits) -> Self {
+        let deadline = Instant::now() + limits.time_limit;
+        Budget {
+            limits,
+            deadline,
+            unpacked: Cell::new(0),
+            warnings: RefCell::new(Vec::new()),
+        }
+    }
+
+    pub fn into_warnings(self) -> Vec<String> {
+        self.warnings.into_inner()
+    }
+}
+
+/// What a converter sees: the shared budget plus its own nesting depth.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ctx<'a> {
+    pub budget: &'a Budget,
+    pub depth: usize,
+}
+
+impl<'a> Ctx<'a> {
+    pub fn limits(&self) -> &'a Limits {
+        &self.budget.limits
+    }
+
+    /// Fails once the time limit has passed. Cheap: call it in every loop over input.
+    pub fn check_time(&self) -> Result<()> {
+        if Instant::now() > self.budget.deadline {
+            Err(Error::TimedOut {
+                limit: self.budget.limits.time_limit,
+            })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Whether the time limit has passed (for callbacks that cannot return our error).
+    pub fn out_of_time(&self) -> bool {
+        Instant::now() > self.budget.deadline
+    }
+
+    /// Accounts `bytes` of decompressed data against the unpacked-bytes limit.
+    pub fn charge(&self, bytes: u64) -> Result<()> {
+        let total = self.budget.unpacked.get().saturating_add(bytes);
+        self.budget.unpacked.set(total);
+        if total > self.budget.limits.max_unpacked_bytes {
+            Err(Error::ExpandsTooMuch {
+                limit: self.budget.limits.max_unpacked_bytes,
+            })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Bytes that may still be unpacked.
+    pub fn unpack_allowance(&self) -> u64 {
+        self.budget
+            .limits
+            .max_unpacked_bytes
+            .saturating_sub(self.budget.unpacked.get())
+    }
+
+    /// A context one nesting level deeper (an archive member, an attachment).
+    pub fn nested(&self) -> Result<Ctx<'a>> {
+        if self.depth + 1 > self.budget.limits.max_depth {
+            return Err(Error::TooDeep {
+                limit: self.budget.limits.max_depth,
+            });
+        }
+        Ok(Ctx {
+            budget: self.budget,
+            depth: self.depth + 1,
+        })
+    }
+
+    /// Records something the user should know about a partial result.
+    pub fn warn(&self, message: impl Into<String>) {
+        let message = message.into();
+        tracing::debug!(%message, "conversion warning");
+        self.budget.warnings.borrow_mut().push(message);
+    }
+}

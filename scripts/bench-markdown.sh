@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# Benchmark: markitdown (PyPI, in a git-ignored venv) against Hearth's markdown converter, on the
+# same corpus (scripts/fetch-test-docs.sh), in one run. Hearth is measured twice: the library
+# (release build of the md_convert example, in-process timing per file) and the service over
+# HTTP (the hearth binary's markdown listener, one keep-alive connection, timing per request).
+# markitdown is timed in-process too, after its imports, so neither side pays start-up costs.
+# Prints per-format and total times with ratios, and a content check per document: word counts
+# and the share of markitdown's distinct words that Hearth's output also contains.
+#
+# Usage: scripts/bench-markdown.sh [--no-service] [--repeat N]
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+SERVICE=1
+REPEAT=3
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-service) SERVICE=0 ;;
+    --repeat) REPEAT="$2"; shift ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
+CORPUS="$ROOT/.cache/test-docs"
+WORK="$ROOT/.cache/bench-markdown"
+VENV="$ROOT/.venv-markitdown"
+mkdir -p "$WORK"
+
+scripts/fetch-test-docs.sh >/dev/null
+# The corpus: every fetched document except the deliberately unreadable ones (encrypted), plus a
+# zip of a few of them, built here.
+FILES=()
+while IFS= read -r f; do FILES+=("$f"); done < <(find "$CORPUS" -type f ! -name 'r6-user-password.pdf' ! -name 'password.xlsx' | sort)
+python3 - "$WORK/bundle.zip" "$CORPUS" <<'PY'
+import sys, zipfile, os
+out, corpus = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+    for rel in ["python-docx/test.docx", "csvkit/iris.csv", "pypdf/crazyones.pdf", "nbformat/test4.ipynb"]:
+        z.write(os.path.join(corpus, rel), os.path.basename(rel))
+PY
+FILES+=("$WORK/bundle.zip")
+
+if [ ! -x "$VENV/bin/python" ]; then
+  # 0.1.9 requires a certifi newer than the registry holds here; 0.1.8 is the newest that installs.
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet 'markitdown[pdf,docx,pptx,xlsx,xls,outlook]==0.1.8'
+fi
+
+echo "building hearth (release)..." >&2
+cargo build --quiet --release -p hearth-markdown --example md_convert
+if [ "$SERVICE" = 1 ]; then cargo build --quiet --release --bin hearth; fi
+
+printf '%s\n' "${FILES[@]}" > "$WORK/files.txt"
+
+# markitdown, in-process, best of N per file.
+"$VENV/bin/python" - "$WORK" "$REPEAT" <<'PY' > "$WORK/markitdown.tsv"
+import os, sys, time, warnings
+warnings.filterwarnings("ignore")
+from markitdown import MarkItDown
+work, repeat = sys.argv[1], int(sys.argv[2])
+md = MarkItDown()
+os.makedirs(f"{work}/out-markitdown", exist_ok=True)
+for path in open(f"{work}/files.txt").read().split("\n"):
+    if not path: continue
+    best, text, status = None, "", "ok"
+    for _ in range(repeat):
+        t = time.perf_counter()
+        try:
+            text = md.convert(path).text_content or ""
+        except Exception as e:
+            text, status = "", "error: " + type(e).__name__
+        dt = (time.perf_counter() - t) * 1000
+        best = dt if best is None else min(best, dt)
+    open(f"{work}/out-markitdown/{os.path.basename(path)}.md", "w").write(text)
+    print(f"{path}\t{best:.3f}\t{len(text.split())}\t{status}")
+PY
+
+# Hearth library, best of N per file.
+for i in $(seq "$REPEAT"); do
+  "$CARGO_TARGET_DIR/release/examples/md_convert" --out "$WORK/out-hearth" "${FILES[@]}" > "$WORK/hearth-lib.$i.tsv"
+done
+
+# Hearth service over HTTP.
+if [ "$SERVICE" = 1 ]; then
+  PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  HEARTH_MARKDOWN_ADDR="127.0.0.1:$PORT" "$CARGO_TARGET_DIR/release/hearth" serve --only markdown \
+    --markdown-addr "127.0.0.1:$PORT" > "$WORK/service.log" 2>&1 &
+  SERVER_PID=$!
+  trap 'kill $SERVER_PID 2>/dev/null || true' EXIT
+  for _ in $(seq 100); do curl -sf "http://127.0.0.1:$PORT/" >/dev/null 2>&1 && break; sleep 0.1; done
+  python3 - "$WORK" "$PORT" "$REPEAT" <<'PY' > "$WORK/hearth-http.tsv"
+import http.client, os, sys, time, uuid, json
+work, port, repeat = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+for path in open(f"{work}/files.txt").read().split("\n"):
+    if not path: continue
+    data = open(path, "rb").read()
+    boundary = uuid.uuid4().hex
+    name = os.path.basename(path)
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\n"
+            f"Content-Type: application/octet-stream\r\n\r\n").encode() + data + f"\r\n--{boundary}--\r\n".encode()
+    best, status, words = None, "", 0
+    for _ in range(repeat):
+        t = time.perf_counter()
+        conn.request("POST", "/", body, {"Content-Type": f"multipart/form-data; boundary={boundary}"})
+        resp = conn.getresponse()
+        payload = resp.read()
+        dt = (time.perf_counter() - t) * 1000
+        best = dt if best is None else min(best, dt)
+        status = "ok" if resp.status == 200 else f"http {resp.status}"
+        if resp.status == 200:
+            words = len(json.loads(payload)["markdown"].split())
+    print(f"{path}\t{best:.3f}\t{words}\t{status}")
+PY
+fi
+
+python3 - "$WORK" "$REPEAT" "$SERVICE" <<'PY'
+import os, re, sys, collections
+work, repeat, service = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+def load(path, cols):
+    rows = {}
+    for line in open(path):
+        parts = line.rstrip("\n").split("\t")
+        rows[parts[0]] = dict(zip(cols, parts[1:]))
+    return rows
+mk = load(f"{work}/markitdown.tsv", ["ms", "words", "status"])
+libs = [load(f"{work}/hearth-lib.{i}.tsv", ["format", "bytes", "ms", "words", "status"]) for i in range(1, repeat + 1)]
+http = load(f"{work}/hearth-http.tsv", ["ms", "words", "status"]) if service else {}
+def ext(p):
+    e = os.path.splitext(p)[1].lower().lstrip(".")
+    return {"jpg": "image", "tsv": "csv"}.get(e, e)
+words = lambda t: set(re.findall(r"[^\W_]{2,}", t.lower()))
+per = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+worse = []
+print(f"{'document':44} {'fmt':6} {'markitdown ms':>13} {'hearth ms':>10} {'http ms':>9} {'ratio':>7} {'mk words':>9} {'h words':>8} {'kept':>6}")
+for path in mk:
+    lib_ms = min(float(l[path]["ms"]) for l in libs)
+    m_ms = float(mk[path]["ms"])
+    h_ms = float(http[path]["ms"]) if path in http else float("nan")
+    f = ext(path)
+    per[f][0] += 1; per[f][1] += m_ms; per[f][2] += lib_ms; per[f][3] += h_ms if path in http else 0
+    name = os.path.basename(path)
+    mk_text = open(f"{work}/out-markitdown/{name}.md", errors="replace").read()
+    h_text = open(f"{work}/out-hearth/{name}.md", errors="replace").read()
+    mw, hw = words(mk_text), words(h_text)
+    kept = 100.0 * len(mw & hw) / len(mw) if mw else 100.0
+    if mw and kept < 97.0:
+        worse.append((name, kept, sorted(mw - hw)[:12]))
+    status = "" if mk[path]["status"] == "ok" else f"  (markitdown {mk[path]['status']})"
+    print(f"{name[:44]:44} {f:6} {m_ms:13.1f} {lib_ms:10.2f} {h_ms:9.2f} {m_ms / max(lib_ms, 1e-3):6.0f}x {len(mk_text.split()):9} {len(h_text.split()):8} {kept:5.1f}%{status}")
+print()
+print(f"{'format':8} {'files':>5} {'markitdown ms':>14} {'hearth lib ms':>14} {'lib ratio':>10} {'hearth http ms':>15} {'http ratio':>11}")
+tot = [0, 0.0, 0.0, 0.0]
+for f in sorted(per):
+    n, m, l, h = per[f]
+    tot = [tot[0] + n, tot[1] + m, tot[2] + l, tot[3] + h]
+    print(f"{f:8} {n:5} {m:14.1f} {l:14.2f} {m / max(l, 1e-3):9.1f}x {h:15.2f} {(m / h if h else float('nan')):10.1f}x")
+n, m, l, h = tot
+print(f"{'TOTAL':8} {n:5} {m:14.1f} {l:14.2f} {m / max(l, 1e-3):9.1f}x {h:15.2f} {(m / h if h else float('nan')):10.1f}x")
+print()
+if worse:
+    print("documents where Hearth kept less than 97% of markitdown's distinct words:")
+    for name, kept, missing in worse:
+        print(f"  {name}: {kept:.1f}% kept; missing e.g. {' '.join(missing)}")
+else:
+    print("no document where Hearth kept less than 97% of markitdown's distinct words")
+PY
