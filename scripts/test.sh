@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The whole Hearth test suite, on a fresh machine: installs what the tests need (Chromium and
+# ChromeDriver for the browser tests), fetches weights and test documents, then runs
+# `cargo test --workspace`. Extra arguments go to cargo test (e.g. scripts/test.sh -- auth).
+# Browser tests are mandatory here (HEARTH_BROWSER_TESTS=1): a missing browser fails them.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+log() { echo "test.sh: $*" >&2; }
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+# apt_need PACKAGE... : installs the Debian packages that are not installed yet.
+APT_UPDATED=0
+apt_need() {
+    local missing=()
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if [ "$APT_UPDATED" -eq 0 ]; then
+        log "apt-get update"
+        $SUDO apt-get update -qq
+        APT_UPDATED=1
+    fi
+    log "installing ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# ---- system packages --------------------------------------------------------------------
+apt_need chromium chromium-driver    # browser tests of the /ui pages (tests/browser_*.rs)
+
+# ---- fetch steps: weights, documents, python deps ---------------------------------------
+# Each service adds its fetch step here. Steps must be idempotent and quick when done already.
+if [ -x scripts/fetch-weights.sh ]; then
+    log "fetching text weights"
+    scripts/fetch-weights.sh
+fi
+if [ -x scripts/fetch-test-docs.sh ]; then
+    log "fetching markdown test documents"
+    scripts/fetch-test-docs.sh
+fi
+# ---- end of fetch steps -----------------------------------------------------------------
+
+export HEARTH_BROWSER_TESTS=1
+log "cargo test --workspace $*"
+cargo test --workspace "$@"
