@@ -92,7 +92,8 @@ def main():
             llm.eval(ids)
             out = []
             for _ in range(args.tokens):
-                logits = np.asarray(llm.scores[llm.n_tokens - 1])
+                # Only the last position's logits are computed; read them from the context.
+                logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
                 tid = int(np.argmax(logits))
                 out.append(tid)
                 if llama_cpp.llama_vocab_is_eog(llm._model.vocab, tid):

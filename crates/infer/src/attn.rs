@@ -56,6 +56,20 @@ pub(crate) fn rms_norm_chunks(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
+/// Rounds to the nearest f16 value, as llama.cpp's default f16 KV cache and its f16 attention
+/// products do; matching that rounding keeps greedy tokens equal to llama.cpp's.
+#[inline]
+pub(crate) fn round_f16(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
+}
+
+/// Rounds every element of `x` to f16 precision in place.
+pub(crate) fn round_f16_slice(x: &mut [f32]) {
+    for v in x {
+        *v = round_f16(*v);
+    }
+}
+
 /// One query row of a batch: which sequence cache it reads and at which absolute position.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RowRef {
@@ -78,7 +92,8 @@ pub(crate) struct AttnShape {
 
 /// Causal attention for every row: `q` is `[rows, n_head*head_dim]`, `caches[step]` is the
 /// step's (K, V) layer cache `[capacity, n_head_kv*head_dim]` already holding this row's own
-/// K/V. Writes `out` `[rows, n_head*head_dim]`.
+/// K/V. Writes `out` `[rows, n_head*head_dim]`. As llama.cpp (no flash attention, f16 cache):
+/// Q is rounded to f16 for the Q·K products and the softmax weights to f16 for the sum over V.
 pub(crate) fn attention(
     q: &[f32],
     rows: &[RowRef],
@@ -132,7 +147,7 @@ pub(crate) fn attention(
                         let j = start + idx;
                         let vr =
                             &vc[j * kv_dim + kvh * head_dim..j * kv_dim + (kvh + 1) * head_dim];
-                        let w = p * inv;
+                        let w = round_f16(p * inv);
                         for (o, &v) in oh.iter_mut().zip(vr) {
                             *o += w * v;
                         }

@@ -168,6 +168,9 @@ impl Backend for CandleModel {
             if let Some(w) = &layer.k_norm {
                 attn::rms_norm_chunks(&mut k, w, eps);
             }
+            // The cache keeps K/V at f16 precision, as llama.cpp's default cache does.
+            let mut v = v;
+            attn::round_f16_slice(&mut v);
             for (r, row) in rows.iter().enumerate() {
                 attn::rope_row(
                     &mut q[r * qd..(r + 1) * qd],
@@ -185,6 +188,7 @@ impl Backend for CandleModel {
                     self.rope,
                     &mut cs,
                 );
+                attn::round_f16_slice(&mut k[r * kvd..(r + 1) * kvd]);
                 let seq = &mut *steps[row.step].seq;
                 let at = row.pos * kvd..(row.pos + 1) * kvd;
                 seq.k[il][at.clone()].copy_from_slice(&k[r * kvd..(r + 1) * kvd]);
