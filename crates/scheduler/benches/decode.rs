@@ -68,7 +68,6 @@ fn parse_args() -> Result<Args, String> {
 
 /// What one concurrency level measured.
 struct Level {
-    streams: usize,
     tokens: usize,
     wall: Duration,
     ttft: Vec<f64>,
@@ -140,7 +139,6 @@ async fn level(sched: &SchedulerHandle, prompts: &[Vec<u32>], n: usize, args: &A
         })
         .collect();
     let mut out = Level {
-        streams: n,
         tokens: 0,
         wall: Duration::ZERO,
         ttft: vec![],

@@ -395,16 +395,15 @@ impl Batch {
                 rows += 1;
             }
         }
-        let mut prefills = 0;
-        for a in self.active.iter_mut().filter(|a| a.prefilling()) {
+        for (nth, a) in self.active.iter_mut().filter(|a| a.prefilling()).enumerate() {
             let from = a.fed();
             let to = (from + config.prefill_chunk).min(a.prompt_len);
-            if prefills > 0 && to - from > budget {
+            // The first prompt in line always gets its chunk, so prefill never starves.
+            if nth > 0 && to - from > budget {
                 break;
             }
             a.planned = Some((from, to));
             budget = budget.saturating_sub(to - from);
-            prefills += 1;
             rows += 1;
         }
         rows

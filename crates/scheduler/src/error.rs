@@ -32,6 +32,8 @@ pub enum Error {
     /// The prompt leaves no room in the model's context window.
     #[error("prompt is {got} tokens, the model's context holds at most {max} (output included)")]
     PromptTooLong { got: usize, max: usize },
+    #[error("prompt token {id} is outside the model's vocabulary of {vocab_size}")]
+    InvalidToken { id: u32, vocab_size: usize },
     #[error("prompt is empty")]
     EmptyPrompt,
     #[error("max_tokens must be at least 1")]

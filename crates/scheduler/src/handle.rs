@@ -151,6 +151,7 @@ pub(crate) struct Shared {
     pub registry: StreamRegistry,
     pub tokenizer: Arc<TextTokenizer>,
     pub context_length: usize,
+    pub vocab_size: usize,
     pub kv_bytes_per_token: u64,
     pub stopped: watch::Sender<bool>,
     next_id: AtomicU64,
@@ -196,6 +197,7 @@ impl Scheduler {
         let (stopped, stopped_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
             context_length: info.context_length,
+            vocab_size: info.vocab_size,
             kv_bytes_per_token: info.kv_bytes_per_token as u64,
             tokenizer: model.tokenizer(),
             config,
@@ -354,6 +356,16 @@ impl SchedulerHandle {
         }
         if params.max_tokens == 0 {
             return refuse(Error::ZeroMaxTokens);
+        }
+        // Checked here so that one bad request can never fail a step shared with others.
+        if let Some(&id) = prompt_ids
+            .iter()
+            .find(|&&id| id as usize >= shared.vocab_size)
+        {
+            return refuse(Error::InvalidToken {
+                id,
+                vocab_size: shared.vocab_size,
+            });
         }
         if prompt_tokens >= shared.context_length {
             return refuse(Error::PromptTooLong {

@@ -112,16 +112,24 @@ async fn alone_then_together(make: impl Fn() -> SchedulerHandle, max_tokens: usi
             .await,
         );
     }
-    // Together: started at different times, so they join a batch already running, some while
-    // others are still prefilling.
+    // Together: started at different times, measured in engine steps: a pacer stream runs
+    // throughout and request i is submitted after the pacer's 3·i-th token, so each joins a
+    // batch already running, some while others are still prefilling.
+    let pacer_ids = prompt(&sched, "Tell me everything.");
+    let mut pacer = sched.submit(long(pacer_ids, 1_000, "pacer")).await.unwrap();
     let mut tasks = Vec::new();
     for (i, ids) in prompts.iter().enumerate() {
         let s = sched.clone();
         let ids = ids.clone();
+        let params = greedy(max_tokens);
         tasks.push(tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(15 * i as u64)).await;
-            run(&s, ids, greedy(max_tokens), &format!("together-{i}")).await
+            let generation = s
+                .submit(request(ids, params, &format!("together-{i}")))
+                .await
+                .unwrap();
+            generation.collect().await
         }));
+        let _ = read_tokens(&mut pacer, 3).await;
     }
     for (i, task) in tasks.into_iter().enumerate() {
         let together = task.await.expect("task");

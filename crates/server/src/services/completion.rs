@@ -193,7 +193,9 @@ fn scheduler_error(e: hearth_scheduler::Error) -> ApiError {
         E::EngineUnavailable(why) => {
             ApiError::gateway(format!("the model's engine is unavailable: {why}"))
         }
-        E::PromptTooLong { .. } | E::EmptyPrompt => ApiError::invalid_request("messages", e),
+        E::PromptTooLong { .. } | E::EmptyPrompt | E::InvalidToken { .. } => {
+            ApiError::invalid_request("messages", e)
+        }
         E::ExceedsKvBudget { .. } | E::ZeroMaxTokens => {
             ApiError::invalid_request("maxOutputTokens", e)
         }
