@@ -38,35 +38,38 @@ fn attend_body(
     start: usize,
     end: usize,
     scale: f32,
+    f16_weights: bool,
     out: &mut [f32],
 ) {
     let hd = q.len();
     let out = &mut out[..hd];
     out.fill(0.0);
+    if start >= end {
+        return;
+    }
+    // Pass 1: running max and normalizer of the scores.
     let mut m = f32::NEG_INFINITY;
     let mut l = 0f32;
     for j in start..end {
-        let kr = &k[j * stride..j * stride + hd];
-        let s = dot_body(q, kr) * scale;
+        let s = dot_body(q, &k[j * stride..j * stride + hd]) * scale;
         if s > m {
-            let c = (m - s).exp();
-            l *= c;
-            for o in out.iter_mut() {
-                *o *= c;
-            }
+            l = l * (m - s).exp() + 1.0;
             m = s;
-        }
-        let p = (s - m).exp();
-        l += p;
-        let vr = &v[j * stride..j * stride + hd];
-        for (o, &x) in out.iter_mut().zip(vr) {
-            *o += p * x;
+        } else {
+            l += (s - m).exp();
         }
     }
-    if l > 0.0 {
-        let inv = 1.0 / l;
-        for o in out.iter_mut() {
-            *o *= inv;
+    // Pass 2: recompute each score (cheaper than a scores buffer per piece) and add its value.
+    let inv = 1.0 / l;
+    for j in start..end {
+        let s = dot_body(q, &k[j * stride..j * stride + hd]) * scale;
+        let mut w = (s - m).exp() * inv;
+        if f16_weights {
+            w = half::f16::from_f32(w).to_f32();
+        }
+        let vr = &v[j * stride..j * stride + hd];
+        for (o, &x) in out.iter_mut().zip(vr) {
+            *o += w * x;
         }
     }
 }
@@ -150,8 +153,10 @@ multiversion! {
 multiversion! {
     /// One attention head: `out = softmax(scale * q . K[j]) V[j]` over `j in start..end`, where
     /// key `j` is `k[j * stride..][..q.len()]` and value `j` likewise in `v` (pass the cache
-    /// slices starting at the head's offset). Numerically stable (running max).
-    pub fn attend(q: &[f32], k: &[f32], v: &[f32], stride: usize, start: usize, end: usize, scale: f32, out: &mut [f32]) => attend_body
+    /// slices starting at the head's offset). Numerically stable (max subtracted). With
+    /// `f16_weights` the softmax weights are rounded to f16 before the sum over V, as
+    /// llama.cpp does with its default f16 KV cache.
+    pub fn attend(q: &[f32], k: &[f32], v: &[f32], stride: usize, start: usize, end: usize, scale: f32, f16_weights: bool, out: &mut [f32]) => attend_body
 }
 
 multiversion! {
@@ -163,6 +168,13 @@ multiversion! {
     /// Quantizes one activation row into 8-bit blocks of 32 (see `acts`); the output slices
     /// are the row's padded quants and per-lane scales/sums, pre-zeroed by the caller.
     pub fn quantize_row(x: &[f32], q: &mut [i8], lane_scale: &mut [f32], lane_sum: &mut [f32]) => quantize_row_body
+}
+
+/// Rounds every element to the nearest f16 value (what an f16 KV cache keeps).
+pub fn round_to_f16(x: &mut [f32]) {
+    for v in x {
+        *v = half::f16::from_f32(*v).to_f32();
+    }
 }
 
 #[cfg(test)]
@@ -183,7 +195,7 @@ mod tests {
         let q: Vec<f32> = (0..hd).map(|i| (i as f32 - 12.0) * 0.1).collect();
         let off = 8;
         let mut out = vec![0f32; hd];
-        attend(&q, &k[off..], &v[off..], stride, 2, n, 0.5, &mut out);
+        attend(&q, &k[off..], &v[off..], stride, 2, n, 0.5, false, &mut out);
         let scores: Vec<f32> = (2..n)
             .map(|j| (0..hd).map(|d| q[d] * k[off + j * stride + d]).sum::<f32>() * 0.5)
             .collect();
@@ -194,6 +206,28 @@ mod tests {
             let r: f32 = (2..n).map(|j| e[j - 2] / z * v[off + j * stride + d]).sum();
             assert!((out[d] - r).abs() < 1e-5, "{d}: {} vs {r}", out[d]);
         }
+    }
+
+    #[test]
+    fn f16_rounded_softmax_weights_stay_close_to_exact_ones() {
+        let hd = 16;
+        let k: Vec<f32> = (0..20 * hd)
+            .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1)
+            .collect();
+        let v: Vec<f32> = (0..20 * hd)
+            .map(|i| ((i * 3 % 7) as f32 - 3.0) * 0.5)
+            .collect();
+        let q: Vec<f32> = (0..hd).map(|i| i as f32 * 0.05).collect();
+        let (mut a, mut b) = (vec![0f32; hd], vec![0f32; hd]);
+        attend(&q, &k, &v, hd, 0, 20, 0.25, false, &mut a);
+        attend(&q, &k, &v, hd, 0, 20, 0.25, true, &mut b);
+        for d in 0..hd {
+            assert!((a[d] - b[d]).abs() < 2e-3 && a[d] != 0.0);
+        }
+        let mut r = vec![1.0f32 / 3.0, 65504.0, 1e-8];
+        round_to_f16(&mut r);
+        assert_eq!(r[0], half::f16::from_f32(1.0 / 3.0).to_f32());
+        assert_eq!(r[1], 65504.0);
     }
 
     #[test]

@@ -16,6 +16,8 @@
 //! Numerics follow the candle backend (and llama.cpp): RMSNorm, RoPE with angles computed by
 //! repeated multiplication as ggml does (interleaved pairs for llama GGUF, NeoX for Gemma),
 //! SwiGLU / GELU-tanh gates, activations quantized to 8-bit blocks before each product.
+//! K/V are kept at f16 precision and softmax weights rounded to f16, as llama.cpp's default
+//! f16 KV cache does.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -572,6 +574,10 @@ impl Backend for FastModel {
                 for kh in k.chunks_exact_mut(hd) {
                     rope_head(kh, cs, *rope_style);
                 }
+                // The cache keeps K/V at f16 precision, as llama.cpp's default cache (and the
+                // candle backend) do.
+                ops::round_to_f16(k);
+                ops::round_to_f16(v);
                 let seq = &mut *steps[si].seq;
                 seq.k[il][pos * kvd..(pos + 1) * kvd].copy_from_slice(k);
                 seq.v[il][pos * kvd..(pos + 1) * kvd].copy_from_slice(v);
@@ -597,6 +603,7 @@ impl Backend for FastModel {
                         start,
                         pos + 1,
                         scale,
+                        true,
                         out,
                     );
                 });
