@@ -13,6 +13,8 @@ cd "$ROOT"
 THREADS="${THREADS:-2}"
 STREAMS="${STREAMS:-1,4,8,16}"
 MAX_TOKENS="${MAX_TOKENS:-64}"
+# release (default), or dev: dependencies and the model crates are optimised in dev too.
+PROFILE="${PROFILE:-release}"
 AUTH_PORT="${AUTH_PORT:-18181}"
 COMPLETION_PORT="${COMPLETION_PORT:-18182}"
 OUT="$ROOT/.cache/bench"
@@ -23,12 +25,12 @@ log() { echo "bench-completion: $*" >&2; }
 [ -f weights/SmolLM2-135M-Instruct.Q4_1.gguf ] || scripts/fetch-weights.sh smollm2
 
 log "scheduler alone (same prompts, greedy, natural stop)"
-cargo bench -q -p hearth-scheduler --bench decode -- --threads "$THREADS" --streams "$STREAMS" \
+cargo bench -q --profile "$PROFILE" -p hearth-scheduler --bench decode -- --threads "$THREADS" --streams "$STREAMS" \
     --max-tokens "$MAX_TOKENS" --natural-stop --json "$OUT/scheduler-natural.jsonl"
 
-log "building hearth (release)"
-cargo build -q --release --bin hearth
-HEARTH="$TARGET/release/hearth"
+log "building hearth ($PROFILE)"
+cargo build -q --profile "$PROFILE" --bin hearth
+if [ "$PROFILE" = dev ]; then HEARTH="$TARGET/debug/hearth"; else HEARTH="$TARGET/$PROFILE/hearth"; fi
 
 DATA="$(mktemp -d)"
 # The shipped model table with absolute weight paths and the benchmark's thread count.
@@ -52,7 +54,7 @@ TOKEN="$(curl -sf -X POST "http://127.0.0.1:$AUTH_PORT/token" -H 'Content-Type: 
 "$HEARTH" balance credit bench 1000000 --data-dir "$DATA" >/dev/null
 
 log "HTTP load on 127.0.0.1:$COMPLETION_PORT"
-cargo bench -q --bench loadgen -- --target hearth --url "http://127.0.0.1:$COMPLETION_PORT" \
+cargo bench -q --profile "$PROFILE" --bench loadgen -- --target hearth --url "http://127.0.0.1:$COMPLETION_PORT" \
     --token "$TOKEN" --model alpha-3.3 --streams "$STREAMS" --max-tokens "$MAX_TOKENS" \
     --json "$OUT/http.jsonl"
 

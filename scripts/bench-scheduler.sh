@@ -14,6 +14,8 @@ cd "$ROOT"
 THREADS="${THREADS:-2}"
 STREAMS="${STREAMS:-1,2,4,8,16}"
 MAX_TOKENS="${MAX_TOKENS:-64}"
+# release (default), or dev: dependencies and the model crates are optimised in dev too.
+PROFILE="${PROFILE:-release}"
 MODEL="$ROOT/weights/SmolLM2-135M-Instruct.Q4_1.gguf"
 OUT="$ROOT/.cache/bench"
 mkdir -p "$OUT"
@@ -22,7 +24,7 @@ log() { echo "bench-scheduler: $*" >&2; }
 [ -f "$MODEL" ] || scripts/fetch-weights.sh smollm2
 
 log "scheduler alone"
-cargo bench -q -p hearth-scheduler --bench decode -- \
+cargo bench -q --profile "$PROFILE" -p hearth-scheduler --bench decode -- \
     --model "$MODEL" --threads "$THREADS" --streams "$STREAMS" --max-tokens "$MAX_TOKENS" \
     --json "$OUT/scheduler.jsonl"
 
@@ -46,7 +48,7 @@ for _ in $(seq 1 120); do
     sleep 0.5
 done
 
-cargo bench -q --bench loadgen -- --target llama --url "http://127.0.0.1:$PORT" \
+cargo bench -q --profile "$PROFILE" --bench loadgen -- --target llama --url "http://127.0.0.1:$PORT" \
     --streams "$STREAMS" --max-tokens "$MAX_TOKENS" --ignore-eos --json "$OUT/llama.jsonl"
 
 python3 - "$OUT/scheduler.jsonl" "$OUT/llama.jsonl" <<'PY'

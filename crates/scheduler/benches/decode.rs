@@ -183,8 +183,10 @@ async fn run(args: Args) {
         std::process::exit(1)
     });
     eprintln!(
-        "loaded {} in {:.1}s",
+        "loaded {} ({} backend, {} threads) in {:.1}s",
         args.model.display(),
+        model.info().backend,
+        model.threads(),
         started.elapsed().as_secs_f64()
     );
     let max_streams = args.streams.iter().copied().max().unwrap_or(1);
