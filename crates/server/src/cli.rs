@@ -38,6 +38,21 @@ enum Command {
     /// Balances: show or change them (works with the server running or stopped).
     #[command(subcommand)]
     Balance(BalanceCommand),
+    /// Developer tools.
+    #[command(subcommand)]
+    Dev(DevCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum DevCommand {
+    /// Write the tiny SDXL-shaped test model (seeded random weights, diffusers layout) into DIR.
+    TinySdxl {
+        /// Folder to write (created if missing; files in it are overwritten).
+        dir: PathBuf,
+        /// Seed of the weights.
+        #[arg(long, default_value_t = hearth_imagine::tiny::TINY_SEED)]
+        seed: u64,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -175,7 +190,12 @@ fn fail(e: CliError) -> ExitCode {
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("hearth=info,tower_http=info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    use std::io::IsTerminal;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
 }
 
 /// Layers defaults < config file < HEARTH_* env < flags, and resolves.
@@ -220,6 +240,11 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             for u in resp.users {
                 println!("{:<32} {:>20}  {:<9}  {}", u.user_id, u.balance, if u.is_marketing { "yes" } else { "no" }, u.created_at);
             }
+            Ok(())
+        }
+        Command::Dev(DevCommand::TinySdxl { dir, seed }) => {
+            hearth_imagine::write_tiny_sdxl(&dir, seed).map_err(|e| CliError::Usage(e.to_string()))?;
+            println!("wrote the tiny SDXL test model (seed {seed}) to {}", dir.display());
             Ok(())
         }
         Command::Balance(BalanceCommand::Show { user, common }) => {

@@ -11,6 +11,8 @@ use crate::app::AppState;
 
 pub mod admin;
 pub mod auth;
+pub mod imagine;
+pub mod markdown;
 
 /// A service Hearth can run; each gets its own listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -22,7 +24,7 @@ pub enum Service {
 }
 
 /// Services this build can run (and runs by default), in start order.
-pub const AVAILABLE: &[Service] = &[Service::Auth];
+pub const AVAILABLE: &[Service] = &[Service::Auth, Service::Imagine, Service::Markdown];
 
 impl Service {
     pub const ALL: [Service; 4] = [Service::Auth, Service::Completion, Service::Markdown, Service::Imagine];
@@ -77,6 +79,8 @@ impl ServiceInitError {
 pub async fn router(service: Service, state: AppState) -> Result<Router, ServiceInitError> {
     match service {
         Service::Auth => Ok(auth::router(state.clone()).merge(admin::router(state))),
+        Service::Imagine => imagine::router(state).await,
+        Service::Markdown => Ok(markdown::router(state)),
         other => Err(ServiceInitError::new(other, format!("the {other} service is not part of this build"))),
     }
 }

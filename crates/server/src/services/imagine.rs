@@ -1,0 +1,338 @@
+//! The image generation service (spec sections 2.6, 4.4): `POST /` turns a prompt into a PNG
+//! with SDXL (`hearth-imagine`), billed against the user's balance; `GET /` health;
+//! `GET /ui` a page to try it.
+//!
+//! A request's path: credentials -> validation -> price (`price_per_image` x pixels / 1024² x
+//! steps / 4, with the margin) -> hold of that price (`InsufficientFunds` before any work) ->
+//! the model's worker queue (full: `Overloaded`, 503) -> generation -> settle the hold. The
+//! generation and the settlement run in their own task: if the client disconnects, the task
+//! notices, the worker drops the job (before it starts, or before its next denoising step) and
+//! the hold is released, so an abandoned request costs nothing.
+
+mod catalog;
+mod validate;
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use base64::Engine as _;
+use hearth_imagine::{GeneratedImage, ImageParams, ImageWorker, LoadOptions, Provenance};
+use hearth_store::LedgerMeta;
+use rust_decimal::Decimal;
+use serde_json::{json, Value};
+use tokio::sync::{oneshot, watch};
+use tracing::{info, instrument, warn, Instrument, Span};
+
+use crate::app::{json_fallbacks, AppState};
+use crate::billing::{money, Charge};
+use crate::error::{ApiError, AppJson};
+use crate::services::{Service, ServiceInitError};
+
+pub use catalog::{ImageModelEntry, Limits, REFERENCE_PIXELS, REFERENCE_STEPS};
+use validate::RawImageRequest;
+
+/// The served model's lifecycle.
+#[derive(Clone)]
+enum ModelState {
+    Loading,
+    Ready(Arc<Ready>),
+    Failed(String),
+}
+
+struct Ready {
+    worker: ImageWorker,
+    provenance: Provenance,
+}
+
+/// The service's own state beside the shared [`AppState`].
+#[derive(Clone)]
+pub struct ImagineState {
+    app: AppState,
+    entry: Arc<ImageModelEntry>,
+    model: watch::Receiver<ModelState>,
+}
+
+/// Builds the image router: reads the model table, loads the model in the background (requests
+/// wait for it; health says `loading`), and starts the model's worker.
+pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
+    let entries = catalog::load(&state.config.models)
+        .map_err(|e| ServiceInitError::new(Service::Imagine, e))?;
+    // The spec's image model id; the table may name others, the first is served otherwise.
+    let entry = entries
+        .iter()
+        .find(|e| e.id == "xl-lightning")
+        .or(entries.first())
+        .cloned()
+        .ok_or_else(|| ServiceInitError::new(Service::Imagine, "no image model configured"))?;
+    let entry = Arc::new(entry);
+    let (tx, rx) = watch::channel(ModelState::Loading);
+    let load_entry = Arc::clone(&entry);
+    tokio::spawn(
+        async move {
+            let e = Arc::clone(&load_entry);
+            let loaded = tokio::task::spawn_blocking(move || {
+                let opts = LoadOptions {
+                    device: e.device.clone(),
+                    dtype: e.dtype.clone(),
+                    tiny_dir: e.tiny_dir.clone(),
+                    hub_cache: None,
+                };
+                let loaded = hearth_imagine::load_model(&e.source, &opts)?;
+                let worker = ImageWorker::spawn(loaded.pipeline, e.max_queued, &e.id)?;
+                Ok::<_, hearth_imagine::Error>(Ready { worker, provenance: loaded.provenance })
+            })
+            .await;
+            let state = match loaded {
+                Ok(Ok(ready)) => {
+                    match &ready.provenance {
+                        Provenance::Tiny(dir) => warn!(
+                            model = %load_entry.id, dir = %dir.display(),
+                            "serving the tiny SDXL-shaped TEST model: images are noise-like, not real pictures"
+                        ),
+                        other => info!(model = %load_entry.id, source = ?other, "image model ready"),
+                    }
+                    ModelState::Ready(Arc::new(ready))
+                }
+                Ok(Err(e)) => {
+                    warn!(model = %load_entry.id, error = %e, "image model failed to load");
+                    ModelState::Failed(e.to_string())
+                }
+                Err(e) => ModelState::Failed(format!("loader task failed: {e}")),
+            };
+            let _ = tx.send(state);
+        }
+        .instrument(Span::current()),
+    );
+    let st = ImagineState {
+        app: state,
+        entry,
+        model: rx,
+    };
+    Ok(json_fallbacks(
+        Router::new()
+            .route("/", get(health).post(generate))
+            .route("/ui", get(ui))
+            .with_state(st),
+    ))
+}
+
+fn weights_kind(p: &Provenance) -> &'static str {
+    match p {
+        Provenance::Tiny(_) => "tiny-test-model",
+        Provenance::Local(_) => "local",
+        Provenance::Hub(_) => "huggingface",
+    }
+}
+
+/// `{status, env, ui}` plus `model` (`id`, `status` ready/loading/failed, `weights`
+/// tiny-test-model/local/huggingface, `testModel`, `queued`). 500 with `status: "failing"` when
+/// the store fails its round trip, the model failed to load or its worker stopped.
+async fn health(State(st): State<ImagineState>) -> Response {
+    let store = st.app.store.clone();
+    let store_check = tokio::task::spawn_blocking(move || store.health_check()).await;
+    let mut failure = match store_check {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(format!("database check failed: {e}")),
+        Err(e) => Some(format!("database check failed: {e}")),
+    };
+    let model = match &*st.model.borrow() {
+        ModelState::Loading => json!({ "id": st.entry.id, "status": "loading" }),
+        ModelState::Failed(why) => {
+            failure.get_or_insert_with(|| format!("image model unusable: {why}"));
+            json!({ "id": st.entry.id, "status": "failed", "error": why })
+        }
+        ModelState::Ready(r) => {
+            if !r.worker.is_alive() {
+                failure.get_or_insert_with(|| "image worker stopped".to_string());
+            }
+            json!({
+                "id": st.entry.id,
+                "status": if r.worker.is_alive() { "ready" } else { "failed" },
+                "weights": weights_kind(&r.provenance),
+                "testModel": r.provenance.is_tiny(),
+                "queued": r.worker.waiting(),
+            })
+        }
+    };
+    let mut body = json!({
+        "status": if failure.is_none() { "healthy" } else { "failing" },
+        "env": st.app.config.env,
+        "ui": st.app.urls.ui(Service::Imagine),
+        "model": model,
+    });
+    match failure {
+        None => (StatusCode::OK, Json(body)).into_response(),
+        Some(why) => {
+            warn!(error = %why, "image health check failing");
+            body["error"] = json!({ "type": "InternalError", "message": why, "details": {} });
+            (StatusCode::INTERNAL_SERVER_ERROR, Json(body)).into_response()
+        }
+    }
+}
+
+const PAGE: &str = include_str!("imagine/imagine.html");
+
+/// The image page, with the bounds and the sign-in page's address baked in.
+async fn ui(State(st): State<ImagineState>) -> Html<String> {
+    let l = &st.entry.limits;
+    let config = json!({
+        "model": st.entry.id,
+        "minSize": l.min_size, "maxSize": l.max_size, "defaultSize": l.default_size,
+        "maxPixels": l.max_pixels, "maxSteps": l.max_steps, "defaultSteps": l.default_steps,
+        "sizeMultiple": catalog::SIZE_MULTIPLE, "maxSeed": validate::MAX_SEED,
+        "pricePerImage": st.entry.price_per_image.to_string(),
+        "authUi": st.app.urls.ui(Service::Auth),
+    });
+    let script_json = config.to_string().replace("</", "<\\/");
+    Html(PAGE.replace("__CONFIG_JSON__", &script_json))
+}
+
+/// The price of one image: `price_per_image × (w·h / 1024²) ×
+/// (steps / 4)`, divided by `1 − margin/100`, rounded once to 6 decimals.
+pub fn image_cost(
+    billing: &crate::billing::Billing,
+    entry: &ImageModelEntry,
+    width: usize,
+    height: usize,
+    steps: usize,
+    margin: Decimal,
+) -> Result<Decimal, ApiError> {
+    let units = Decimal::from(width as u64 * height as u64 * steps as u64);
+    let divisor = Decimal::from(REFERENCE_PIXELS * REFERENCE_STEPS);
+    billing.cost(units, entry.price_per_image, divisor, margin)
+}
+
+fn imagine_error(e: hearth_imagine::Error) -> ApiError {
+    use hearth_imagine::Error as E;
+    match e {
+        E::Overloaded { waiting } => ApiError::overloaded(format!(
+            "the image queue is full ({waiting} waiting); retry shortly"
+        )),
+        E::InvalidParams { field, message } => ApiError::invalid_request(field, message),
+        other => ApiError::internal(other),
+    }
+}
+
+async fn ready_model(st: &ImagineState) -> Result<Arc<Ready>, ApiError> {
+    let mut rx = st.model.clone();
+    let state = rx
+        .wait_for(|s| !matches!(s, ModelState::Loading))
+        .await
+        .map_err(|_| ApiError::internal("image model loader vanished"))?
+        .clone();
+    match state {
+        ModelState::Ready(r) => Ok(r),
+        ModelState::Failed(why) => Err(ApiError::internal(format!("image model unusable: {why}"))),
+        ModelState::Loading => Err(ApiError::internal("image model still loading")),
+    }
+}
+
+/// `POST /`: one image, as a PNG data URL, with the seed used and the cost.
+#[instrument(skip_all, fields(user, seed))]
+async fn generate(
+    State(st): State<ImagineState>,
+    AppJson(raw): AppJson<RawImageRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let token = validate::service_token(&raw)
+        .ok_or_else(|| ApiError::invalid_credentials("serviceToken is required"))?;
+    let session = st.app.authenticate(token)?;
+    Span::current().record("user", session.user_id.as_str());
+    let valid = validate::validate(&raw, &st.entry.limits, &st.entry.id)?;
+    let billing = st.app.billing.clone();
+    let margin = billing.margin(valid.margin_percent)?;
+    let cost = image_cost(
+        &billing,
+        &st.entry,
+        valid.width,
+        valid.height,
+        valid.steps,
+        margin,
+    )?;
+    let model = ready_model(&st).await?;
+    let seed = valid.seed.unwrap_or_else(|| rand::random::<u32>() as u64);
+    Span::current().record("seed", seed);
+    let meta = LedgerMeta {
+        reason: format!(
+            "imagine {} {}x{} {} steps",
+            st.entry.id, valid.width, valid.height, valid.steps
+        ),
+        developer_id: valid.developer_id.clone(),
+        application_id: valid.application_id.clone(),
+    };
+    let hold = billing.hold(&session.user_id, cost, meta).await?;
+    let params = ImageParams {
+        prompt: valid.prompt.clone(),
+        negative_prompt: valid.negative_prompt.clone(),
+        seed,
+        steps: valid.steps,
+        width: valid.width,
+        height: valid.height,
+        guidance_scale: st.entry.guidance_scale,
+    };
+
+    // Generation and settlement outlive this handler if the client leaves: see the module docs.
+    let (mut tx, rx) = oneshot::channel::<Result<(GeneratedImage, Charge), ApiError>>();
+    let task_billing = billing.clone();
+    tokio::spawn(
+        async move {
+            let outcome = tokio::select! {
+                r = model.worker.generate(params) => Some(r),
+                _ = tx.closed() => None,
+            };
+            let answer = match outcome {
+                Some(Ok(image)) => match task_billing.settle(&hold, cost).await {
+                    Ok(charge) => Ok((image, charge)),
+                    Err(e) => Err(e),
+                },
+                other => {
+                    if let Err(e) = task_billing.release(&hold).await {
+                        warn!(error = %e, "releasing the hold of an unfinished image failed");
+                    }
+                    match other {
+                        Some(Err(e)) => Err(imagine_error(e)),
+                        _ => {
+                            info!("client disconnected: image request dropped, hold released");
+                            return;
+                        }
+                    }
+                }
+            };
+            let _ = tx.send(answer);
+        }
+        .instrument(Span::current()),
+    );
+    let (image, charge) = rx
+        .await
+        .map_err(|_| ApiError::internal("image task ended without an answer"))??;
+    let url = format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(&image.png)
+    );
+    let mut metadata = json!({
+        "seed": seed,
+        "steps": valid.steps,
+        "width": image.width,
+        "height": image.height,
+        "negativePrompt": valid.negative_prompt,
+    });
+    if model_is_tiny(&st) {
+        metadata["testModel"] = json!(true);
+    }
+    Ok(Json(json!({
+        "imageUrl": url,
+        "prompt": valid.prompt,
+        "model": st.entry.id,
+        "metadata": metadata,
+        "usage": { "type": "imagine", "cost": money(charge.cost) },
+        "balanceBefore": money(charge.balance_before),
+        "balanceAfter": money(charge.balance_after),
+    })))
+}
+
+fn model_is_tiny(st: &ImagineState) -> bool {
+    matches!(&*st.model.borrow(), ModelState::Ready(r) if r.provenance.is_tiny())
+}

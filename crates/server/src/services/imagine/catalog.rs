@@ -1,0 +1,264 @@
+//! The image-model table: `[image."id"]` entries of `models.toml`, resolved into where the
+//! weights are, the price, the request bounds and the worker's queue.
+//!
+//! Keys (all but `price_per_image` optional):
+//! `weights` (diffusers folder), `unet_file` (replaces the folder's UNet, e.g. the Lightning
+//! 4-step file), `hf = { base, unet_repo, unet_file, vae_repo, revision, fp16_variant }`,
+//! `tiny_weights` (where the tiny test model goes, default `weights/tiny-sdxl`),
+//! `price_per_image` (at 1024x1024 and 4 steps), `guidance_scale` (classifier-free guidance
+//! used when a negative prompt is given, default 2.0), `default_steps` (4), `max_steps` (8),
+//! `default_size` (1024), `min_size` (256), `max_size` (2048), `max_pixels` (1048576),
+//! `max_queued` (4), `device` (default `[defaults] device`), `dtype`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use hearth_imagine::{HubSource, ImageModelSource};
+use rust_decimal::Decimal;
+use serde::Deserialize;
+
+/// Sizes are multiples of this (the VAE's 8x and the UNet's two 2x downsamplings need 32;
+/// 64 is SDXL's training grid).
+pub const SIZE_MULTIPLE: usize = 64;
+/// The size and step count `price_per_image` is quoted for.
+pub const REFERENCE_PIXELS: u64 = 1024 * 1024;
+pub const REFERENCE_STEPS: u64 = 4;
+
+/// Request bounds and defaults of one image model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    pub min_size: usize,
+    pub max_size: usize,
+    pub default_size: usize,
+    pub max_pixels: usize,
+    pub max_steps: usize,
+    pub default_steps: usize,
+}
+
+/// One image model id, resolved.
+#[derive(Debug, Clone)]
+pub struct ImageModelEntry {
+    pub id: String,
+    pub source: ImageModelSource,
+    pub tiny_dir: PathBuf,
+    pub price_per_image: Decimal,
+    pub guidance_scale: f64,
+    pub limits: Limits,
+    pub max_queued: usize,
+    pub device: String,
+    pub dtype: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error("{path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{path}: [image.\"{id}\"] {message}")]
+    Invalid {
+        path: PathBuf,
+        id: String,
+        message: String,
+    },
+    #[error("{path}: no [image.\"...\"] entry")]
+    Empty { path: PathBuf },
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct RawFile {
+    #[serde(default)]
+    defaults: RawDefaults,
+    #[serde(default)]
+    image: BTreeMap<String, RawImageModel>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct RawDefaults {
+    device: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawImageModel {
+    weights: Option<PathBuf>,
+    unet_file: Option<PathBuf>,
+    hf: Option<HubSource>,
+    tiny_weights: Option<PathBuf>,
+    price_per_image: String,
+    guidance_scale: Option<f64>,
+    default_steps: Option<usize>,
+    max_steps: Option<usize>,
+    default_size: Option<usize>,
+    min_size: Option<usize>,
+    max_size: Option<usize>,
+    max_pixels: Option<usize>,
+    max_queued: Option<usize>,
+    device: Option<String>,
+    dtype: Option<String>,
+}
+
+/// Reads every `[image.*]` entry of the model table at `path` (relative paths in it are
+/// relative to its folder).
+pub fn load(path: &Path) -> Result<Vec<ImageModelEntry>, CatalogError> {
+    let text = std::fs::read_to_string(path).map_err(|source| CatalogError::Read {
+        path: path.into(),
+        source,
+    })?;
+    parse(path, &text)
+}
+
+/// [`load`] on text already read.
+pub fn parse(path: &Path, text: &str) -> Result<Vec<ImageModelEntry>, CatalogError> {
+    let raw: RawFile = toml::from_str(text).map_err(|e| CatalogError::Parse {
+        path: path.into(),
+        message: e.to_string(),
+    })?;
+    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let rel = |p: &Path| {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            base.join(p)
+        }
+    };
+    if raw.image.is_empty() {
+        return Err(CatalogError::Empty { path: path.into() });
+    }
+    let mut out = Vec::new();
+    for (id, m) in raw.image {
+        let bad = |message: String| CatalogError::Invalid {
+            path: path.into(),
+            id: id.clone(),
+            message,
+        };
+        let price_per_image = Decimal::from_str(&m.price_per_image)
+            .map_err(|e| bad(format!("price_per_image {:?}: {e}", m.price_per_image)))?;
+        if price_per_image < Decimal::ZERO {
+            return Err(bad("price_per_image must not be negative".into()));
+        }
+        let limits = Limits {
+            min_size: m.min_size.unwrap_or(256),
+            max_size: m.max_size.unwrap_or(2048),
+            default_size: m.default_size.unwrap_or(1024),
+            max_pixels: m.max_pixels.unwrap_or(1024 * 1024),
+            max_steps: m.max_steps.unwrap_or(8),
+            default_steps: m.default_steps.unwrap_or(4),
+        };
+        let l = &limits;
+        for (name, v) in [
+            ("min_size", l.min_size),
+            ("max_size", l.max_size),
+            ("default_size", l.default_size),
+        ] {
+            if v == 0 || !v.is_multiple_of(SIZE_MULTIPLE) {
+                return Err(bad(format!(
+                    "{name} must be a positive multiple of {SIZE_MULTIPLE}"
+                )));
+            }
+        }
+        if !(l.min_size <= l.default_size && l.default_size <= l.max_size) {
+            return Err(bad("need min_size <= default_size <= max_size".into()));
+        }
+        if l.default_size * l.default_size > l.max_pixels {
+            return Err(bad("default_size squared exceeds max_pixels".into()));
+        }
+        if !(1 <= l.default_steps && l.default_steps <= l.max_steps && l.max_steps <= 1000) {
+            return Err(bad("need 1 <= default_steps <= max_steps <= 1000".into()));
+        }
+        let guidance_scale = m.guidance_scale.unwrap_or(2.0);
+        if !(guidance_scale.is_finite() && guidance_scale > 1.0 && guidance_scale <= 30.0) {
+            return Err(bad("guidance_scale must be above 1 and at most 30".into()));
+        }
+        let source = ImageModelSource {
+            weights: m.weights.as_deref().map(rel),
+            unet_file: m.unet_file.clone(),
+            hf: m.hf.clone(),
+        };
+        out.push(ImageModelEntry {
+            tiny_dir: rel(m
+                .tiny_weights
+                .as_deref()
+                .unwrap_or(Path::new("weights/tiny-sdxl"))),
+            source,
+            price_per_image,
+            guidance_scale,
+            limits,
+            max_queued: m.max_queued.unwrap_or(4).max(1),
+            device: m
+                .device
+                .or(raw.defaults.device.clone())
+                .unwrap_or_else(|| "cpu".into()),
+            dtype: m.dtype,
+            id,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_model_table_has_xl_lightning_with_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models.toml");
+        let entries = load(&path).unwrap();
+        let e = entries
+            .iter()
+            .find(|e| e.id == "xl-lightning")
+            .expect("xl-lightning entry");
+        assert_eq!(e.price_per_image, Decimal::from_str("0.040").unwrap());
+        assert_eq!(e.limits.default_steps, 4);
+        assert_eq!(e.limits.default_size, 1024);
+        assert!(e
+            .source
+            .weights
+            .as_ref()
+            .unwrap()
+            .ends_with("weights/sdxl-lightning"));
+        assert!(e.tiny_dir.ends_with("weights/tiny-sdxl"));
+    }
+
+    #[test]
+    fn bad_entries_are_refused_with_the_key_named() {
+        let p = Path::new("/x/models.toml");
+        let err = parse(p, "[image.a]\nprice_per_image = \"abc\"\n").unwrap_err();
+        assert!(err.to_string().contains("price_per_image"), "{err}");
+        let err = parse(
+            p,
+            "[image.a]\nprice_per_image = \"1\"\ndefault_size = 1000\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("default_size"), "{err}");
+        let err = parse(
+            p,
+            "[image.a]\nprice_per_image = \"1\"\nguidance_scale = 0.5\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("guidance_scale"), "{err}");
+        assert!(matches!(
+            parse(p, "[text.a]\nx = 1\n"),
+            Err(CatalogError::Empty { .. })
+        ));
+    }
+
+    #[test]
+    fn relative_paths_are_resolved_against_the_table_folder() {
+        let p = Path::new("/srv/hearth/models.toml");
+        let e = &parse(
+            p,
+            "[image.a]\nprice_per_image = \"1\"\nweights = \"w/sdxl\"\n",
+        )
+        .unwrap()[0];
+        assert_eq!(
+            e.source.weights.as_deref(),
+            Some(Path::new("/srv/hearth/w/sdxl"))
+        );
+        assert_eq!(e.tiny_dir, Path::new("/srv/hearth/weights/tiny-sdxl"));
+    }
+}

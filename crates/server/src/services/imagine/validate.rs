@@ -1,0 +1,260 @@
+//! Parse, don't validate: the wire image request (spec 2.6, every field raw JSON) becomes a
+//! [`ValidImageRequest`] or an [`ApiError`] of type `InvalidRequest` naming the field.
+//!
+//! Bounds (README "Image"): `prompt` a non-empty string of at most 4,000 characters (CLIP reads
+//! the first 75 tokens); `negativePrompt` a string of at most 4,000 characters; `seed` an integer
+//! 0..=4294967295, random when absent; `steps` an integer 1..=max_steps (8), default 4; `width`
+//! and `height` multiples of 64 from 256 to 2048, default 1024, with width x height at most
+//! 1,048,576 pixels; `overrideGrossMarginPercent` 0..=99.
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::catalog::{Limits, SIZE_MULTIPLE};
+use crate::error::ApiError;
+
+pub const MAX_PROMPT_CHARS: usize = 4000;
+pub const MAX_SEED: u64 = u32::MAX as u64;
+
+/// The request as it arrives.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RawImageRequest {
+    pub prompt: Option<Value>,
+    pub service_token: Option<Value>,
+    pub developer_id: Option<Value>,
+    pub application_id: Option<Value>,
+    pub negative_prompt: Option<Value>,
+    pub seed: Option<Value>,
+    pub steps: Option<Value>,
+    pub width: Option<Value>,
+    pub height: Option<Value>,
+    pub override_gross_margin_percent: Option<Value>,
+    /// Not in the spec's request; accepted when it names the served model.
+    pub model: Option<Value>,
+}
+
+/// A request every later stage can trust.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidImageRequest {
+    pub prompt: String,
+    pub negative_prompt: String,
+    /// `None`: pick one at random.
+    pub seed: Option<u64>,
+    pub steps: usize,
+    pub width: usize,
+    pub height: usize,
+    pub margin_percent: Option<f64>,
+    pub developer_id: Option<String>,
+    pub application_id: Option<String>,
+}
+
+/// The `serviceToken`, when it is a string.
+pub fn service_token(raw: &RawImageRequest) -> Option<&str> {
+    raw.service_token.as_ref().and_then(Value::as_str)
+}
+
+fn opt_string(field: &str, v: &Option<Value>, max: usize) -> Result<Option<String>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.chars().count() > max => Err(ApiError::invalid_request(
+            field,
+            format!("must be at most {max} characters"),
+        )),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(ApiError::invalid_request(field, "must be a string")),
+    }
+}
+
+fn opt_integer(
+    field: &str,
+    v: &Option<Value>,
+    min: u64,
+    max: u64,
+) -> Result<Option<u64>, ApiError> {
+    let n = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Number(n)) => n,
+        Some(_) => return Err(ApiError::invalid_request(field, "must be a number")),
+    };
+    let int = n.as_u64().or_else(|| {
+        n.as_f64()
+            .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= u64::MAX as f64)
+            .map(|f| f as u64)
+    });
+    match int {
+        Some(i) if (min..=max).contains(&i) => Ok(Some(i)),
+        _ => Err(ApiError::invalid_request(
+            field,
+            format!("must be an integer from {min} to {max}, got {n}"),
+        )
+        .with_details(json!({ "min": min, "max": max }))),
+    }
+}
+
+/// Checks every field against `limits`; `model_id` is the served model's id.
+pub fn validate(
+    raw: &RawImageRequest,
+    limits: &Limits,
+    model_id: &str,
+) -> Result<ValidImageRequest, ApiError> {
+    let prompt = match &raw.prompt {
+        None | Some(Value::Null) => return Err(ApiError::invalid_request("prompt", "is required")),
+        Some(Value::String(s)) if s.trim().is_empty() => {
+            return Err(ApiError::invalid_request("prompt", "must not be empty"))
+        }
+        Some(Value::String(s)) if s.chars().count() > MAX_PROMPT_CHARS => {
+            return Err(ApiError::invalid_request(
+                "prompt",
+                format!("must be at most {MAX_PROMPT_CHARS} characters"),
+            ))
+        }
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => return Err(ApiError::invalid_request("prompt", "must be a string")),
+    };
+    match &raw.model {
+        None | Some(Value::Null) => {}
+        Some(Value::String(m)) if m == model_id => {}
+        Some(_) => {
+            return Err(
+                ApiError::invalid_request("model", format!("must be {model_id:?}"))
+                    .with_details(json!({ "allowed": [model_id] })),
+            )
+        }
+    }
+    let negative_prompt =
+        opt_string("negativePrompt", &raw.negative_prompt, MAX_PROMPT_CHARS)?.unwrap_or_default();
+    let developer_id = opt_string("developerId", &raw.developer_id, 256)?;
+    let application_id = opt_string("applicationId", &raw.application_id, 256)?;
+    let seed = opt_integer("seed", &raw.seed, 0, MAX_SEED)?;
+    let steps = opt_integer("steps", &raw.steps, 1, limits.max_steps as u64)?
+        .map_or(limits.default_steps, |s| s as usize);
+    let size = |field: &str, v: &Option<Value>| -> Result<usize, ApiError> {
+        let s = opt_integer(field, v, limits.min_size as u64, limits.max_size as u64)?
+            .map_or(limits.default_size, |s| s as usize);
+        if !s.is_multiple_of(SIZE_MULTIPLE) {
+            return Err(ApiError::invalid_request(
+                field,
+                format!("must be a multiple of {SIZE_MULTIPLE}, got {s}"),
+            )
+            .with_details(json!({ "multipleOf": SIZE_MULTIPLE })));
+        }
+        Ok(s)
+    };
+    let width = size("width", &raw.width)?;
+    let height = size("height", &raw.height)?;
+    if width * height > limits.max_pixels {
+        let field = if raw.height.is_some() {
+            "height"
+        } else {
+            "width"
+        };
+        return Err(ApiError::invalid_request(
+            field,
+            format!(
+                "width x height is {} pixels, at most {} are allowed",
+                width * height,
+                limits.max_pixels
+            ),
+        )
+        .with_details(json!({ "maxPixels": limits.max_pixels })));
+    }
+    let margin_percent = match &raw.override_gross_margin_percent {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => n.as_f64(),
+        Some(_) => {
+            return Err(ApiError::invalid_request(
+                "overrideGrossMarginPercent",
+                "must be a number",
+            ))
+        }
+    };
+    Ok(ValidImageRequest {
+        prompt,
+        negative_prompt,
+        seed,
+        steps,
+        width,
+        height,
+        margin_percent,
+        developer_id,
+        application_id,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits {
+            min_size: 256,
+            max_size: 2048,
+            default_size: 1024,
+            max_pixels: 1 << 20,
+            max_steps: 8,
+            default_steps: 4,
+        }
+    }
+
+    fn raw(v: Value) -> RawImageRequest {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn field_of(v: Value) -> String {
+        let err = validate(&raw(v), &limits(), "xl-lightning").unwrap_err();
+        err.details["field"].as_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn defaults_fill_everything_but_the_prompt() {
+        let v = validate(&raw(json!({"prompt": "a cat"})), &limits(), "xl-lightning").unwrap();
+        assert_eq!((v.steps, v.width, v.height, v.seed), (4, 1024, 1024, None));
+        assert_eq!(v.negative_prompt, "");
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        assert_eq!(field_of(json!({})), "prompt");
+        assert_eq!(field_of(json!({"prompt": "  "})), "prompt");
+        assert_eq!(field_of(json!({"prompt": 3})), "prompt");
+        assert_eq!(field_of(json!({"prompt": "a", "steps": 0})), "steps");
+        assert_eq!(field_of(json!({"prompt": "a", "steps": 9})), "steps");
+        assert_eq!(field_of(json!({"prompt": "a", "steps": 2.5})), "steps");
+        assert_eq!(field_of(json!({"prompt": "a", "width": 300})), "width");
+        assert_eq!(field_of(json!({"prompt": "a", "width": 128})), "width");
+        assert_eq!(field_of(json!({"prompt": "a", "height": "512"})), "height");
+        assert_eq!(
+            field_of(json!({"prompt": "a", "width": 2048, "height": 1024})),
+            "height"
+        );
+        assert_eq!(field_of(json!({"prompt": "a", "seed": -1})), "seed");
+        assert_eq!(
+            field_of(json!({"prompt": "a", "seed": 4294967296u64})),
+            "seed"
+        );
+        assert_eq!(
+            field_of(json!({"prompt": "a", "negativePrompt": 1})),
+            "negativePrompt"
+        );
+        assert_eq!(field_of(json!({"prompt": "a", "model": "other"})), "model");
+        assert_eq!(
+            field_of(json!({"prompt": "a", "overrideGrossMarginPercent": "5"})),
+            "overrideGrossMarginPercent"
+        );
+    }
+
+    #[test]
+    fn wide_sizes_within_the_pixel_budget_pass() {
+        let v = validate(
+            &raw(json!({"prompt": "a", "width": 2048, "height": 512, "seed": 7, "steps": 1.0})),
+            &limits(),
+            "xl-lightning",
+        )
+        .unwrap();
+        assert_eq!(
+            (v.width, v.height, v.seed, v.steps),
+            (2048, 512, Some(7), 1)
+        );
+    }
+}
