@@ -205,6 +205,7 @@ fn sniff_cfb(bytes: &[u8], by_ext: Option<Format>) -> Detected {
             "Workbook" | "Book" => is_xls = true,
             "WordDocument" => is_doc = true,
             "PowerPoint Document" => is_ppt = true,
+            "EncryptedPackage" => return Detected::Refused("password-protected Office document"),
             _ => {}
         }
     }

@@ -24,6 +24,9 @@ pub use text::decode as decode_text;
 
 use limits::{Budget, Ctx};
 
+/// The compiler that built this library (`rustc 1.95.0 (...)`), for health reports.
+pub const RUSTC_VERSION: &str = env!("HEARTH_MARKDOWN_RUSTC_VERSION");
+
 /// Stack given to each conversion thread: parsers of nested documents recurse.
 const CONVERSION_STACK_BYTES: usize = 64 * 1024 * 1024;
 

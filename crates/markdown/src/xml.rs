@@ -128,7 +128,7 @@ pub fn parse_str(ctx: &Ctx<'_>, format: Format, text: &str) -> Result<Element> {
     let mut events = 0u32;
     loop {
         events = events.wrapping_add(1);
-        if events % 4096 == 0 {
+        if events.is_multiple_of(4096) {
             ctx.check_time()?;
         }
         let event = match reader.read_event() {

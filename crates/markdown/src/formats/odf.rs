@@ -89,7 +89,7 @@ fn body(
             }
             "list" => {
                 let mut items = Vec::new();
-                list(ctx, odt, el, &mut items, list_level)?;
+                list(odt, el, &mut items, list_level);
                 blocks.push(items.join("\n"));
             }
             "table" => blocks.push(table(odt, el)),
@@ -102,13 +102,7 @@ fn body(
     Ok(())
 }
 
-fn list(
-    ctx: &Ctx<'_>,
-    odt: &mut Odt,
-    l: &Element,
-    items: &mut Vec<String>,
-    level: usize,
-) -> Result<()> {
+fn list(odt: &mut Odt, l: &Element, items: &mut Vec<String>, level: usize) {
     for item in l
         .elements()
         .filter(|e| e.name == "list-item" || e.name == "list-header")
@@ -121,12 +115,11 @@ fn list(
                         items.push(format!("{}- {}", "  ".repeat(level), t));
                     }
                 }
-                "list" => list(ctx, odt, child, items, (level + 1).min(8))?,
+                "list" => list(odt, child, items, (level + 1).min(8)),
                 _ => {}
             }
         }
     }
-    Ok(())
 }
 
 fn para(odt: &mut Odt, p: &Element, heading: bool) -> String {

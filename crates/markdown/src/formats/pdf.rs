@@ -28,6 +28,8 @@ struct Line {
     segments: Vec<(f64, String)>,
     size: f64,
     y: f64,
+    /// Set by the layout pass: the line is (part of) a heading.
+    heading: bool,
 }
 
 impl Line {
@@ -76,7 +78,7 @@ impl OutputDev for Collector<'_> {
         text: &str,
     ) -> std::result::Result<(), OutputError> {
         self.count += 1;
-        if self.count % 2048 == 0 && self.ctx.out_of_time() {
+        if self.count.is_multiple_of(2048) && self.ctx.out_of_time() {
             self.timed_out = true;
             return Err(OutputError::FormatError(std::fmt::Error));
         }
@@ -96,7 +98,7 @@ impl OutputDev for Collector<'_> {
             y,
             end: x + width * size,
             size,
-            text: text.to_string(),
+            text: unligature(text),
         });
         Ok(())
     }
@@ -110,6 +112,23 @@ impl OutputDev for Collector<'_> {
     fn end_line(&mut self) -> std::result::Result<(), OutputError> {
         Ok(())
     }
+}
+
+/// Typographic ligatures (ﬁ, ﬂ ...) back to their letters, so words stay searchable.
+fn unligature(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\u{fb00}' => out.push_str("ff"),
+            '\u{fb01}' => out.push_str("fi"),
+            '\u{fb02}' => out.push_str("fl"),
+            '\u{fb03}' => out.push_str("ffi"),
+            '\u{fb04}' => out.push_str("ffl"),
+            '\u{fb05}' | '\u{fb06}' => out.push_str("st"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
@@ -137,7 +156,7 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
             }
         }
     }
-    Ok(render(&ctx, &pages))
+    Ok(render(&ctx, pages))
 }
 
 fn extract(ctx: &Ctx<'_>, bytes: &[u8]) -> Result<Vec<Vec<Line>>> {
@@ -236,7 +255,7 @@ fn round(size: f64) -> i64 {
     (size * 2.0).round() as i64
 }
 
-fn render(ctx: &Ctx<'_>, pages: &[Vec<Line>]) -> String {
+fn render(ctx: &Ctx<'_>, mut pages: Vec<Vec<Line>>) -> String {
     // Body size: the size carrying the most characters.
     let mut weight: HashMap<i64, usize> = HashMap::new();
     for l in pages.iter().flatten() {
@@ -247,12 +266,33 @@ fn render(ctx: &Ctx<'_>, pages: &[Vec<Line>]) -> String {
         .max_by_key(|(s, w)| (**w, -**s))
         .map(|(s, _)| *s)
         .unwrap_or(24);
-    let is_heading = |l: &Line| {
+    let large = |l: &Line| {
         let t = l.text();
         round(l.size) as f64 >= body as f64 * 1.15
             && t.chars().count() <= 150
             && t.chars().any(char::is_alphabetic)
     };
+    // A heading is a short run (at most three lines) of large text of one size; longer runs of
+    // large text (cover pages, call-outs) stay paragraphs.
+    for page in pages.iter_mut() {
+        let mut i = 0;
+        while i < page.len() {
+            if !large(&page[i]) {
+                i += 1;
+                continue;
+            }
+            let mut j = i + 1;
+            while j < page.len() && large(&page[j]) && round(page[j].size) == round(page[i].size) {
+                j += 1;
+            }
+            if j - i <= 3 {
+                page[i..j].iter_mut().for_each(|l| l.heading = true);
+            }
+            i = j;
+        }
+    }
+    let pages = &pages;
+    let is_heading = |l: &Line| l.heading;
     let mut heading_sizes: Vec<i64> = pages
         .iter()
         .flatten()

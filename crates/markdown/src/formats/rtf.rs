@@ -23,6 +23,7 @@ struct State {
     uc: usize,
     list_text: bool,
     field_inst: bool,
+    field_result: bool,
 }
 
 impl Default for State {
@@ -35,6 +36,7 @@ impl Default for State {
             uc: 1,
             list_text: false,
             field_inst: false,
+            field_result: false,
         }
     }
 }
@@ -257,7 +259,7 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
     let mut steps = 0u32;
     while i < b.len() {
         steps = steps.wrapping_add(1);
-        if steps % 65536 == 0 {
+        if steps.is_multiple_of(65536) {
             ctx.check_time()?;
         }
         let c = b[i];
@@ -280,13 +282,9 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
                     overflow -= 1;
                 } else if stack.len() > 1 {
                     let closed = stack.pop().unwrap_or_default();
-                    if closed.field_inst {
-                        // leaving \fldinst: the link applies to the following \fldrslt
-                    } else if w.link.is_some()
-                        && !stack.last().is_some_and(|s| s.field_inst)
-                        && closed.skip == false
-                    {
-                        // leaving the field result group ends the link
+                    // Leaving a field's result ends the link the field made.
+                    if closed.field_result && !stack.last().is_some_and(|s| s.field_result) {
+                        w.link = None;
                     }
                 }
                 group_start = false;
@@ -324,9 +322,7 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
                     let was_group_start = group_start;
                     group_start = false;
                     let st = stack.last_mut().expect("stack never empty");
-                    if (star && was_group_start)
-                        || (was_group_start && SKIP_DESTINATIONS.contains(&word))
-                    {
+                    if was_group_start && (star || SKIP_DESTINATIONS.contains(&word)) {
                         if word == "fldinst" {
                             st.field_inst = true;
                         } else {
@@ -341,7 +337,10 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
                     }
                     match word {
                         "fldinst" => st.field_inst = true,
-                        "fldrslt" => st.field_inst = false,
+                        "fldrslt" => {
+                            st.field_inst = false;
+                            st.field_result = true;
+                        }
                         "listtext" | "pntext" => st.list_text = true,
                         "ansicpg" => w.encoding = codepage(param.unwrap_or(1252)),
                         "mac" => w.encoding = codepage(10000),
