@@ -120,6 +120,12 @@ pub struct RawCompletionConfig {
 pub struct RawMarkdownConfig {
     pub addr: Option<String>,
     pub public_url: Option<String>,
+    /// Largest uploaded file in bytes (default 50 MiB).
+    pub max_upload_bytes: Option<usize>,
+    /// Conversions running at once (default: the number of CPUs).
+    pub max_concurrency: Option<usize>,
+    /// Seconds one conversion may take (default 30).
+    pub time_limit_secs: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -305,6 +311,9 @@ pub struct CompletionConfig {
 pub struct MarkdownConfig {
     pub addr: SocketAddr,
     pub public_url: Option<String>,
+    pub max_upload_bytes: usize,
+    pub max_concurrency: usize,
+    pub time_limit: std::time::Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -399,6 +408,19 @@ impl RawConfig {
             markdown: MarkdownConfig {
                 addr: addr("markdown.addr", &self.markdown.addr, "127.0.0.1:8083")?,
                 public_url: public_url("markdown.public_url", &self.markdown.public_url)?,
+                max_upload_bytes: match self.markdown.max_upload_bytes.unwrap_or(50 * 1024 * 1024) {
+                    0 => return Err(invalid("markdown.max_upload_bytes", "must be at least 1")),
+                    n => n,
+                },
+                max_concurrency: match self.markdown.max_concurrency {
+                    Some(0) => return Err(invalid("markdown.max_concurrency", "must be at least 1")),
+                    Some(n) => n,
+                    None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2),
+                },
+                time_limit: match self.markdown.time_limit_secs.unwrap_or(30) {
+                    0 => return Err(invalid("markdown.time_limit_secs", "must be at least 1")),
+                    n => std::time::Duration::from_secs(n),
+                },
             },
             imagine: ImagineConfig {
                 addr: addr("imagine.addr", &self.imagine.addr, "127.0.0.1:8084")?,
