@@ -1,1 +1,11 @@
 //! Integration tests: each starts the real `hearth` server on ephemeral ports and talks HTTP to it.
+//! One binary (`cargo test --test integration`); every file below is a module of it.
+
+mod common;
+
+mod auth;
+mod auth_admin;
+mod auth_oidc;
+mod browser_auth;
+mod imagine;
+mod imagine_browser;

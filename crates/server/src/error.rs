@@ -208,7 +208,9 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         Err(err) => {
             let path = err.path().to_string();
             let inner = err.into_inner();
-            let field = if path == "." || path.is_empty() {
+            let field = if inner.is_syntax() || inner.is_eof() {
+                "body".to_string()
+            } else if path == "." || path.is_empty() {
                 missing_field(&inner.to_string()).unwrap_or_else(|| "body".to_string())
             } else {
                 path

@@ -21,9 +21,15 @@ pub enum Error {
     #[error("the database at {path} is in use by another process")]
     Locked { path: PathBuf },
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("stored {what} is unreadable: {source}")]
-    Corrupt { what: &'static str, source: serde_json::Error },
+    Corrupt {
+        what: &'static str,
+        source: serde_json::Error,
+    },
     #[error("health marker read back differs from what was written")]
     HealthMismatch,
     #[error("storage: {0}")]

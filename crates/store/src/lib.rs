@@ -30,7 +30,9 @@ pub struct StoreOptions {
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        Self { initial_balance: Decimal::ZERO }
+        Self {
+            initial_balance: Decimal::ZERO,
+        }
     }
 }
 
@@ -56,7 +58,9 @@ struct Inner {
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("path", &self.inner.path).finish()
+        f.debug_struct("Store")
+            .field("path", &self.inner.path)
+            .finish()
     }
 }
 
@@ -122,13 +126,19 @@ impl Store {
     /// Fails with [`Error::Locked`] when another process holds it (sled locks its files).
     pub fn open(dir: impl AsRef<Path>, options: StoreOptions) -> Result<Self> {
         let path = dir.as_ref().to_path_buf();
-        std::fs::create_dir_all(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
-        let db = sled::Config::new().path(&path).open().map_err(|e| match e {
-            sled::Error::Io(io) if io.to_string().contains("could not acquire lock") => {
-                Error::Locked { path: path.clone() }
-            }
-            other => Error::Storage(other),
+        std::fs::create_dir_all(&path).map_err(|source| Error::Io {
+            path: path.clone(),
+            source,
         })?;
+        let db = sled::Config::new()
+            .path(&path)
+            .open()
+            .map_err(|e| match e {
+                sled::Error::Io(io) if io.to_string().contains("could not acquire lock") => {
+                    Error::Locked { path: path.clone() }
+                }
+                other => Error::Storage(other),
+            })?;
         let tree = |name: &str| db.open_tree(name).map_err(Error::Storage);
         let inner = Inner {
             users: tree("users")?,
@@ -143,7 +153,9 @@ impl Store {
             path,
             options,
         };
-        Ok(Self { inner: Arc::new(inner) })
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
     }
 
     /// The folder the database lives in.
@@ -161,8 +173,14 @@ impl Store {
     pub fn health_check(&self) -> Result<()> {
         let conf = self.inner.path.join("conf");
         std::fs::metadata(&conf).map_err(|source| Error::Io { path: conf, source })?;
-        let stamp = Utc::now().timestamp_nanos_opt().unwrap_or_default().to_be_bytes();
-        self.inner.meta.insert(b"health", &stamp).map_err(Error::Storage)?;
+        let stamp = Utc::now()
+            .timestamp_nanos_opt()
+            .unwrap_or_default()
+            .to_be_bytes();
+        self.inner
+            .meta
+            .insert(b"health", &stamp)
+            .map_err(Error::Storage)?;
         self.flush()?;
         match self.inner.meta.get(b"health").map_err(Error::Storage)? {
             Some(v) if v.as_ref() == stamp => Ok(()),
@@ -180,30 +198,28 @@ impl Store {
         let initial = i.options.initial_balance;
         let now = Utc::now();
         let (user, created) = tx_result((&i.users, &i.balances, &i.ledger).transaction(
-            |(users, balances, ledger)| {
-                match users.get(user_id.as_bytes())? {
-                    Some(bytes) => {
-                        let mut user: User = dec_tx("user", &bytes)?;
-                        if user.is_marketing != is_marketing {
-                            user.is_marketing = is_marketing;
-                            users.insert(user_id.as_bytes(), enc(&user))?;
-                        }
-                        Ok((user, false))
-                    }
-                    None => {
-                        let user = User {
-                            user_id: user_id.to_string(),
-                            is_marketing,
-                            created_at: now,
-                        };
+            |(users, balances, ledger)| match users.get(user_id.as_bytes())? {
+                Some(bytes) => {
+                    let mut user: User = dec_tx("user", &bytes)?;
+                    if user.is_marketing != is_marketing {
+                        user.is_marketing = is_marketing;
                         users.insert(user_id.as_bytes(), enc(&user))?;
-                        balances.insert(user_id.as_bytes(), enc(&initial))?;
-                        if !initial.is_zero() {
-                            let meta = LedgerMeta::reason("initial balance");
-                            push_ledger(ledger, user_id, initial, initial, &meta, now)?;
-                        }
-                        Ok((user, true))
                     }
+                    Ok((user, false))
+                }
+                None => {
+                    let user = User {
+                        user_id: user_id.to_string(),
+                        is_marketing,
+                        created_at: now,
+                    };
+                    users.insert(user_id.as_bytes(), enc(&user))?;
+                    balances.insert(user_id.as_bytes(), enc(&initial))?;
+                    if !initial.is_zero() {
+                        let meta = LedgerMeta::reason("initial balance");
+                        push_ledger(ledger, user_id, initial, initial, &meta, now)?;
+                    }
+                    Ok((user, true))
                 }
             },
         ))?;
@@ -216,7 +232,12 @@ impl Store {
 
     /// One user, if known.
     pub fn user(&self, user_id: &str) -> Result<Option<User>> {
-        match self.inner.users.get(user_id.as_bytes()).map_err(Error::Storage)? {
+        match self
+            .inner
+            .users
+            .get(user_id.as_bytes())
+            .map_err(Error::Storage)?
+        {
             Some(b) => Ok(Some(dec("user", &b)?)),
             None => Ok(None),
         }
@@ -239,7 +260,12 @@ impl Store {
 
     /// The spendable balance of a user (funds under a hold are not included).
     pub fn balance(&self, user_id: &str) -> Result<Decimal> {
-        match self.inner.balances.get(user_id.as_bytes()).map_err(Error::Storage)? {
+        match self
+            .inner
+            .balances
+            .get(user_id.as_bytes())
+            .map_err(Error::Storage)?
+        {
             Some(b) => dec("balance", &b),
             None => Err(Error::UnknownUser(user_id.to_string())),
         }
@@ -259,7 +285,12 @@ impl Store {
     // ---- money --------------------------------------------------------------------------
 
     /// Adds `amount` (> 0) to the balance of an existing user, with a ledger row.
-    pub fn credit(&self, user_id: &str, amount: Decimal, meta: &LedgerMeta) -> Result<BalanceChange> {
+    pub fn credit(
+        &self,
+        user_id: &str,
+        amount: Decimal,
+        meta: &LedgerMeta,
+    ) -> Result<BalanceChange> {
         if amount <= Decimal::ZERO {
             return Err(Error::NonPositiveAmount(amount));
         }
@@ -268,7 +299,12 @@ impl Store {
 
     /// Takes `amount` (> 0) from the balance, refusing with [`Error::InsufficientFunds`] rather
     /// than going below zero; one ledger row.
-    pub fn debit(&self, user_id: &str, amount: Decimal, meta: &LedgerMeta) -> Result<BalanceChange> {
+    pub fn debit(
+        &self,
+        user_id: &str,
+        amount: Decimal,
+        meta: &LedgerMeta,
+    ) -> Result<BalanceChange> {
         if amount <= Decimal::ZERO {
             return Err(Error::NonPositiveAmount(amount));
         }
@@ -282,11 +318,18 @@ impl Store {
             let before = read_balance(balances, user_id)?;
             let after = before + delta;
             if after < Decimal::ZERO {
-                return abort(Error::InsufficientFunds { needed: -delta, available: before });
+                return abort(Error::InsufficientFunds {
+                    needed: -delta,
+                    available: before,
+                });
             }
             balances.insert(user_id.as_bytes(), enc(&after))?;
             let entry = push_ledger(ledger, user_id, delta, after, meta, now)?;
-            Ok(BalanceChange { before, after, ledger_seq: Some(entry.seq) })
+            Ok(BalanceChange {
+                before,
+                after,
+                ledger_seq: Some(entry.seq),
+            })
         }))?;
         self.flush()?;
         Ok(change)
@@ -304,7 +347,10 @@ impl Store {
         let hold = tx_result((&i.balances, &i.holds).transaction(|(balances, holds)| {
             let before = read_balance(balances, user_id)?;
             if before < amount {
-                return abort(Error::InsufficientFunds { needed: amount, available: before });
+                return abort(Error::InsufficientFunds {
+                    needed: amount,
+                    available: before,
+                });
             }
             let id = HoldId(holds.generate_id()?);
             let hold = Hold {
@@ -339,7 +385,10 @@ impl Store {
                     None => return abort(Error::UnknownHold(id)),
                 };
                 if actual > hold.amount {
-                    return abort(Error::SettleExceedsHold { held: hold.amount, actual });
+                    return abort(Error::SettleExceedsHold {
+                        held: hold.amount,
+                        actual,
+                    });
                 }
                 let current = read_balance(balances, &hold.user_id)?;
                 let after = current + (hold.amount - actual);
@@ -349,7 +398,11 @@ impl Store {
                 } else {
                     Some(push_ledger(ledger, &hold.user_id, -actual, after, &hold.meta, now)?.seq)
                 };
-                Ok(BalanceChange { before: hold.balance_before, after, ledger_seq: seq })
+                Ok(BalanceChange {
+                    before: hold.balance_before,
+                    after,
+                    ledger_seq: seq,
+                })
             },
         ))?;
         self.flush()?;
@@ -401,12 +454,19 @@ impl Store {
 
     /// Marks a service token (by its `jti`) revoked until `expires_at`, when it dies anyway.
     pub fn revoke_token(&self, jti: &str, expires_at: DateTime<Utc>) -> Result<()> {
-        self.inner.revoked.insert(jti.as_bytes(), enc(&expires_at)).map_err(Error::Storage)?;
+        self.inner
+            .revoked
+            .insert(jti.as_bytes(), enc(&expires_at))
+            .map_err(Error::Storage)?;
         self.flush()
     }
 
     pub fn is_token_revoked(&self, jti: &str) -> Result<bool> {
-        Ok(self.inner.revoked.contains_key(jti.as_bytes()).map_err(Error::Storage)?)
+        Ok(self
+            .inner
+            .revoked
+            .contains_key(jti.as_bytes())
+            .map_err(Error::Storage)?)
     }
 
     /// Records that service token `jti` (valid until `jti_expires_at`) was minted from the
@@ -418,7 +478,10 @@ impl Store {
         jti_expires_at: DateTime<Utc>,
     ) -> Result<()> {
         let key = model::session_key(idp_token_id, jti);
-        self.inner.idp_sessions.insert(key, enc(&jti_expires_at)).map_err(Error::Storage)?;
+        self.inner
+            .idp_sessions
+            .insert(key, enc(&jti_expires_at))
+            .map_err(Error::Storage)?;
         self.flush()
     }
 
@@ -431,7 +494,10 @@ impl Store {
     ) -> Result<usize> {
         let i = &self.inner;
         let mut sessions = Vec::new();
-        for item in i.idp_sessions.scan_prefix(model::session_prefix(idp_token_id)) {
+        for item in i
+            .idp_sessions
+            .scan_prefix(model::session_prefix(idp_token_id))
+        {
             let (k, v) = item.map_err(Error::Storage)?;
             let exp: DateTime<Utc> = dec("session expiry", &v)?;
             let jti = model::session_jti(&k).to_string();
@@ -453,14 +519,22 @@ impl Store {
     }
 
     pub fn is_idp_token_revoked(&self, idp_token_id: &str) -> Result<bool> {
-        Ok(self.inner.idp_revoked.contains_key(idp_token_id.as_bytes()).map_err(Error::Storage)?)
+        Ok(self
+            .inner
+            .idp_revoked
+            .contains_key(idp_token_id.as_bytes())
+            .map_err(Error::Storage)?)
     }
 
     /// Drops revocations and idp sessions whose tokens have expired by `now` (an expired token
     /// is refused for its expiry alone). Returns how many records were removed.
     pub fn purge_expired(&self, now: DateTime<Utc>) -> Result<usize> {
         let mut removed = 0;
-        for tree in [&self.inner.revoked, &self.inner.idp_sessions, &self.inner.idp_revoked] {
+        for tree in [
+            &self.inner.revoked,
+            &self.inner.idp_sessions,
+            &self.inner.idp_revoked,
+        ] {
             for item in tree.iter() {
                 let (k, v) = item.map_err(Error::Storage)?;
                 let exp: DateTime<Utc> = dec("expiry", &v)?;

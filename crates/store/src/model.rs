@@ -24,7 +24,10 @@ pub struct LedgerMeta {
 
 impl LedgerMeta {
     pub fn reason(reason: impl Into<String>) -> Self {
-        Self { reason: reason.into(), ..Self::default() }
+        Self {
+            reason: reason.into(),
+            ..Self::default()
+        }
     }
 }
 

@@ -6,7 +6,13 @@ fn d(s: &str) -> Decimal {
 }
 
 fn open(dir: &Path, initial: &str) -> Store {
-    Store::open(dir, StoreOptions { initial_balance: d(initial) }).unwrap()
+    Store::open(
+        dir,
+        StoreOptions {
+            initial_balance: d(initial),
+        },
+    )
+    .unwrap()
 }
 
 #[test]
@@ -19,7 +25,9 @@ fn new_user_gets_the_initial_balance_with_a_ledger_row() {
     assert_eq!(ledger.len(), 1);
     assert_eq!(ledger[0].amount, d("5.25"));
     // Seeing the user again neither resets nor re-credits them.
-    store.debit("alice", d("1"), &LedgerMeta::reason("x")).unwrap();
+    store
+        .debit("alice", d("1"), &LedgerMeta::reason("x"))
+        .unwrap();
     store.ensure_user("alice", true).unwrap();
     assert_eq!(store.balance("alice").unwrap(), d("4.25"));
     assert!(store.user("alice").unwrap().unwrap().is_marketing);
@@ -30,7 +38,9 @@ fn debit_beyond_balance_is_refused_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path(), "1");
     store.ensure_user("bob", false).unwrap();
-    let err = store.debit("bob", d("1.000001"), &LedgerMeta::reason("x")).unwrap_err();
+    let err = store
+        .debit("bob", d("1.000001"), &LedgerMeta::reason("x"))
+        .unwrap_err();
     assert!(
         matches!(err, Error::InsufficientFunds { needed, available } if needed == d("1.000001") && available == d("1"))
     );
@@ -51,7 +61,10 @@ fn money_for_unknown_users_and_non_positive_amounts_is_refused() {
         store.credit("carol", d("-1"), &LedgerMeta::default()),
         Err(Error::NonPositiveAmount(_))
     ));
-    assert!(matches!(store.ensure_user("", false), Err(Error::InvalidUserId(_))));
+    assert!(matches!(
+        store.ensure_user("", false),
+        Err(Error::InvalidUserId(_))
+    ));
 }
 
 #[test]
@@ -80,7 +93,8 @@ fn concurrent_debits_and_credits_add_up_exactly_with_one_ledger_row_each() {
     let ops: Vec<(i32, i32)> = (0..8).flat_map(|t| (0..25).map(move |i| (t, i))).collect();
     let credits = ops.iter().filter(|(t, i)| (t + i) % 3 == 0).count() as i64;
     let debits = ops.len() as i64 - credits;
-    let expected = d("1000") + Decimal::from(credits) * d("0.5") - Decimal::from(debits) * d("1.25");
+    let expected =
+        d("1000") + Decimal::from(credits) * d("0.5") - Decimal::from(debits) * d("1.25");
     assert_eq!(store.balance("dave").unwrap(), expected);
     let ledger = store.ledger("dave").unwrap();
     assert_eq!(ledger.len(), 1 + ops.len());
@@ -99,13 +113,21 @@ fn hold_settles_exactly_once_refunding_the_rest() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path(), "10");
     store.ensure_user("erin", false).unwrap();
-    let hold = store.place_hold("erin", d("4"), &LedgerMeta::reason("completion")).unwrap();
+    let hold = store
+        .place_hold("erin", d("4"), &LedgerMeta::reason("completion"))
+        .unwrap();
     assert_eq!(hold.balance_before, d("10"));
     assert_eq!(store.balance("erin").unwrap(), d("6"));
     let change = store.settle_hold(hold.id, d("1.5")).unwrap();
     assert_eq!((change.before, change.after), (d("10"), d("8.5")));
-    assert!(matches!(store.settle_hold(hold.id, d("1.5")), Err(Error::UnknownHold(_))));
-    assert!(matches!(store.release_hold(hold.id), Err(Error::UnknownHold(_))));
+    assert!(matches!(
+        store.settle_hold(hold.id, d("1.5")),
+        Err(Error::UnknownHold(_))
+    ));
+    assert!(matches!(
+        store.release_hold(hold.id),
+        Err(Error::UnknownHold(_))
+    ));
     assert_eq!(store.balance("erin").unwrap(), d("8.5"));
     let ledger = store.ledger("erin").unwrap();
     assert_eq!(ledger.last().unwrap().amount, d("-1.5"));
@@ -120,8 +142,13 @@ fn hold_beyond_balance_is_refused_and_settle_above_hold_is_refused() {
         store.place_hold("fay", d("3.01"), &LedgerMeta::default()),
         Err(Error::InsufficientFunds { .. })
     ));
-    let hold = store.place_hold("fay", d("2"), &LedgerMeta::default()).unwrap();
-    assert!(matches!(store.settle_hold(hold.id, d("2.5")), Err(Error::SettleExceedsHold { .. })));
+    let hold = store
+        .place_hold("fay", d("2"), &LedgerMeta::default())
+        .unwrap();
+    assert!(matches!(
+        store.settle_hold(hold.id, d("2.5")),
+        Err(Error::SettleExceedsHold { .. })
+    ));
     // The refused settle left the hold open: releasing it restores everything.
     store.release_hold(hold.id).unwrap();
     assert_eq!(store.balance("fay").unwrap(), d("3"));
@@ -134,9 +161,15 @@ fn data_survives_reopening_and_stale_holds_are_released() {
     {
         let store = open(dir.path(), "0");
         store.ensure_user("gus", true).unwrap();
-        store.credit("gus", d("7.123456"), &LedgerMeta::reason("top-up")).unwrap();
-        store.place_hold("gus", d("2"), &LedgerMeta::default()).unwrap();
-        store.revoke_token("jti-1", Utc::now() + chrono::Duration::hours(1)).unwrap();
+        store
+            .credit("gus", d("7.123456"), &LedgerMeta::reason("top-up"))
+            .unwrap();
+        store
+            .place_hold("gus", d("2"), &LedgerMeta::default())
+            .unwrap();
+        store
+            .revoke_token("jti-1", Utc::now() + chrono::Duration::hours(1))
+            .unwrap();
     }
     let store = open(dir.path(), "0");
     assert_eq!(store.balance("gus").unwrap(), d("5.123456"));
@@ -167,7 +200,9 @@ fn idp_logout_revokes_every_token_minted_from_it_and_purge_forgets_expired() {
     assert!(store.is_token_revoked("j1").unwrap() && store.is_token_revoked("j2").unwrap());
     assert!(!store.is_token_revoked("j3").unwrap());
     assert!(store.is_idp_token_revoked("idp-a").unwrap());
-    let removed = store.purge_expired(soon + chrono::Duration::seconds(1)).unwrap();
+    let removed = store
+        .purge_expired(soon + chrono::Duration::seconds(1))
+        .unwrap();
     assert_eq!(removed, 4);
     assert!(!store.is_idp_token_revoked("idp-a").unwrap());
 }

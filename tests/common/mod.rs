@@ -1,0 +1,182 @@
+//! Shared test harness: start the real server in-process on 127.0.0.1:0 with a temporary data
+//! dir, and talk to it with typed helpers. Used by every service's integration tests.
+#![allow(dead_code)] // each test module uses a different part
+
+pub mod browser;
+
+use hearth_server::app::paths;
+use hearth_server::config::RawConfig;
+use hearth_server::{Running, Service};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use tempfile::TempDir;
+
+/// Starts the auth service alone with default settings.
+pub async fn spawn_app() -> TestApp {
+    TestApp::builder().spawn().await
+}
+
+/// Chooses services and settings before starting.
+pub struct AppBuilder {
+    raw: RawConfig,
+    services: Vec<Service>,
+    data_dir: Option<TempDir>,
+}
+
+impl AppBuilder {
+    /// The services to run (default: auth only). Every one binds 127.0.0.1:0.
+    pub fn services(mut self, services: &[Service]) -> Self {
+        self.services = services.to_vec();
+        self
+    }
+
+    /// Changes the raw configuration (any layer a user could set).
+    pub fn configure(mut self, f: impl FnOnce(&mut RawConfig)) -> Self {
+        f(&mut self.raw);
+        self
+    }
+
+    /// Reuses a data dir (from [`TestApp::stop`]) to test what survives a restart.
+    pub fn data_dir(mut self, dir: TempDir) -> Self {
+        self.data_dir = Some(dir);
+        self
+    }
+
+    pub async fn spawn(self) -> TestApp {
+        let dir = self.data_dir.unwrap_or_else(|| tempfile::tempdir().expect("temp dir"));
+        let mut raw = self.raw;
+        raw.data_dir = Some(dir.path().to_path_buf());
+        raw.services = Some(self.services.iter().map(|s| s.name().to_string()).collect());
+        raw.auth.addr = Some("127.0.0.1:0".into());
+        raw.completion.addr = Some("127.0.0.1:0".into());
+        raw.markdown.addr = Some("127.0.0.1:0".into());
+        raw.imagine.addr = Some("127.0.0.1:0".into());
+        if raw.models.is_none() {
+            raw.models = Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("models.toml"));
+        }
+        let config = raw.resolve().expect("test configuration resolves");
+        let running = start_retrying(config).await;
+        TestApp { running: Some(running), client: reqwest::Client::new(), dir: Some(dir) }
+    }
+}
+
+/// sled releases its file lock a moment after the last handle drops: retry briefly on restart.
+async fn start_retrying(config: hearth_server::Config) -> Running {
+    for _ in 0..50 {
+        match hearth_server::start(config.clone()).await {
+            Ok(r) => return r,
+            Err(hearth_server::app::StartError::Store(hearth_store::Error::Locked { .. })) => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("server failed to start: {e}"),
+        }
+    }
+    panic!("store stayed locked");
+}
+
+/// A running server and a client for it.
+pub struct TestApp {
+    running: Option<Running>,
+    pub client: reqwest::Client,
+    dir: Option<TempDir>,
+}
+
+impl TestApp {
+    pub fn builder() -> AppBuilder {
+        AppBuilder { raw: RawConfig::default(), services: vec![Service::Auth], data_dir: None }
+    }
+
+    pub fn running(&self) -> &Running {
+        self.running.as_ref().expect("server running")
+    }
+
+    /// Base URL of a running service, e.g. `http://127.0.0.1:43121`.
+    pub fn url(&self, service: Service) -> String {
+        let addr = self.running().addr(service).unwrap_or_else(|| panic!("{service} is not running"));
+        format!("http://{addr}")
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.as_ref().expect("data dir").path().to_path_buf()
+    }
+
+    /// An identity token from the built-in provider (what `hearth idp mint` prints).
+    pub fn idp_token(&self, user: &str) -> String {
+        self.idp_token_with(user, chrono::Duration::hours(1), false)
+    }
+
+    pub fn idp_token_with(&self, user: &str, ttl: chrono::Duration, marketing: bool) -> String {
+        let secret = hearth_auth::load_or_create_secret(&paths::idp_secret(&self.data_dir())).unwrap();
+        hearth_auth::SharedSecretIdp::new(secret.as_bytes()).mint(user, ttl, marketing).unwrap()
+    }
+
+    /// Signs in for real: mints an identity token and exchanges it at `POST /token`.
+    pub async fn token(&self, user: &str) -> String {
+        let idp = self.idp_token(user);
+        let (status, body) =
+            self.post(Service::Auth, "/token", json!({ "userId": user, "idpToken": idp, "lifetimeSeconds": 3600 })).await;
+        assert_eq!(status, StatusCode::OK, "sign-in failed: {body}");
+        body["serviceToken"].as_str().expect("serviceToken").to_string()
+    }
+
+    /// POSTs JSON and returns the status and JSON body (Null when the body is not JSON).
+    pub async fn post(&self, service: Service, path: &str, body: Value) -> (StatusCode, Value) {
+        let resp = self.client.post(format!("{}{path}", self.url(service))).json(&body).send().await.expect("request sent");
+        let status = resp.status();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn get(&self, service: Service, path: &str) -> (StatusCode, Value) {
+        let resp = self.client.get(format!("{}{path}", self.url(service))).send().await.expect("request sent");
+        let status = resp.status();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    pub fn admin_key(&self) -> String {
+        std::fs::read_to_string(paths::admin_key(&self.data_dir())).unwrap().trim().to_string()
+    }
+
+    /// Credits `amount` (decimal string; negative debits) through the admin API; returns the
+    /// balance after, as the wire string.
+    pub async fn credit(&self, user: &str, amount: &str) -> String {
+        let debit = amount.starts_with('-');
+        let (status, body) = self
+            .post(Service::Auth, "/admin/credit", json!({ "adminKey": self.admin_key(), "userId": user, "amount": amount, "debit": debit }))
+            .await;
+        assert_eq!(status, StatusCode::OK, "credit failed: {body}");
+        body["balanceAfter"].as_str().unwrap().to_string()
+    }
+
+    /// The user's balance through the admin API, as the wire string.
+    pub async fn balance(&self, user: &str) -> String {
+        let (status, body) =
+            self.post(Service::Auth, "/admin/balance", json!({ "adminKey": self.admin_key(), "userId": user })).await;
+        assert_eq!(status, StatusCode::OK, "balance failed: {body}");
+        body["balance"].as_str().unwrap().to_string()
+    }
+
+    /// Stops the server (requests in flight finish) and hands back the data dir.
+    pub async fn stop(mut self) -> TempDir {
+        if let Some(r) = self.running.take() {
+            r.shutdown().await;
+        }
+        self.dir.take().expect("data dir")
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some(r) = &self.running {
+            r.shutdown_token().cancel();
+        }
+    }
+}
+
+/// Asserts the spec's error shape and type; returns the message.
+pub fn assert_error(body: &Value, error_type: &str) -> String {
+    let err = &body["error"];
+    assert_eq!(err["type"], error_type, "unexpected error body: {body}");
+    assert!(err["details"].is_object(), "details must be an object: {body}");
+    err["message"].as_str().expect("error.message is a string").to_string()
+}
