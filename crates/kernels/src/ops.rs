@@ -94,21 +94,36 @@ fn quantize_row_body(x: &[f32], q: &mut [i8], lane_scale: &mut [f32], lane_sum: 
         for m in mx {
             amax = if m > amax { m } else { amax };
         }
+        // The same arithmetic as llama.cpp's quantize_row_q8_0/q8_1 (x86): `q = round(x * 127 /
+        // amax)` (ties to even), the scale stored as f16, and the block's `d * sum(q)` computed
+        // in f32 and stored as f16. Greedy parity with llama.cpp depends on it: at near-ties its
+        // choice follows these roundings (keeping `d` in f32 flipped SmolLM2's 10th token).
         let d = amax / 127.0;
-        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
         let qb = &mut q[32 * b..32 * b + 32];
+        let mut sum = 0i32;
         for (o, &v) in qb.iter_mut().zip(xb) {
             // `as` saturates and maps NaN to 0, so odd inputs cannot poison the integer dot.
             *o = (v * id).round_ties_even().clamp(-127.0, 127.0) as i8;
+            sum += *o as i32;
         }
+        let d16 = half::f16::from_f32(d).to_f32();
+        // Per-lane sums stay exact for formats whose zero points change every 16 elements
+        // (Q6_K); the f16 rounding of the block total goes into the last lane, so a weight
+        // block with one min (Q4_1, Q4_K) sees llama.cpp's `s`.
+        let mut lanes = 0f32;
         for l in 0..8 {
             let s = qb[4 * l] as i32
                 + qb[4 * l + 1] as i32
                 + qb[4 * l + 2] as i32
                 + qb[4 * l + 3] as i32;
-            lane_scale[8 * b + l] = d;
+            lane_scale[8 * b + l] = d16;
             lane_sum[8 * b + l] = d * s as f32;
+            if l < 7 {
+                lanes += d * s as f32;
+            }
         }
+        lane_sum[8 * b + 7] = half::f16::from_f32(d * sum as f32).to_f32() - lanes;
     }
 }
 

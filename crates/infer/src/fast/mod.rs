@@ -578,6 +578,9 @@ impl Backend for FastModel {
                 // candle backend) do.
                 ops::round_to_f16(k);
                 ops::round_to_f16(v);
+                // Without flash attention llama.cpp converts Q to f16 for the Q·K products
+                // (the f16 cache's vec-dot type).
+                ops::round_to_f16(q);
                 let seq = &mut *steps[si].seq;
                 seq.k[il][pos * kvd..(pos + 1) * kvd].copy_from_slice(k);
                 seq.v[il][pos * kvd..(pos + 1) * kvd].copy_from_slice(v);
