@@ -48,7 +48,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 
 echo "building hearth (release)..." >&2
-cargo build --quiet --release -p hearth-markdown --example md_convert
+cargo build --quiet ${BENCH_PROFILE:---release} -p hearth-markdown --example md_convert
 if [ "$SERVICE" = 1 ]; then cargo build --quiet --release --bin hearth; fi
 
 printf '%s\n' "${FILES[@]}" > "$WORK/files.txt"
@@ -78,13 +78,13 @@ PY
 
 # Hearth library, best of N per file.
 for i in $(seq "$REPEAT"); do
-  "$CARGO_TARGET_DIR/release/examples/md_convert" --out "$WORK/out-hearth" "${FILES[@]}" > "$WORK/hearth-lib.$i.tsv"
+  "$CARGO_TARGET_DIR/${BENCH_DIR:-release}/examples/md_convert" --out "$WORK/out-hearth" "${FILES[@]}" > "$WORK/hearth-lib.$i.tsv"
 done
 
 # Hearth service over HTTP.
 if [ "$SERVICE" = 1 ]; then
   PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  HEARTH_MARKDOWN_ADDR="127.0.0.1:$PORT" "$CARGO_TARGET_DIR/release/hearth" serve --only markdown \
+  "$CARGO_TARGET_DIR/release/hearth" serve --services markdown --data-dir "$WORK/data" \
     --markdown-addr "127.0.0.1:$PORT" > "$WORK/service.log" 2>&1 &
   SERVER_PID=$!
   trap 'kill $SERVER_PID 2>/dev/null || true' EXIT
