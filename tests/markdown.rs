@@ -1,0 +1,229 @@
+//! The markdown conversion service over HTTP (spec 2.2, 2.5, 4.3, 7): real uploads, the error
+//! shapes and statuses, health, CORS and the upload limit.
+
+use hearth_server::Service;
+use reqwest::multipart::{Form, Part};
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::common::TestApp;
+
+async fn app_with(f: impl FnOnce(&mut hearth_server::RawConfig)) -> TestApp {
+    TestApp::builder()
+        .services(&[Service::Markdown])
+        .configure(f)
+        .spawn()
+        .await
+}
+
+async fn upload(app: &TestApp, name: &str, bytes: Vec<u8>) -> (StatusCode, Value) {
+    let form = Form::new().part("file", Part::bytes(bytes).file_name(name.to_string()));
+    let resp = reqwest::Client::new()
+        .post(format!("{}/", app.url(Service::Markdown)))
+        .multipart(form)
+        .send()
+        .await
+        .expect("request");
+    let status = resp.status();
+    (status, resp.json().await.expect("JSON body"))
+}
+
+#[tokio::test]
+async fn converts_an_uploaded_csv_and_names_the_file() {
+    let app = app_with(|_| {}).await;
+    let (status, body) = upload(&app, "fruit.csv", b"name,qty\napple,3\npear,5\n".to_vec()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["original_filename"], "fruit.csv");
+    let md = body["markdown"].as_str().expect("markdown string");
+    assert!(
+        md.contains("| name | qty |\n| --- | --- |\n| apple | 3 |"),
+        "{md}"
+    );
+}
+
+#[tokio::test]
+async fn converts_html_with_headings_and_without_scripts() {
+    let app = app_with(|_| {}).await;
+    let html =
+        b"<html><body><h1>Report</h1><p>Total <b>42</b></p><script>evil()</script></body></html>"
+            .to_vec();
+    let (status, body) = upload(&app, "report.html", html).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let md = body["markdown"].as_str().unwrap();
+    assert!(
+        md.contains("# Report") && md.contains("**42**") && !md.contains("evil"),
+        "{md}"
+    );
+}
+
+#[tokio::test]
+async fn missing_file_part_is_400_no_file_provided() {
+    let app = app_with(|_| {}).await;
+    let form = Form::new().text("other", "x");
+    let resp = reqwest::Client::new()
+        .post(format!("{}/", app.url(Service::Markdown)))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body, serde_json::json!({ "error": "No file provided" }));
+}
+
+#[tokio::test]
+async fn empty_selection_is_400_no_file_selected() {
+    let app = app_with(|_| {}).await;
+    let (status, body) = upload(&app, "", Vec::new()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body, serde_json::json!({ "error": "No file selected" }));
+}
+
+#[tokio::test]
+async fn broken_document_is_500_with_a_message() {
+    let app = app_with(|_| {}).await;
+    let mut bytes = b"PK\x03\x04".to_vec();
+    bytes.extend_from_slice(&[0u8; 200]);
+    let (status, body) = upload(&app, "broken.docx", bytes).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("Conversion failed"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn unsupported_type_is_415_with_a_clear_message() {
+    let app = app_with(|_| {}).await;
+    let (status, body) = upload(&app, "tool.exe", b"MZ\x90\x00\x03\x00\x00\x00".to_vec()).await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("Unsupported file type"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn upload_over_the_limit_is_413_json() {
+    let app = app_with(|c| c.markdown.max_upload_bytes = Some(1024)).await;
+    let (status, body) = upload(&app, "big.txt", vec![b'a'; 20 * 1024]).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("too large"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn health_reports_every_field_with_a_working_converter() {
+    let app = app_with(|c| {
+        c.allowed_origins = Some(vec![
+            "https://app.example".into(),
+            "https://b.example".into(),
+        ]);
+        c.region = Some("eu-test".into());
+    })
+    .await;
+    let resp = reqwest::get(format!("{}/", app.url(Service::Markdown)))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let h: Value = resp.json().await.unwrap();
+    assert_eq!(h["status"], "healthy");
+    assert_eq!(h["components"]["converter"], "up");
+    assert!(
+        h["version"]["rust"].as_str().unwrap().starts_with("rustc "),
+        "{h}"
+    );
+    assert!(
+        h["version"]["axum"]
+            .as_str()
+            .unwrap()
+            .starts_with("axum 0.8"),
+        "{h}"
+    );
+    assert_eq!(h["region"], "eu-test");
+    assert_eq!(
+        h["allowed_origins"],
+        "https://app.example,https://b.example"
+    );
+    for t in ["server_time", "deployment_time"] {
+        chrono::DateTime::parse_from_rfc3339(h[t].as_str().unwrap()).expect("ISO 8601 timestamp");
+    }
+    let usage = &h["usage"];
+    assert!(usage["web_interface"].as_str().unwrap().ends_with("/ui"));
+    assert!(usage["example_curl"]
+        .as_str()
+        .unwrap()
+        .starts_with("curl -F 'file=@"));
+    assert!(
+        usage["supported_methods"]["GET"].is_string()
+            && usage["supported_methods"]["POST"].is_string()
+    );
+    assert!(usage["description"].is_string() && h["service"].is_string());
+}
+
+#[tokio::test]
+async fn cors_headers_only_for_allowed_origins_and_preflight_works() {
+    let app = app_with(|c| c.allowed_origins = Some(vec!["https://app.example".into()])).await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/", app.url(Service::Markdown));
+    let allowed = client
+        .get(&url)
+        .header("Origin", "https://app.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        allowed
+            .headers()
+            .get("access-control-allow-origin")
+            .unwrap(),
+        "https://app.example"
+    );
+    let other = client
+        .get(&url)
+        .header("Origin", "https://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert!(other.headers().get("access-control-allow-origin").is_none());
+    let preflight = client
+        .request(reqwest::Method::OPTIONS, &url)
+        .header("Origin", "https://app.example")
+        .header("Access-Control-Request-Method", "POST")
+        .send()
+        .await
+        .unwrap();
+    assert!(preflight.status().is_success(), "{}", preflight.status());
+    let methods = preflight
+        .headers()
+        .get("access-control-allow-methods")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(methods.contains("POST"), "{methods}");
+}
+
+#[tokio::test]
+async fn ui_page_has_an_upload_form() {
+    let app = app_with(|_| {}).await;
+    let page = reqwest::get(format!("{}/ui", app.url(Service::Markdown)))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("type=\"file\"")
+            && page.contains("id=\"copy\"")
+            && page.contains("id=\"download\"")
+    );
+}
