@@ -232,6 +232,8 @@ mod tests {
             shape,
             &mut out,
         );
-        assert!((out[0] - 20.0).abs() < 1e-5);
+        // Three equal weights of 1/3, each rounded to f16 (0.33325) as llama.cpp's f16 path does.
+        let w = half::f16::from_f32(1.0 / 3.0).to_f32();
+        assert!((out[0] - w * 60.0).abs() < 1e-5, "{}", out[0]);
     }
 }
