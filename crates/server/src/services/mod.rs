@@ -11,6 +11,7 @@ use crate::app::AppState;
 
 pub mod admin;
 pub mod auth;
+pub mod completion;
 pub mod imagine;
 pub mod markdown;
 
@@ -24,7 +25,7 @@ pub enum Service {
 }
 
 /// Services this build can run (and runs by default), in start order.
-pub const AVAILABLE: &[Service] = &[Service::Auth, Service::Imagine, Service::Markdown];
+pub const AVAILABLE: &[Service] = &[Service::Auth, Service::Completion, Service::Imagine, Service::Markdown];
 
 impl Service {
     pub const ALL: [Service; 4] = [Service::Auth, Service::Completion, Service::Markdown, Service::Imagine];
@@ -79,8 +80,8 @@ impl ServiceInitError {
 pub async fn router(service: Service, state: AppState) -> Result<Router, ServiceInitError> {
     match service {
         Service::Auth => Ok(auth::router(state.clone()).merge(admin::router(state))),
+        Service::Completion => completion::router(state).await,
         Service::Imagine => imagine::router(state).await,
         Service::Markdown => Ok(markdown::router(state)),
-        other => Err(ServiceInitError::new(other, format!("the {other} service is not part of this build"))),
     }
 }

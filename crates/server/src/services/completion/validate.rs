@@ -65,11 +65,6 @@ impl FieldError {
     }
 }
 
-/// Temperature bounds of the spec whatever the model (section 8).
-pub const TEMPERATURE_RANGE: (f32, f32) = (0.0, 5.0);
-/// `maxOutputTokens` bounds of the spec whatever the model.
-pub const MAX_OUTPUT_TOKENS_RANGE: (u64, u64) = (1, 16384);
-
 fn optional_string(value: &Option<Value>, field: &str) -> Result<Option<String>, FieldError> {
     match value {
         None | Some(Value::Null) => Ok(None),
