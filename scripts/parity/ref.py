@@ -1,0 +1,51 @@
+import sys, json, numpy as np, gguf
+from gguf.quants import dequantize
+r = gguf.GGUFReader('weights/SmolLM2-135M-Instruct.Q4_1.gguf')
+T = {t.name: t for t in r.tensors}
+def W(n, dt=np.float64):
+    t = T[n]
+    a = dequantize(t.data, t.tensor_type)
+    return np.asarray(a, dtype=dt).reshape([int(x) for x in reversed(t.shape)]) if t.tensor_type.name!='F32' else np.asarray(t.data,dtype=dt)
+L, H, HKV, HD, eps, base = 30, 9, 3, 64, 1e-5, 100000.0
+fx = json.load(open('tests/fixtures/text/smollm2-135m-instruct-q4_1.json'))
+case = int(sys.argv[1]) if len(sys.argv)>1 else 0
+step = int(sys.argv[2]) if len(sys.argv)>2 else 9
+c = fx['cases'][case]
+ids = c['prompt_ids'] + c['greedy_ids'][:step]
+n = len(ids)
+emb = W('token_embd.weight')
+x = emb[ids]
+def rms(x, w): return x / np.sqrt((x*x).mean(-1, keepdims=True) + eps) * w
+pos = np.arange(n)[:, None]
+inv = base ** (-np.arange(0, HD, 2) / HD)
+ang = pos * inv[None, :]
+cos, sin = np.cos(ang), np.sin(ang)
+def rope(q):  # q: [n, h, HD] interleaved pairs
+    a, b = q[..., 0::2], q[..., 1::2]
+    c_, s_ = cos[:, None, :], sin[:, None, :]
+    out = np.empty_like(q); out[..., 0::2] = a*c_ - b*s_; out[..., 1::2] = a*s_ + b*c_
+    return out
+mask = np.triu(np.full((n, n), -np.inf), 1)
+for l in range(L):
+    p = lambda s: W(f'blk.{l}.{s}.weight')
+    h = rms(x, p('attn_norm'))
+    q = rope((h @ p('attn_q').T).reshape(n, H, HD))
+    k = rope((h @ p('attn_k').T).reshape(n, HKV, HD))
+    v = (h @ p('attn_v').T).reshape(n, HKV, HD)
+    o = np.empty((n, H, HD))
+    for hh in range(H):
+        kv = hh // (H // HKV)
+        s = q[:, hh] @ k[:, kv].T / np.sqrt(HD) + mask
+        s = np.exp(s - s.max(-1, keepdims=True)); s /= s.sum(-1, keepdims=True)
+        o[:, hh] = s @ v[:, kv]
+    x = x + o.reshape(n, -1) @ p('attn_output').T
+    h = rms(x, p('ffn_norm'))
+    g = h @ p('ffn_gate').T; u = h @ p('ffn_up').T
+    x = x + ((g / (1 + np.exp(-g))) * u) @ p('ffn_down').T
+last = rms(x[-1], W('output_norm.weight'))
+logits = emb @ last
+top = np.argsort(-logits)[:5]
+print('exact f64: top', [(int(i), round(float(logits[i]), 3)) for i in top])
+want = c['greedy_ids'][step]
+print('llama.cpp chose', want, 'logit', round(float(logits[want]),3))
+np.save(f'/tmp/parity_ref_{case}_{step}.npy', logits)
