@@ -9,3 +9,5 @@ mod auth_oidc;
 mod browser_auth;
 mod imagine;
 mod imagine_browser;
+mod completion;
+mod completion_browser;
