@@ -86,7 +86,7 @@ fn d(s: &str) -> Decimal {
 async fn an_image_request_returns_a_png_of_the_requested_size_and_the_spec_fields() {
     let img = ImagineApp::start("10", "").await;
     let token = img.app.token("alice").await;
-    let (status, r) = app
+    let (status, r) = img
         .imagine(json!({"serviceToken": token, "prompt": "a red fox", "width": 320, "height": 256, "steps": 2, "seed": 42}))
         .await;
     assert_eq!(status, StatusCode::OK, "{r}");
@@ -154,7 +154,7 @@ async fn balance_arithmetic_is_exact_for_size_steps_and_margin() {
     assert_eq!(r["balanceBefore"], "1.000000");
     assert_eq!(r["balanceAfter"], "0.998750");
     // 512x256, 3 steps, 20 % margin: 0.040 x 131072/1048576 x 3/4 / 0.8 = 0.0046875 -> 0.004688
-    let (_, r) = app
+    let (_, r) = img
         .imagine(json!({"serviceToken": token, "prompt": "x", "width": 512, "height": 256, "steps": 3, "seed": 1, "overrideGrossMarginPercent": 20}))
         .await;
     assert_eq!(r["usage"]["cost"], "0.004688");

@@ -11,3 +11,4 @@ mod imagine;
 mod imagine_browser;
 mod completion;
 mod completion_browser;
+mod markdown;
