@@ -48,17 +48,19 @@ async fn sign_in_via_callback_generate_and_see_image_metadata_cost_and_download(
     // The browser decoded it at the requested size.
     let deadline = Instant::now() + Duration::from_secs(15);
     let (w, h) = loop {
-        let w = image
-            .prop("naturalWidth")
+        // naturalWidth/naturalHeight are numbers, which WebDriver's property call won't return
+        // as strings: read them with a script instead.
+        let size = browser
+            .client
+            .execute(
+                "const i = document.querySelector('#image'); return [i.naturalWidth, i.naturalHeight];",
+                vec![],
+            )
             .await
-            .unwrap()
-            .unwrap_or_default();
-        let h = image
-            .prop("naturalHeight")
-            .await
-            .unwrap()
-            .unwrap_or_default();
-        if w != "0" && !w.is_empty() {
+            .unwrap();
+        let w = size[0].as_u64().unwrap_or_default().to_string();
+        let h = size[1].as_u64().unwrap_or_default().to_string();
+        if w != "0" {
             break (w, h);
         }
         assert!(Instant::now() < deadline, "image never decoded");

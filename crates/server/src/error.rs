@@ -202,6 +202,10 @@ where
 
 /// Parses JSON, naming the failing field: `messages[2].role: unknown variant ...`.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    // serde reads a struct from a JSON array too; every request body of ours is an object.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        return Err(ApiError::invalid_request("body", "body: expected a JSON object, found an array"));
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = match serde_path_to_error::deserialize::<_, T>(&mut de) {
         Ok(v) => v,
