@@ -269,6 +269,7 @@ pub fn check_prompt_length(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::services::completion::catalog::{DEFAULT_MAX_OUTPUT_TOKENS, DEFAULT_TEMPERATURE};
     use std::path::Path;
 
     fn catalog() -> Catalog {
