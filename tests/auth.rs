@@ -11,12 +11,14 @@ use serde_json::{json, Value};
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 async fn validate(app: &TestApp, token: &str) -> (StatusCode, Value) {
-    app.post(Service::Auth, "/validate", json!({ "serviceToken": token })).await
+    app.post(Service::Auth, "/validate", json!({ "serviceToken": token }))
+        .await
 }
 
 /// The server's own service-token key, to forge tokens the way only a key holder could.
 fn service_tokens(app: &TestApp) -> hearth_auth::ServiceTokens {
-    let secret = hearth_auth::load_or_create_secret(&paths::service_token_secret(&app.data_dir())).unwrap();
+    let secret =
+        hearth_auth::load_or_create_secret(&paths::service_token_secret(&app.data_dir())).unwrap();
     hearth_auth::ServiceTokens::new(secret.as_bytes(), "hearth", "hearth-services")
 }
 
@@ -45,7 +47,11 @@ async fn token_then_validate_reports_user_marketing_and_expiry() {
     let idp = app.idp_token_with("mia", Duration::hours(1), true);
     let before = Utc::now();
     let (status, body) = app
-        .post(Service::Auth, "/token", json!({ "userId": "mia", "idpToken": idp, "lifetimeSeconds": 600 }))
+        .post(
+            Service::Auth,
+            "/token",
+            json!({ "userId": "mia", "idpToken": idp, "lifetimeSeconds": 600 }),
+        )
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let token = body["serviceToken"].as_str().unwrap();
@@ -64,8 +70,13 @@ async fn token_then_validate_reports_user_marketing_and_expiry() {
 #[tokio::test]
 async fn token_lifetime_defaults_to_an_hour_and_out_of_bounds_is_invalid_request() {
     let app = spawn_app().await;
-    let (status, body) =
-        app.post(Service::Auth, "/token", json!({ "userId": "ned", "idpToken": app.idp_token("ned") })).await;
+    let (status, body) = app
+        .post(
+            Service::Auth,
+            "/token",
+            json!({ "userId": "ned", "idpToken": app.idp_token("ned") }),
+        )
+        .await;
     assert_eq!(status, StatusCode::OK);
     let (_, v) = validate(&app, body["serviceToken"].as_str().unwrap()).await;
     let expires: DateTime<Utc> = v["expiresAt"].as_str().unwrap().parse().unwrap();
@@ -83,8 +94,13 @@ async fn token_lifetime_defaults_to_an_hour_and_out_of_bounds_is_invalid_request
 #[tokio::test]
 async fn token_for_another_user_than_the_identity_token_is_invalid_credentials() {
     let app = spawn_app().await;
-    let (status, body) =
-        app.post(Service::Auth, "/token", json!({ "userId": "mallory", "idpToken": app.idp_token("alice") })).await;
+    let (status, body) = app
+        .post(
+            Service::Auth,
+            "/token",
+            json!({ "userId": "mallory", "idpToken": app.idp_token("alice") }),
+        )
+        .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert_error(&body, "InvalidCredentials");
 }
@@ -93,11 +109,25 @@ async fn token_for_another_user_than_the_identity_token_is_invalid_credentials()
 async fn expired_or_forged_identity_tokens_are_refused_at_sign_in() {
     let app = spawn_app().await;
     let expired = app.idp_token_with("olga", Duration::seconds(-10), false);
-    let (status, body) = app.post(Service::Auth, "/token", json!({ "userId": "olga", "idpToken": expired })).await;
+    let (status, body) = app
+        .post(
+            Service::Auth,
+            "/token",
+            json!({ "userId": "olga", "idpToken": expired }),
+        )
+        .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert_error(&body, "InvalidCredentials");
-    let forged = hearth_auth::SharedSecretIdp::new(&[7u8; 32]).mint("olga", Duration::hours(1), false).unwrap();
-    let (status, body) = app.post(Service::Auth, "/token", json!({ "userId": "olga", "idpToken": forged })).await;
+    let forged = hearth_auth::SharedSecretIdp::new(&[7u8; 32])
+        .mint("olga", Duration::hours(1), false)
+        .unwrap();
+    let (status, body) = app
+        .post(
+            Service::Auth,
+            "/token",
+            json!({ "userId": "olga", "idpToken": forged }),
+        )
+        .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert_error(&body, "InvalidCredentials");
 }
@@ -108,14 +138,33 @@ async fn malformed_requests_are_invalid_request_naming_the_field() {
     let url = format!("{}/token", app.url(Service::Auth));
     let cases: Vec<(&str, &str, &str)> = vec![
         ("application/json", "{\"userId\": ", "body"),
-        ("application/json", "{\"userId\": 5, \"idpToken\": \"x\"}", "userId"),
+        (
+            "application/json",
+            "{\"userId\": 5, \"idpToken\": \"x\"}",
+            "userId",
+        ),
         ("application/json", "{\"userId\": \"a\"}", "idpToken"),
-        ("application/json", "{\"userId\": \"a\", \"idpToken\": \"x\", \"lifetimeSeconds\": \"soon\"}", "lifetimeSeconds"),
+        (
+            "application/json",
+            "{\"userId\": \"a\", \"idpToken\": \"x\", \"lifetimeSeconds\": \"soon\"}",
+            "lifetimeSeconds",
+        ),
         ("application/json", "[1, 2]", "body"),
-        ("text/plain", "{\"userId\": \"a\", \"idpToken\": \"x\"}", "Content-Type"),
+        (
+            "text/plain",
+            "{\"userId\": \"a\", \"idpToken\": \"x\"}",
+            "Content-Type",
+        ),
     ];
     for (ctype, body, field) in cases {
-        let resp = app.client.post(&url).header("content-type", ctype).body(body).send().await.unwrap();
+        let resp = app
+            .client
+            .post(&url)
+            .header("content-type", ctype)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{body}");
         let v: Value = resp.json().await.expect("JSON error body, not plain text");
         let msg = assert_error(&v, "InvalidRequest");
@@ -129,10 +178,14 @@ async fn malformed_requests_are_invalid_request_naming_the_field() {
 
 #[tokio::test]
 async fn an_oversize_body_is_413_with_type_invalid_request() {
-    let app = TestApp::builder().configure(|c| c.max_body_bytes = Some(4096)).spawn().await;
+    let app = TestApp::builder()
+        .configure(|c| c.max_body_bytes = Some(4096))
+        .spawn()
+        .await;
     let big = "x".repeat(10_000);
-    let (status, body) =
-        app.post(Service::Auth, "/validate", json!({ "serviceToken": big })).await;
+    let (status, body) = app
+        .post(Service::Auth, "/validate", json!({ "serviceToken": big }))
+        .await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_error(&body, "InvalidRequest");
 }
@@ -145,15 +198,30 @@ async fn validate_refuses_tampered_foreign_and_unsigned_tokens_as_invalid_creden
     // Tampered payload: same signature, user changed.
     let mut claims: Value = serde_json::from_slice(&B64.decode(parts[1]).unwrap()).unwrap();
     claims["sub"] = json!("admin");
-    let tampered = format!("{}.{}.{}", parts[0], B64.encode(claims.to_string()), parts[2]);
+    let tampered = format!(
+        "{}.{}.{}",
+        parts[0],
+        B64.encode(claims.to_string()),
+        parts[2]
+    );
     // alg none: header says none, no signature.
-    let none = format!("{}.{}.", B64.encode(r#"{"alg":"none","typ":"JWT"}"#), parts[1]);
+    let none = format!(
+        "{}.{}.",
+        B64.encode(r#"{"alg":"none","typ":"JWT"}"#),
+        parts[1]
+    );
     // Signed with a key that is not the server's.
     let foreign = hearth_auth::ServiceTokens::new(&[9u8; 32], "hearth", "hearth-services")
         .issue("pat", false, Duration::hours(1))
         .unwrap()
         .token;
-    for (name, bad) in [("tampered", tampered), ("alg none", none), ("foreign key", foreign), ("garbage", "abc".into()), ("empty", String::new())] {
+    for (name, bad) in [
+        ("tampered", tampered),
+        ("alg none", none),
+        ("foreign key", foreign),
+        ("garbage", "abc".into()),
+        ("empty", String::new()),
+    ] {
         let (status, body) = validate(&app, &bad).await;
         assert_eq!(status, StatusCode::UNAUTHORIZED, "{name}");
         assert_error(&body, "InvalidCredentials");
@@ -165,7 +233,12 @@ async fn validate_refuses_tampered_foreign_and_unsigned_tokens_as_invalid_creden
 async fn an_expired_service_token_is_session_expired() {
     let app = spawn_app().await;
     let expired = service_tokens(&app)
-        .issue_at(Utc::now() - Duration::hours(2), "quinn", false, Duration::seconds(60))
+        .issue_at(
+            Utc::now() - Duration::hours(2),
+            "quinn",
+            false,
+            Duration::seconds(60),
+        )
         .unwrap()
         .token;
     let (status, body) = validate(&app, &expired).await;
@@ -177,7 +250,9 @@ async fn an_expired_service_token_is_session_expired() {
 async fn logout_revokes_the_token() {
     let app = spawn_app().await;
     let token = app.token("rita").await;
-    let (status, body) = app.post(Service::Auth, "/logout", json!({ "serviceToken": token })).await;
+    let (status, body) = app
+        .post(Service::Auth, "/logout", json!({ "serviceToken": token }))
+        .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["status"], "success");
     assert!(body["message"].as_str().unwrap().contains("revoked"));
@@ -195,14 +270,31 @@ async fn logout_with_idp_token_revokes_every_token_from_it_and_refuses_it_at_sig
     let other_idp = app.idp_token("sam");
     let mut tokens = Vec::new();
     for _ in 0..3 {
-        let (_, body) = app.post(Service::Auth, "/token", json!({ "userId": "sam", "idpToken": idp })).await;
+        let (_, body) = app
+            .post(
+                Service::Auth,
+                "/token",
+                json!({ "userId": "sam", "idpToken": idp }),
+            )
+            .await;
         tokens.push(body["serviceToken"].as_str().unwrap().to_string());
     }
-    let (_, body) = app.post(Service::Auth, "/token", json!({ "userId": "sam", "idpToken": other_idp })).await;
+    let (_, body) = app
+        .post(
+            Service::Auth,
+            "/token",
+            json!({ "userId": "sam", "idpToken": other_idp }),
+        )
+        .await;
     let unrelated = body["serviceToken"].as_str().unwrap().to_string();
 
-    let (status, body) =
-        app.post(Service::Auth, "/logout", json!({ "serviceToken": tokens[0], "idpToken": idp })).await;
+    let (status, body) = app
+        .post(
+            Service::Auth,
+            "/logout",
+            json!({ "serviceToken": tokens[0], "idpToken": idp }),
+        )
+        .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["status"], "success");
     for t in &tokens {
@@ -210,10 +302,20 @@ async fn logout_with_idp_token_revokes_every_token_from_it_and_refuses_it_at_sig
         assert_eq!(status, StatusCode::UNAUTHORIZED);
         assert_error(&body, "InvalidCredentials");
     }
-    let (status, body) = app.post(Service::Auth, "/token", json!({ "userId": "sam", "idpToken": idp })).await;
+    let (status, body) = app
+        .post(
+            Service::Auth,
+            "/token",
+            json!({ "userId": "sam", "idpToken": idp }),
+        )
+        .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert!(assert_error(&body, "InvalidCredentials").contains("logged out"));
-    assert_eq!(validate(&app, &unrelated).await.0, StatusCode::OK, "another identity token's session lives on");
+    assert_eq!(
+        validate(&app, &unrelated).await.0,
+        StatusCode::OK,
+        "another identity token's session lives on"
+    );
 }
 
 #[tokio::test]
@@ -221,11 +323,19 @@ async fn logout_with_someone_elses_idp_token_is_refused() {
     let app = spawn_app().await;
     let token = app.token("tess").await;
     let (status, body) = app
-        .post(Service::Auth, "/logout", json!({ "serviceToken": token, "idpToken": app.idp_token("uma") }))
+        .post(
+            Service::Auth,
+            "/logout",
+            json!({ "serviceToken": token, "idpToken": app.idp_token("uma") }),
+        )
         .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert_error(&body, "InvalidCredentials");
-    assert_eq!(validate(&app, &token).await.0, StatusCode::OK, "nothing was revoked");
+    assert_eq!(
+        validate(&app, &token).await.0,
+        StatusCode::OK,
+        "nothing was revoked"
+    );
 }
 
 #[tokio::test]
@@ -266,12 +376,18 @@ async fn sign_in_page_explains_a_refused_foreign_callback_and_accepts_an_allowed
     let foreign = page("?callback=https%3A%2F%2Fevil.example%2Fsteal".into()).await;
     assert!(foreign.contains("id=\"callback-refused\""));
     assert!(foreign.contains("https://evil.example is not an allowed origin"));
-    assert!(foreign.contains("\"callback\":null"), "a refused callback is never redirected to");
+    assert!(
+        foreign.contains("\"callback\":null"),
+        "a refused callback is never redirected to"
+    );
     let js = page("?callback=javascript%3Aalert(1)".into()).await;
     assert!(js.contains("id=\"callback-refused\""));
     let allowed = page("?callback=https%3A%2F%2Fapp.example.com%2Fdone".into()).await;
     assert!(allowed.contains("id=\"callback-notice\""));
     assert!(allowed.contains("\"callback\":\"https://app.example.com/done\""));
     let own = page(format!("?callback={}/ui", app.url(Service::Auth))).await;
-    assert!(own.contains("id=\"callback-notice\""), "the service's own origin is allowed");
+    assert!(
+        own.contains("id=\"callback-notice\""),
+        "the service's own origin is allowed"
+    );
 }

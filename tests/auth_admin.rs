@@ -19,7 +19,11 @@ fn hearth(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
         .env("RUST_LOG", "warn")
         .output()
         .expect("hearth runs");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn dir_arg(dir: &Path) -> String {
@@ -30,26 +34,70 @@ fn dir_arg(dir: &Path) -> String {
 fn cli_manages_balances_with_the_server_stopped() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir_arg(dir.path());
-    let (ok, out, err) = hearth(&["balance", "credit", "amy", "12.5", "--note", "welcome gift", "--data-dir", &d], &[]);
+    let (ok, out, err) = hearth(
+        &[
+            "balance",
+            "credit",
+            "amy",
+            "12.5",
+            "--note",
+            "welcome gift",
+            "--data-dir",
+            &d,
+        ],
+        &[],
+    );
     assert!(ok, "{err}");
-    assert_eq!(out.trim(), "amy: 10.000000 -> 22.500000", "new user gets the initial 10 first");
+    assert_eq!(
+        out.trim(),
+        "amy: 10.000000 -> 22.500000",
+        "new user gets the initial 10 first"
+    );
     let (ok, out, _) = hearth(&["balance", "show", "amy", "--data-dir", &d], &[]);
     assert!(ok);
     assert_eq!(out.trim(), "amy 22.500000");
     let (ok, _, err) = hearth(&["balance", "credit", "amy", "-5", "--data-dir", &d], &[]);
     assert!(!ok && err.contains("--debit"), "{err}");
-    let (ok, out, _) = hearth(&["balance", "credit", "amy", "-5", "--debit", "--data-dir", &d], &[]);
+    let (ok, out, _) = hearth(
+        &[
+            "balance",
+            "credit",
+            "amy",
+            "-5",
+            "--debit",
+            "--data-dir",
+            &d,
+        ],
+        &[],
+    );
     assert!(ok);
     assert_eq!(out.trim(), "amy: 22.500000 -> 17.500000");
-    let (ok, _, err) = hearth(&["balance", "credit", "amy", "100", "--debit", "--data-dir", &d], &[]);
+    let (ok, _, err) = hearth(
+        &[
+            "balance",
+            "credit",
+            "amy",
+            "100",
+            "--debit",
+            "--data-dir",
+            &d,
+        ],
+        &[],
+    );
     assert!(!ok && err.contains("insufficient funds"), "{err}");
-    let (ok, _, err) = hearth(&["balance", "credit", "amy", "1.0000001", "--data-dir", &d], &[]);
+    let (ok, _, err) = hearth(
+        &["balance", "credit", "amy", "1.0000001", "--data-dir", &d],
+        &[],
+    );
     assert!(!ok && err.contains("decimal places"), "{err}");
     let (ok, _, err) = hearth(&["balance", "show", "nobody", "--data-dir", &d], &[]);
     assert!(!ok && err.contains("nobody"), "{err}");
     let (ok, out, _) = hearth(&["users", "list", "--data-dir", &d], &[]);
     assert!(ok);
-    let row = out.lines().find(|l| l.starts_with("amy ")).expect("amy listed");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("amy "))
+        .expect("amy listed");
     assert!(row.contains("17.500000"), "{row}");
 }
 
@@ -72,16 +120,28 @@ async fn cli_goes_through_the_admin_api_while_the_server_runs() {
     let (ok, out, err) = run(vec!["balance", "credit", "ben", "2.25"]).await.unwrap();
     assert!(ok, "{err}");
     assert_eq!(out.trim(), "ben: 10.000000 -> 12.250000");
-    assert_eq!(app.balance("ben").await, "12.250000", "the running server sees it");
+    assert_eq!(
+        app.balance("ben").await,
+        "12.250000",
+        "the running server sees it"
+    );
     let (ok, out, _) = run(vec!["balance", "show", "ben"]).await.unwrap();
     assert!(ok);
     assert_eq!(out.trim(), "ben 12.250000");
     let (ok, out, _) = run(vec!["users", "list"]).await.unwrap();
     assert!(ok && out.contains("ben "), "{out}");
     // The identity token minted by the CLI signs in at the running server.
-    let (ok, idp, err) = run(vec!["idp", "mint", "ben", "--ttl", "120", "--marketing"]).await.unwrap();
+    let (ok, idp, err) = run(vec!["idp", "mint", "ben", "--ttl", "120", "--marketing"])
+        .await
+        .unwrap();
     assert!(ok, "{err}");
-    let (status, body) = app.post(Service::Auth, "/token", json!({ "userId": "ben", "idpToken": idp.trim() })).await;
+    let (status, body) = app
+        .post(
+            Service::Auth,
+            "/token",
+            json!({ "userId": "ben", "idpToken": idp.trim() }),
+        )
+        .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     drop(d);
 }
@@ -89,14 +149,22 @@ async fn cli_goes_through_the_admin_api_while_the_server_runs() {
 #[tokio::test]
 async fn admin_api_refuses_a_wrong_key_and_its_key_file_is_private() {
     let app = spawn_app().await;
-    let (status, body) =
-        app.post(Service::Auth, "/admin/credit", json!({ "adminKey": "0".repeat(64), "userId": "cal", "amount": "5" })).await;
+    let (status, body) = app
+        .post(
+            Service::Auth,
+            "/admin/credit",
+            json!({ "adminKey": "0".repeat(64), "userId": "cal", "amount": "5" }),
+        )
+        .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert_error(&body, "InvalidCredentials");
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        for file in [paths::admin_key(&app.data_dir()), paths::service_token_secret(&app.data_dir())] {
+        for file in [
+            paths::admin_key(&app.data_dir()),
+            paths::service_token_secret(&app.data_dir()),
+        ] {
             let mode = std::fs::metadata(&file).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o600, "{}", file.display());
         }
@@ -109,15 +177,25 @@ async fn balances_users_and_revocations_survive_a_restart() {
     let kept = app.token("dora").await;
     let revoked = app.token("dora").await;
     app.credit("dora", "3.333333").await;
-    let (status, _) = app.post(Service::Auth, "/logout", json!({ "serviceToken": revoked })).await;
+    let (status, _) = app
+        .post(Service::Auth, "/logout", json!({ "serviceToken": revoked }))
+        .await;
     assert_eq!(status, StatusCode::OK);
     let dir = app.stop().await;
 
     let app = TestApp::builder().data_dir(dir).spawn().await;
     assert_eq!(app.balance("dora").await, "13.333333");
-    let (status, _) = app.post(Service::Auth, "/validate", json!({ "serviceToken": kept })).await;
+    let (status, _) = app
+        .post(Service::Auth, "/validate", json!({ "serviceToken": kept }))
+        .await;
     assert_eq!(status, StatusCode::OK, "same signing key after restart");
-    let (status, body) = app.post(Service::Auth, "/validate", json!({ "serviceToken": revoked })).await;
+    let (status, body) = app
+        .post(
+            Service::Auth,
+            "/validate",
+            json!({ "serviceToken": revoked }),
+        )
+        .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert_error(&body, "InvalidCredentials");
 }
@@ -127,7 +205,15 @@ fn a_credit_survives_kill_9_of_the_server() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir_arg(dir.path());
     let mut server = Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(["serve", "--services", "auth", "--auth-addr", "127.0.0.1:0", "--data-dir", &d])
+        .args([
+            "serve",
+            "--services",
+            "auth",
+            "--auth-addr",
+            "127.0.0.1:0",
+            "--data-dir",
+            &d,
+        ])
         .env_clear()
         .env("RUST_LOG", "hearth=info")
         .stdout(Stdio::null())

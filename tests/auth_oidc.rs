@@ -48,7 +48,8 @@ fn rsa_key(kid: &str) -> TestKey {
 fn ec_key(kid: &str) -> TestKey {
     let rng = SystemRandom::new();
     let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
-    let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng).unwrap();
+    let pair =
+        EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng).unwrap();
     let point = pair.public_key().as_ref();
     TestKey {
         kid: kid.into(),
@@ -109,11 +110,20 @@ async fn oidc_app(keys: &[&TestKey]) -> Fixture {
         })
         .spawn()
         .await;
-    Fixture { app, jwks_path, _dir: dir }
+    Fixture {
+        app,
+        jwks_path,
+        _dir: dir,
+    }
 }
 
 async fn sign_in(app: &TestApp, user: &str, idp_token: &str) -> (StatusCode, Value) {
-    app.post(Service::Auth, "/token", json!({ "userId": user, "idpToken": idp_token })).await
+    app.post(
+        Service::Auth,
+        "/token",
+        json!({ "userId": user, "idpToken": idp_token }),
+    )
+    .await
 }
 
 async fn assert_refused(app: &TestApp, user: &str, idp_token: &str, why: &str) {
@@ -130,7 +140,10 @@ async fn rs256_es256_and_eddsa_id_tokens_sign_in() {
         let (status, body) = sign_in(&f.app, "wes", &sign(key, &claims("wes"))).await;
         assert_eq!(status, StatusCode::OK, "{:?}: {body}", key.alg);
         let token = body["serviceToken"].as_str().unwrap();
-        let (_, v) = f.app.post(Service::Auth, "/validate", json!({ "serviceToken": token })).await;
+        let (_, v) = f
+            .app
+            .post(Service::Auth, "/validate", json!({ "serviceToken": token }))
+            .await;
         assert_eq!(v["userId"], "wes");
         assert_eq!(v["isMarketing"], true, "marketing claim carried over");
     }
@@ -143,14 +156,23 @@ async fn attacks_on_the_id_token_are_refused() {
     let good = sign(&rsa, &claims("xena"));
     let parts: Vec<&str> = good.split('.').collect();
 
-    let none = format!("{}.{}.", B64.encode(r#"{"alg":"none","kid":"rsa-1"}"#), parts[1]);
+    let none = format!(
+        "{}.{}.",
+        B64.encode(r#"{"alg":"none","kid":"rsa-1"}"#),
+        parts[1]
+    );
     assert_refused(&f.app, "xena", &none, "alg none").await;
 
     // The classic confusion: HS256 keyed with the RSA public key the verifier knows.
     let mut header = Header::new(Algorithm::HS256);
     header.kid = Some("rsa-1".into());
     let pem = rsa.public_pem.as_ref().unwrap();
-    let hs = jsonwebtoken::encode(&header, &claims("xena"), &EncodingKey::from_secret(pem.as_bytes())).unwrap();
+    let hs = jsonwebtoken::encode(
+        &header,
+        &claims("xena"),
+        &EncodingKey::from_secret(pem.as_bytes()),
+    )
+    .unwrap();
     assert_refused(&f.app, "xena", &hs, "HS256 with the public key").await;
 
     let mut c = claims("xena");
@@ -168,25 +190,57 @@ async fn attacks_on_the_id_token_are_refused() {
 
     let mut payload: Value = serde_json::from_slice(&B64.decode(parts[1]).unwrap()).unwrap();
     payload["sub"] = json!("root");
-    let tampered = format!("{}.{}.{}", parts[0], B64.encode(payload.to_string()), parts[2]);
+    let tampered = format!(
+        "{}.{}.{}",
+        parts[0],
+        B64.encode(payload.to_string()),
+        parts[2]
+    );
     assert_refused(&f.app, "root", &tampered, "tampered payload").await;
 
     let stranger = rsa_key("rsa-unknown");
-    assert_refused(&f.app, "xena", &sign(&stranger, &claims("xena")), "unknown kid").await;
+    assert_refused(
+        &f.app,
+        "xena",
+        &sign(&stranger, &claims("xena")),
+        "unknown kid",
+    )
+    .await;
     // A known kid but a different key's signature.
     let mut impostor = rsa_key("rsa-1");
     impostor.kid = "rsa-1".into();
-    assert_refused(&f.app, "xena", &sign(&impostor, &claims("xena")), "wrong key for kid").await;
+    assert_refused(
+        &f.app,
+        "xena",
+        &sign(&impostor, &claims("xena")),
+        "wrong key for kid",
+    )
+    .await;
 
-    assert_eq!(sign_in(&f.app, "xena", &good).await.0, StatusCode::OK, "the genuine token still works");
+    assert_eq!(
+        sign_in(&f.app, "xena", &good).await.0,
+        StatusCode::OK,
+        "the genuine token still works"
+    );
 }
 
 #[tokio::test]
 async fn a_rotated_key_is_picked_up_by_refetching_on_unknown_kid() {
     let (old, new) = (ec_key("2024"), ed_key("2025"));
     let f = oidc_app(&[&old]).await;
-    assert_eq!(sign_in(&f.app, "yuri", &sign(&old, &claims("yuri"))).await.0, StatusCode::OK);
-    assert_refused(&f.app, "yuri", &sign(&new, &claims("yuri")), "not published yet").await;
+    assert_eq!(
+        sign_in(&f.app, "yuri", &sign(&old, &claims("yuri")))
+            .await
+            .0,
+        StatusCode::OK
+    );
+    assert_refused(
+        &f.app,
+        "yuri",
+        &sign(&new, &claims("yuri")),
+        "not published yet",
+    )
+    .await;
     std::fs::write(&f.jwks_path, jwks(&[&old, &new])).unwrap();
     let (status, body) = sign_in(&f.app, "yuri", &sign(&new, &claims("yuri"))).await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -219,7 +273,14 @@ async fn jwks_from_a_url_is_cached_between_sign_ins() {
         .spawn()
         .await;
     for _ in 0..3 {
-        assert_eq!(sign_in(&app, "zoe", &sign(&key, &claims("zoe"))).await.0, StatusCode::OK);
+        assert_eq!(
+            sign_in(&app, "zoe", &sign(&key, &claims("zoe"))).await.0,
+            StatusCode::OK
+        );
     }
-    assert_eq!(hits.load(Ordering::SeqCst), 1, "keys fetched once, then served from the cache");
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        1,
+        "keys fetched once, then served from the cache"
+    );
 }

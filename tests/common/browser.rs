@@ -27,7 +27,11 @@ fn required() -> bool {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 impl Browser {
@@ -36,7 +40,8 @@ impl Browser {
     pub async fn start() -> Option<Browser> {
         let driver_bin = std::env::var("CHROMEDRIVER").unwrap_or_else(|_| CHROMEDRIVER.into());
         let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| CHROMIUM.into());
-        if !std::path::Path::new(&driver_bin).exists() || !std::path::Path::new(&chromium).exists() {
+        if !std::path::Path::new(&driver_bin).exists() || !std::path::Path::new(&chromium).exists()
+        {
             let msg = format!(
                 "browser test needs {driver_bin} and {chromium} (apt-get install chromium chromium-driver; scripts/test.sh does)"
             );
@@ -57,7 +62,10 @@ impl Browser {
         let webdriver = format!("http://127.0.0.1:{port}");
         let deadline = Instant::now() + Duration::from_secs(20);
         while reqwest::get(format!("{webdriver}/status")).await.is_err() {
-            assert!(Instant::now() < deadline, "chromedriver did not come up on port {port}");
+            assert!(
+                Instant::now() < deadline,
+                "chromedriver did not come up on port {port}"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let args = [
@@ -82,8 +90,15 @@ impl Browser {
         });
         let mut builder = ClientBuilder::new(HttpConnector::new());
         builder.capabilities(caps.as_object().unwrap().clone());
-        let client = builder.connect(&webdriver).await.expect("new WebDriver session");
-        Some(Browser { client, driver, _profile: profile })
+        let client = builder
+            .connect(&webdriver)
+            .await
+            .expect("new WebDriver session");
+        Some(Browser {
+            client,
+            driver,
+            _profile: profile,
+        })
     }
 
     /// Waits (up to 15 s) for an element matching `css` to exist, and returns it.

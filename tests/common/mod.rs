@@ -44,7 +44,9 @@ impl AppBuilder {
     }
 
     pub async fn spawn(self) -> TestApp {
-        let dir = self.data_dir.unwrap_or_else(|| tempfile::tempdir().expect("temp dir"));
+        let dir = self
+            .data_dir
+            .unwrap_or_else(|| tempfile::tempdir().expect("temp dir"));
         let mut raw = self.raw;
         raw.data_dir = Some(dir.path().to_path_buf());
         raw.services = Some(self.services.iter().map(|s| s.name().to_string()).collect());
@@ -57,7 +59,11 @@ impl AppBuilder {
         }
         let config = raw.resolve().expect("test configuration resolves");
         let running = start_retrying(config).await;
-        TestApp { running: Some(running), client: reqwest::Client::new(), dir: Some(dir) }
+        TestApp {
+            running: Some(running),
+            client: reqwest::Client::new(),
+            dir: Some(dir),
+        }
     }
 }
 
@@ -84,7 +90,11 @@ pub struct TestApp {
 
 impl TestApp {
     pub fn builder() -> AppBuilder {
-        AppBuilder { raw: RawConfig::default(), services: vec![Service::Auth], data_dir: None }
+        AppBuilder {
+            raw: RawConfig::default(),
+            services: vec![Service::Auth],
+            data_dir: None,
+        }
     }
 
     pub fn running(&self) -> &Running {
@@ -93,7 +103,10 @@ impl TestApp {
 
     /// Base URL of a running service, e.g. `http://127.0.0.1:43121`.
     pub fn url(&self, service: Service) -> String {
-        let addr = self.running().addr(service).unwrap_or_else(|| panic!("{service} is not running"));
+        let addr = self
+            .running()
+            .addr(service)
+            .unwrap_or_else(|| panic!("{service} is not running"));
         format!("http://{addr}")
     }
 
@@ -107,34 +120,59 @@ impl TestApp {
     }
 
     pub fn idp_token_with(&self, user: &str, ttl: chrono::Duration, marketing: bool) -> String {
-        let secret = hearth_auth::load_or_create_secret(&paths::idp_secret(&self.data_dir())).unwrap();
-        hearth_auth::SharedSecretIdp::new(secret.as_bytes()).mint(user, ttl, marketing).unwrap()
+        let secret =
+            hearth_auth::load_or_create_secret(&paths::idp_secret(&self.data_dir())).unwrap();
+        hearth_auth::SharedSecretIdp::new(secret.as_bytes())
+            .mint(user, ttl, marketing)
+            .unwrap()
     }
 
     /// Signs in for real: mints an identity token and exchanges it at `POST /token`.
     pub async fn token(&self, user: &str) -> String {
         let idp = self.idp_token(user);
-        let (status, body) =
-            self.post(Service::Auth, "/token", json!({ "userId": user, "idpToken": idp, "lifetimeSeconds": 3600 })).await;
+        let (status, body) = self
+            .post(
+                Service::Auth,
+                "/token",
+                json!({ "userId": user, "idpToken": idp, "lifetimeSeconds": 3600 }),
+            )
+            .await;
         assert_eq!(status, StatusCode::OK, "sign-in failed: {body}");
-        body["serviceToken"].as_str().expect("serviceToken").to_string()
+        body["serviceToken"]
+            .as_str()
+            .expect("serviceToken")
+            .to_string()
     }
 
     /// POSTs JSON and returns the status and JSON body (Null when the body is not JSON).
     pub async fn post(&self, service: Service, path: &str, body: Value) -> (StatusCode, Value) {
-        let resp = self.client.post(format!("{}{path}", self.url(service))).json(&body).send().await.expect("request sent");
+        let resp = self
+            .client
+            .post(format!("{}{path}", self.url(service)))
+            .json(&body)
+            .send()
+            .await
+            .expect("request sent");
         let status = resp.status();
         (status, resp.json().await.unwrap_or(Value::Null))
     }
 
     pub async fn get(&self, service: Service, path: &str) -> (StatusCode, Value) {
-        let resp = self.client.get(format!("{}{path}", self.url(service))).send().await.expect("request sent");
+        let resp = self
+            .client
+            .get(format!("{}{path}", self.url(service)))
+            .send()
+            .await
+            .expect("request sent");
         let status = resp.status();
         (status, resp.json().await.unwrap_or(Value::Null))
     }
 
     pub fn admin_key(&self) -> String {
-        std::fs::read_to_string(paths::admin_key(&self.data_dir())).unwrap().trim().to_string()
+        std::fs::read_to_string(paths::admin_key(&self.data_dir()))
+            .unwrap()
+            .trim()
+            .to_string()
     }
 
     /// Credits `amount` (decimal string; negative debits) through the admin API; returns the
@@ -150,8 +188,13 @@ impl TestApp {
 
     /// The user's balance through the admin API, as the wire string.
     pub async fn balance(&self, user: &str) -> String {
-        let (status, body) =
-            self.post(Service::Auth, "/admin/balance", json!({ "adminKey": self.admin_key(), "userId": user })).await;
+        let (status, body) = self
+            .post(
+                Service::Auth,
+                "/admin/balance",
+                json!({ "adminKey": self.admin_key(), "userId": user }),
+            )
+            .await;
         assert_eq!(status, StatusCode::OK, "balance failed: {body}");
         body["balance"].as_str().unwrap().to_string()
     }
@@ -177,6 +220,12 @@ impl Drop for TestApp {
 pub fn assert_error(body: &Value, error_type: &str) -> String {
     let err = &body["error"];
     assert_eq!(err["type"], error_type, "unexpected error body: {body}");
-    assert!(err["details"].is_object(), "details must be an object: {body}");
-    err["message"].as_str().expect("error.message is a string").to_string()
+    assert!(
+        err["details"].is_object(),
+        "details must be an object: {body}"
+    );
+    err["message"]
+        .as_str()
+        .expect("error.message is a string")
+        .to_string()
 }

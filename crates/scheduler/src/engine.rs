@@ -395,7 +395,12 @@ impl Batch {
                 rows += 1;
             }
         }
-        for (nth, a) in self.active.iter_mut().filter(|a| a.prefilling()).enumerate() {
+        for (nth, a) in self
+            .active
+            .iter_mut()
+            .filter(|a| a.prefilling())
+            .enumerate()
+        {
             let from = a.fed();
             let to = (from + config.prefill_chunk).min(a.prompt_len);
             // The first prompt in line always gets its chunk, so prefill never starves.

@@ -104,8 +104,14 @@ impl AppState {
             return Err(ApiError::invalid_credentials("serviceToken is empty"));
         }
         let claims = self.tokens.verify(token).map_err(auth_error)?;
-        if self.store.is_token_revoked(&claims.jti).map_err(ApiError::internal)? {
-            return Err(ApiError::invalid_credentials("the service token has been revoked"));
+        if self
+            .store
+            .is_token_revoked(&claims.jti)
+            .map_err(ApiError::internal)?
+        {
+            return Err(ApiError::invalid_credentials(
+                "the service token has been revoked",
+            ));
         }
         Ok(Session {
             expires_at: claims.expires_at(),
@@ -123,7 +129,9 @@ pub fn auth_error(e: hearth_auth::Error) -> ApiError {
     match e {
         E::Expired => ApiError::session_expired(),
         E::Invalid(why) => ApiError::invalid_credentials(format!("invalid token: {why}")),
-        e @ (E::AlgorithmNotAllowed(_) | E::UnknownKey { .. }) => ApiError::invalid_credentials(e.to_string()),
+        e @ (E::AlgorithmNotAllowed(_) | E::UnknownKey { .. }) => {
+            ApiError::invalid_credentials(e.to_string())
+        }
         other => ApiError::internal(other),
     }
 }
@@ -136,7 +144,11 @@ pub enum StartError {
     #[error("cannot load key material: {0}")]
     Keys(#[from] hearth_auth::Error),
     #[error("cannot listen for the {service} service on {addr}: {source}")]
-    Bind { service: Service, addr: SocketAddr, source: std::io::Error },
+    Bind {
+        service: Service,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Service(#[from] ServiceInitError),
 }
@@ -197,7 +209,9 @@ fn open_identity_provider(config: &Config) -> Result<IdentityProvider, StartErro
 pub fn open_store(config: &Config) -> Result<Store, hearth_store::Error> {
     Store::open(
         paths::store(&config.data_dir),
-        StoreOptions { initial_balance: config.billing.initial_balance },
+        StoreOptions {
+            initial_balance: config.billing.initial_balance,
+        },
     )
 }
 
@@ -206,8 +220,13 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let store = open_store(&config)?;
     store.release_stale_holds()?;
     store.purge_expired(Utc::now())?;
-    let secret = hearth_auth::load_or_create_secret(&paths::service_token_secret(&config.data_dir))?;
-    let tokens = ServiceTokens::new(secret.as_bytes(), config.auth.issuer.clone(), config.auth.audience.clone());
+    let secret =
+        hearth_auth::load_or_create_secret(&paths::service_token_secret(&config.data_dir))?;
+    let tokens = ServiceTokens::new(
+        secret.as_bytes(),
+        config.auth.issuer.clone(),
+        config.auth.audience.clone(),
+    );
     let idp = open_identity_provider(&config)?;
     let admin_key = hearth_auth::load_or_create_secret(&paths::admin_key(&config.data_dir))?;
 
@@ -216,16 +235,33 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let mut addrs = HashMap::new();
     for &service in &config.services {
         let addr = service_addr(&config, service);
-        let listener = TcpListener::bind(addr).await.map_err(|source| StartError::Bind { service, addr, source })?;
-        let bound = listener.local_addr().map_err(|source| StartError::Bind { service, addr, source })?;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Bind {
+                service,
+                addr,
+                source,
+            })?;
+        let bound = listener.local_addr().map_err(|source| StartError::Bind {
+            service,
+            addr,
+            source,
+        })?;
         addrs.insert(service, bound);
         listeners.push((service, listener));
     }
     let urls = Service::ALL
         .into_iter()
         .map(|s| {
-            let url = configured_public_url(&config, s)
-                .unwrap_or_else(|| format!("http://{}", addrs.get(&s).copied().unwrap_or_else(|| service_addr(&config, s))));
+            let url = configured_public_url(&config, s).unwrap_or_else(|| {
+                format!(
+                    "http://{}",
+                    addrs
+                        .get(&s)
+                        .copied()
+                        .unwrap_or_else(|| service_addr(&config, s))
+                )
+            });
             (s, url)
         })
         .collect();
@@ -244,19 +280,31 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
 
     let mut tasks = Vec::new();
     for (service, listener) in listeners {
-        let router = with_common_layers(services::router(service, state.clone()).await?, &state.config);
+        let router = with_common_layers(
+            services::router(service, state.clone()).await?,
+            &state.config,
+        );
         let addr = addrs[&service];
         tracing::info!(service = %service, addr = %addr, "listening");
         let token = shutdown.clone();
         tasks.push(tokio::spawn(async move {
-            let serve = axum::serve(listener, router).with_graceful_shutdown(token.cancelled_owned());
+            let serve =
+                axum::serve(listener, router).with_graceful_shutdown(token.cancelled_owned());
             if let Err(e) = serve.await {
                 tracing::error!(service = %service, error = %e, "server stopped with an error");
             }
         }));
     }
-    tasks.push(tokio::spawn(purge_loop(state.store.clone(), shutdown.clone())));
-    Ok(Running { addrs, state, shutdown, tasks })
+    tasks.push(tokio::spawn(purge_loop(
+        state.store.clone(),
+        shutdown.clone(),
+    )));
+    Ok(Running {
+        addrs,
+        state,
+        shutdown,
+        tasks,
+    })
 }
 
 fn service_addr(config: &Config, service: Service) -> SocketAddr {
@@ -289,7 +337,10 @@ pub fn json_fallbacks<S: Clone + Send + Sync + 'static>(router: Router<S>) -> Ro
     router
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async {
-            ApiError::new(crate::error::ErrorKind::InvalidRequest, "method not allowed on this endpoint")
+            ApiError::new(
+                crate::error::ErrorKind::InvalidRequest,
+                "method not allowed on this endpoint",
+            )
         })
 }
 

@@ -39,7 +39,12 @@ pub enum PriceError {
 
 /// `units × price / divisor / (1 − margin_percent/100)`, rounded once to 6 dp half away from
 /// zero. E.g. 1,234 tokens at 2.40 per 1,000,000 with a 20 % margin cost 0.003702.
-pub fn price(units: Decimal, unit_price: Decimal, divisor: Decimal, margin_percent: Decimal) -> Result<Decimal, PriceError> {
+pub fn price(
+    units: Decimal,
+    unit_price: Decimal,
+    divisor: Decimal,
+    margin_percent: Decimal,
+) -> Result<Decimal, PriceError> {
     if margin_percent < Decimal::ZERO || margin_percent > Decimal::from(99) {
         return Err(PriceError::Margin(margin_percent));
     }
@@ -75,7 +80,10 @@ pub struct Billing {
 
 impl Billing {
     pub fn new(store: Store, default_margin_percent: Decimal) -> Self {
-        Self { store, default_margin_percent }
+        Self {
+            store,
+            default_margin_percent,
+        }
     }
 
     /// The margin to apply: the request's `overrideGrossMarginPercent` (checked to be 0 to 99) or
@@ -84,7 +92,10 @@ impl Billing {
         const FIELD: &str = "overrideGrossMarginPercent";
         match override_percent {
             None => Ok(self.default_margin_percent),
-            Some(p) if !(0.0..=99.0).contains(&p) => Err(ApiError::invalid_request(FIELD, format!("must lie within 0 to 99, got {p}"))),
+            Some(p) if !(0.0..=99.0).contains(&p) => Err(ApiError::invalid_request(
+                FIELD,
+                format!("must lie within 0 to 99, got {p}"),
+            )),
             Some(p) => Decimal::from_f64_retain(p)
                 .map(|d| d.round_dp(MONEY_SCALE))
                 .ok_or_else(|| ApiError::invalid_request(FIELD, "not a finite number")),
@@ -93,7 +104,13 @@ impl Billing {
 
     /// [`price`] with errors as `InternalError` (inputs come from validated requests and the
     /// model table, so a failure here is Hearth's fault).
-    pub fn cost(&self, units: Decimal, unit_price: Decimal, divisor: Decimal, margin_percent: Decimal) -> Result<Decimal, ApiError> {
+    pub fn cost(
+        &self,
+        units: Decimal,
+        unit_price: Decimal,
+        divisor: Decimal,
+        margin_percent: Decimal,
+    ) -> Result<Decimal, ApiError> {
         price(units, unit_price, divisor, margin_percent).map_err(ApiError::internal)
     }
 
@@ -103,7 +120,12 @@ impl Billing {
     }
 
     /// Reserves `amount` for a request; `InsufficientFunds` (402) when the balance is short.
-    pub async fn hold(&self, user_id: &str, amount: Decimal, meta: LedgerMeta) -> Result<Hold, ApiError> {
+    pub async fn hold(
+        &self,
+        user_id: &str,
+        amount: Decimal,
+        meta: LedgerMeta,
+    ) -> Result<Hold, ApiError> {
         let (store, user) = (self.store.clone(), user_id.to_string());
         blocking(move || store.place_hold(&user, amount, &meta)).await
     }
@@ -113,7 +135,11 @@ impl Billing {
     pub async fn settle(&self, hold: &Hold, cost: Decimal) -> Result<Charge, ApiError> {
         let (store, id) = (self.store.clone(), hold.id);
         let change = blocking(move || store.settle_hold(id, cost)).await?;
-        Ok(Charge { cost, balance_before: change.before, balance_after: change.after })
+        Ok(Charge {
+            cost,
+            balance_before: change.before,
+            balance_after: change.after,
+        })
     }
 
     /// Gives a hold back untouched (the request failed before costing anything).
@@ -123,14 +149,27 @@ impl Billing {
     }
 
     /// Debits `cost` at once (one ledger row), refusing with `InsufficientFunds`.
-    pub async fn charge(&self, user_id: &str, cost: Decimal, meta: LedgerMeta) -> Result<Charge, ApiError> {
+    pub async fn charge(
+        &self,
+        user_id: &str,
+        cost: Decimal,
+        meta: LedgerMeta,
+    ) -> Result<Charge, ApiError> {
         let (store, user) = (self.store.clone(), user_id.to_string());
         if cost.is_zero() {
             let balance = blocking(move || store.balance(&user)).await?;
-            return Ok(Charge { cost, balance_before: balance, balance_after: balance });
+            return Ok(Charge {
+                cost,
+                balance_before: balance,
+                balance_after: balance,
+            });
         }
         let change = blocking(move || store.debit(&user, cost, &meta)).await?;
-        Ok(Charge { cost, balance_before: change.before, balance_after: change.after })
+        Ok(Charge {
+            cost,
+            balance_before: change.before,
+            balance_after: change.after,
+        })
     }
 }
 
@@ -138,13 +177,17 @@ impl Billing {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, hearth_store::Error> + Send + 'static,
 ) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f).await.map_err(ApiError::internal)?.map_err(store_error)
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(store_error)
 }
 
 fn store_error(e: hearth_store::Error) -> ApiError {
     match e {
         hearth_store::Error::UnknownUser(u) => {
-            ApiError::invalid_credentials(format!("user {u:?} has no account; sign in again")).with_details(json!({ "userId": u }))
+            ApiError::invalid_credentials(format!("user {u:?} has no account; sign in again"))
+                .with_details(json!({ "userId": u }))
         }
         other => other.into(),
     }
@@ -161,19 +204,40 @@ mod tests {
 
     #[test]
     fn price_applies_margin_and_rounds_once_half_away_from_zero() {
-        assert_eq!(price(d("1234"), d("2.40"), d("1000000"), d("20")).unwrap(), d("0.003702"));
+        assert_eq!(
+            price(d("1234"), d("2.40"), d("1000000"), d("20")).unwrap(),
+            d("0.003702")
+        );
         // 1 token at 0.60/M = 0.0000006 -> rounds half away from zero to 0.000001.
-        assert_eq!(price(d("1"), d("0.60"), d("1000000"), d("0")).unwrap(), d("0.000001"));
+        assert_eq!(
+            price(d("1"), d("0.60"), d("1000000"), d("0")).unwrap(),
+            d("0.000001")
+        );
         // 1 token at 0.45/M = 0.00000045 -> 0.000000; rounding per token would overcharge.
-        assert_eq!(price(d("1"), d("0.45"), d("1000000"), d("0")).unwrap(), d("0"));
-        assert_eq!(price(d("1000000"), d("3"), d("1000000"), d("99")).unwrap(), d("300"));
+        assert_eq!(
+            price(d("1"), d("0.45"), d("1000000"), d("0")).unwrap(),
+            d("0")
+        );
+        assert_eq!(
+            price(d("1000000"), d("3"), d("1000000"), d("99")).unwrap(),
+            d("300")
+        );
     }
 
     #[test]
     fn price_refuses_out_of_range_inputs() {
-        assert_eq!(price(d("1"), d("1"), d("1"), d("99.5")), Err(PriceError::Margin(d("99.5"))));
-        assert_eq!(price(d("1"), d("1"), d("0"), d("0")), Err(PriceError::Divisor(d("0"))));
-        assert_eq!(price(d("-1"), d("1"), d("1"), d("0")), Err(PriceError::Negative));
+        assert_eq!(
+            price(d("1"), d("1"), d("1"), d("99.5")),
+            Err(PriceError::Margin(d("99.5")))
+        );
+        assert_eq!(
+            price(d("1"), d("1"), d("0"), d("0")),
+            Err(PriceError::Divisor(d("0")))
+        );
+        assert_eq!(
+            price(d("-1"), d("1"), d("1"), d("0")),
+            Err(PriceError::Negative)
+        );
     }
 
     #[test]
@@ -190,7 +254,10 @@ mod tests {
         let b = Billing::new(store, d("5"));
         assert_eq!(b.margin(None).unwrap(), d("5"));
         assert_eq!(b.margin(Some(12.5)).unwrap(), d("12.5"));
-        assert_eq!(b.margin(Some(100.0)).unwrap_err().details["field"], "overrideGrossMarginPercent");
+        assert_eq!(
+            b.margin(Some(100.0)).unwrap_err().details["field"],
+            "overrideGrossMarginPercent"
+        );
         assert!(b.margin(Some(-0.1)).is_err());
     }
 }

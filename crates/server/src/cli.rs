@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use crate::app::{self, paths};
-use crate::config::{Config, IdpChoice, Layers, RawAuthConfig, RawCompletionConfig, RawConfig, RawImagineConfig, RawMarkdownConfig};
+use crate::config::{
+    Config, IdpChoice, Layers, RawAuthConfig, RawCompletionConfig, RawConfig, RawImagineConfig,
+    RawMarkdownConfig,
+};
 use crate::error::ApiError;
 use crate::services::admin::{self, BalanceResponse, CreditResponse, UsersResponse};
 
@@ -171,7 +174,10 @@ enum CliError {
 /// Entry point of the `hearth` binary.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => return fail(CliError::Runtime(e)),
     };
@@ -203,7 +209,9 @@ fn load_config(common: &Common, flags: RawConfig) -> Result<Config, CliError> {
     let mut layers = Layers::new();
     match &common.config {
         Some(path) => layers = layers.file(path)?,
-        None if Path::new("hearth.toml").exists() => layers = layers.file(Path::new("hearth.toml"))?,
+        None if Path::new("hearth.toml").exists() => {
+            layers = layers.file(Path::new("hearth.toml"))?
+        }
         None => {}
     }
     let (layers, unknown) = layers.env(std::env::vars())?;
@@ -220,42 +228,75 @@ fn load_config(common: &Common, flags: RawConfig) -> Result<Config, CliError> {
 async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Serve(args) => serve(args).await,
-        Command::Idp(IdpCommand::Mint { user, ttl, marketing, common }) => {
+        Command::Idp(IdpCommand::Mint {
+            user,
+            ttl,
+            marketing,
+            common,
+        }) => {
             let config = load_config(&common, RawConfig::default())?;
             if !matches!(config.auth.identity_provider, IdpChoice::SharedSecret) {
-                return Err(CliError::Usage("idp mint works only with identity_provider = \"shared-secret\"".into()));
+                return Err(CliError::Usage(
+                    "idp mint works only with identity_provider = \"shared-secret\"".into(),
+                ));
             }
             if ttl < 1 {
                 return Err(CliError::Usage("--ttl must be at least 1 second".into()));
             }
             let secret = hearth_auth::load_or_create_secret(&paths::idp_secret(&config.data_dir))?;
             let idp = hearth_auth::SharedSecretIdp::new(secret.as_bytes());
-            println!("{}", idp.mint(&user, chrono::Duration::seconds(ttl), marketing)?);
+            println!(
+                "{}",
+                idp.mint(&user, chrono::Duration::seconds(ttl), marketing)?
+            );
             Ok(())
         }
         Command::Users(UsersCommand::List { common }) => {
             let config = load_config(&common, RawConfig::default())?;
-            let resp: UsersResponse = admin_call(&config, "users", json!({}), admin::list_users).await?;
-            println!("{:<32} {:>20}  {:<9}  CREATED", "USER", "BALANCE", "MARKETING");
+            let resp: UsersResponse =
+                admin_call(&config, "users", json!({}), admin::list_users).await?;
+            println!(
+                "{:<32} {:>20}  {:<9}  CREATED",
+                "USER", "BALANCE", "MARKETING"
+            );
             for u in resp.users {
-                println!("{:<32} {:>20}  {:<9}  {}", u.user_id, u.balance, if u.is_marketing { "yes" } else { "no" }, u.created_at);
+                println!(
+                    "{:<32} {:>20}  {:<9}  {}",
+                    u.user_id,
+                    u.balance,
+                    if u.is_marketing { "yes" } else { "no" },
+                    u.created_at
+                );
             }
             Ok(())
         }
         Command::Dev(DevCommand::TinySdxl { dir, seed }) => {
-            hearth_imagine::write_tiny_sdxl(&dir, seed).map_err(|e| CliError::Usage(e.to_string()))?;
-            println!("wrote the tiny SDXL test model (seed {seed}) to {}", dir.display());
+            hearth_imagine::write_tiny_sdxl(&dir, seed)
+                .map_err(|e| CliError::Usage(e.to_string()))?;
+            println!(
+                "wrote the tiny SDXL test model (seed {seed}) to {}",
+                dir.display()
+            );
             Ok(())
         }
         Command::Balance(BalanceCommand::Show { user, common }) => {
             let config = load_config(&common, RawConfig::default())?;
             let u = user.clone();
             let resp: BalanceResponse =
-                admin_call(&config, "balance", json!({ "userId": user }), move |s| admin::show_balance(s, &u)).await?;
+                admin_call(&config, "balance", json!({ "userId": user }), move |s| {
+                    admin::show_balance(s, &u)
+                })
+                .await?;
             println!("{} {}", resp.user_id, resp.balance);
             Ok(())
         }
-        Command::Balance(BalanceCommand::Credit { user, amount, note, debit, common }) => {
+        Command::Balance(BalanceCommand::Credit {
+            user,
+            amount,
+            note,
+            debit,
+            common,
+        }) => {
             let config = load_config(&common, RawConfig::default())?;
             admin::parse_amount(&amount).map_err(CliError::Api)?;
             let body = json!({ "userId": user, "amount": amount, "note": note, "debit": debit });
@@ -263,7 +304,10 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 admin::apply_credit(s, &user, &amount, note.as_deref(), debit)
             })
             .await?;
-            println!("{}: {} -> {}", resp.user_id, resp.balance_before, resp.balance_after);
+            println!(
+                "{}: {} -> {}",
+                resp.user_id, resp.balance_before, resp.balance_after
+            );
             Ok(())
         }
     }
@@ -276,10 +320,22 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         models: args.models,
         env: args.env,
         region: args.region,
-        auth: RawAuthConfig { addr: args.auth_addr, ..Default::default() },
-        completion: RawCompletionConfig { addr: args.completion_addr, ..Default::default() },
-        markdown: RawMarkdownConfig { addr: args.markdown_addr, ..Default::default() },
-        imagine: RawImagineConfig { addr: args.imagine_addr, ..Default::default() },
+        auth: RawAuthConfig {
+            addr: args.auth_addr,
+            ..Default::default()
+        },
+        completion: RawCompletionConfig {
+            addr: args.completion_addr,
+            ..Default::default()
+        },
+        markdown: RawMarkdownConfig {
+            addr: args.markdown_addr,
+            ..Default::default()
+        },
+        imagine: RawImagineConfig {
+            addr: args.imagine_addr,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let config = load_config(&args.common, flags)?;
@@ -315,7 +371,12 @@ async fn shutdown_signal() {
 
 /// Runs an admin operation on the store directly when no server holds it, or through the
 /// running server's admin API (auth listener, key from the data dir) when one does.
-async fn admin_call<T, F>(config: &Config, endpoint: &str, mut body: serde_json::Value, direct: F) -> Result<T, CliError>
+async fn admin_call<T, F>(
+    config: &Config,
+    endpoint: &str,
+    mut body: serde_json::Value,
+    direct: F,
+) -> Result<T, CliError>
 where
     T: DeserializeOwned,
     F: FnOnce(&hearth_store::Store) -> Result<T, ApiError>,
@@ -326,22 +387,45 @@ where
         Err(e) => return Err(e.into()),
     }
     let key_path = paths::admin_key(&config.data_dir);
-    let key = std::fs::read_to_string(&key_path)
-        .map_err(|e| CliError::Usage(format!("the database is in use but {} is unreadable: {e}", key_path.display())))?;
+    let key = std::fs::read_to_string(&key_path).map_err(|e| {
+        CliError::Usage(format!(
+            "the database is in use but {} is unreadable: {e}",
+            key_path.display()
+        ))
+    })?;
     body["adminKey"] = json!(key.trim());
-    let base = config.auth.public_url.clone().unwrap_or_else(|| format!("http://{}", config.auth.addr));
+    let base = config
+        .auth
+        .public_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{}", config.auth.addr));
     let url = format!("{base}/admin/{endpoint}");
     let resp = reqwest::Client::new()
         .post(&url)
         .json(&body)
         .send()
         .await
-        .map_err(|source| CliError::AdminUnreachable { url: url.clone(), source })?;
+        .map_err(|source| CliError::AdminUnreachable {
+            url: url.clone(),
+            source,
+        })?;
     let status = resp.status();
-    let value: serde_json::Value = resp.json().await.map_err(|source| CliError::AdminUnreachable { url: url.clone(), source })?;
+    let value: serde_json::Value =
+        resp.json()
+            .await
+            .map_err(|source| CliError::AdminUnreachable {
+                url: url.clone(),
+                source,
+            })?;
     if !status.is_success() {
-        let message = value["error"]["message"].as_str().unwrap_or("request failed").to_string();
-        return Err(CliError::Usage(format!("server refused: {message} (HTTP {status})")));
+        let message = value["error"]["message"]
+            .as_str()
+            .unwrap_or("request failed")
+            .to_string();
+        return Err(CliError::Usage(format!(
+            "server refused: {message} (HTTP {status})"
+        )));
     }
-    serde_json::from_value(value).map_err(|e| CliError::Usage(format!("unexpected answer from {url}: {e}")))
+    serde_json::from_value(value)
+        .map_err(|e| CliError::Usage(format!("unexpected answer from {url}: {e}")))
 }

@@ -19,7 +19,10 @@ use crate::services::Service;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{origin}: {message}")]
     Parse { origin: String, message: String },
     #[error("{key}: {message}")]
@@ -27,7 +30,10 @@ pub enum ConfigError {
 }
 
 fn invalid(key: &str, message: impl std::fmt::Display) -> ConfigError {
-    ConfigError::Invalid { key: key.to_string(), message: message.to_string() }
+    ConfigError::Invalid {
+        key: key.to_string(),
+        message: message.to_string(),
+    }
 }
 
 /// A list given either as a TOML/JSON array or as one comma-separated string (handy in env vars).
@@ -39,7 +45,12 @@ fn string_or_list<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>
         Many(Vec<String>),
     }
     Ok(Option::<Either>::deserialize(d)?.map(|e| match e {
-        Either::One(s) => s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect(),
+        Either::One(s) => s
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect(),
         Either::Many(v) => v,
     }))
 }
@@ -166,12 +177,17 @@ fn merge_into(into: &mut Value, from: Value) {
 
 impl Layers {
     pub fn new() -> Self {
-        Self { merged: Value::Object(Default::default()) }
+        Self {
+            merged: Value::Object(Default::default()),
+        }
     }
 
     /// Adds a layer given as TOML text (a `hearth.toml`); unknown keys are refused.
     pub fn toml(mut self, origin: &str, text: &str) -> Result<Self, ConfigError> {
-        let parse = |message: String| ConfigError::Parse { origin: origin.to_string(), message };
+        let parse = |message: String| ConfigError::Parse {
+            origin: origin.to_string(),
+            message,
+        };
         let value: toml::Value = toml::from_str(text).map_err(|e| parse(e.to_string()))?;
         let json = serde_json::to_value(value).map_err(|e| parse(e.to_string()))?;
         // Check this layer alone so that a typo is reported against its file.
@@ -182,7 +198,10 @@ impl Layers {
 
     /// Reads and adds the TOML file at `path`.
     pub fn file(self, path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         self.toml(&path.display().to_string(), &text)
     }
 
@@ -190,12 +209,17 @@ impl Layers {
     /// `HEARTH_AUTH_ADDR` sets `[auth] addr`, `HEARTH_AUTH_OIDC_JWKS_URL` sets `[auth.oidc]
     /// jwks_url`. Values are read as TOML values (`8`, `true`, `["a"]`), anything else as a string.
     /// Returns the names of `HEARTH_*` variables that match no key, for the caller to warn about.
-    pub fn env(mut self, vars: impl IntoIterator<Item = (String, String)>) -> Result<(Self, Vec<String>), ConfigError> {
+    pub fn env(
+        mut self,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<(Self, Vec<String>), ConfigError> {
         let schema = serde_json::to_value(RawConfig::default()).unwrap_or_default();
         let mut layer = Value::Object(Default::default());
         let mut unknown = Vec::new();
         for (name, value) in vars {
-            let Some(rest) = name.strip_prefix("HEARTH_") else { continue };
+            let Some(rest) = name.strip_prefix("HEARTH_") else {
+                continue;
+            };
             let key = rest.to_ascii_lowercase();
             match key_path(&schema, &key) {
                 Some(path) => {
@@ -203,7 +227,10 @@ impl Layers {
                     for segment in &path {
                         slot = slot
                             .as_object_mut()
-                            .map(|o| o.entry(segment.clone()).or_insert(Value::Object(Default::default())))
+                            .map(|o| {
+                                o.entry(segment.clone())
+                                    .or_insert(Value::Object(Default::default()))
+                            })
                             .expect("path segments walk objects");
                     }
                     *slot = env_value(&value);
@@ -218,7 +245,10 @@ impl Layers {
 
     /// Adds a layer built in code (the command-line flags): its `None`s leave lower layers be.
     pub fn raw(mut self, raw: &RawConfig) -> Self {
-        merge_into(&mut self.merged, serde_json::to_value(raw).unwrap_or_default());
+        merge_into(
+            &mut self.merged,
+            serde_json::to_value(raw).unwrap_or_default(),
+        );
         self
     }
 
@@ -243,7 +273,11 @@ fn key_path(schema: &Value, name: &str) -> Option<Vec<String>> {
         return Some(vec![name.to_string()]);
     }
     for (k, v) in obj {
-        if let (Some(rest), true) = (name.strip_prefix(k.as_str()).and_then(|r| r.strip_prefix('_')), v.is_object()) {
+        if let (Some(rest), true) = (
+            name.strip_prefix(k.as_str())
+                .and_then(|r| r.strip_prefix('_')),
+            v.is_object(),
+        ) {
             if let Some(mut tail) = key_path(v, rest) {
                 tail.insert(0, k.clone());
                 return Some(tail);
@@ -255,7 +289,10 @@ fn key_path(schema: &Value, name: &str) -> Option<Vec<String>> {
 
 fn env_value(text: &str) -> Value {
     match toml::from_str::<toml::Table>(&format!("v = {text}")) {
-        Ok(mut t) => t.remove("v").and_then(|v| serde_json::to_value(v).ok()).unwrap_or(Value::String(text.into())),
+        Ok(mut t) => t
+            .remove("v")
+            .and_then(|v| serde_json::to_value(v).ok())
+            .unwrap_or(Value::String(text.into())),
         Err(_) => Value::String(text.to_string()),
     }
 }
@@ -330,7 +367,12 @@ pub struct BillingConfig {
 
 fn addr(key: &str, raw: &Option<String>, default: &str) -> Result<SocketAddr, ConfigError> {
     let text = raw.as_deref().unwrap_or(default);
-    SocketAddr::from_str(text).map_err(|e| invalid(key, format!("{text:?} is not an address like 127.0.0.1:8081 ({e})")))
+    SocketAddr::from_str(text).map_err(|e| {
+        invalid(
+            key,
+            format!("{text:?} is not an address like 127.0.0.1:8081 ({e})"),
+        )
+    })
 }
 
 fn public_url(key: &str, raw: &Option<String>) -> Result<Option<String>, ConfigError> {
@@ -357,7 +399,8 @@ pub fn origin_of(text: &str) -> Option<String> {
 
 fn decimal(key: &str, raw: &Option<String>, default: &str) -> Result<Decimal, ConfigError> {
     let text = raw.as_deref().unwrap_or(default);
-    Decimal::from_str(text).map_err(|e| invalid(key, format!("{text:?} is not a decimal number ({e})")))
+    Decimal::from_str(text)
+        .map_err(|e| invalid(key, format!("{text:?} is not a decimal number ({e})")))
 }
 
 impl RawConfig {
@@ -370,7 +413,10 @@ impl RawConfig {
                 for name in list {
                     let s = Service::from_str(name).map_err(|e| invalid("services", e))?;
                     if !crate::services::AVAILABLE.contains(&s) {
-                        return Err(invalid("services", format!("the {s} service is not part of this build yet")));
+                        return Err(invalid(
+                            "services",
+                            format!("the {s} service is not part of this build yet"),
+                        ));
                     }
                     if !out.contains(&s) {
                         out.push(s);
@@ -389,14 +435,23 @@ impl RawConfig {
         let allowed_origins = self.allowed_origins.clone().unwrap_or_default();
         for o in &allowed_origins {
             if o != "*" && origin_of(o).is_none() {
-                return Err(invalid("allowed_origins", format!("{o:?} is not an origin like https://example.com")));
+                return Err(invalid(
+                    "allowed_origins",
+                    format!("{o:?} is not an origin like https://example.com"),
+                ));
             }
         }
         Ok(Config {
             env: self.env.clone().unwrap_or_else(|| "development".into()),
             region: self.region.clone().unwrap_or_else(|| "local".into()),
-            data_dir: self.data_dir.clone().unwrap_or_else(|| PathBuf::from("data")),
-            models: self.models.clone().unwrap_or_else(|| PathBuf::from("models.toml")),
+            data_dir: self
+                .data_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("data")),
+            models: self
+                .models
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("models.toml")),
             max_body_bytes,
             allowed_origins,
             services,
@@ -413,9 +468,13 @@ impl RawConfig {
                     n => n,
                 },
                 max_concurrency: match self.markdown.max_concurrency {
-                    Some(0) => return Err(invalid("markdown.max_concurrency", "must be at least 1")),
+                    Some(0) => {
+                        return Err(invalid("markdown.max_concurrency", "must be at least 1"))
+                    }
                     Some(n) => n,
-                    None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2),
+                    None => std::thread::available_parallelism()
+                        .map(|n| n.get())
+                        .unwrap_or(2),
                 },
                 time_limit: match self.markdown.time_limit_secs.unwrap_or(30) {
                     0 => return Err(invalid("markdown.time_limit_secs", "must be at least 1")),
@@ -437,22 +496,34 @@ impl RawAuthConfig {
         let max = self.token_lifetime_max_secs.unwrap_or(30 * 24 * 3600);
         let default = self.token_lifetime_default_secs.unwrap_or(3600);
         if min < 1 || min > max {
-            return Err(invalid("auth.token_lifetime_min_secs", "must be at least 1 and at most the maximum"));
+            return Err(invalid(
+                "auth.token_lifetime_min_secs",
+                "must be at least 1 and at most the maximum",
+            ));
         }
         if !(min..=max).contains(&default) {
-            return Err(invalid("auth.token_lifetime_default_secs", format!("must lie within {min}..={max}")));
+            return Err(invalid(
+                "auth.token_lifetime_default_secs",
+                format!("must lie within {min}..={max}"),
+            ));
         }
         let callback_origins = self.callback_origins.clone().unwrap_or_default();
         for o in &callback_origins {
             if origin_of(o).is_none() {
-                return Err(invalid("auth.callback_origins", format!("{o:?} is not an origin like https://app.example.com")));
+                return Err(invalid(
+                    "auth.callback_origins",
+                    format!("{o:?} is not an origin like https://app.example.com"),
+                ));
             }
         }
         let identity_provider = match self.identity_provider.as_deref().unwrap_or("shared-secret") {
             "shared-secret" => IdpChoice::SharedSecret,
             "oidc" => IdpChoice::Oidc(self.oidc.resolve()?),
             other => {
-                return Err(invalid("auth.identity_provider", format!("{other:?}: expected \"shared-secret\" or \"oidc\"")))
+                return Err(invalid(
+                    "auth.identity_provider",
+                    format!("{other:?}: expected \"shared-secret\" or \"oidc\""),
+                ))
             }
         };
         Ok(AuthConfig {
@@ -463,7 +534,10 @@ impl RawAuthConfig {
             token_lifetime_min_secs: min,
             token_lifetime_max_secs: max,
             issuer: self.issuer.clone().unwrap_or_else(|| "hearth".into()),
-            audience: self.audience.clone().unwrap_or_else(|| "hearth-services".into()),
+            audience: self
+                .audience
+                .clone()
+                .unwrap_or_else(|| "hearth-services".into()),
             callback_origins,
         })
     }
@@ -472,22 +546,48 @@ impl RawAuthConfig {
 impl RawOidcConfig {
     fn resolve(&self) -> Result<hearth_auth::OidcConfig, ConfigError> {
         use hearth_auth::{Algorithm, JwksSource};
-        let issuer = self.issuer.clone().ok_or_else(|| invalid("auth.oidc.issuer", "required with identity_provider = \"oidc\""))?;
-        let audience = self.audience.clone().ok_or_else(|| invalid("auth.oidc.audience", "required with identity_provider = \"oidc\""))?;
+        let issuer = self.issuer.clone().ok_or_else(|| {
+            invalid(
+                "auth.oidc.issuer",
+                "required with identity_provider = \"oidc\"",
+            )
+        })?;
+        let audience = self.audience.clone().ok_or_else(|| {
+            invalid(
+                "auth.oidc.audience",
+                "required with identity_provider = \"oidc\"",
+            )
+        })?;
         let jwks = match (&self.jwks_file, &self.jwks_url) {
             (Some(f), None) => JwksSource::File(f.clone()),
             (None, Some(u)) => {
                 url::Url::parse(u).map_err(|e| invalid("auth.oidc.jwks_url", e))?;
                 JwksSource::Url(u.clone())
             }
-            _ => return Err(invalid("auth.oidc", "set exactly one of jwks_file and jwks_url")),
+            _ => {
+                return Err(invalid(
+                    "auth.oidc",
+                    "set exactly one of jwks_file and jwks_url",
+                ))
+            }
         };
-        let names = self.algorithms.clone().unwrap_or_else(|| vec!["RS256".into(), "ES256".into(), "EdDSA".into()]);
+        let names = self
+            .algorithms
+            .clone()
+            .unwrap_or_else(|| vec!["RS256".into(), "ES256".into(), "EdDSA".into()]);
         let mut algorithms = Vec::new();
         for name in &names {
-            let alg = Algorithm::from_str(name).map_err(|_| invalid("auth.oidc.algorithms", format!("unknown algorithm {name:?}")))?;
+            let alg = Algorithm::from_str(name).map_err(|_| {
+                invalid(
+                    "auth.oidc.algorithms",
+                    format!("unknown algorithm {name:?}"),
+                )
+            })?;
             if matches!(alg, Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512) {
-                return Err(invalid("auth.oidc.algorithms", format!("{name} is symmetric; only public-key algorithms are allowed")));
+                return Err(invalid(
+                    "auth.oidc.algorithms",
+                    format!("{name} is symmetric; only public-key algorithms are allowed"),
+                ));
             }
             algorithms.push(alg);
         }
@@ -496,9 +596,14 @@ impl RawOidcConfig {
             audience,
             jwks,
             algorithms,
-            marketing_claim: self.marketing_claim.clone().unwrap_or_else(|| "marketing".into()),
+            marketing_claim: self
+                .marketing_claim
+                .clone()
+                .unwrap_or_else(|| "marketing".into()),
             cache_ttl: std::time::Duration::from_secs(self.cache_ttl_secs.unwrap_or(3600)),
-            refetch_min_interval: std::time::Duration::from_secs(self.refetch_min_interval_secs.unwrap_or(30)),
+            refetch_min_interval: std::time::Duration::from_secs(
+                self.refetch_min_interval_secs.unwrap_or(30),
+            ),
             leeway_secs: self.leeway_secs.unwrap_or(30),
         })
     }
@@ -510,11 +615,21 @@ impl RawBillingConfig {
         if initial_balance < Decimal::ZERO {
             return Err(invalid("billing.initial_balance", "must not be negative"));
         }
-        let margin = decimal("billing.default_margin_percent", &self.default_margin_percent, "0")?;
+        let margin = decimal(
+            "billing.default_margin_percent",
+            &self.default_margin_percent,
+            "0",
+        )?;
         if margin < Decimal::ZERO || margin > Decimal::from(99) {
-            return Err(invalid("billing.default_margin_percent", "must lie within 0 to 99"));
+            return Err(invalid(
+                "billing.default_margin_percent",
+                "must lie within 0 to 99",
+            ));
         }
-        Ok(BillingConfig { initial_balance, default_margin_percent: margin })
+        Ok(BillingConfig {
+            initial_balance,
+            default_margin_percent: margin,
+        })
     }
 }
 
@@ -523,7 +638,10 @@ mod tests {
     use super::*;
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -548,13 +666,19 @@ mod tests {
                 ("HEARTH_AUTH_ADDR", "127.0.0.1:9001"),
                 ("HEARTH_AUTH_OIDC_LEEWAY_SECS", "5"),
                 ("HEARTH_MAX_BODY_BYTES", "4096"),
-                ("HEARTH_ALLOWED_ORIGINS", "https://a.example, https://b.example"),
+                (
+                    "HEARTH_ALLOWED_ORIGINS",
+                    "https://a.example, https://b.example",
+                ),
                 ("HEARTH_BROWSER_TESTS", "1"),
                 ("PATH", "/bin"),
             ]))
             .unwrap();
         let flags = RawConfig {
-            auth: RawAuthConfig { addr: Some("127.0.0.1:0".into()), ..Default::default() },
+            auth: RawAuthConfig {
+                addr: Some("127.0.0.1:0".into()),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let raw = layers.raw(&flags).build().unwrap();
@@ -565,13 +689,18 @@ mod tests {
         assert_eq!(c.auth.addr.to_string(), "127.0.0.1:0");
         assert_eq!(c.auth.public_url.as_deref(), Some("https://auth.example"));
         assert_eq!(c.max_body_bytes, 4096);
-        assert_eq!(c.allowed_origins, vec!["https://a.example", "https://b.example"]);
+        assert_eq!(
+            c.allowed_origins,
+            vec!["https://a.example", "https://b.example"]
+        );
         assert_eq!(raw.auth.oidc.leeway_secs, Some(5));
     }
 
     #[test]
     fn a_misspelt_key_is_reported_with_its_place() {
-        let err = Layers::new().toml("hearth.toml", "[auth]\nadress = \"x\"\n").unwrap_err();
+        let err = Layers::new()
+            .toml("hearth.toml", "[auth]\nadress = \"x\"\n")
+            .unwrap_err();
         assert!(err.to_string().contains("hearth.toml"), "{err}");
         assert!(err.to_string().contains("adress"), "{err}");
     }
@@ -579,9 +708,17 @@ mod tests {
     #[test]
     fn bad_values_are_refused_naming_the_key() {
         let raw: RawConfig = toml::from_str("[billing]\ndefault_margin_percent = \"100\"").unwrap();
-        assert!(raw.resolve().unwrap_err().to_string().starts_with("billing.default_margin_percent"));
+        assert!(raw
+            .resolve()
+            .unwrap_err()
+            .to_string()
+            .starts_with("billing.default_margin_percent"));
         let raw: RawConfig = toml::from_str("services = [\"auth\", \"teleport\"]").unwrap();
-        assert!(raw.resolve().unwrap_err().to_string().starts_with("services"));
+        assert!(raw
+            .resolve()
+            .unwrap_err()
+            .to_string()
+            .starts_with("services"));
         let raw: RawConfig = toml::from_str("[auth]\nidentity_provider = \"oidc\"\n[auth.oidc]\nissuer = \"i\"\naudience = \"a\"\njwks_file = \"k.json\"\nalgorithms = [\"HS256\"]").unwrap();
         assert!(raw.resolve().unwrap_err().to_string().contains("symmetric"));
     }

@@ -74,7 +74,11 @@ impl std::error::Error for ApiError {}
 
 impl ApiError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self { kind, message: message.into(), details: json!({}) }
+        Self {
+            kind,
+            message: message.into(),
+            details: json!({}),
+        }
     }
 
     /// Adds context to `details` (must be a JSON object to merge; anything else replaces).
@@ -88,7 +92,8 @@ impl ApiError {
 
     /// A client error about one field, named in the message and in `details.field`.
     pub fn invalid_request(field: &str, message: impl std::fmt::Display) -> Self {
-        Self::new(ErrorKind::InvalidRequest, format!("{field}: {message}")).with_details(json!({ "field": field }))
+        Self::new(ErrorKind::InvalidRequest, format!("{field}: {message}"))
+            .with_details(json!({ "field": field }))
     }
 
     /// A client error not tied to one field.
@@ -104,9 +109,15 @@ impl ApiError {
         Self::new(ErrorKind::SessionExpired, "the service token has expired")
     }
 
-    pub fn insufficient_funds(needed: impl std::fmt::Display, available: impl std::fmt::Display) -> Self {
-        Self::new(ErrorKind::InsufficientFunds, format!("insufficient funds: {needed} needed, {available} available"))
-            .with_details(json!({ "needed": needed.to_string(), "available": available.to_string() }))
+    pub fn insufficient_funds(
+        needed: impl std::fmt::Display,
+        available: impl std::fmt::Display,
+    ) -> Self {
+        Self::new(
+            ErrorKind::InsufficientFunds,
+            format!("insufficient funds: {needed} needed, {available} available"),
+        )
+        .with_details(json!({ "needed": needed.to_string(), "available": available.to_string() }))
     }
 
     pub fn gateway(message: impl Into<String>) -> Self {
@@ -114,7 +125,8 @@ impl ApiError {
     }
 
     pub fn overloaded(message: impl Into<String>) -> Self {
-        Self::new(ErrorKind::Overloaded, message).with_details(json!({ "retryAfterSeconds": RETRY_AFTER_SECS }))
+        Self::new(ErrorKind::Overloaded, message)
+            .with_details(json!({ "retryAfterSeconds": RETRY_AFTER_SECS }))
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
@@ -122,8 +134,11 @@ impl ApiError {
     }
 
     pub fn payload_too_large(limit: usize) -> Self {
-        Self::new(ErrorKind::PayloadTooLarge, format!("body: larger than the {limit}-byte limit"))
-            .with_details(json!({ "field": "body", "limitBytes": limit }))
+        Self::new(
+            ErrorKind::PayloadTooLarge,
+            format!("body: larger than the {limit}-byte limit"),
+        )
+        .with_details(json!({ "field": "body", "limitBytes": limit }))
     }
 
     /// An internal failure: the cause is logged here, once; the client gets a plain message.
@@ -140,7 +155,8 @@ impl IntoResponse for ApiError {
         });
         let mut resp = (self.kind.status(), axum::Json(body)).into_response();
         if self.kind == ErrorKind::Overloaded {
-            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
         }
         resp
     }
@@ -150,12 +166,15 @@ impl From<hearth_store::Error> for ApiError {
     fn from(e: hearth_store::Error) -> Self {
         use hearth_store::Error as E;
         match e {
-            E::InsufficientFunds { needed, available } => {
-                ApiError::insufficient_funds(crate::billing::money(needed), crate::billing::money(available))
-            }
+            E::InsufficientFunds { needed, available } => ApiError::insufficient_funds(
+                crate::billing::money(needed),
+                crate::billing::money(available),
+            ),
             E::UnknownUser(u) => ApiError::not_found(format!("unknown user {u:?}")),
             E::InvalidUserId(why) => ApiError::invalid_request("userId", why),
-            E::NonPositiveAmount(a) => ApiError::invalid_request("amount", format!("must be positive, got {a}")),
+            E::NonPositiveAmount(a) => {
+                ApiError::invalid_request("amount", format!("must be positive, got {a}"))
+            }
             other => ApiError::internal(other),
         }
     }
@@ -182,17 +201,24 @@ where
             .and_then(|v| v.split(';').next())
             .map(|mime| {
                 let mime = mime.trim().to_ascii_lowercase();
-                mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
+                mime == "application/json"
+                    || (mime.starts_with("application/") && mime.ends_with("+json"))
             })
             .unwrap_or(false);
         if !is_json {
-            return Err(ApiError::invalid_request("Content-Type", "expected application/json"));
+            return Err(ApiError::invalid_request(
+                "Content-Type",
+                "expected application/json",
+            ));
         }
         let bytes = match axum::body::Bytes::from_request(req, state).await {
             Ok(b) => b,
             Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                return Err(ApiError::new(ErrorKind::PayloadTooLarge, "body: larger than the configured limit")
-                    .with_details(json!({ "field": "body" })));
+                return Err(ApiError::new(
+                    ErrorKind::PayloadTooLarge,
+                    "body: larger than the configured limit",
+                )
+                .with_details(json!({ "field": "body" })));
             }
             Err(rejection) => return Err(ApiError::invalid_request("body", rejection.body_text())),
         };
@@ -204,7 +230,10 @@ where
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     // serde reads a struct from a JSON array too; every request body of ours is an object.
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
-        return Err(ApiError::invalid_request("body", "body: expected a JSON object, found an array"));
+        return Err(ApiError::invalid_request(
+            "body",
+            "body: expected a JSON object, found an array",
+        ));
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = match serde_path_to_error::deserialize::<_, T>(&mut de) {
@@ -268,7 +297,11 @@ mod tests {
     fn a_wrong_type_names_its_field() {
         let err = parse_json::<Req>(br#"{"userId": "a", "lifetimeSeconds": "x"}"#).unwrap_err();
         assert_eq!(err.details["field"], "lifetimeSeconds");
-        assert!(err.message.starts_with("lifetimeSeconds:"), "{}", err.message);
+        assert!(
+            err.message.starts_with("lifetimeSeconds:"),
+            "{}",
+            err.message
+        );
     }
 
     #[test]
@@ -283,7 +316,10 @@ mod tests {
     #[test]
     fn every_kind_has_its_status_and_413_keeps_a_spec_type() {
         assert_eq!(ErrorKind::SessionExpired.status(), StatusCode::UNAUTHORIZED);
-        assert_eq!(ErrorKind::InsufficientFunds.status(), StatusCode::PAYMENT_REQUIRED);
+        assert_eq!(
+            ErrorKind::InsufficientFunds.status(),
+            StatusCode::PAYMENT_REQUIRED
+        );
         assert_eq!(ErrorKind::PayloadTooLarge.type_name(), "InvalidRequest");
         let resp = ApiError::overloaded("busy").into_response();
         assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);

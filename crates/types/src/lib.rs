@@ -47,7 +47,10 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: Role, content: impl Into<String>) -> Self {
-        Self { role, content: content.into() }
+        Self {
+            role,
+            content: content.into(),
+        }
     }
 }
 
@@ -123,9 +126,18 @@ pub struct Usage {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum TokenEvent {
     /// A piece of output text (complete UTF-8) and the id of the token that completed it.
-    Token { text: String, id: u32 },
-    Finished { usage: Usage, reason: FinishReason },
-    Aborted { usage: Usage, reason: AbortReason },
+    Token {
+        text: String,
+        id: u32,
+    },
+    Finished {
+        usage: Usage,
+        reason: FinishReason,
+    },
+    Aborted {
+        usage: Usage,
+        reason: AbortReason,
+    },
 }
 
 #[cfg(test)]

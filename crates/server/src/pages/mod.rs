@@ -22,12 +22,20 @@ pub fn escape_html(text: &str) -> String {
 
 /// JSON safe to place inside `<script type="application/json">`: no `<`, `>` or `&` survive.
 pub fn json_island(value: &serde_json::Value) -> String {
-    value.to_string().replace('<', "\\u003c").replace('>', "\\u003e").replace('&', "\\u0026")
+    value
+        .to_string()
+        .replace('<', "\\u003c")
+        .replace('>', "\\u003e")
+        .replace('&', "\\u0026")
 }
 
 /// The sign-in page. `accepted`: the callback sign-in will redirect to; `refused`: a callback
 /// that was not allowed, and why.
-pub fn auth_page(config: &serde_json::Value, accepted: Option<&str>, refused: Option<(&str, &str)>) -> String {
+pub fn auth_page(
+    config: &serde_json::Value,
+    accepted: Option<&str>,
+    refused: Option<(&str, &str)>,
+) -> String {
     let notice = match (accepted, refused) {
         (Some(cb), _) => format!(
             "<p class=\"notice ok\" id=\"callback-notice\">After signing in you will be sent to <code>{}</code>.</p>",
@@ -54,7 +62,11 @@ mod tests {
 
     #[test]
     fn hostile_callback_text_is_escaped_on_the_page() {
-        let page = auth_page(&serde_json::json!({}), None, Some(("https://x/\"><script>alert(1)</script>", "nope")));
+        let page = auth_page(
+            &serde_json::json!({}),
+            None,
+            Some(("https://x/\"><script>alert(1)</script>", "nope")),
+        );
         assert!(!page.contains("<script>alert(1)"));
         assert!(page.contains("&lt;script&gt;"));
     }

@@ -83,26 +83,50 @@ fn check_key(state: &AppState, key: &str) -> Result<(), ApiError> {
     }
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f).await.map_err(ApiError::internal)?
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(ApiError::internal)?
 }
 
-async fn users(State(state): State<AppState>, AppJson(req): AppJson<KeyOnly>) -> Result<Json<UsersResponse>, ApiError> {
+async fn users(
+    State(state): State<AppState>,
+    AppJson(req): AppJson<KeyOnly>,
+) -> Result<Json<UsersResponse>, ApiError> {
     check_key(&state, &req.admin_key)?;
     let store = state.store.clone();
     Ok(Json(blocking(move || list_users(&store)).await?))
 }
 
-async fn balance(State(state): State<AppState>, AppJson(req): AppJson<BalanceRequest>) -> Result<Json<BalanceResponse>, ApiError> {
+async fn balance(
+    State(state): State<AppState>,
+    AppJson(req): AppJson<BalanceRequest>,
+) -> Result<Json<BalanceResponse>, ApiError> {
     check_key(&state, &req.admin_key)?;
     let store = state.store.clone();
-    Ok(Json(blocking(move || show_balance(&store, &req.user_id)).await?))
+    Ok(Json(
+        blocking(move || show_balance(&store, &req.user_id)).await?,
+    ))
 }
 
-async fn credit(State(state): State<AppState>, AppJson(req): AppJson<CreditRequest>) -> Result<Json<CreditResponse>, ApiError> {
+async fn credit(
+    State(state): State<AppState>,
+    AppJson(req): AppJson<CreditRequest>,
+) -> Result<Json<CreditResponse>, ApiError> {
     check_key(&state, &req.admin_key)?;
     let store = state.store.clone();
-    let resp = blocking(move || apply_credit(&store, &req.user_id, &req.amount, req.note.as_deref(), req.debit)).await?;
+    let resp = blocking(move || {
+        apply_credit(
+            &store,
+            &req.user_id,
+            &req.amount,
+            req.note.as_deref(),
+            req.debit,
+        )
+    })
+    .await?;
     tracing::info!(user = %resp.user_id, before = %resp.balance_before, after = %resp.balance_after, "admin balance change");
     Ok(Json(resp))
 }
@@ -116,7 +140,9 @@ pub fn list_users(store: &Store) -> Result<UsersResponse, ApiError> {
             user_id: u.user_id,
             is_marketing: u.is_marketing,
             balance: money(balance),
-            created_at: u.created_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            created_at: u
+                .created_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         })
         .collect();
     Ok(UsersResponse { users })
@@ -125,18 +151,28 @@ pub fn list_users(store: &Store) -> Result<UsersResponse, ApiError> {
 /// One user's spendable balance.
 pub fn show_balance(store: &Store, user_id: &str) -> Result<BalanceResponse, ApiError> {
     let balance = store.balance(user_id)?;
-    Ok(BalanceResponse { user_id: user_id.to_string(), balance: money(balance) })
+    Ok(BalanceResponse {
+        user_id: user_id.to_string(),
+        balance: money(balance),
+    })
 }
 
 /// Parses an admin amount: a decimal string, non-zero, at most 6 decimal places.
 pub fn parse_amount(text: &str) -> Result<Decimal, ApiError> {
-    let amount = Decimal::from_str(text.trim())
-        .map_err(|_| ApiError::invalid_request("amount", format!("{text:?} is not a decimal number like 12.50")))?;
+    let amount = Decimal::from_str(text.trim()).map_err(|_| {
+        ApiError::invalid_request(
+            "amount",
+            format!("{text:?} is not a decimal number like 12.50"),
+        )
+    })?;
     if amount.is_zero() {
         return Err(ApiError::invalid_request("amount", "must not be zero"));
     }
     if amount.normalize().scale() > MONEY_SCALE {
-        return Err(ApiError::invalid_request("amount", format!("at most {MONEY_SCALE} decimal places")));
+        return Err(ApiError::invalid_request(
+            "amount",
+            format!("at most {MONEY_SCALE} decimal places"),
+        ));
     }
     Ok(amount)
 }
@@ -144,17 +180,36 @@ pub fn parse_amount(text: &str) -> Result<Decimal, ApiError> {
 /// Credits (or, with `debit`, debits) a user; a user not seen before is created first (and gets
 /// the initial balance). A negative amount is refused unless `debit` is set; with `debit` the
 /// amount's absolute value is taken away, never below zero.
-pub fn apply_credit(store: &Store, user_id: &str, amount: &str, note: Option<&str>, debit: bool) -> Result<CreditResponse, ApiError> {
+pub fn apply_credit(
+    store: &Store,
+    user_id: &str,
+    amount: &str,
+    note: Option<&str>,
+    debit: bool,
+) -> Result<CreditResponse, ApiError> {
     let amount = parse_amount(amount)?;
     if amount < Decimal::ZERO && !debit {
-        return Err(ApiError::invalid_request("amount", "a negative amount is a debit: say --debit (\"debit\": true)"));
+        return Err(ApiError::invalid_request(
+            "amount",
+            "a negative amount is a debit: say --debit (\"debit\": true)",
+        ));
     }
     if store.user(user_id)?.is_none() {
         store.ensure_user(user_id, false)?;
     }
-    let reason = note.map(str::to_string).unwrap_or_else(|| if debit { "admin debit".into() } else { "admin credit".into() });
+    let reason = note.map(str::to_string).unwrap_or_else(|| {
+        if debit {
+            "admin debit".into()
+        } else {
+            "admin credit".into()
+        }
+    });
     let meta = LedgerMeta::reason(reason);
-    let change = if debit { store.debit(user_id, amount.abs(), &meta)? } else { store.credit(user_id, amount, &meta)? };
+    let change = if debit {
+        store.debit(user_id, amount.abs(), &meta)?
+    } else {
+        store.credit(user_id, amount, &meta)?
+    };
     Ok(CreditResponse {
         user_id: user_id.to_string(),
         balance_before: money(change.before),

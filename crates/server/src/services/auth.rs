@@ -50,10 +50,23 @@ async fn health(State(state): State<AppState>) -> Response {
     let ui = state.urls.ui(Service::Auth);
     let env = state.config.env.clone();
     match problem {
-        None => Json(Health { status: "healthy", env, ui }).into_response(),
+        None => Json(Health {
+            status: "healthy",
+            env,
+            ui,
+        })
+        .into_response(),
         Some(why) => {
             tracing::error!(problem = %why, "auth service unhealthy");
-            (StatusCode::SERVICE_UNAVAILABLE, Json(Health { status: "unhealthy", env, ui })).into_response()
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(Health {
+                    status: "unhealthy",
+                    env,
+                    ui,
+                }),
+            )
+                .into_response()
         }
     }
 }
@@ -73,15 +86,25 @@ struct TokenResponse {
 }
 
 #[instrument(skip_all, fields(user = %req.user_id))]
-async fn token(State(state): State<AppState>, AppJson(req): AppJson<TokenRequest>) -> Result<Json<TokenResponse>, ApiError> {
+async fn token(
+    State(state): State<AppState>,
+    AppJson(req): AppJson<TokenRequest>,
+) -> Result<Json<TokenResponse>, ApiError> {
     let auth = &state.config.auth;
-    let lifetime = req.lifetime_seconds.unwrap_or(auth.token_lifetime_default_secs);
+    let lifetime = req
+        .lifetime_seconds
+        .unwrap_or(auth.token_lifetime_default_secs);
     if !(auth.token_lifetime_min_secs..=auth.token_lifetime_max_secs).contains(&lifetime) {
         return Err(ApiError::invalid_request(
             "lifetimeSeconds",
-            format!("must lie within {} to {} seconds", auth.token_lifetime_min_secs, auth.token_lifetime_max_secs),
+            format!(
+                "must lie within {} to {} seconds",
+                auth.token_lifetime_min_secs, auth.token_lifetime_max_secs
+            ),
         )
-        .with_details(json!({ "min": auth.token_lifetime_min_secs, "max": auth.token_lifetime_max_secs })));
+        .with_details(
+            json!({ "min": auth.token_lifetime_min_secs, "max": auth.token_lifetime_max_secs }),
+        ));
     }
     if req.user_id.trim().is_empty() {
         return Err(ApiError::invalid_request("userId", "must not be empty"));
@@ -89,32 +112,49 @@ async fn token(State(state): State<AppState>, AppJson(req): AppJson<TokenRequest
     if req.idp_token.trim().is_empty() {
         return Err(ApiError::invalid_request("idpToken", "must not be empty"));
     }
-    let identity = state.idp.verify(req.idp_token.trim()).await.map_err(|e| match e {
-        // An expired identity token is a failed sign-in, not an expired service session.
-        hearth_auth::Error::Expired => ApiError::invalid_credentials("the identity token has expired"),
-        other => auth_error(other),
-    })?;
+    let identity = state
+        .idp
+        .verify(req.idp_token.trim())
+        .await
+        .map_err(|e| match e {
+            // An expired identity token is a failed sign-in, not an expired service session.
+            hearth_auth::Error::Expired => {
+                ApiError::invalid_credentials("the identity token has expired")
+            }
+            other => auth_error(other),
+        })?;
     if identity.subject != req.user_id {
-        return Err(ApiError::invalid_credentials("userId does not match the identity token's subject"));
+        return Err(ApiError::invalid_credentials(
+            "userId does not match the identity token's subject",
+        ));
     }
     let store = state.store.clone();
-    let (tokens, user_id, token_id) = (state.tokens.clone(), req.user_id.clone(), identity.token_id.clone());
+    let (tokens, user_id, token_id) = (
+        state.tokens.clone(),
+        req.user_id.clone(),
+        identity.token_id.clone(),
+    );
     let issued = tokio::task::spawn_blocking(move || {
         if store.is_idp_token_revoked(&token_id)? {
-            return Ok(Err(ApiError::invalid_credentials("the identity token was logged out")));
+            return Ok(Err(ApiError::invalid_credentials(
+                "the identity token was logged out",
+            )));
         }
         store.ensure_user(&user_id, identity.is_marketing)?;
-        let issued = match tokens.issue(&user_id, identity.is_marketing, Duration::seconds(lifetime)) {
-            Ok(t) => t,
-            Err(e) => return Ok(Err(ApiError::internal(e))),
-        };
+        let issued =
+            match tokens.issue(&user_id, identity.is_marketing, Duration::seconds(lifetime)) {
+                Ok(t) => t,
+                Err(e) => return Ok(Err(ApiError::internal(e))),
+            };
         store.record_idp_session(&token_id, &issued.jti, issued.expires_at)?;
         Ok::<_, hearth_store::Error>(Ok(issued))
     })
     .await
     .map_err(ApiError::internal)???;
     tracing::info!(lifetime, "service token issued");
-    Ok(Json(TokenResponse { service_token: issued.token }))
+    Ok(Json(TokenResponse {
+        service_token: issued.token,
+    }))
 }
 
 #[derive(Debug, Deserialize)]
@@ -132,13 +172,18 @@ struct ValidateResponse {
     expires_at: String,
 }
 
-async fn validate(State(state): State<AppState>, AppJson(req): AppJson<ValidateRequest>) -> Result<Json<ValidateResponse>, ApiError> {
+async fn validate(
+    State(state): State<AppState>,
+    AppJson(req): AppJson<ValidateRequest>,
+) -> Result<Json<ValidateResponse>, ApiError> {
     let session = state.authenticate(&req.service_token)?;
     Ok(Json(ValidateResponse {
         valid: true,
         user_id: session.user_id,
         is_marketing: session.is_marketing,
-        expires_at: session.expires_at.to_rfc3339_opts(SecondsFormat::Secs, true),
+        expires_at: session
+            .expires_at
+            .to_rfc3339_opts(SecondsFormat::Secs, true),
     }))
 }
 
@@ -156,18 +201,33 @@ struct LogoutResponse {
 }
 
 #[instrument(skip_all)]
-async fn logout(State(state): State<AppState>, AppJson(req): AppJson<LogoutRequest>) -> Result<Json<LogoutResponse>, ApiError> {
+async fn logout(
+    State(state): State<AppState>,
+    AppJson(req): AppJson<LogoutRequest>,
+) -> Result<Json<LogoutResponse>, ApiError> {
     // Logging out an already-expired token is allowed (and harmless): the idp sessions may not be.
-    let claims = state.tokens.verify_ignoring_expiry(req.service_token.trim()).map_err(auth_error)?;
-    let identity = match req.idp_token.as_deref().map(str::trim).filter(|t| !t.is_empty()) {
+    let claims = state
+        .tokens
+        .verify_ignoring_expiry(req.service_token.trim())
+        .map_err(auth_error)?;
+    let identity = match req
+        .idp_token
+        .as_deref()
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+    {
         None => None,
         Some(t) => {
             let id = state.idp.verify_for_logout(t).await.map_err(|e| match e {
-                hearth_auth::Error::Invalid(why) => ApiError::invalid_credentials(format!("idpToken: {why}")),
+                hearth_auth::Error::Invalid(why) => {
+                    ApiError::invalid_credentials(format!("idpToken: {why}"))
+                }
                 other => auth_error(other),
             })?;
             if id.subject != claims.sub {
-                return Err(ApiError::invalid_credentials("idpToken belongs to another user"));
+                return Err(ApiError::invalid_credentials(
+                    "idpToken belongs to another user",
+                ));
             }
             Some(id)
         }
@@ -179,7 +239,9 @@ async fn logout(State(state): State<AppState>, AppJson(req): AppJson<LogoutReque
             store.revoke_token(&jti, exp)?;
         }
         match identity {
-            Some(id) => store.revoke_idp_sessions(&id.token_id, id.expires_at.max(exp)).map(Some),
+            Some(id) => store
+                .revoke_idp_sessions(&id.token_id, id.expires_at.max(exp))
+                .map(Some),
             None => Ok(None),
         }
     })
@@ -188,10 +250,15 @@ async fn logout(State(state): State<AppState>, AppJson(req): AppJson<LogoutReque
     .map_err(ApiError::from)?;
     let message = match revoked_sessions {
         None => "service token revoked".to_string(),
-        Some(n) => format!("service token revoked; identity-provider session ended ({n} service token(s) revoked)"),
+        Some(n) => format!(
+            "service token revoked; identity-provider session ended ({n} service token(s) revoked)"
+        ),
     };
     tracing::info!(user = %claims.sub, %message, "logout");
-    Ok(Json(LogoutResponse { status: "success", message }))
+    Ok(Json(LogoutResponse {
+        status: "success",
+        message,
+    }))
 }
 
 #[derive(Debug, Deserialize)]
@@ -204,12 +271,21 @@ struct UiQuery {
 pub fn callback_allowed(state: &AppState, url: &str) -> Result<(), String> {
     let parsed = url::Url::parse(url).map_err(|e| format!("it is not an absolute URL ({e})"))?;
     if !matches!(parsed.scheme(), "http" | "https") {
-        return Err(format!("only http and https callbacks are allowed, not {}:", parsed.scheme()));
+        return Err(format!(
+            "only http and https callbacks are allowed, not {}:",
+            parsed.scheme()
+        ));
     }
     let origin = origin_of(url).ok_or("it has no origin")?;
     let cfg = &state.config;
-    let own = Service::ALL.into_iter().filter_map(|s| origin_of(state.urls.get(s)));
-    let listed = cfg.allowed_origins.iter().chain(&cfg.auth.callback_origins).filter_map(|o| origin_of(o));
+    let own = Service::ALL
+        .into_iter()
+        .filter_map(|s| origin_of(state.urls.get(s)));
+    let listed = cfg
+        .allowed_origins
+        .iter()
+        .chain(&cfg.auth.callback_origins)
+        .filter_map(|o| origin_of(o));
     if own.chain(listed).any(|o| o == origin) {
         Ok(())
     } else {
@@ -237,5 +313,9 @@ async fn ui(State(state): State<AppState>, Query(q): Query<UiQuery>) -> Html<Str
         "lifetimeMax": auth.token_lifetime_max_secs,
         "identityProvider": state.idp.name(),
     });
-    Html(pages::auth_page(&page_config, accepted.as_deref(), refused.as_ref().map(|(c, w)| (c.as_str(), w.as_str()))))
+    Html(pages::auth_page(
+        &page_config,
+        accepted.as_deref(),
+        refused.as_ref().map(|(c, w)| (c.as_str(), w.as_str())),
+    ))
 }

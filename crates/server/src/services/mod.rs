@@ -25,10 +25,20 @@ pub enum Service {
 }
 
 /// Services this build can run (and runs by default), in start order.
-pub const AVAILABLE: &[Service] = &[Service::Auth, Service::Completion, Service::Imagine, Service::Markdown];
+pub const AVAILABLE: &[Service] = &[
+    Service::Auth,
+    Service::Completion,
+    Service::Imagine,
+    Service::Markdown,
+];
 
 impl Service {
-    pub const ALL: [Service; 4] = [Service::Auth, Service::Completion, Service::Markdown, Service::Imagine];
+    pub const ALL: [Service; 4] = [
+        Service::Auth,
+        Service::Completion,
+        Service::Markdown,
+        Service::Imagine,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -70,8 +80,14 @@ pub struct ServiceInitError {
 }
 
 impl ServiceInitError {
-    pub fn new(service: Service, source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
-        Self { service, source: source.into() }
+    pub fn new(
+        service: Service,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self {
+            service,
+            source: source.into(),
+        }
     }
 }
 
