@@ -2,7 +2,8 @@
 # /validate throughput and latency, measured by wrk (a second process) against `hearth serve
 # --services auth` on loopback. Starts its own server in a temporary data dir and stops it.
 #   scripts/bench-auth.sh [DURATION_SECS] [CONNECTIONS] [THREADS]   (default 20 64 1)
-# PROFILE=release (default) or PROFILE=dev picks the cargo profile the server is built with.
+# PROFILE=release (default) or PROFILE=dev picks the cargo profile the server is built with;
+# HEARTH_BIN=path uses an existing binary instead of building.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -15,14 +16,16 @@ if ! command -v wrk >/dev/null 2>&1; then
     $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq wrk >/dev/null
 fi
 
-if [ "$PROFILE" = "release" ]; then
+if [ -n "${HEARTH_BIN:-}" ]; then
+    BIN="$HEARTH_BIN"   # a hearth binary built already (skips the build)
+elif [ "$PROFILE" = "release" ]; then
     cargo build --release --bin hearth >&2
     DIR_NAME=release
 else
     cargo build --bin hearth >&2
     DIR_NAME=debug
 fi
-BIN="${CARGO_TARGET_DIR:-$ROOT/target}/$DIR_NAME/hearth"
+BIN="${BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/$DIR_NAME/hearth}"
 
 DATA="$(mktemp -d)"
 LOG="$DATA/server.log"
