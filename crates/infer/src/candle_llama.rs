@@ -35,7 +35,7 @@ impl Embeddings {
         let (rows, n_embd) = table.shape().dims2()?;
         let dtype = table.dtype();
         let bytes = table.storage_size_in_bytes();
-        if rows == 0 || bytes % rows != 0 || n_embd % dtype.block_size() != 0 {
+        if rows == 0 || !bytes.is_multiple_of(rows) || !n_embd.is_multiple_of(dtype.block_size()) {
             return Err(Error::metadata(
                 "token_embd.weight",
                 "unexpected shape for its quantization",

@@ -190,10 +190,10 @@ impl Hparams {
         {
             return bad("block_count/embedding_length/head_count");
         }
-        if self.n_head_kv == 0 || self.n_head % self.n_head_kv != 0 {
+        if self.n_head_kv == 0 || !self.n_head.is_multiple_of(self.n_head_kv) {
             return bad("attention.head_count_kv");
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return bad("attention.key_length");
         }
         Ok(())
@@ -211,7 +211,8 @@ impl Hparams {
 
     /// Gemma 3: whether layer `il` attends within the sliding window only.
     pub fn is_sliding(&self, il: usize) -> bool {
-        self.sliding_window.is_some() && (il + 1) % self.sliding_window_pattern.max(1) != 0
+        self.sliding_window.is_some()
+            && !(il + 1).is_multiple_of(self.sliding_window_pattern.max(1))
     }
 }
 
@@ -252,11 +253,6 @@ impl GgufFile {
 
     pub fn has_tensor(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)
-    }
-
-    /// The raw bytes of the whole file (for backends that read GGUF blocks in place).
-    pub fn bytes(&self) -> &[u8] {
-        &self.mmap[..]
     }
 }
 

@@ -63,7 +63,8 @@ impl Sampler {
         };
 
         let temperature = self.params.temperature;
-        if !(temperature > 0.0) || !temperature.is_finite() {
+        // NaN and non-positive temperatures both mean greedy.
+        if temperature.is_nan() || temperature <= 0.0 || !temperature.is_finite() {
             // Greedy: the first index of the largest (adjusted) logit; NaN never wins.
             let mut best = 0u32;
             let mut best_l = f32::NEG_INFINITY;

@@ -165,7 +165,7 @@ fn smollm2_eight_sequences_batched_give_the_same_greedy_tokens_as_each_alone() {
         .collect();
     let alone: Vec<Vec<u32>> = prompts
         .iter()
-        .map(|p| greedy_batch(&mut model, &[p.clone()], 24).remove(0))
+        .map(|p| greedy_batch(&mut model, std::slice::from_ref(p), 24).remove(0))
         .collect();
     let batched = greedy_batch(&mut model, &prompts, 24);
     for (i, (a, b)) in alone.iter().zip(&batched).enumerate() {

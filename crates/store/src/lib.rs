@@ -462,11 +462,10 @@ impl Store {
     }
 
     pub fn is_token_revoked(&self, jti: &str) -> Result<bool> {
-        Ok(self
-            .inner
+        self.inner
             .revoked
             .contains_key(jti.as_bytes())
-            .map_err(Error::Storage)?)
+            .map_err(Error::Storage)
     }
 
     /// Records that service token `jti` (valid until `jti_expires_at`) was minted from the
@@ -519,11 +518,10 @@ impl Store {
     }
 
     pub fn is_idp_token_revoked(&self, idp_token_id: &str) -> Result<bool> {
-        Ok(self
-            .inner
+        self.inner
             .idp_revoked
             .contains_key(idp_token_id.as_bytes())
-            .map_err(Error::Storage)?)
+            .map_err(Error::Storage)
     }
 
     /// Drops revocations and idp sessions whose tokens have expired by `now` (an expired token
