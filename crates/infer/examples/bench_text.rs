@@ -1,6 +1,8 @@
-//! Hearth's side of `scripts/bench-text.sh`: load a GGUF, prefill a fixed N-token prompt in one
-//! step, then decode M tokens greedily one at a time (or B sequences in lock-step with
-//! `--batch B`), and print one JSON line with load time, tokens/s and peak RSS.
+//! Hearth's side of `scripts/bench-text.sh`: load a GGUF, then measure the two tests
+//! `llama-bench -p N -n M` runs, the same way: after one warm-up of each, prefill a fixed
+//! N-token prompt in one step into an empty cache, and, separately, decode M tokens greedily
+//! one at a time starting from an empty cache (B sequences in lock-step with `--batch B`).
+//! Prints one JSON line with load time, tokens/s and peak RSS.
 //!
 //! cargo run --release -p hearth-infer --example bench_text -- \
 //!     --model weights/SmolLM2-135M-Instruct.Q4_1.gguf --threads 2 --prompt 128 --gen 128
@@ -78,16 +80,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     prompt.truncate(args.prompt);
 
-    let mut seqs = (0..args.batch)
-        .map(|_| model.new_sequence(args.prompt + args.gen + 1))
-        .collect::<Result<Vec<_>, _>>()?;
     let mut samplers: Vec<Sampler> = (0..args.batch)
         .map(|_| Sampler::new(&SamplingParams::default()))
         .collect();
+    let fresh = |model: &TextModel| {
+        (0..args.batch)
+            .map(|_| model.new_sequence(args.prompt + args.gen + 1))
+            .collect::<Result<Vec<_>, _>>()
+    };
 
     // Prefill: every sequence's prompt in one batched step.
-    let t1 = Instant::now();
-    let logits = {
+    let prefill = |model: &mut TextModel, seqs: &mut Vec<hearth_infer::Sequence>| {
         let mut steps: Vec<Step> = seqs
             .iter_mut()
             .map(|seq| Step {
@@ -95,27 +98,47 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 tokens: &prompt,
             })
             .collect();
-        model.forward(&mut steps)?.to_vec()
+        model.forward(&mut steps).map(|l| l.len())
     };
-    let prefill_s = t1.elapsed().as_secs_f64();
-    let mut next: Vec<u32> = (0..args.batch)
-        .map(|b| samplers[b].sample(&logits[b * vocab..(b + 1) * vocab], &[]))
-        .collect();
-
-    // Decode: one token per sequence per step, greedy, not stopping at EOS.
-    let t2 = Instant::now();
-    for _ in 0..args.gen {
-        let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
-        let mut steps: Vec<Step> = seqs
-            .iter_mut()
-            .zip(&toks)
-            .map(|(seq, t)| Step { seq, tokens: t })
-            .collect();
-        let logits = model.forward(&mut steps)?;
-        for (b, n) in next.iter_mut().enumerate() {
-            *n = samplers[b].sample(&logits[b * vocab..(b + 1) * vocab], &[]);
+    // Decode: one token per sequence per step, greedy, not stopping at EOS, from an empty
+    // cache whose first input is the prompt's first token (llama-bench starts from BOS).
+    let decode = |model: &mut TextModel,
+                  seqs: &mut Vec<hearth_infer::Sequence>,
+                  samplers: &mut Vec<Sampler>,
+                  n: usize|
+     -> Result<(), hearth_infer::Error> {
+        let mut next = vec![prompt[0]; seqs.len()];
+        for _ in 0..n {
+            let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+            let mut steps: Vec<Step> = seqs
+                .iter_mut()
+                .zip(&toks)
+                .map(|(seq, t)| Step { seq, tokens: t })
+                .collect();
+            let logits = model.forward(&mut steps)?;
+            for (b, n) in next.iter_mut().enumerate() {
+                *n = samplers[b].sample(&logits[b * vocab..(b + 1) * vocab], &[]);
+            }
         }
-    }
+        Ok(())
+    };
+
+    // Warm-up (pages the weights in, sizes the scratch buffers), as llama-bench does.
+    let mut warm = fresh(&model)?;
+    prefill(&mut model, &mut warm)?;
+    let mut warm = fresh(&model)?;
+    decode(&mut model, &mut warm, &mut samplers, 1)?;
+    drop(warm);
+
+    let mut seqs = fresh(&model)?;
+    let t1 = Instant::now();
+    prefill(&mut model, &mut seqs)?;
+    let prefill_s = t1.elapsed().as_secs_f64();
+    drop(seqs);
+
+    let mut seqs = fresh(&model)?;
+    let t2 = Instant::now();
+    decode(&mut model, &mut seqs, &mut samplers, args.gen)?;
     let decode_s = t2.elapsed().as_secs_f64();
 
     println!(

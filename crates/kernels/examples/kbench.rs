@@ -1,7 +1,11 @@
 //! Microbenchmark: GFLOP/s of the quantized matmul per kernel path and thread count, against a
 //! naive f32 loop over dequantized weights, on SmolLM2-135M shapes.
 //!
-//! `cargo run --release -p hearth-kernels --example kbench [-- --quick]`
+//! `cargo run --release -p hearth-kernels --example kbench [-- --quick] [--only SUBSTRING]`
+//!
+//! Besides wall-clock microseconds per call, single-thread rows show the thread's own CPU time
+//! per call (from `/proc/thread-self/schedstat`), which stays meaningful when other processes
+//! share the cores.
 
 use hearth_kernels::{matmul, GgmlType, KernelPath, QActs, QMatrix, ThreadPool};
 use std::time::Instant;
@@ -35,13 +39,28 @@ fn matrix(ty: GgmlType, rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
     b
 }
 
+/// Nanoseconds this thread has spent on a CPU (Linux), if readable.
+fn thread_cpu_ns() -> Option<u64> {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
 }
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1).cloned());
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
     // (name, type, rows (outputs), cols (inputs))
     let shapes = [
@@ -54,10 +73,13 @@ fn main() {
         ("q5_0 1024x576", GgmlType::Q5_0, 1024, 576),
     ];
     println!(
-        "{:<20} {:>4} {:>11} {:>3} {:>10} {:>9}",
-        "shape", "n", "path", "thr", "us/call", "GFLOP/s"
+        "{:<20} {:>4} {:>11} {:>3} {:>10} {:>9} {:>11}",
+        "shape", "n", "path", "thr", "us/call", "GFLOP/s", "cpu-us/call"
     );
     for (name, ty, rows, cols) in shapes {
+        if only.as_deref().is_some_and(|o| !name.contains(o)) {
+            continue;
+        }
         let bytes = matrix(ty, rows, cols, &mut seed);
         let w = QMatrix::from_ggml(ty, rows, cols, &bytes).unwrap();
         // naive baseline: dequantized f32 weights, plain loop, one thread
@@ -120,20 +142,28 @@ fn main() {
                     }
                     let mut ts = Vec::new();
                     matmul(path, &w, &acts, &mut out, &pool).unwrap();
+                    let cpu0 = thread_cpu_ns();
                     for _ in 0..iters {
                         let t = Instant::now();
                         matmul(path, &w, &acts, &mut out, &pool).unwrap();
                         ts.push(t.elapsed().as_secs_f64());
                     }
+                    let cpu = match (threads, cpu0, thread_cpu_ns()) {
+                        (1, Some(a), Some(b)) => {
+                            format!("{:.1}", (b - a) as f64 / 1e3 / iters as f64)
+                        }
+                        _ => "-".to_string(),
+                    };
                     let t = median(ts);
                     println!(
-                        "{:<20} {:>4} {:>11} {:>3} {:>10.1} {:>9.2}",
+                        "{:<20} {:>4} {:>11} {:>3} {:>10.1} {:>9.2} {:>11}",
                         name,
                         n,
                         path.name(),
                         threads,
                         t * 1e6,
-                        flops / t / 1e9
+                        flops / t / 1e9,
+                        cpu
                     );
                 }
             }

@@ -28,6 +28,84 @@ fn dot_body(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
+/// `e^x` for `x` in f32 without a libm call, so that loops over it vectorize: `x = n ln2 + r`
+/// with `|r| <= ln2 / 2`, `e^r` by its Taylor polynomial to degree 7 (truncation error below
+/// 3e-9 relative, under one f32 ulp), and `2^n` put straight into the exponent bits. Inputs
+/// below -87.3 (where the result leaves the normal range) give 0, above 88.3 e^88.3 (the
+/// largest `2^n` stays finite): both are what softmax and SiLU need.
+#[inline(always)]
+fn exp_body(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer (ties to even) in the
+    // default rounding mode, branch-free.
+    const ROUND: f32 = 12_582_912.0;
+    let xc = x.clamp(-87.3, 88.3);
+    let n = (xc * LOG2E + ROUND) - ROUND;
+    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, xc));
+    let mut p: f32 = 1.0 / 5040.0;
+    p = p.mul_add(r, 1.0 / 720.0);
+    p = p.mul_add(r, 1.0 / 120.0);
+    p = p.mul_add(r, 1.0 / 24.0);
+    p = p.mul_add(r, 1.0 / 6.0);
+    p = p.mul_add(r, 0.5);
+    p = p.mul_add(r, 1.0);
+    p = p.mul_add(r, 1.0);
+    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    if x < -87.3 {
+        0.0
+    } else {
+        p * scale
+    }
+}
+
+#[inline(always)]
+fn exp_in_place_body(x: &mut [f32]) {
+    for v in x.iter_mut() {
+        *v = exp_body(*v);
+    }
+}
+
+#[inline(always)]
+fn silu_mul_body(g: &[f32], u: &[f32], out: &mut [f32]) {
+    for ((o, &gv), &uv) in out.iter_mut().zip(g).zip(u) {
+        *o = gv / (1.0 + exp_body(-gv)) * uv;
+    }
+}
+
+/// Sums 16 lanes pairwise (a fixed tree, so the result does not depend on the ISA).
+#[inline(always)]
+fn reduce16(mut acc: [f32; LANES]) -> f32 {
+    let mut w = LANES / 2;
+    while w > 0 {
+        for l in 0..w {
+            acc[l] += acc[l + w];
+        }
+        w /= 2;
+    }
+    acc[0]
+}
+
+#[inline(always)]
+fn dot_tree(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0f32; LANES];
+    let mut ca = a.chunks_exact(LANES);
+    let mut cb = b.chunks_exact(LANES);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for l in 0..LANES {
+            acc[l] = x[l].mul_add(y[l], acc[l]);
+        }
+    }
+    let mut s = reduce16(acc);
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        s = x.mul_add(*y, s);
+    }
+    s
+}
+
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn attend_body(
@@ -39,6 +117,7 @@ fn attend_body(
     end: usize,
     scale: f32,
     f16_weights: bool,
+    scores: &mut [f32],
     out: &mut [f32],
 ) {
     let hd = q.len();
@@ -47,29 +126,37 @@ fn attend_body(
     if start >= end {
         return;
     }
-    // Pass 1: running max and normalizer of the scores.
+    // Scores once into the scratch, then the softmax over them, then the weighted sum of V.
+    let scores = &mut scores[..end - start];
     let mut m = f32::NEG_INFINITY;
-    let mut l = 0f32;
-    for j in start..end {
-        let s = dot_body(q, &k[j * stride..j * stride + hd]) * scale;
-        if s > m {
-            l = l * (m - s).exp() + 1.0;
-            m = s;
-        } else {
-            l += (s - m).exp();
+    for (s, j) in scores.iter_mut().zip(start..end) {
+        *s = dot_tree(q, &k[j * stride..j * stride + hd]) * scale;
+        m = if *s > m { *s } else { m };
+    }
+    for s in scores.iter_mut() {
+        *s -= m;
+    }
+    exp_in_place_body(scores);
+    let mut acc = [0f32; LANES];
+    let mut chunks = scores.chunks_exact(LANES);
+    for c in &mut chunks {
+        for l in 0..LANES {
+            acc[l] += c[l];
         }
     }
-    // Pass 2: recompute each score (cheaper than a scores buffer per piece) and add its value.
+    let mut l = reduce16(acc);
+    for &s in chunks.remainder() {
+        l += s;
+    }
     let inv = 1.0 / l;
-    for j in start..end {
-        let s = dot_body(q, &k[j * stride..j * stride + hd]) * scale;
-        let mut w = (s - m).exp() * inv;
+    for (&e, j) in scores.iter().zip(start..end) {
+        let mut w = e * inv;
         if f16_weights {
             w = half::f16::from_f32(w).to_f32();
         }
         let vr = &v[j * stride..j * stride + hd];
         for (o, &x) in out.iter_mut().zip(vr) {
-            *o += w * x;
+            *o = w.mul_add(x, *o);
         }
     }
 }
@@ -128,10 +215,10 @@ fn quantize_row_body(x: &[f32], q: &mut [i8], lane_scale: &mut [f32], lane_sum: 
 }
 
 macro_rules! multiversion {
-    ($(#[$doc:meta])* pub fn $name:ident($($arg:ident : $ty:ty),*) $(-> $ret:ty)? => $body:ident) => {
+    ($(#[$doc:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),*) $(-> $ret:ty)? => $body:ident) => {
         $(#[$doc])*
         #[allow(clippy::too_many_arguments)]
-        pub fn $name($($arg: $ty),*) $(-> $ret)? {
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
@@ -166,12 +253,62 @@ multiversion! {
 }
 
 multiversion! {
-    /// One attention head: `out = softmax(scale * q . K[j]) V[j]` over `j in start..end`, where
-    /// key `j` is `k[j * stride..][..q.len()]` and value `j` likewise in `v` (pass the cache
-    /// slices starting at the head's offset). Numerically stable (max subtracted). With
-    /// `f16_weights` the softmax weights are rounded to f16 before the sum over V, as
-    /// llama.cpp does with its default f16 KV cache.
-    pub fn attend(q: &[f32], k: &[f32], v: &[f32], stride: usize, start: usize, end: usize, scale: f32, f16_weights: bool, out: &mut [f32]) => attend_body
+    fn attend_mv(q: &[f32], k: &[f32], v: &[f32], stride: usize, start: usize, end: usize, scale: f32, f16_weights: bool, scores: &mut [f32], out: &mut [f32]) => attend_body
+}
+
+thread_local! {
+    /// Per-thread score scratch for [`attend`]: grows to the longest context seen, then is
+    /// reused, so the decode step allocates nothing once warm.
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One attention head: `out = softmax(scale * q . K[j]) V[j]` over `j in start..end`, where
+/// key `j` is `k[j * stride..][..q.len()]` and value `j` likewise in `v` (pass the cache
+/// slices starting at the head's offset). Numerically stable (max subtracted); each score is
+/// computed once. With `f16_weights` the softmax weights are rounded to f16 before the sum
+/// over V, as llama.cpp does with its default f16 KV cache.
+#[allow(clippy::too_many_arguments)]
+pub fn attend(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    stride: usize,
+    start: usize,
+    end: usize,
+    scale: f32,
+    f16_weights: bool,
+    out: &mut [f32],
+) {
+    SCORES.with(|cell| {
+        let mut scores = cell.borrow_mut();
+        let need = end.saturating_sub(start);
+        if scores.len() < need {
+            scores.resize(need, 0.0);
+        }
+        attend_mv(
+            q,
+            k,
+            v,
+            stride,
+            start,
+            end,
+            scale,
+            f16_weights,
+            &mut scores,
+            out,
+        );
+    });
+}
+
+multiversion! {
+    /// `x[i] = e^x[i]`, vectorized (see `exp_body` for the accuracy: within one f32 ulp of
+    /// the exact value in the normal range; 0 below -87.3).
+    pub fn exp_in_place(x: &mut [f32]) => exp_in_place_body
+}
+
+multiversion! {
+    /// SwiGLU's gate: `out[i] = silu(g[i]) * u[i]` with `silu(x) = x / (1 + e^-x)`.
+    pub fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) => silu_mul_body
 }
 
 multiversion! {
@@ -243,6 +380,74 @@ mod tests {
         round_to_f16(&mut r);
         assert_eq!(r[0], half::f16::from_f32(1.0 / 3.0).to_f32());
         assert_eq!(r[1], 65504.0);
+    }
+
+    #[test]
+    fn vectorized_exp_is_within_two_ulp_of_the_exact_value() {
+        let mut x: Vec<f32> = (0..20_000).map(|i| -87.0 + i as f32 * 0.00875).collect();
+        x.extend([0.0, -0.0, 1e-30, -1e-30, 88.0, 88.29, -87.29, 0.5, -0.5]);
+        let mut y = x.clone();
+        exp_in_place(&mut y);
+        for (&xi, &yi) in x.iter().zip(&y) {
+            let exact = (xi as f64).exp();
+            let ulp = (exact as f32).abs() * f32::EPSILON;
+            assert!(
+                ((yi as f64) - exact).abs() <= 2.0 * ulp as f64,
+                "exp({xi}) = {yi}, exact {exact}"
+            );
+        }
+        let mut big = vec![88.5f32, 1000.0, f32::INFINITY];
+        exp_in_place(&mut big);
+        assert!(big.iter().all(|v| v.is_finite() && *v > 1e38));
+        let mut edge = vec![f32::NEG_INFINITY, -1000.0, -87.4];
+        exp_in_place(&mut edge);
+        assert_eq!(edge, vec![0.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn silu_mul_matches_the_libm_formula() {
+        let g: Vec<f32> = (0..300).map(|i| (i as f32 - 150.0) * 0.37).collect();
+        let u: Vec<f32> = (0..300).map(|i| 1.0 + (i % 7) as f32 * 0.5).collect();
+        let mut out = vec![0f32; 300];
+        silu_mul(&g, &u, &mut out);
+        for i in 0..300 {
+            let r = g[i] / (1.0 + (-g[i]).exp()) * u[i];
+            assert!(
+                (out[i] - r).abs() <= 1e-6 * r.abs().max(1.0),
+                "{i}: {} vs {r}",
+                out[i]
+            );
+        }
+    }
+
+    #[test]
+    fn attention_over_a_long_context_matches_the_exact_softmax() {
+        let (hd, n) = (64, 1500);
+        let k: Vec<f32> = (0..n * hd)
+            .map(|i| ((i * 31 % 97) as f32 - 48.0) * 0.02)
+            .collect();
+        let v: Vec<f32> = (0..n * hd)
+            .map(|i| ((i * 17 % 89) as f32 - 44.0) * 0.03)
+            .collect();
+        let q: Vec<f32> = (0..hd).map(|i| (i as f32 - 32.0) * 0.05).collect();
+        let mut out = vec![0f32; hd];
+        attend(&q, &k, &v, hd, 0, n, 0.125, false, &mut out);
+        let s: Vec<f64> = (0..n)
+            .map(|j| {
+                (0..hd)
+                    .map(|d| q[d] as f64 * k[j * hd + d] as f64)
+                    .sum::<f64>()
+                    * 0.125
+            })
+            .collect();
+        let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = s.iter().map(|x| (x - mx).exp()).sum();
+        for d in 0..hd {
+            let r: f64 = (0..n)
+                .map(|j| (s[j] - mx).exp() / z * v[j * hd + d] as f64)
+                .sum();
+            assert!((out[d] as f64 - r).abs() < 1e-5, "{d}: {} vs {r}", out[d]);
+        }
     }
 
     #[test]

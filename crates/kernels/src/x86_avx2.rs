@@ -107,6 +107,14 @@ pub(crate) unsafe fn tile<const L: u8, const MR: usize, const NR: usize>(
             }
             for (i, acc_i) in acc.iter_mut().enumerate() {
                 let r = r0 + i;
+                if h == 0 {
+                    let cb = if L == L_S8 { 64 } else { 32 };
+                    _mm_prefetch::<_MM_HINT_T0>(
+                        w.qs.as_ptr()
+                            .wrapping_add((r * chunks + c) * cb + crate::PREFETCH_BYTES)
+                            as *const i8,
+                    );
+                }
                 let wq = unpack::<L>(w, r * chunks + c, h);
                 let ws = expand::<L>(w.scales.as_ptr().add(r * groups + c * gpc), h);
                 let wm = if L == L_U4 {

@@ -92,6 +92,7 @@ macro_rules! avx512_tile {
             res: &mut [[f32; 4]; 4],
         ) {
             let chunks = w.kp / 64;
+            let cb = if L == L_S8 { 64 } else { 32 };
             let g = if L == L_U6 { 16 } else { 32 };
             let gpc = 64 / g;
             let groups = w.kp / g;
@@ -111,6 +112,11 @@ macro_rules! avx512_tile {
                 }
                 for (i, acc_i) in acc.iter_mut().enumerate() {
                     let r = r0 + i;
+                    _mm_prefetch::<_MM_HINT_T0>(
+                        w.qs.as_ptr()
+                            .wrapping_add((r * chunks + c) * cb + crate::PREFETCH_BYTES)
+                            as *const i8,
+                    );
                     let wq = unpack::<L>(w, r * chunks + c);
                     let ws = expand::<L>(w.scales.as_ptr().add(r * groups + c * gpc));
                     let wm = if L == L_U4 {

@@ -636,11 +636,7 @@ impl Backend for FastModel {
                 let (g, u) = gu[r * 2 * ff..(r + 1) * 2 * ff].split_at(ff);
                 let fr = &mut f[r * ff..(r + 1) * ff];
                 match activation {
-                    Activation::Silu => {
-                        for ((o, &gv), &uv) in fr.iter_mut().zip(g).zip(u) {
-                            *o = gv / (1.0 + (-gv).exp()) * uv;
-                        }
-                    }
+                    Activation::Silu => ops::silu_mul(g, u, fr),
                     Activation::GeluTanh => {
                         for ((o, &gv), &uv) in fr.iter_mut().zip(g).zip(u) {
                             *o = gelu_tanh(gv) * uv;
