@@ -3,12 +3,15 @@
 #
 #   Part 1 (single stream): llama-bench -t T -p 128 -n 128 and Hearth's bench_text example,
 #   interleaved REPS times (default 5); medians of prefill tok/s (128-token prompt), decode tok/s
-#   (128 tokens), peak RSS (/usr/bin/time -v), and the Hearth/llama.cpp ratios.
-#   Part 2 (8 concurrent streams, llama-server -np 8 vs Hearth's scheduler over HTTP): a separate
-#   section below, to be filled in once the scheduler and completion endpoint exist.
+#   (128 tokens), peak RSS (/usr/bin/time -v), and the Hearth/llama.cpp ratios. Both sides run
+#   the same two tests the same way: a warm-up, then prefill into an empty cache, and decode
+#   from an empty cache.
+#   Part 2 (concurrent streams): scripts/bench-scheduler.sh with 1 and 8 streams: Hearth's
+#   scheduler and llama-server -np 8 (over HTTP) under the same load, same run.
 #
 # Usage: scripts/bench-text.sh [gguf] [threads] [reps]
-#   env: BACKEND=auto|candle|fast (Hearth backend), SKIP_BUILD=1 (reuse the built binaries)
+#   env: BACKEND=auto|candle|fast (Hearth backend), SKIP_BUILD=1 (reuse the built binaries),
+#        SKIP_STREAMS=1 (part 1 only; part 2 always uses SmolLM2)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -68,7 +71,9 @@ print(f"hearth load time median: {h['load']*1000:.0f} ms")
 print("raw:", json.dumps(rows))
 EOF
 
-# == 8 concurrent streams (llama-server -np 8 vs Hearth over HTTP) ==============================
-# Owned by the scheduler/server work: start `llama-server -m "$MODEL" -t "$THREADS" -np 8 -c 8192`
-# and `hearth serve` on loopback, drive both with the same 8 concurrent streaming completions
-# (same prompts, max_tokens, greedy), and report aggregate decode tok/s and the ratio here.
+# == concurrent streams: Hearth's scheduler vs llama-server -np 8, same model, threads, load ====
+if [ -z "${SKIP_STREAMS:-}" ]; then
+    echo
+    echo "== concurrent streams (scripts/bench-scheduler.sh, SmolLM2, $THREADS threads) =="
+    THREADS="$THREADS" STREAMS="${STREAMS:-1,8}" "$ROOT/scripts/bench-scheduler.sh"
+fi
