@@ -20,6 +20,9 @@ pub struct QActs {
     pub(crate) lane_scale: Vec<f32>,
     /// `rows * kp / 4`: `d * (q0 + q1 + q2 + q3)` of each lane.
     pub(crate) lane_sum: Vec<f32>,
+    /// `rows * kp / 32`: `d * (sum of the block's 32 q)` rounded to f16 (llama.cpp's Q8_1 `s`),
+    /// for kernels that add a weight group's offset once per group rather than per lane.
+    pub(crate) block_sum: Vec<f32>,
 }
 
 impl QActs {
@@ -37,6 +40,7 @@ impl QActs {
             qs: Vec::with_capacity(rows * kp),
             lane_scale: Vec::with_capacity(rows * kp / 4),
             lane_sum: Vec::with_capacity(rows * kp / 4),
+            block_sum: Vec::with_capacity(rows * kp / 32),
         }
     }
 
@@ -66,12 +70,15 @@ impl QActs {
         self.lane_scale.resize(rows * kp / 4, 0.0);
         self.lane_sum.clear();
         self.lane_sum.resize(rows * kp / 4, 0.0);
+        self.block_sum.clear();
+        self.block_sum.resize(rows * kp / 32, 0.0);
         for r in 0..rows {
             let xr = &x[r * cols..(r + 1) * cols];
             let qr = &mut self.qs[r * kp..(r + 1) * kp];
             let ls = &mut self.lane_scale[r * kp / 4..(r + 1) * kp / 4];
             let lsum = &mut self.lane_sum[r * kp / 4..(r + 1) * kp / 4];
-            crate::ops::quantize_row(xr, qr, ls, lsum);
+            let bsum = &mut self.block_sum[r * kp / 32..(r + 1) * kp / 32];
+            crate::ops::quantize_row(xr, qr, ls, lsum, bsum);
         }
         Ok(())
     }

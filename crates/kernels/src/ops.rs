@@ -171,7 +171,13 @@ fn rms_norm_body(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 }
 
 #[inline(always)]
-fn quantize_row_body(x: &[f32], q: &mut [i8], lane_scale: &mut [f32], lane_sum: &mut [f32]) {
+fn quantize_row_body(
+    x: &[f32],
+    q: &mut [i8],
+    lane_scale: &mut [f32],
+    lane_sum: &mut [f32],
+    block_sum: &mut [f32],
+) {
     for (b, xb) in x.chunks(32).enumerate() {
         let mut mx = [0f32; 32];
         for (m, v) in mx.iter_mut().zip(xb) {
@@ -210,7 +216,9 @@ fn quantize_row_body(x: &[f32], q: &mut [i8], lane_scale: &mut [f32], lane_sum: 
                 lanes += d * s as f32;
             }
         }
-        lane_sum[8 * b + 7] = half::f16::from_f32(d * sum as f32).to_f32() - lanes;
+        let total = half::f16::from_f32(d * sum as f32).to_f32();
+        lane_sum[8 * b + 7] = total - lanes;
+        block_sum[b] = total;
     }
 }
 
@@ -319,7 +327,7 @@ multiversion! {
 multiversion! {
     /// Quantizes one activation row into 8-bit blocks of 32 (see `acts`); the output slices
     /// are the row's padded quants and per-lane scales/sums, pre-zeroed by the caller.
-    pub fn quantize_row(x: &[f32], q: &mut [i8], lane_scale: &mut [f32], lane_sum: &mut [f32]) => quantize_row_body
+    pub fn quantize_row(x: &[f32], q: &mut [i8], lane_scale: &mut [f32], lane_sum: &mut [f32], block_sum: &mut [f32]) => quantize_row_body
 }
 
 /// Rounds every element to the nearest f16 value (what an f16 KV cache keeps).

@@ -22,11 +22,15 @@ unsafe fn unpack<const L: u8>(w: &QMatrix, base: usize) -> __m512i {
     if L == L_S8 {
         return _mm512_loadu_si512(w.qs.as_ptr().add(base * 64) as *const _);
     }
-    let v = _mm256_loadu_si256(w.qs.as_ptr().add(base * 32) as *const __m256i);
-    let m4 = _mm256_set1_epi8(0x0F);
-    let lo = _mm256_and_si256(v, m4);
-    let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-    let q = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    // Low nibbles in the lower half, high nibbles in the upper: one broadcast load, a shift of
+    // the upper half only, one mask.
+    let v = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+        w.qs.as_ptr().add(base * 32) as *const __m256i
+    ));
+    let q = _mm512_and_si512(
+        _mm512_mask_srli_epi16::<4>(v, 0xFFFF_0000, v),
+        _mm512_set1_epi8(0x0F),
+    );
     if L == L_U5 {
         let bits = (w.hi.as_ptr().add(base * 8) as *const u64).read_unaligned();
         _mm512_or_si512(q, _mm512_maskz_set1_epi8(bits, 0x10))
@@ -119,11 +123,6 @@ macro_rules! avx512_tile {
                     );
                     let wq = unpack::<L>(w, r * chunks + c);
                     let ws = expand::<L>(w.scales.as_ptr().add(r * groups + c * gpc));
-                    let wm = if L == L_U4 {
-                        expand::<L>(w.mins.as_ptr().add(r * groups + c * gpc))
-                    } else {
-                        _mm512_mul_ps(ws, _mm512_set1_ps(zero))
-                    };
                     let (wu, neg) = if L == L_S8 {
                         (_mm512_abs_epi8(wq), _mm512_movepi8_mask(wq))
                     } else {
@@ -142,13 +141,49 @@ macro_rules! avx512_tile {
                             _mm512_loadu_ps(a.lane_scale.as_ptr().add(lane)),
                         );
                         *acc_ij = _mm512_fmadd_ps(t, ws, *acc_ij);
-                        if L != L_S8 {
+                        if L == L_U6 {
+                            // Zero points per group of 16: per lane.
                             *acc_ij = _mm512_fmadd_ps(
-                                wm,
+                                _mm512_mul_ps(ws, _mm512_set1_ps(zero)),
                                 _mm512_loadu_ps(a.lane_sum.as_ptr().add(lane)),
                                 *acc_ij,
                             );
                         }
+                    }
+                }
+            }
+            // Groups of 32 with an offset (Q4_1/Q4_K mins, Q5_0's -16 zero point): the offset
+            // times the activation block's sum, once per group (as llama.cpp adds `m * s`).
+            if L == L_U4 || L == L_U5 {
+                for (i, acc_i) in acc.iter_mut().enumerate() {
+                    let r = r0 + i;
+                    let src = if L == L_U4 { &w.mins } else { &w.scales };
+                    let wo = src.as_ptr().add(r * groups);
+                    for (j, acc_ij) in acc_i.iter_mut().enumerate() {
+                        let bs = a.block_sum.as_ptr().add((a0 + j) * groups);
+                        let mut off = _mm512_setzero_ps();
+                        let mut gi = 0;
+                        while gi < groups {
+                            let left = groups - gi;
+                            let m: u16 = if left >= 16 {
+                                0xFFFF
+                            } else {
+                                (1u16 << left) - 1
+                            };
+                            let o = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                                m,
+                                wo.add(gi) as *const i16,
+                            ));
+                            let b = _mm512_maskz_loadu_ps(m, bs.add(gi));
+                            off = _mm512_fmadd_ps(o, b, off);
+                            gi += 16;
+                        }
+                        let off = if L == L_U5 {
+                            _mm512_mul_ps(off, _mm512_set1_ps(zero))
+                        } else {
+                            off
+                        };
+                        *acc_ij = _mm512_add_ps(*acc_ij, off);
                     }
                 }
             }
