@@ -7,7 +7,9 @@ def W(n, dt=np.float64):
     a = dequantize(t.data, t.tensor_type)
     return np.asarray(a, dtype=dt).reshape([int(x) for x in reversed(t.shape)]) if t.tensor_type.name!='F32' else np.asarray(t.data,dtype=dt)
 L, H, HKV, HD, eps, base = 30, 9, 3, 64, 1e-5, 100000.0
-fx = json.load(open('tests/fixtures/text/smollm2-135m-instruct-q4_1.json'))
+# optional 3rd argument: another fixture with the same prompts (e.g. made with other llama.cpp
+# settings by reference-tokens.py --out-dir), whose greedy ids give the prefix
+fx = json.load(open(sys.argv[3] if len(sys.argv) > 3 else 'tests/fixtures/text/smollm2-135m-instruct-q4_1.json'))
 case = int(sys.argv[1]) if len(sys.argv)>1 else 0
 step = int(sys.argv[2]) if len(sys.argv)>2 else 9
 c = fx['cases'][case]

@@ -1,7 +1,7 @@
 //! Writes the logits Hearth computes after feeding `prompt ids + the first STEP greedy ids` of a
 //! llama.cpp fixture case, as raw little-endian f32 (for comparing against llama.cpp and an
 //! exact reference when chasing a parity divergence).
-//! Usage: dump_logits WEIGHTS FIXTURE CASE STEP BACKEND(auto|candle|fast) OUT
+//! Usage: dump_logits WEIGHTS FIXTURE CASE STEP BACKEND(auto|candle|fast) OUT [KV(f32|f16)]
 use hearth_infer::{Step, TextModel, TextModelConfig};
 
 fn main() {
@@ -20,6 +20,9 @@ fn main() {
     let mut cfg = TextModelConfig::local(a[1].clone());
     cfg.threads = 2;
     cfg.backend = a[5].parse().unwrap();
+    if let Some(kv) = a.get(7) {
+        cfg.kv_precision = kv.parse().unwrap();
+    }
     let mut model = TextModel::load(&cfg).unwrap();
     let prompt = ids(&case["prompt_ids"]);
     let gen = ids(&case["greedy_ids"]);

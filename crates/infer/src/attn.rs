@@ -88,12 +88,15 @@ pub(crate) struct AttnShape {
     pub scale: f32,
     /// Positions attended including the current one; `None` = the whole prefix.
     pub window: Option<usize>,
+    /// Round the softmax weights to f16 before the sum over V (llama.cpp's f16 KV cache).
+    pub f16_kv: bool,
 }
 
 /// Causal attention for every row: `q` is `[rows, n_head*head_dim]`, `caches[step]` is the
 /// step's (K, V) layer cache `[capacity, n_head_kv*head_dim]` already holding this row's own
-/// K/V. Writes `out` `[rows, n_head*head_dim]`. As llama.cpp (no flash attention, f16 cache):
-/// Q is rounded to f16 for the Q·K products and the softmax weights to f16 for the sum over V.
+/// K/V. Writes `out` `[rows, n_head*head_dim]`. With `f16_kv`, as llama.cpp with an f16 cache
+/// and no flash attention, the softmax weights are rounded to f16 for the sum over V (the caller
+/// rounds Q, K and V).
 pub(crate) fn attention(
     q: &[f32],
     rows: &[RowRef],
@@ -107,6 +110,7 @@ pub(crate) fn attention(
         head_dim,
         scale,
         window,
+        f16_kv,
     } = shape;
     let q_dim = n_head * head_dim;
     let kv_dim = n_head_kv * head_dim;
@@ -147,7 +151,7 @@ pub(crate) fn attention(
                         let j = start + idx;
                         let vr =
                             &vc[j * kv_dim + kvh * head_dim..j * kv_dim + (kvh + 1) * head_dim];
-                        let w = round_f16(p * inv);
+                        let w = if f16_kv { round_f16(p * inv) } else { p * inv };
                         for (o, &v) in oh.iter_mut().zip(vr) {
                             *o += w * v;
                         }
@@ -185,6 +189,7 @@ mod tests {
             head_dim: 2,
             scale: 1.0,
             window: None,
+            f16_kv: true,
         };
         let k = [1.0, 0.0];
         let v = [3.0, -2.0];
@@ -209,6 +214,7 @@ mod tests {
             head_dim: 1,
             scale: 1.0,
             window: Some(1),
+            f16_kv: true,
         };
         let k = [1.0, 1.0, 1.0];
         let v = [10.0, 20.0, 30.0];
@@ -235,5 +241,18 @@ mod tests {
         // Three equal weights of 1/3, each rounded to f16 (0.33325) as llama.cpp's f16 path does.
         let w = half::f16::from_f32(1.0 / 3.0).to_f32();
         assert!((out[0] - w * 60.0).abs() < 1e-5, "{}", out[0]);
+        // At f32 precision the weights stay exactly 1/3 (to f32).
+        let shape = AttnShape {
+            f16_kv: false,
+            ..shape
+        };
+        attention(
+            &[1.0],
+            &[RowRef { step: 0, pos: 2 }],
+            &[(&k, &v)],
+            shape,
+            &mut out,
+        );
+        assert!((out[0] - 20.0).abs() < 1e-5, "{}", out[0]);
     }
 }

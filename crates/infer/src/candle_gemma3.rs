@@ -62,6 +62,7 @@ pub(crate) fn from_gguf(
     Ok(CandleModel {
         norm: norm_weight(file, "output_norm.weight", device)?,
         attn_scale: 1.0 / (hp.head_dim as f32).sqrt(),
+        kv: crate::config::KvPrecision::default(),
         embed_scale: Some((hp.n_embd as f64).sqrt()),
         hp,
         device: device.clone(),

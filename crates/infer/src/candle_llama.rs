@@ -13,6 +13,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use crate::attn::{self, AttnShape, RopeStyle, RowRef};
+use crate::config::KvPrecision;
 use crate::gguf::{Arch, GgufFile, Hparams};
 use crate::model::{Backend, Step};
 use crate::Error;
@@ -115,6 +116,8 @@ pub(crate) struct CandleModel {
     pub rope: RopeStyle,
     pub activation: Activation,
     pub attn_scale: f32,
+    /// What the attention rounds to f16 (see [`KvPrecision`]).
+    pub kv: KvPrecision,
 }
 
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor, Error> {
@@ -168,9 +171,12 @@ impl Backend for CandleModel {
             if let Some(w) = &layer.k_norm {
                 attn::rms_norm_chunks(&mut k, w, eps);
             }
-            // The cache keeps K/V at f16 precision, as llama.cpp's default cache does.
+            // An f16 cache keeps K/V at f16 precision, as llama.cpp's default cache does.
+            let f16_kv = self.kv.rounds_to_f16();
             let mut v = v;
-            attn::round_f16_slice(&mut v);
+            if f16_kv {
+                attn::round_f16_slice(&mut v);
+            }
             for (r, row) in rows.iter().enumerate() {
                 attn::rope_row(
                     &mut q[r * qd..(r + 1) * qd],
@@ -188,7 +194,11 @@ impl Backend for CandleModel {
                     self.rope,
                     &mut cs,
                 );
-                attn::round_f16_slice(&mut k[r * kvd..(r + 1) * kvd]);
+                if f16_kv {
+                    // Without flash attention llama.cpp converts Q to f16 for the Q·K products.
+                    attn::round_f16_slice(&mut q[r * qd..(r + 1) * qd]);
+                    attn::round_f16_slice(&mut k[r * kvd..(r + 1) * kvd]);
+                }
                 let seq = &mut *steps[row.step].seq;
                 let at = row.pos * kvd..(row.pos + 1) * kvd;
                 seq.k[il][at.clone()].copy_from_slice(&k[r * kvd..(r + 1) * kvd]);
@@ -204,6 +214,7 @@ impl Backend for CandleModel {
                 n_head_kv: hp.n_head_kv,
                 head_dim: hd,
                 scale: self.attn_scale,
+                f16_kv,
                 window: layer.window,
             };
             attn::attention(&q, &rows, &caches, shape, &mut out);
@@ -300,6 +311,7 @@ pub(crate) fn from_gguf(
     Ok(CandleModel {
         norm: norm_weight(file, "output_norm.weight", device)?,
         attn_scale: 1.0 / (hp.head_dim as f32).sqrt(),
+        kv: KvPrecision::default(),
         hp,
         device: device.clone(),
         embeddings,
@@ -353,6 +365,7 @@ pub(crate) fn from_hf_tensors(
     Ok(CandleModel {
         norm: take("model.norm.weight")?,
         attn_scale: 1.0 / (hp.head_dim as f32).sqrt(),
+        kv: KvPrecision::default(),
         hp,
         device: device.clone(),
         embeddings: Embeddings::Dense(embed.to_device(&Device::Cpu)?),

@@ -65,6 +65,40 @@ impl std::str::FromStr for BackendChoice {
     }
 }
 
+/// Precision of the attention over the KV cache. The cache itself is stored as f32 either way
+/// (so the memory accounted per token does not change); this decides what is rounded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KvPrecision {
+    /// Full f32: K, V, Q and the softmax weights are used as computed. This matches llama.cpp
+    /// run with an f32 KV cache (`type_k = type_v = f32`), the llama.cpp configuration whose
+    /// greedy choices agree with an exact f64 forward (scripts/parity/README.md). Default.
+    #[default]
+    F32,
+    /// Imitates llama.cpp's default f16 KV cache without flash attention: K and V are rounded
+    /// to f16 when stored, Q to f16 for the Q·K products and the softmax weights to f16 for the
+    /// sum over V.
+    F16,
+}
+
+impl std::str::FromStr for KvPrecision {
+    type Err = String;
+    /// Parses `f32` or `f16`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "f32" => Ok(KvPrecision::F32),
+            "f16" => Ok(KvPrecision::F16),
+            other => Err(format!("kv_precision {other:?}: expected f32 or f16")),
+        }
+    }
+}
+
+impl KvPrecision {
+    /// Whether K/V, Q and the attention weights are rounded to f16.
+    pub fn rounds_to_f16(self) -> bool {
+        self == KvPrecision::F16
+    }
+}
+
 /// Where and how to load one text model.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TextModelConfig {
@@ -77,6 +111,8 @@ pub struct TextModelConfig {
     /// CPU threads; 0 = one per physical core.
     pub threads: usize,
     pub backend: BackendChoice,
+    /// Precision of the attention over the KV cache (default f32).
+    pub kv_precision: KvPrecision,
 }
 
 impl TextModelConfig {
@@ -89,6 +125,7 @@ impl TextModelConfig {
             device: DeviceSpec::Cpu,
             threads: 0,
             backend: BackendChoice::Auto,
+            kv_precision: KvPrecision::F32,
         }
     }
 }
@@ -113,5 +150,17 @@ mod tests {
             BackendChoice::Fast
         );
         assert!("gpu".parse::<BackendChoice>().is_err());
+    }
+
+    #[test]
+    fn kv_precisions_parse_and_default_to_f32() {
+        assert_eq!("f16".parse::<KvPrecision>().unwrap(), KvPrecision::F16);
+        assert_eq!(" f32".parse::<KvPrecision>().unwrap(), KvPrecision::F32);
+        assert!("bf16".parse::<KvPrecision>().is_err());
+        assert_eq!(
+            TextModelConfig::local("m.gguf").kv_precision,
+            KvPrecision::F32
+        );
+        assert!(KvPrecision::F16.rounds_to_f16() && !KvPrecision::F32.rounds_to_f16());
     }
 }

@@ -65,7 +65,10 @@ fn load_path(
     let fast = match backend {
         BackendChoice::Fast => {
             match crate::fast::from_gguf(path, &file.content, hp.clone(), cfg.threads) {
-                Ok(m) => Some(m),
+                Ok(mut m) => {
+                    m.kv = cfg.kv_precision;
+                    Some(m)
+                }
                 Err(e) if cfg.backend == BackendChoice::Auto => {
                     tracing::warn!(error = %e, "the fast CPU backend cannot run this file; using candle");
                     None
@@ -77,9 +80,13 @@ fn load_path(
     };
     let backend: Box<dyn Backend> = match (fast, hp.arch) {
         (Some(m), _) => Box::new(m),
-        (None, Arch::Llama) => Box::new(crate::candle_llama::from_gguf(&file, hp.clone(), device)?),
-        (None, Arch::Gemma3) => {
-            Box::new(crate::candle_gemma3::from_gguf(&file, hp.clone(), device)?)
+        (None, arch) => {
+            let mut m = match arch {
+                Arch::Llama => crate::candle_llama::from_gguf(&file, hp.clone(), device)?,
+                Arch::Gemma3 => crate::candle_gemma3::from_gguf(&file, hp.clone(), device)?,
+            };
+            m.kv = cfg.kv_precision;
+            Box::new(m)
         }
     };
     let weights_bytes = file.file_bytes;
@@ -178,7 +185,8 @@ fn load_safetensors(
         .clone()
         .unwrap_or_else(|| dir.join("tokenizer.json"));
     let tokenizer = crate::tokenizer::from_files(&tokenizer_json, cfg.chat_template.as_deref())?;
-    let backend = crate::candle_llama::from_hf_tensors(tensors, hp.clone(), device)?;
+    let mut backend = crate::candle_llama::from_hf_tensors(tensors, hp.clone(), device)?;
+    backend.kv = cfg.kv_precision;
     TextModel::assemble(hp, Box::new(backend), tokenizer, bytes, cfg.threads)
 }
 

@@ -16,8 +16,8 @@
 //! Numerics follow the candle backend (and llama.cpp): RMSNorm, RoPE with angles computed by
 //! repeated multiplication as ggml does (interleaved pairs for llama GGUF, NeoX for Gemma),
 //! SwiGLU / GELU-tanh gates, activations quantized to 8-bit blocks before each product.
-//! K/V are kept at f16 precision and softmax weights rounded to f16, as llama.cpp's default
-//! f16 KV cache does.
+//! Attention runs in f32 by default; with [`KvPrecision::F16`] K/V are kept at f16 precision
+//! and Q and the softmax weights rounded to f16, as llama.cpp's default f16 KV cache does.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -29,6 +29,7 @@ use hearth_kernels::{matmul, ops, GgmlType, KernelPath, QActs, QMatrix, ThreadPo
 
 use crate::attn::RopeStyle;
 use crate::candle_llama::Activation;
+use crate::config::KvPrecision;
 use crate::gguf::{Arch, Hparams};
 use crate::model::{Backend, Step};
 use crate::Error;
@@ -154,6 +155,8 @@ pub(crate) struct FastModel {
     embed_scale: Option<f32>,
     activation: Activation,
     attn_scale: f32,
+    /// What the attention rounds to f16 (see [`KvPrecision`]).
+    pub(crate) kv: KvPrecision,
     s: Scratch,
 }
 
@@ -395,6 +398,7 @@ pub(crate) fn from_gguf(
     };
     let model = FastModel {
         attn_scale: 1.0 / (hd as f32).sqrt(),
+        kv: KvPrecision::default(),
         kern: Kern {
             path: KernelPath::detect(),
             pool: ThreadPool::new(threads),
@@ -496,8 +500,10 @@ impl Backend for FastModel {
             embed_scale,
             activation,
             attn_scale,
+            kv,
             s,
         } = self;
+        let f16_kv = kv.rounds_to_f16();
         let (e, hd, nh, eps) = (hp.n_embd, hp.head_dim, hp.n_head, hp.rms_eps);
         let (qd, kvd, ff) = (nh * hd, hp.kv_dim(), hp.n_ff);
         let qkv_w = qd + 2 * kvd;
@@ -574,13 +580,14 @@ impl Backend for FastModel {
                 for kh in k.chunks_exact_mut(hd) {
                     rope_head(kh, cs, *rope_style);
                 }
-                // The cache keeps K/V at f16 precision, as llama.cpp's default cache (and the
-                // candle backend) do.
-                ops::round_to_f16(k);
-                ops::round_to_f16(v);
-                // Without flash attention llama.cpp converts Q to f16 for the Q·K products
-                // (the f16 cache's vec-dot type).
-                ops::round_to_f16(q);
+                if f16_kv {
+                    // An f16 cache keeps K/V at f16 precision, and without flash attention
+                    // llama.cpp converts Q to f16 for the Q·K products (the f16 cache's vec-dot
+                    // type).
+                    ops::round_to_f16(k);
+                    ops::round_to_f16(v);
+                    ops::round_to_f16(q);
+                }
                 let seq = &mut *steps[si].seq;
                 seq.k[il][pos * kvd..(pos + 1) * kvd].copy_from_slice(k);
                 seq.v[il][pos * kvd..(pos + 1) * kvd].copy_from_slice(v);
@@ -606,7 +613,7 @@ impl Backend for FastModel {
                         start,
                         pos + 1,
                         scale,
-                        true,
+                        f16_kv,
                         out,
                     );
                 });
