@@ -4,6 +4,7 @@
 //! pdf_oxide is the fallback when pdf-extract cannot open the file.
 
 use std::collections::HashMap;
+use std::io::Read;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use pdf_extract::{MediaBox, OutputDev, OutputError, Transform};
@@ -47,7 +48,9 @@ struct Collector<'c> {
     ctx: &'c Ctx<'c>,
     page_height: f64,
     glyphs: Vec<Glyph>,
-    pages: Vec<Vec<Glyph>>,
+    /// Finished pages, already grouped into lines (so a long document's glyphs are not all
+    /// held at once).
+    pages: Vec<Vec<Line>>,
     timed_out: bool,
     count: usize,
 }
@@ -65,7 +68,8 @@ impl OutputDev for Collector<'_> {
     }
 
     fn end_page(&mut self) -> std::result::Result<(), OutputError> {
-        self.pages.push(std::mem::take(&mut self.glyphs));
+        self.pages.push(lines(&self.glyphs));
+        self.glyphs.clear();
         Ok(())
     }
 
@@ -134,7 +138,9 @@ fn unligature(text: &str) -> String {
 pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
     let pages = match catch_unwind(AssertUnwindSafe(|| extract(&ctx, bytes))) {
         Ok(Ok(pages)) => pages,
-        Ok(Err(e @ (Error::Encrypted { .. } | Error::TimedOut { .. }))) => return Err(e),
+        Ok(Err(
+            e @ (Error::Encrypted { .. } | Error::TimedOut { .. } | Error::ExpandsTooMuch { .. }),
+        )) => return Err(e),
         Ok(Err(primary)) => return fallback(&ctx, bytes, primary),
         Err(_) => {
             return fallback(
@@ -167,8 +173,8 @@ fn extract(ctx: &Ctx<'_>, bytes: &[u8]) -> Result<Vec<Vec<Line>>> {
             format: Format::Pdf,
         });
     }
+    prepare_font_streams(ctx, &mut doc)?;
     let numbers: Vec<u32> = doc.get_pages().keys().copied().collect();
-    let mut out = Vec::with_capacity(numbers.len());
     let mut collector = Collector {
         ctx,
         page_height: 792.0,
@@ -177,11 +183,26 @@ fn extract(ctx: &Ctx<'_>, bytes: &[u8]) -> Result<Vec<Vec<Line>>> {
         timed_out: false,
         count: 0,
     };
+    // First the whole document in one pass: pdf-extract's per-page entry point rebuilds the page
+    // list on every call, which is quadratic in the page count. Only when that pass fails or
+    // panics is the document read again page by page, so one bad page costs only itself.
+    let whole = catch_unwind(AssertUnwindSafe(|| {
+        pdf_extract::output_doc(&doc, &mut collector)
+    }));
+    if collector.timed_out {
+        return Err(Error::TimedOut {
+            limit: ctx.limits().time_limit,
+        });
+    }
+    if matches!(whole, Ok(Ok(()))) && collector.pages.len() == numbers.len() {
+        return Ok(collector.pages);
+    }
+    collector.pages.clear();
+    let mut out = Vec::with_capacity(numbers.len());
     for n in numbers {
         ctx.check_time()?;
         collector.glyphs.clear();
         let before = collector.pages.len();
-        // One page failing (or panicking inside the parser) costs that page, not the document.
         let result = catch_unwind(AssertUnwindSafe(|| {
             pdf_extract::output_doc_page(&doc, &mut collector, n)
         }));
@@ -190,17 +211,67 @@ fn extract(ctx: &Ctx<'_>, bytes: &[u8]) -> Result<Vec<Vec<Line>>> {
                 limit: ctx.limits().time_limit,
             });
         }
-        let glyphs = if collector.pages.len() > before {
+        let page = if collector.pages.len() > before {
             collector.pages.pop().unwrap_or_default()
         } else {
-            std::mem::take(&mut collector.glyphs)
+            lines(&collector.glyphs)
         };
         if !matches!(result, Ok(Ok(()))) {
             ctx.warn(format!("page {n}: could not be read completely"));
         }
-        out.push(lines(&glyphs));
+        out.push(page);
     }
     Ok(out)
+}
+
+/// pdf-extract builds its fonts afresh on every page, and each time it inflates the font's
+/// streams again: the embedded font program (a TrueType program it reads and then discards,
+/// Type 1 and CFF programs it parses for their encodings) and the ToUnicode map. On a long
+/// document with large embedded fonts that repeated inflation was most of the conversion time
+/// (a specification of several hundred pages: a third of the CPU samples were in zlib). Inflating those streams once,
+/// here, in place, leaves each page a copy of plain bytes; the text that comes out is the same.
+fn prepare_font_streams(ctx: &Ctx<'_>, doc: &mut pdf_extract::Document) -> Result<()> {
+    use pdf_extract::Object;
+    let mut ids = Vec::new();
+    for obj in doc.objects.values() {
+        let Ok(dict) = obj.as_dict() else { continue };
+        let keys: &[&[u8]] = match dict.get(b"Type").and_then(Object::as_name) {
+            Ok(b"FontDescriptor") => &[b"FontFile", b"FontFile2", b"FontFile3"],
+            Ok(b"Font") => &[b"ToUnicode"],
+            _ => continue,
+        };
+        for key in keys {
+            if let Ok(Object::Reference(id)) = dict.get(key) {
+                ids.push(*id);
+            }
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    for id in ids {
+        let Ok(Object::Stream(stream)) = doc.get_object_mut(id) else {
+            continue;
+        };
+        // Only plain Flate streams (what font programs and maps use) are inflated here, bounded
+        // by the unpack allowance; anything else, or a stream that does not inflate cleanly, is
+        // left for pdf-extract to handle as before.
+        let flate_only = matches!(stream.filters().as_deref(), Ok([b"FlateDecode"]))
+            && stream.dict.get(b"DecodeParms").is_err();
+        if !flate_only {
+            continue;
+        }
+        let allowance = ctx.unpack_allowance();
+        let mut plain = Vec::new();
+        let inflated = flate2::read::ZlibDecoder::new(stream.content.as_slice())
+            .take(allowance.saturating_add(1))
+            .read_to_end(&mut plain);
+        if inflated.is_err() {
+            continue;
+        }
+        ctx.charge(plain.len() as u64)?;
+        stream.set_plain_content(plain);
+    }
+    Ok(())
 }
 
 /// Groups glyphs, in content-stream order, into lines; wide gaps split a line into segments.
@@ -485,5 +556,98 @@ mod tests {
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[0].segments.len(), 2);
         assert_eq!(lines[1].text(), "apple 3");
+    }
+
+    /// A PDF of `pages` pages showing "Hello world" in a TrueType font whose embedded program
+    /// is a Flate stream inflating to `font_bytes` zero bytes.
+    fn pdf_with_embedded_font(pages: usize, font_bytes: usize) -> Vec<u8> {
+        use pdf_extract::{Dictionary, Document, Object, Stream};
+        use std::io::Write;
+        let mut doc = Document::with_version("1.5");
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+        z.write_all(&vec![0u8; font_bytes]).unwrap();
+        let mut program = Dictionary::new();
+        program.set("Filter", Object::Name(b"FlateDecode".to_vec()));
+        let program = doc.add_object(Stream::new(program, z.finish().unwrap()));
+        let mut descriptor = Dictionary::new();
+        descriptor.set("Type", Object::Name(b"FontDescriptor".to_vec()));
+        descriptor.set("FontName", Object::Name(b"Helvetica".to_vec()));
+        descriptor.set("FontFile2", Object::Reference(program));
+        let descriptor = doc.add_object(descriptor);
+        let mut font = Dictionary::new();
+        font.set("Type", Object::Name(b"Font".to_vec()));
+        font.set("Subtype", Object::Name(b"TrueType".to_vec()));
+        font.set("BaseFont", Object::Name(b"Helvetica".to_vec()));
+        font.set("FirstChar", Object::Integer(32));
+        font.set("LastChar", Object::Integer(126));
+        font.set("Widths", Object::Array(vec![Object::Integer(500); 95]));
+        font.set("FontDescriptor", Object::Reference(descriptor));
+        let font = doc.add_object(font);
+        let mut fonts = Dictionary::new();
+        fonts.set("F1", Object::Reference(font));
+        let mut resources = Dictionary::new();
+        resources.set("Font", Object::Dictionary(fonts));
+        let pages_id = doc.new_object_id();
+        let mut kids = Vec::new();
+        for _ in 0..pages {
+            let content = doc.add_object(Stream::new(
+                Dictionary::new(),
+                b"BT /F1 12 Tf 72 720 Td (Hello world) Tj ET".to_vec(),
+            ));
+            let mut page = Dictionary::new();
+            page.set("Type", Object::Name(b"Page".to_vec()));
+            page.set("Parent", Object::Reference(pages_id));
+            page.set("Contents", Object::Reference(content));
+            page.set("Resources", Object::Dictionary(resources.clone()));
+            page.set(
+                "MediaBox",
+                Object::Array(vec![0.into(), 0.into(), 612.into(), 792.into()]),
+            );
+            kids.push(Object::Reference(doc.add_object(page)));
+        }
+        let mut tree = Dictionary::new();
+        tree.set("Type", Object::Name(b"Pages".to_vec()));
+        tree.set("Count", Object::Integer(pages as i64));
+        tree.set("Kids", Object::Array(kids));
+        doc.objects.insert(pages_id, Object::Dictionary(tree));
+        let mut catalog = Dictionary::new();
+        catalog.set("Type", Object::Name(b"Catalog".to_vec()));
+        catalog.set("Pages", Object::Reference(pages_id));
+        let catalog = doc.add_object(catalog);
+        doc.trailer.set("Root", Object::Reference(catalog));
+        let mut out = Vec::new();
+        doc.save_to(&mut out).unwrap();
+        out
+    }
+
+    fn convert_with(limits: crate::Limits, bytes: &[u8]) -> Result<String> {
+        let budget = crate::limits::Budget::new(limits);
+        convert(
+            Ctx {
+                budget: &budget,
+                depth: 0,
+            },
+            bytes,
+        )
+    }
+
+    #[test]
+    fn every_page_of_a_document_with_an_embedded_font_is_read() {
+        let pdf = pdf_with_embedded_font(3, 64 * 1024);
+        let md = convert_with(crate::Limits::default(), &pdf).unwrap();
+        assert_eq!(md.matches("Hello world").count(), 3, "{md}");
+    }
+
+    #[test]
+    fn a_font_program_inflating_past_the_unpack_limit_is_refused() {
+        let pdf = pdf_with_embedded_font(1, 4 << 20);
+        let limits = crate::Limits {
+            max_unpacked_bytes: 1 << 20,
+            ..Default::default()
+        };
+        assert!(matches!(
+            convert_with(limits, &pdf),
+            Err(Error::ExpandsTooMuch { .. })
+        ));
     }
 }
