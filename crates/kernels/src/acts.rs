@@ -16,6 +16,9 @@ pub struct QActs {
     pub(crate) cols: usize,
     pub(crate) kp: usize,
     pub(crate) qs: Vec<i8>,
+    /// The same quants as unsigned `q + 128` (what `vpdpbusd` takes on its unsigned side when
+    /// the weights are the signed operand).
+    pub(crate) qu: Vec<u8>,
     /// `rows * kp / 4`: the block scale of each lane.
     pub(crate) lane_scale: Vec<f32>,
     /// `rows * kp / 4`: `d * (q0 + q1 + q2 + q3)` of each lane.
@@ -38,6 +41,7 @@ impl QActs {
             cols: 0,
             kp: 0,
             qs: Vec::with_capacity(rows * kp),
+            qu: Vec::with_capacity(rows * kp),
             lane_scale: Vec::with_capacity(rows * kp / 4),
             lane_sum: Vec::with_capacity(rows * kp / 4),
             block_sum: Vec::with_capacity(rows * kp / 32),
@@ -80,6 +84,8 @@ impl QActs {
             let bsum = &mut self.block_sum[r * kp / 32..(r + 1) * kp / 32];
             crate::ops::quantize_row(xr, qr, ls, lsum, bsum);
         }
+        self.qu.clear();
+        self.qu.extend(self.qs.iter().map(|&q| (q as u8) ^ 0x80));
         Ok(())
     }
 
