@@ -28,7 +28,7 @@ use limits::{Budget, Ctx};
 pub const RUSTC_VERSION: &str = env!("HEARTH_MARKDOWN_RUSTC_VERSION");
 
 /// Stack given to each conversion thread: parsers of nested documents recurse.
-const CONVERSION_STACK_BYTES: usize = 64 * 1024 * 1024;
+pub(crate) const CONVERSION_STACK_BYTES: usize = 64 * 1024 * 1024;
 
 /// The result of one conversion.
 #[derive(Debug, Clone)]

@@ -1,6 +1,7 @@
 //! Resource limits and the per-conversion context that enforces them.
 
-use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
@@ -42,13 +43,13 @@ impl Default for Limits {
     }
 }
 
-/// Counters shared by every level of one conversion.
+/// Counters shared by every level of one conversion (and by the threads it may use).
 #[derive(Debug)]
 pub(crate) struct Budget {
     pub limits: Limits,
     deadline: Instant,
-    unpacked: Cell<u64>,
-    warnings: RefCell<Vec<String>>,
+    unpacked: AtomicU64,
+    warnings: Mutex<Vec<String>>,
 }
 
 impl Budget {
@@ -57,13 +58,15 @@ impl Budget {
         Budget {
             limits,
             deadline,
-            unpacked: Cell::new(0),
-            warnings: RefCell::new(Vec::new()),
+            unpacked: AtomicU64::new(0),
+            warnings: Mutex::new(Vec::new()),
         }
     }
 
     pub fn into_warnings(self) -> Vec<String> {
-        self.warnings.into_inner()
+        self.warnings
+            .into_inner()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -90,6 +93,12 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// When the time limit passes (for work handed to other threads, which cannot share the
+    /// budget itself).
+    pub fn deadline(&self) -> Instant {
+        self.budget.deadline
+    }
+
     /// Whether the time limit has passed (for callbacks that cannot return our error).
     pub fn out_of_time(&self) -> bool {
         Instant::now() > self.budget.deadline
@@ -97,8 +106,14 @@ impl<'a> Ctx<'a> {
 
     /// Accounts `bytes` of decompressed data against the unpacked-bytes limit.
     pub fn charge(&self, bytes: u64) -> Result<()> {
-        let total = self.budget.unpacked.get().saturating_add(bytes);
-        self.budget.unpacked.set(total);
+        let before = self
+            .budget
+            .unpacked
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                Some(t.saturating_add(bytes))
+            })
+            .unwrap_or(u64::MAX);
+        let total = before.saturating_add(bytes);
         if total > self.budget.limits.max_unpacked_bytes {
             Err(Error::ExpandsTooMuch {
                 limit: self.budget.limits.max_unpacked_bytes,
@@ -113,7 +128,7 @@ impl<'a> Ctx<'a> {
         self.budget
             .limits
             .max_unpacked_bytes
-            .saturating_sub(self.budget.unpacked.get())
+            .saturating_sub(self.budget.unpacked.load(Ordering::Relaxed))
     }
 
     /// A context one nesting level deeper (an archive member, an attachment).
@@ -133,6 +148,10 @@ impl<'a> Ctx<'a> {
     pub fn warn(&self, message: impl Into<String>) {
         let message = message.into();
         tracing::debug!(%message, "conversion warning");
-        self.budget.warnings.borrow_mut().push(message);
+        self.budget
+            .warnings
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(message);
     }
 }

@@ -6,6 +6,7 @@
 //! nested deeper than [`crate::Limits::max_xml_depth`] are flattened into their deepest allowed
 //! ancestor, so walking the tree recursively is bounded.
 
+use compact_str::CompactString;
 use quick_xml::escape::resolve_predefined_entity;
 use quick_xml::events::{BytesStart, Event};
 use quick_xml::Reader;
@@ -15,11 +16,15 @@ use crate::error::{Error, Result};
 use crate::limits::Ctx;
 
 /// An element: its local name (namespace prefix dropped), attributes and children.
+///
+/// Names and attributes are small strings kept inline (no heap allocation up to 24 bytes):
+/// office documents are millions of tiny elements, and allocating each name and value on its
+/// own was most of the time spent reading a large DOCX.
 #[derive(Debug, Default, Clone)]
 pub struct Element {
-    pub name: String,
+    pub name: CompactString,
     /// (qualified name, value)
-    pub attrs: Vec<(String, String)>,
+    pub attrs: Vec<(CompactString, CompactString)>,
     pub children: Vec<Node>,
 }
 
@@ -248,16 +253,14 @@ fn push_text(stack: &mut [Element], s: &str) {
 }
 
 fn element(start: &BytesStart<'_>) -> Element {
-    let qname = start.name();
-    let name = start.local_name().as_ref().to_string();
-    let _ = qname;
+    let name = CompactString::from(start.local_name().into_inner());
     let mut attrs = Vec::new();
     for attr in start.attributes().with_checks(false).flatten() {
-        let key = attr.key.as_ref().to_string();
-        let value = attr
-            .normalized_value(quick_xml::XmlVersion::Implicit1_0)
-            .map(|v| v.into_owned())
-            .unwrap_or_else(|_| attr.value.to_string());
+        let key = CompactString::from(attr.key.into_inner());
+        let value = match attr.normalized_value(quick_xml::XmlVersion::Implicit1_0) {
+            Ok(v) => CompactString::from(v.as_ref()),
+            Err(_) => CompactString::from(attr.value.as_ref()),
+        };
         attrs.push((key, value));
     }
     Element {

@@ -87,20 +87,23 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
     // Notes referenced in the text, in order of first reference.
     let mut notes_out = Vec::new();
     if !doc.note_ids.is_empty() {
+        // Each notes part indexed once by note id (not searched again for every reference).
+        let mut by_id: HashMap<(bool, &str), &Element> = HashMap::new();
+        for (endnote, part) in &notes_parts {
+            let tag = if *endnote { "endnote" } else { "footnote" };
+            let mut found = Vec::new();
+            part.find_all(tag, &mut found);
+            for note in found {
+                if let Some(id) = note.attr("id") {
+                    by_id.entry((*endnote, id)).or_insert(note);
+                }
+            }
+        }
         let mut by_number: Vec<((bool, String), usize)> =
             doc.note_ids.clone().into_iter().collect();
         by_number.sort_by_key(|(_, n)| *n);
         for ((endnote, id), n) in by_number {
-            let tag = if endnote { "endnote" } else { "footnote" };
-            let Some((_, part)) = notes_parts.iter().find(|(e, _)| *e == endnote) else {
-                continue;
-            };
-            let mut found = Vec::new();
-            part.find_all(tag, &mut found);
-            if let Some(note) = found
-                .into_iter()
-                .find(|n| n.attr("id") == Some(id.as_str()))
-            {
+            if let Some(note) = by_id.get(&(endnote, id.as_str())) {
                 let mut inner = Vec::new();
                 blocks_of(&ctx, &mut doc, note, &mut inner)?;
                 let text = inner

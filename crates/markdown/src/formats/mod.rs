@@ -19,7 +19,10 @@ mod structured;
 mod text;
 mod zipfile;
 
-use crate::detect::Format;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use crate::detect::{detect, Detected, Format};
 use crate::error::{Error, Result};
 use crate::limits::Ctx;
 use crate::Converter;
@@ -51,6 +54,59 @@ pub(crate) fn convert(
         Format::Text => Ok(text::plain(bytes)),
         Format::Image => image::convert(ctx, bytes),
     }
+}
+
+/// Most threads one document's attachments are converted on.
+const MAX_NESTED_THREADS: usize = 4;
+
+/// Converts nested documents (`(file name, bytes)`, e.g. e-mail attachments) one level down,
+/// each identified by content and name, on up to [`MAX_NESTED_THREADS`] threads at once.
+/// Results come back in input order.
+pub(crate) fn convert_nested_all(ctx: Ctx<'_>, items: &[(&str, &[u8])]) -> Vec<Result<String>> {
+    let one = |&(name, data): &(&str, &[u8])| -> Result<String> {
+        let nested = ctx.nested()?;
+        match detect(data, Some(name)) {
+            Detected::Known(f) => crate::convert_format(nested, f, data, Some(name)),
+            _ => Err(Error::Unsupported {
+                what: "binary attachment".into(),
+            }),
+        }
+    };
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(MAX_NESTED_THREADS)
+        .min(items.len());
+    if threads <= 1 {
+        return items.iter().map(one).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let slots: Vec<Mutex<Option<Result<String>>>> =
+        items.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            let worker = std::thread::Builder::new()
+                .name("hearth-markdown-nested".into())
+                .stack_size(crate::CONVERSION_STACK_BYTES)
+                .spawn_scoped(scope, || loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(item) = items.get(i) else { break };
+                    let result = one(item);
+                    *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
+                });
+            if worker.is_err() {
+                break; // what no thread took is converted below
+            }
+        }
+    });
+    slots
+        .into_iter()
+        .zip(items)
+        .map(|(slot, item)| {
+            slot.into_inner()
+                .unwrap_or_else(|p| p.into_inner())
+                .unwrap_or_else(|| one(item))
+        })
+        .collect()
 }
 
 /// Converts small built-in samples (HTML, CSV, RTF, JSON) and checks the Markdown that comes out.

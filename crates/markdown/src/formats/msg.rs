@@ -5,7 +5,7 @@ use std::io::{Cursor, Read};
 
 use cfb::CompoundFile;
 
-use crate::detect::{detect, Detected, Format};
+use crate::detect::Format;
 use crate::error::{Error, Result};
 use crate::limits::Ctx;
 use crate::md;
@@ -54,20 +54,26 @@ fn binary_prop(ctx: &Ctx<'_>, cfb: &mut Cfb<'_>, dir: &str, id: u16) -> Result<O
 pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
     let mut cfb =
         CompoundFile::open(Cursor::new(bytes)).map_err(|e| Error::malformed(Format::Msg, e))?;
+    message(ctx, &mut cfb, "", 1)
+}
+
+/// The message whose properties live in storage `dir` ("" for the file's root), its heading at
+/// `level`. Messages attached to it (embedded, not as files) are converted in place, nested.
+fn message(ctx: Ctx<'_>, cfb: &mut Cfb<'_>, dir: &str, level: usize) -> Result<String> {
     let mut blocks = Vec::new();
-    let subject = string_prop(&ctx, &mut cfb, "", 0x0037)?.unwrap_or_else(|| "(no subject)".into());
-    blocks.push(format!("# {}", subject.trim()));
-    let headers = string_prop(&ctx, &mut cfb, "", 0x007D)?.unwrap_or_default();
+    let subject = string_prop(&ctx, cfb, dir, 0x0037)?.unwrap_or_else(|| "(no subject)".into());
+    blocks.push(format!("{} {}", "#".repeat(level.min(6)), subject.trim()));
+    let headers = string_prop(&ctx, cfb, dir, 0x007D)?.unwrap_or_default();
     let header = |name: &str| {
         headers.lines().find_map(|l| {
             let (k, v) = l.split_once(':')?;
             k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
         })
     };
-    let sender_name = string_prop(&ctx, &mut cfb, "", 0x0C1A)?;
-    let sender_addr = match string_prop(&ctx, &mut cfb, "", 0x5D01)? {
+    let sender_name = string_prop(&ctx, cfb, dir, 0x0C1A)?;
+    let sender_addr = match string_prop(&ctx, cfb, dir, 0x5D01)? {
         Some(a) => Some(a),
-        None => string_prop(&ctx, &mut cfb, "", 0x0C1F)?,
+        None => string_prop(&ctx, cfb, dir, 0x0C1F)?,
     };
     let from = match (sender_name, sender_addr) {
         (Some(n), Some(a)) if !a.is_empty() && n != a => Some(format!("{n} <{a}>")),
@@ -80,13 +86,13 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
         ("From", from),
         (
             "To",
-            string_prop(&ctx, &mut cfb, "", 0x0E04)?
+            string_prop(&ctx, cfb, dir, 0x0E04)?
                 .filter(|s| !s.is_empty())
                 .or_else(|| header("To")),
         ),
         (
             "Cc",
-            string_prop(&ctx, &mut cfb, "", 0x0E03)?.filter(|s| !s.is_empty()),
+            string_prop(&ctx, cfb, dir, 0x0E03)?.filter(|s| !s.is_empty()),
         ),
         ("Date", header("Date")),
     ] {
@@ -97,16 +103,16 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
     if !lines.is_empty() {
         blocks.push(lines.join("  \n"));
     }
-    let body = match string_prop(&ctx, &mut cfb, "", 0x1000)? {
+    let body = match string_prop(&ctx, cfb, dir, 0x1000)? {
         Some(t) if !t.trim().is_empty() => t.replace("\r\n", "\n"),
         _ => {
-            let html = match binary_prop(&ctx, &mut cfb, "", 0x1013)? {
+            let html = match binary_prop(&ctx, cfb, dir, 0x1013)? {
                 Some(b) => Some(crate::text::decode(&b)),
-                None => string_prop(&ctx, &mut cfb, "", 0x1013)?,
+                None => string_prop(&ctx, cfb, dir, 0x1013)?,
             };
             match html {
                 Some(h) => super::html::html_to_markdown(&h),
-                None => match binary_prop(&ctx, &mut cfb, "", 0x1009)? {
+                None => match binary_prop(&ctx, cfb, dir, 0x1009)? {
                     Some(c) => {
                         let rtf = decompress_rtf(&ctx, &c)?;
                         super::rtf::convert(ctx, &rtf)?
@@ -118,34 +124,81 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
     };
     blocks.push(body);
     // Attachments live in storages named __attach_version1.0_#XXXXXXXX.
-    let attach_dirs: Vec<String> = cfb
-        .read_root_storage()
-        .filter(|e| e.is_storage() && e.name().starts_with("__attach_version1.0_"))
-        .map(|e| format!("/{}", e.name()))
-        .collect();
-    for dir in attach_dirs {
+    let storage = if dir.is_empty() { "/" } else { dir };
+    let attach_dirs: Vec<String> = match cfb.read_storage(storage) {
+        Ok(entries) => entries
+            .filter(|e| e.is_storage() && e.name().starts_with("__attach_version1.0_"))
+            .map(|e| format!("{dir}/{}", e.name()))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    let sub = (level + 1).min(6);
+    // Attached messages are read here, in order (they need the compound file); attached files
+    // are collected and converted together afterwards, on several threads.
+    enum Part {
+        Done(String),
+        File {
+            heading: String,
+            name: String,
+            data: Vec<u8>,
+        },
+    }
+    let mut parts = Vec::new();
+    for adir in attach_dirs {
         ctx.check_time()?;
-        let name = match string_prop(&ctx, &mut cfb, &dir, 0x3707)? {
+        let name = match string_prop(&ctx, cfb, &adir, 0x3707)? {
             Some(n) if !n.is_empty() => n,
-            _ => string_prop(&ctx, &mut cfb, &dir, 0x3704)?.unwrap_or_else(|| "attachment".into()),
+            _ => string_prop(&ctx, cfb, &adir, 0x3704)?
+                .filter(|n| !n.is_empty())
+                .or(string_prop(&ctx, cfb, &adir, 0x3001)?)
+                .unwrap_or_else(|| "attachment".into()),
         };
-        let heading = format!("## Attachment: {}", md::escape_inline(&name));
-        let Some(data) = binary_prop(&ctx, &mut cfb, &dir, 0x3701)? else {
-            blocks.push(heading);
+        let heading = format!(
+            "{} Attachment: {}",
+            "#".repeat(sub),
+            md::escape_inline(&name)
+        );
+        // An attached message is a storage of its own (PR_ATTACH_DATA_OBJ, type 000D).
+        let embedded = format!("{adir}/__substg1.0_3701000D");
+        if cfb.is_storage(&embedded) {
+            let converted = ctx
+                .nested()
+                .and_then(|nested| message(nested, cfb, &embedded, (sub + 1).min(6)));
+            parts.push(Part::Done(match converted {
+                Ok(text) => format!("{heading}\n\n{}", text.trim()),
+                Err(e @ (Error::ExpandsTooMuch { .. } | Error::TimedOut { .. })) => return Err(e),
+                Err(e) => format!("{heading}\n\n*(not converted: {e})*"),
+            }));
             continue;
-        };
-        let converted = ctx
-            .nested()
-            .and_then(|nested| match detect(&data, Some(&name)) {
-                Detected::Known(f) => crate::convert_format(nested, f, &data, Some(&name)),
-                _ => Err(Error::Unsupported {
-                    what: "binary attachment".into(),
-                }),
-            });
-        match converted {
-            Ok(text) => blocks.push(format!("{heading}\n\n{}", text.trim())),
-            Err(e @ (Error::ExpandsTooMuch { .. } | Error::TimedOut { .. })) => return Err(e),
-            Err(e) => blocks.push(format!("{heading}\n\n*(not converted: {e})*")),
+        }
+        match binary_prop(&ctx, cfb, &adir, 0x3701)? {
+            Some(data) => parts.push(Part::File {
+                heading,
+                name,
+                data,
+            }),
+            None => parts.push(Part::Done(heading)),
+        }
+    }
+    let files: Vec<(&str, &[u8])> = parts
+        .iter()
+        .filter_map(|p| match p {
+            Part::File { name, data, .. } => Some((name.as_str(), data.as_slice())),
+            Part::Done(_) => None,
+        })
+        .collect();
+    let mut converted = super::convert_nested_all(ctx, &files).into_iter();
+    for part in &parts {
+        match part {
+            Part::Done(block) => blocks.push(block.clone()),
+            Part::File { heading, .. } => match converted.next() {
+                Some(Ok(text)) => blocks.push(format!("{heading}\n\n{}", text.trim())),
+                Some(Err(e @ (Error::ExpandsTooMuch { .. } | Error::TimedOut { .. }))) => {
+                    return Err(e)
+                }
+                Some(Err(e)) => blocks.push(format!("{heading}\n\n*(not converted: {e})*")),
+                None => blocks.push(heading.clone()),
+            },
         }
     }
     Ok(md::join_blocks(blocks))

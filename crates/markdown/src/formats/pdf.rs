@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::io::Read;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Instant;
 
 use pdf_extract::{MediaBox, OutputDev, OutputError, Transform};
 
@@ -44,8 +45,9 @@ impl Line {
     }
 }
 
-struct Collector<'c> {
-    ctx: &'c Ctx<'c>,
+struct Collector {
+    /// The conversion's deadline (a plain value, so a collector can work on another thread).
+    deadline: Instant,
     page_height: f64,
     glyphs: Vec<Glyph>,
     /// Finished pages, already grouped into lines (so a long document's glyphs are not all
@@ -55,7 +57,7 @@ struct Collector<'c> {
     count: usize,
 }
 
-impl OutputDev for Collector<'_> {
+impl OutputDev for Collector {
     fn begin_page(
         &mut self,
         _n: u32,
@@ -82,7 +84,7 @@ impl OutputDev for Collector<'_> {
         text: &str,
     ) -> std::result::Result<(), OutputError> {
         self.count += 1;
-        if self.count.is_multiple_of(2048) && self.ctx.out_of_time() {
+        if self.count.is_multiple_of(2048) && Instant::now() > self.deadline {
             self.timed_out = true;
             return Err(OutputError::FormatError(std::fmt::Error));
         }
@@ -175,41 +177,130 @@ fn extract(ctx: &Ctx<'_>, bytes: &[u8]) -> Result<Vec<Vec<Line>>> {
     }
     prepare_font_streams(ctx, &mut doc)?;
     let numbers: Vec<u32> = doc.get_pages().keys().copied().collect();
+    let deadline = ctx.deadline();
+    // Long documents are read in page ranges on several threads (pdf-extract keeps no state
+    // from one page to the next, so the ranges are independent); short ones on this thread.
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(MAX_PDF_THREADS)
+        .min(numbers.len() / PAGES_PER_THREAD)
+        .max(1);
+    let parts: Vec<PagesRead> = if threads == 1 {
+        vec![read_pages(&doc, deadline, &numbers, true)]
+    } else {
+        let chunk = numbers.len().div_ceil(threads);
+        let doc = &doc;
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = numbers
+                .chunks(chunk)
+                .map(|range| {
+                    std::thread::Builder::new()
+                        .name("hearth-markdown-pdf".into())
+                        .stack_size(PDF_THREAD_STACK_BYTES)
+                        .spawn_scoped(scope, move || read_pages(doc, deadline, range, false))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .zip(numbers.chunks(chunk))
+                .map(|(handle, range)| match handle {
+                    Ok(h) => h.join().unwrap_or_else(|_| PagesRead::failed(range)),
+                    // No thread to be had: read the range here.
+                    Err(_) => read_pages(doc, deadline, range, false),
+                })
+                .collect()
+        })
+    };
+    let mut out = Vec::with_capacity(numbers.len());
+    for part in parts {
+        if part.timed_out {
+            return Err(Error::TimedOut {
+                limit: ctx.limits().time_limit,
+            });
+        }
+        for n in part.failed {
+            ctx.warn(format!("page {n}: could not be read completely"));
+        }
+        out.extend(part.pages);
+    }
+    Ok(out)
+}
+
+/// Most threads one PDF is read on, and the fewest pages worth a thread of their own.
+const MAX_PDF_THREADS: usize = 4;
+const PAGES_PER_THREAD: usize = 24;
+/// pdf-extract recurses through form XObjects.
+const PDF_THREAD_STACK_BYTES: usize = 32 * 1024 * 1024;
+
+/// The pages of one range, grouped into lines, and the page numbers that failed.
+struct PagesRead {
+    pages: Vec<Vec<Line>>,
+    failed: Vec<u32>,
+    timed_out: bool,
+}
+
+impl PagesRead {
+    /// A range whose thread died: every page reported, none read.
+    fn failed(range: &[u32]) -> Self {
+        PagesRead {
+            pages: vec![Vec::new(); range.len()],
+            failed: range.to_vec(),
+            timed_out: false,
+        }
+    }
+}
+
+/// Reads the pages numbered `range` (in document order). With `whole` (the range is every
+/// page) the document is first read in one pass: pdf-extract's per-page entry point rebuilds
+/// the page list on every call, which is quadratic in the page count. When that pass fails or
+/// panics, or for a part of the document, pages are read one by one, so a bad page costs only
+/// itself.
+fn read_pages(
+    doc: &pdf_extract::Document,
+    deadline: Instant,
+    range: &[u32],
+    whole: bool,
+) -> PagesRead {
     let mut collector = Collector {
-        ctx,
+        deadline,
         page_height: 792.0,
         glyphs: Vec::new(),
         pages: Vec::new(),
         timed_out: false,
         count: 0,
     };
-    // First the whole document in one pass: pdf-extract's per-page entry point rebuilds the page
-    // list on every call, which is quadratic in the page count. Only when that pass fails or
-    // panics is the document read again page by page, so one bad page costs only itself.
-    let whole = catch_unwind(AssertUnwindSafe(|| {
-        pdf_extract::output_doc(&doc, &mut collector)
-    }));
-    if collector.timed_out {
-        return Err(Error::TimedOut {
-            limit: ctx.limits().time_limit,
-        });
+    let mut read = PagesRead {
+        pages: Vec::with_capacity(range.len()),
+        failed: Vec::new(),
+        timed_out: false,
+    };
+    if whole {
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            pdf_extract::output_doc(doc, &mut collector)
+        }));
+        if collector.timed_out {
+            read.timed_out = true;
+            return read;
+        }
+        if matches!(result, Ok(Ok(()))) && collector.pages.len() == range.len() {
+            read.pages = collector.pages;
+            return read;
+        }
+        collector.pages.clear();
     }
-    if matches!(whole, Ok(Ok(()))) && collector.pages.len() == numbers.len() {
-        return Ok(collector.pages);
-    }
-    collector.pages.clear();
-    let mut out = Vec::with_capacity(numbers.len());
-    for n in numbers {
-        ctx.check_time()?;
+    for &n in range {
+        if Instant::now() > deadline {
+            read.timed_out = true;
+            return read;
+        }
         collector.glyphs.clear();
         let before = collector.pages.len();
         let result = catch_unwind(AssertUnwindSafe(|| {
-            pdf_extract::output_doc_page(&doc, &mut collector, n)
+            pdf_extract::output_doc_page(doc, &mut collector, n)
         }));
         if collector.timed_out {
-            return Err(Error::TimedOut {
-                limit: ctx.limits().time_limit,
-            });
+            read.timed_out = true;
+            return read;
         }
         let page = if collector.pages.len() > before {
             collector.pages.pop().unwrap_or_default()
@@ -217,11 +308,11 @@ fn extract(ctx: &Ctx<'_>, bytes: &[u8]) -> Result<Vec<Vec<Line>>> {
             lines(&collector.glyphs)
         };
         if !matches!(result, Ok(Ok(()))) {
-            ctx.warn(format!("page {n}: could not be read completely"));
+            read.failed.push(n);
         }
-        out.push(page);
+        read.pages.push(page);
     }
-    Ok(out)
+    read
 }
 
 /// pdf-extract builds its fonts afresh on every page, and each time it inflates the font's
