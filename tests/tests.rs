@@ -12,3 +12,4 @@ mod completion_browser;
 mod imagine;
 mod imagine_browser;
 mod markdown;
+mod markdown_browser;

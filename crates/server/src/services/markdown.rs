@@ -308,8 +308,8 @@ async fn convert(
                 _ => StatusCode::INTERNAL_SERVER_ERROR,
             };
             warn!(error = %e, "conversion failed");
-            let message = match e {
-                ConvertError::Unsupported { .. } => format!("Unsupported file type: {e}"),
+            let message = match &e {
+                ConvertError::Unsupported { what } => format!("Unsupported file type: {what}"),
                 _ => format!("Conversion failed: {e}"),
             };
             Err(MdError(status, message))

@@ -1,0 +1,236 @@
+//! The markdown page (`GET /ui`) in real headless Chromium: a document chosen with the file
+//! picker is uploaded and shown rendered and as raw Markdown side by side; Copy and Download hand
+//! over exactly that Markdown; a dropped file converts too; a refused file shows the service's
+//! message.
+//!
+//! The clipboard and the file download are observed through small page-side spies installed by
+//! script (headless Chromium neither exposes the system clipboard nor says where a download
+//! went): they record what the page hands to `navigator.clipboard.writeText` and which Blob and
+//! file name the download link carries.
+
+use std::time::{Duration, Instant};
+
+use fantoccini::Locator;
+use hearth_server::Service;
+use serde_json::Value;
+
+use crate::common::browser::Browser;
+use crate::common::TestApp;
+
+const REPORT: &str = "<!doctype html><html><head><title>Q3</title>\
+<style>p { color: red }</style></head><body>\
+<h1>Quarterly report</h1>\
+<p>Revenue <b>grew</b> in every region.</p>\
+<ul><li>North</li><li>South</li></ul>\
+<table><tr><th>Region</th><th>Sales</th></tr><tr><td>North</td><td>120</td></tr></table>\
+<script>document.title = 'injected';</script>\
+</body></html>";
+
+const SPIES: &str = r#"
+window.__copied = null;
+Object.defineProperty(navigator, "clipboard", {
+  configurable: true,
+  value: { writeText: async (t) => { window.__copied = t; } },
+});
+window.__blobs = {};
+window.__downloads = [];
+const create = URL.createObjectURL.bind(URL);
+URL.createObjectURL = (blob) => { const url = create(blob); window.__blobs[url] = blob; return url; };
+HTMLAnchorElement.prototype.click = function () {
+  window.__downloads.push({ name: this.download, blob: window.__blobs[this.href] });
+};
+"#;
+
+async fn markdown_app() -> TestApp {
+    TestApp::builder()
+        .services(&[Service::Markdown])
+        .spawn()
+        .await
+}
+
+/// Waits until the status line contains `needle`, returning it.
+async fn wait_status(browser: &Browser, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = browser.visible_text("#status").await;
+        if text.contains(needle) {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "status never said {needle:?}; last {text:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn texts(browser: &Browser, css: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for el in browser.client.find_all(Locator::Css(css)).await.unwrap() {
+        out.push(el.text().await.unwrap());
+    }
+    out
+}
+
+#[tokio::test]
+async fn picked_file_is_shown_rendered_and_raw_and_copy_and_download_carry_the_markdown() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let app = markdown_app().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("report.html");
+    std::fs::write(&file, REPORT).unwrap();
+
+    browser
+        .client
+        .goto(&format!("{}/ui", app.url(Service::Markdown)))
+        .await
+        .unwrap();
+    browser.client.execute(SPIES, vec![]).await.unwrap();
+    // Before any upload there is nothing to copy or download.
+    assert_eq!(
+        browser.find("#copy").await.prop("disabled").await.unwrap(),
+        Some("true".into())
+    );
+
+    // The picker is a hidden <input type=file> behind the drop zone's label: give it the path.
+    browser
+        .find("#file")
+        .await
+        .send_keys(&file.display().to_string())
+        .await
+        .unwrap();
+    let status = wait_status(&browser, "Converted report.html").await;
+    assert!(status.contains("characters"), "{status}");
+
+    // Raw Markdown pane: the converter's output, structure and all.
+    let raw = browser
+        .find("#raw")
+        .await
+        .prop("value")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(raw.contains("# Quarterly report"), "{raw}");
+    assert!(raw.contains("**grew**"), "{raw}");
+    assert!(raw.contains("| Region | Sales |"), "{raw}");
+    assert!(
+        !raw.contains("injected") && !raw.contains("color: red"),
+        "{raw}"
+    );
+
+    // Rendered pane: real HTML elements, not Markdown syntax.
+    assert_eq!(
+        browser.visible_text("#rendered h1").await,
+        "Quarterly report"
+    );
+    assert_eq!(browser.visible_text("#rendered p strong").await, "grew");
+    assert_eq!(texts(&browser, "#rendered li").await, ["North", "South"]);
+    assert_eq!(
+        texts(&browser, "#rendered table th").await,
+        ["Region", "Sales"]
+    );
+    assert_eq!(
+        texts(&browser, "#rendered table td").await,
+        ["North", "120"]
+    );
+    let rendered = browser.visible_text("#rendered").await;
+    assert!(
+        !rendered.contains("**") && !rendered.contains("| ---"),
+        "{rendered}"
+    );
+    // The uploaded page's script did not run in ours.
+    assert_ne!(browser.client.title().await.unwrap(), "injected");
+
+    // Copy hands the raw Markdown to the clipboard.
+    browser.click("#copy").await;
+    wait_status(&browser, "Copied").await;
+    let copied = browser
+        .client
+        .execute("return window.__copied;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(copied, Value::String(raw.clone()));
+
+    // Download offers report.md holding the same Markdown.
+    browser.click("#download").await;
+    let download = browser
+        .client
+        .execute_async(
+            "const done = arguments[arguments.length - 1];
+             const d = window.__downloads[0];
+             if (!d || !d.blob) { done(null); return; }
+             d.blob.text().then((t) => done([d.name, d.blob.type, t]));",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(download[0], "report.md", "{download}");
+    assert!(
+        download[1].as_str().unwrap().starts_with("text/markdown"),
+        "{download}"
+    );
+    assert_eq!(download[2], Value::String(raw));
+    browser.close().await;
+}
+
+#[tokio::test]
+async fn dropped_file_converts_and_a_refused_file_shows_the_service_message() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let app = markdown_app().await;
+    browser
+        .client
+        .goto(&format!("{}/ui", app.url(Service::Markdown)))
+        .await
+        .unwrap();
+
+    // Drag and drop: a File dropped on the drop zone, as a browser delivers one.
+    browser
+        .client
+        .execute(
+            "const dt = new DataTransfer();
+             dt.items.add(new File(['fruit;qty\\napple;3\\npear;5\\n'], 'fruit.csv', { type: 'text/csv' }));
+             document.getElementById('drop').dispatchEvent(
+               new DragEvent('drop', { dataTransfer: dt, bubbles: true, cancelable: true }));",
+            vec![],
+        )
+        .await
+        .unwrap();
+    wait_status(&browser, "Converted fruit.csv").await;
+    assert_eq!(
+        texts(&browser, "#rendered table td").await,
+        ["apple", "3", "pear", "5"]
+    );
+
+    // A file the service cannot convert: its message appears, marked as an error.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("firmware.bin");
+    std::fs::write(&file, [0u8, 159, 146, 150, 1, 2, 3, 0, 255, 254, 7, 8]).unwrap();
+    browser
+        .find("#file")
+        .await
+        .send_keys(&file.display().to_string())
+        .await
+        .unwrap();
+    let status = wait_status(&browser, "Unsupported file type").await;
+    assert!(status.contains(".bin"), "{status}");
+    assert_eq!(
+        browser
+            .find("#status")
+            .await
+            .attr("class")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("error")
+    );
+    // The previous conversion stays on screen.
+    assert_eq!(
+        texts(&browser, "#rendered table td").await,
+        ["apple", "3", "pear", "5"]
+    );
+    browser.close().await;
+}
