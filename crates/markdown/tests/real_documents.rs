@@ -200,6 +200,28 @@ fn outlook_messages_have_subject_sender_body_and_attachments() {
     has(&md, "**From:** Vikram Arsid");
     has(&md, "Steel HR Sport");
     has(&md, "## Attachment: ");
+    // An attached message (not a file) is converted in place, one heading level down.
+    has(
+        &md,
+        "## Attachment: Create a database on Azure in 90 seconds\n\n### Create a database on Azure in 90 seconds",
+    );
+    has(&md, "Secure and manage your data in the cloud");
+    // Attached files are converted too: the DOCX, the text file and the PDF of the same spec.
+    for name in [
+        "\\[MS-OXPROPS\\]-181001.docx",
+        "\\[MS-OXPROPS\\].txt",
+        "\\[MS-OXPROPS\\].pdf",
+    ] {
+        let heading = format!("## Attachment: {name}\n");
+        let start = md.find(&heading).unwrap_or_else(|| panic!("no {heading}"));
+        let section = &md[start + heading.len()..];
+        let section = &section[..section.find("## Attachment: ").unwrap_or(section.len())];
+        assert!(
+            section.contains("Master Property List") && section.len() > 100_000,
+            "{name} not converted: {} bytes",
+            section.len()
+        );
+    }
 }
 
 #[test]

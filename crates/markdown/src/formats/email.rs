@@ -1,7 +1,7 @@
 //! E-mail (`.eml`, MIME): the headers that matter, the body (plain text, or HTML converted), and
 //! attachments converted under their own headings within the nesting limits.
 
-use mail_parser::{Address, MessageParser, MimeHeaders};
+use mail_parser::{Address, MessageParser, MimeHeaders, PartType};
 
 use crate::detect::{detect, Detected, Format};
 use crate::error::{Error, Result};
@@ -47,14 +47,18 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
     if !headers.is_empty() {
         blocks.push(headers.join("  \n"));
     }
-    let body = match msg.body_text(0) {
-        Some(t) if !t.trim().is_empty() => t.replace("\r\n", "\n"),
-        _ => msg
-            .body_html(0)
-            .map(|h| super::html::html_to_markdown(&h))
-            .unwrap_or_default(),
-    };
-    blocks.push(body);
+    // Every part of the readable body, in order: a multipart/mixed message may carry several
+    // (an HTML part and a later plain-text one); of alternatives, the plain text is chosen.
+    // HTML parts go through the HTML converter, so their structure survives.
+    for &id in &msg.text_body {
+        let Some(part) = msg.part(id) else { continue };
+        let text = match &part.body {
+            PartType::Text(t) => t.replace("\r\n", "\n"),
+            PartType::Html(h) => super::html::html_to_markdown(h),
+            _ => continue,
+        };
+        blocks.push(text);
+    }
     for part in msg.attachments() {
         ctx.check_time()?;
         let name = part.attachment_name().unwrap_or("attachment").to_string();
@@ -109,5 +113,22 @@ mod tests {
         assert!(out.contains("Please find the numbers attached."), "{out}");
         assert!(out.contains("## Attachment: q3.csv"), "{out}");
         assert!(out.contains("| north | 10 |"), "{out}");
+    }
+
+    #[test]
+    fn every_inline_body_part_of_a_mixed_message_is_kept() {
+        let eml = b"From: a@example.org\r\nSubject: Two parts\r\nMIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=XX\r\n\r\n--XX\r\nContent-Type: text/html\r\n\r\n<html><head><title>Ignored title</title></head><body><h2>Agenda</h2><p>HTML part</p></body></html>\r\n--XX\r\nContent-Type: text/plain\r\nContent-Disposition: inline\r\n\r\nPlain part.\r\n--XX--\r\n";
+        let budget = Budget::new(Limits::default());
+        let out = convert(
+            Ctx {
+                budget: &budget,
+                depth: 0,
+            },
+            eml,
+        )
+        .unwrap();
+        assert!(out.contains("## Agenda\n\nHTML part"), "{out}");
+        assert!(out.contains("Plain part."), "{out}");
+        assert!(!out.contains("Ignored title"), "{out}");
     }
 }
