@@ -5,7 +5,12 @@
 # HTTP (the hearth binary's markdown listener, one keep-alive connection, timing per request).
 # markitdown is timed in-process too, after its imports, so neither side pays start-up costs.
 # Prints per-format and total times with ratios, and a content check per document: word counts
-# and the share of markitdown's distinct words that Hearth's output also contains.
+# and the share of markitdown's distinct words that Hearth's output also contains (words of
+# letters only, found whole or inside a longer word; markitdown's own labels and comments, data
+# URIs, pandas placeholders, raw RTF control words and, for e-mail, MIME transfer encodings are
+# taken out of its side first). Documents where Hearth converts
+# more than ten times markitdown's words (attachments it leaves out) also get a like-for-like
+# total without them.
 #
 # Usage: scripts/bench-markdown.sh [--no-service] [--repeat N]
 set -euo pipefail
@@ -130,9 +135,62 @@ http = load(f"{work}/hearth-http.tsv", ["ms", "words", "status"]) if service els
 def ext(p):
     e = os.path.splitext(p)[1].lower().lstrip(".")
     return {"jpg": "image", "tsv": "csv"}.get(e, e)
-words = lambda t: set(re.findall(r"[^\W_]{2,}", t.lower()))
+# Content words: runs of two or more letters (digit runs and numbers are not prose), after
+# Unicode compatibility folding (so the ligature "ﬁ" and "fi" compare equal).
+import unicodedata
+def words(t):
+    return set(re.findall(r"[^\W\d_]{2,}", unicodedata.normalize("NFKC", t).lower()))
+# What markitdown adds that is not the document's: its slide-number comments, its own headings
+# and labels ("# Email Message", "## Content", "Content from the zip file `<path>`"), inline
+# image data URIs, and pandas' placeholders for empty cells and headers (NaN, NaT, "Unnamed: 3").
+PLACEHOLDERS = {"nan", "nat", "unnamed"}
+def reference(text, path):
+    text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
+    text = re.sub(r"data:[\w/+.-]+;base64[,.][A-Za-z0-9+/=.]*", " ", text)
+    text = re.sub(r"^# Email Message$|^## Content$|^\*\*(From|To|Cc|Subject):\*\*", " ", text, flags=re.M)
+    text = re.sub(r"Content from the zip file `[^`]*`", " ", text)
+    lower = path.lower()
+    if lower.endswith(".eml") and text:
+        # markitdown passes e-mail through as its raw MIME source; read the same file's parts
+        # (transfer encodings undone) so that the same words can be compared.
+        import email, email.policy, html
+        msg = email.message_from_bytes(open(path, "rb").read(), policy=email.policy.default)
+        parts = [str(msg[k]) for k in ("From", "To", "Cc", "Subject", "Date") if msg[k]]
+        def leaves(part):
+            if part.get_content_type() == "multipart/alternative":
+                kids = part.get_payload()
+                plain = [k for k in kids if k.get_content_type() == "text/plain"]
+                yield from leaves((plain or kids)[0])  # one alternative: the plain text
+            elif part.is_multipart():
+                for k in part.get_payload():
+                    yield from leaves(k)
+            else:
+                yield part
+        for part in leaves(msg):
+            if part.get_content_maintype() == "text":
+                body = part.get_content()
+                if part.get_content_subtype() == "html":
+                    body = re.sub(r"<(head|style|script)\b.*?</\1\s*>", " ", body, flags=re.S | re.I)
+                    body = html.unescape(re.sub(r"<[^>]*>", " ", body))
+                parts.append(body)
+            elif part.get_filename():
+                parts.append(part.get_filename())
+        text = "\n".join(parts)
+    if lower.endswith(".rtf"):
+        # markitdown passes RTF through raw: drop control words and hex picture data.
+        text = re.sub(r"\\'[0-9a-fA-F]{2}|\\[a-zA-Z]+-?\d* ?", " ", text)
+        text = re.sub(r"[0-9a-fA-F]{16,}", " ", text)
+    return words(text) - PLACEHOLDERS
+def missing(mw, hw, h_text):
+    # A word markitdown split differently (a PDF word broken at a line or by a stray space) is
+    # kept when Hearth's text holds it inside a longer word.
+    flat = unicodedata.normalize("NFKC", h_text).lower()
+    return {w for w in mw - hw if w not in flat}
 per = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])
 worse = []
+# Documents where Hearth converts much more than markitdown (e-mail attachments markitdown
+# leaves out): their times measure different work, so a like-for-like total leaves them out.
+extra = []
 print(f"{'document':44} {'fmt':6} {'markitdown ms':>13} {'hearth ms':>10} {'http ms':>9} {'ratio':>7} {'mk words':>9} {'h words':>8} {'kept':>6}")
 for path in mk:
     lib_ms = min(float(l[path]["ms"]) for l in libs)
@@ -143,10 +201,13 @@ for path in mk:
     name = os.path.basename(path)
     mk_text = open(f"{work}/out-markitdown/{name}.md", errors="replace").read()
     h_text = open(f"{work}/out-hearth/{name}.md", errors="replace").read()
-    mw, hw = words(mk_text), words(h_text)
-    kept = 100.0 * len(mw & hw) / len(mw) if mw else 100.0
+    mw, hw = reference(mk_text, path), words(h_text)
+    lost = missing(mw, hw, h_text)
+    if len(h_text.split()) > 10 * max(len(mk_text.split()), 1) and len(h_text.split()) > 1000:
+        extra.append((name, f, m_ms, lib_ms, len(mk_text.split()), len(h_text.split())))
+    kept = 100.0 * (len(mw) - len(lost)) / len(mw) if mw else 100.0
     if mw and kept < 97.0:
-        worse.append((name, kept, sorted(mw - hw)[:12]))
+        worse.append((name, kept, sorted(lost)[:12]))
     status = "" if mk[path]["status"] == "ok" else f"  (markitdown {mk[path]['status']})"
     print(f"{name[:44]:44} {f:6} {m_ms:13.1f} {lib_ms:10.2f} {h_ms:9.2f} {m_ms / max(lib_ms, 1e-3):6.0f}x {len(mk_text.split()):9} {len(h_text.split()):8} {kept:5.1f}%{status}")
 print()
@@ -158,6 +219,13 @@ for f in sorted(per):
     print(f"{f:8} {n:5} {m:14.1f} {l:14.2f} {m / max(l, 1e-3):9.1f}x {h:15.2f} {(m / h if h else float('nan')):10.1f}x")
 n, m, l, h = tot
 print(f"{'TOTAL':8} {n:5} {m:14.1f} {l:14.2f} {m / max(l, 1e-3):9.1f}x {h:15.2f} {(m / h if h else float('nan')):10.1f}x")
+if extra:
+    em = sum(e[2] for e in extra); el = sum(e[3] for e in extra)
+    print(f"{'LIKE4LIKE':8} {n - len(extra):5} {m - em:14.1f} {l - el:14.2f} {(m - em) / max(l - el, 1e-3):9.1f}x"
+          "   (total without the documents below)")
+    for name, f, m_ms, lib_ms, mwc, hwc in extra:
+        print(f"  left out: {name} ({f}): Hearth {hwc} words in {lib_ms:.1f} ms, markitdown {mwc} words"
+              f" in {m_ms:.1f} ms (Hearth also converts the attachments)")
 print()
 if worse:
     print("documents where Hearth kept less than 97% of markitdown's distinct words:")

@@ -38,7 +38,14 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
         ("From", addresses(msg.from())),
         ("To", addresses(msg.to())),
         ("Cc", addresses(msg.cc())),
-        ("Date", msg.date().map(|d| d.to_rfc3339())),
+        // The date as the sender wrote it (weekday, month name, zone), else as parsed.
+        (
+            "Date",
+            msg.header_raw("Date")
+                .map(|d| d.trim().to_string())
+                .filter(|d| !d.is_empty())
+                .or_else(|| msg.date().map(|d| d.to_rfc3339())),
+        ),
     ] {
         if let Some(v) = value {
             headers.push(format!("**{label}:** {}", md::escape_inline(&v)));
