@@ -202,8 +202,9 @@ pub fn matmul(
     if n == 0 || m == 0 {
         return Ok(());
     }
-    // About four chunks per thread so that a slow (descheduled) thread costs little.
-    let per = m.div_ceil(pool.threads() * 4).max(4).div_ceil(4) * 4;
+    // About eight chunks per thread (of at least 16 rows) so that a slow (descheduled) thread
+    // costs little and the last chunk leaves little idle time.
+    let per = m.div_ceil(pool.threads() * 8).max(16).div_ceil(4) * 4;
     let n_chunks = m.div_ceil(per);
     let nr_max = path.max_nr();
     let outp = OutPtr(out.as_mut_ptr());

@@ -74,6 +74,17 @@ fn silu_mul_body(g: &[f32], u: &[f32], out: &mut [f32]) {
     }
 }
 
+#[inline(always)]
+fn gelu_tanh_mul_body(g: &[f32], u: &[f32], out: &mut [f32]) {
+    const C: f32 = 0.797_884_6; // sqrt(2 / pi)
+    for ((o, &x), &uv) in out.iter_mut().zip(g).zip(u) {
+        // tanh(y) = 1 - 2 / (e^(2y) + 1), exact at both saturated ends.
+        let y = C * (x + 0.044_715 * x * x * x);
+        let t = 1.0 - 2.0 / (exp_body(2.0 * y) + 1.0);
+        *o = 0.5 * x * (1.0 + t) * uv;
+    }
+}
+
 /// Sums 16 lanes pairwise (a fixed tree, so the result does not depend on the ISA).
 #[inline(always)]
 fn reduce16(mut acc: [f32; LANES]) -> f32 {
@@ -315,6 +326,11 @@ multiversion! {
 }
 
 multiversion! {
+    /// GeGLU's gate (Gemma): `out[i] = gelu_tanh(g[i]) * u[i]`.
+    pub fn gelu_tanh_mul(g: &[f32], u: &[f32], out: &mut [f32]) => gelu_tanh_mul_body
+}
+
+multiversion! {
     /// SwiGLU's gate: `out[i] = silu(g[i]) * u[i]` with `silu(x) = x / (1 + e^-x)`.
     pub fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) => silu_mul_body
 }
@@ -410,6 +426,23 @@ mod tests {
         let mut edge = vec![f32::NEG_INFINITY, -1000.0, -87.4];
         exp_in_place(&mut edge);
         assert_eq!(edge, vec![0.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn gelu_tanh_mul_matches_the_libm_formula() {
+        let g: Vec<f32> = (0..400).map(|i| (i as f32 - 200.0) * 0.05).collect();
+        let u: Vec<f32> = (0..400).map(|i| 0.5 + (i % 5) as f32 * 0.25).collect();
+        let mut out = vec![0f32; 400];
+        gelu_tanh_mul(&g, &u, &mut out);
+        for i in 0..400 {
+            let x = g[i];
+            let r = 0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044_715 * x * x * x)).tanh()) * u[i];
+            assert!(
+                (out[i] - r).abs() <= 2e-6 * r.abs().max(1.0),
+                "{i}: {} vs {r}",
+                out[i]
+            );
+        }
     }
 
     #[test]

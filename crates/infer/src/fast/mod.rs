@@ -477,11 +477,6 @@ fn norm_rows_in_place(x: &mut [f32], w: &[f32], eps: f32, tmp: &mut [f32]) {
     }
 }
 
-fn gelu_tanh(x: f32) -> f32 {
-    const C: f32 = 0.797_884_6; // sqrt(2 / pi)
-    0.5 * x * (1.0 + (C * (x + 0.044_715 * x * x * x)).tanh())
-}
-
 impl Backend for FastModel {
     fn name(&self) -> &'static str {
         "fast"
@@ -644,11 +639,7 @@ impl Backend for FastModel {
                 let fr = &mut f[r * ff..(r + 1) * ff];
                 match activation {
                     Activation::Silu => ops::silu_mul(g, u, fr),
-                    Activation::GeluTanh => {
-                        for ((o, &gv), &uv) in fr.iter_mut().zip(g).zip(u) {
-                            *o = gelu_tanh(gv) * uv;
-                        }
-                    }
+                    Activation::GeluTanh => ops::gelu_tanh_mul(g, u, fr),
                 }
             }
             s.acts
