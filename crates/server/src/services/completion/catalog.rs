@@ -113,6 +113,7 @@ struct RawTextModel {
     queue_timeout_ms: Option<u64>,
     prefill_chunk: Option<usize>,
     shutdown_grace_ms: Option<u64>,
+    kv_precision: Option<String>,
 }
 
 /// What is wrong with the model table, naming the model and key.
@@ -234,8 +235,13 @@ fn resolve(
         input_price_per_million: price("input_price_per_million", m.input_price_per_million)?,
         output_price_per_million: price("output_price_per_million", m.output_price_per_million)?,
     };
+    let kv_precision: hearth_infer::KvPrecision = match m.kv_precision {
+        Some(text) => text.parse().map_err(invalid)?,
+        None => hearth_infer::KvPrecision::default(),
+    };
     let load = TextModelConfig {
         source,
+        kv_precision,
         tokenizer: m.tokenizer.map(|t| base.join(t)),
         chat_template: m.chat_template,
         device,
@@ -272,6 +278,32 @@ fn resolve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kv_precision_is_read_and_checked() {
+        let dir = std::env::temp_dir().join(format!("hearth-kv-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("models.toml");
+        let table = |kv: &str| {
+            format!("[text.\"alpha-3.3\"]\nweights = \"w.gguf\"\ninput_price_per_million = \"1\"\noutput_price_per_million = \"1\"\n{kv}")
+        };
+        std::fs::write(&path, table("kv_precision = \"f16\"")).unwrap();
+        let entry = load(&path).unwrap();
+        assert_eq!(
+            entry.entry("alpha-3.3").unwrap().load.kv_precision,
+            hearth_infer::KvPrecision::F16
+        );
+        std::fs::write(&path, table("")).unwrap();
+        let entry = load(&path).unwrap();
+        assert_eq!(
+            entry.entry("alpha-3.3").unwrap().load.kv_precision,
+            hearth_infer::KvPrecision::F32
+        );
+        std::fs::write(&path, table("kv_precision = \"q8\"")).unwrap();
+        let err = load(&path).unwrap_err().to_string();
+        assert!(err.contains("kv_precision") && err.contains("alpha-3.3"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn the_shipped_models_toml_resolves_every_spec_model() {
