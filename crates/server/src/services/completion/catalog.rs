@@ -301,7 +301,10 @@ mod tests {
         );
         std::fs::write(&path, table("kv_precision = \"q8\"")).unwrap();
         let err = load(&path).unwrap_err().to_string();
-        assert!(err.contains("kv_precision") && err.contains("alpha-3.3"), "{err}");
+        assert!(
+            err.contains("kv_precision") && err.contains("alpha-3.3"),
+            "{err}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
