@@ -10,30 +10,6 @@
 const LANES: usize = 16;
 
 #[inline(always)]
-fn dot_body(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0f32; LANES];
-    let mut ca = a.chunks_exact(LANES);
-    let mut cb = b.chunks_exact(LANES);
-    for (x, y) in (&mut ca).zip(&mut cb) {
-        for l in 0..LANES {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let mut s: f32 = acc.iter().sum();
-    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
-        s += x * y;
-    }
-    s
-}
-
-/// `e^x` for `x` in f32 without a libm call, so that loops over it vectorize: `x = n ln2 + r`
-/// with `|r| <= ln2 / 2`, `e^r` by its Taylor polynomial to degree 7 (truncation error below
-/// 3e-9 relative, under one f32 ulp), and `2^n` put straight into the exponent bits. Inputs
-/// below -87.3 (where the result leaves the normal range) give 0, above 88.3 e^88.3 (the
-/// largest `2^n` stays finite): both are what softmax and SiLU need.
-#[inline(always)]
 fn exp_body(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_145_75;
@@ -99,7 +75,7 @@ fn reduce16(mut acc: [f32; LANES]) -> f32 {
 }
 
 #[inline(always)]
-fn dot_tree(a: &[f32], b: &[f32]) -> f32 {
+fn dot_body(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
     let mut acc = [0f32; LANES];
@@ -141,7 +117,7 @@ fn attend_body(
     let scores = &mut scores[..end - start];
     let mut m = f32::NEG_INFINITY;
     for (s, j) in scores.iter_mut().zip(start..end) {
-        *s = dot_tree(q, &k[j * stride..j * stride + hd]) * scale;
+        *s = dot_body(q, &k[j * stride..j * stride + hd]) * scale;
         m = if *s > m { *s } else { m };
     }
     for s in scores.iter_mut() {
