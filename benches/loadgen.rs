@@ -18,7 +18,10 @@ use serde_json::{json, Value};
 
 #[path = "../crates/scheduler/benches/shared/prompts.rs"]
 mod prompts;
+#[path = "../crates/scheduler/benches/shared/stats.rs"]
+mod stats;
 use prompts::PROMPTS;
+use stats::{decode_rate, quantile};
 
 #[derive(Clone)]
 struct Args {
@@ -239,19 +242,17 @@ async fn one_stream(
     Ok(stats)
 }
 
-fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
+/// What one concurrency level measured.
+struct Level {
+    tokens: usize,
+    wall: Duration,
+    /// Aggregate decode tokens/s (see `stats::decode_rate`).
+    decode_tok_s: f64,
+    ttft: Vec<f64>,
+    itl: Vec<f64>,
 }
 
-async fn level(
-    client: &reqwest::Client,
-    args: &Args,
-    n: usize,
-) -> Result<(usize, Duration, Vec<f64>, Vec<f64>), String> {
+async fn level(client: &reqwest::Client, args: &Args, n: usize) -> Result<Level, String> {
     let t0 = Instant::now();
     let tasks: Vec<_> = (0..n)
         .map(|i| {
@@ -263,17 +264,24 @@ async fn level(
             ))
         })
         .collect();
-    let (mut tokens, mut ttft, mut itl) = (0, Vec::new(), Vec::new());
+    let (mut tokens, mut ttft, mut itl, mut per_stream) = (0, Vec::new(), Vec::new(), Vec::new());
     for task in tasks {
         let s = task.await.map_err(|e| e.to_string())??;
         tokens += s.tokens;
         ttft.push(s.ttft_ms);
-        itl.extend(s.gaps_ms);
+        itl.extend_from_slice(&s.gaps_ms);
+        per_stream.push(s.gaps_ms);
     }
     let wall = t0.elapsed();
     ttft.sort_by(f64::total_cmp);
     itl.sort_by(f64::total_cmp);
-    Ok((tokens, wall, ttft, itl))
+    Ok(Level {
+        tokens,
+        wall,
+        decode_tok_s: decode_rate(&per_stream),
+        ttft,
+        itl,
+    })
 }
 
 async fn run(args: Args) -> Result<(), String> {
@@ -305,14 +313,20 @@ async fn run(args: Args) -> Result<(), String> {
             ""
         }
     );
-    println!("| streams | tokens | wall s | agg tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| streams | tokens | wall s | tok/s (wall) | decode tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut json_lines = String::new();
     for &n in &args.streams {
-        let (tokens, wall, ttft, itl) = level(&client, &args, n).await?;
+        let Level {
+            tokens,
+            wall,
+            decode_tok_s,
+            ttft,
+            itl,
+        } = level(&client, &args, n).await?;
         let tps = tokens as f64 / wall.as_secs_f64();
         println!(
-            "| {n} | {tokens} | {:.2} | {tps:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            "| {n} | {tokens} | {:.2} | {tps:.1} | {decode_tok_s:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
             wall.as_secs_f64(),
             quantile(&ttft, 0.5),
             quantile(&ttft, 0.99),
@@ -326,6 +340,7 @@ async fn run(args: Args) -> Result<(), String> {
                 "tokens": tokens,
                 "wall_s": wall.as_secs_f64(),
                 "tok_s": tps,
+                "decode_tok_s": decode_tok_s,
                 "ttft_p50_ms": quantile(&ttft, 0.5),
                 "itl_p50_ms": quantile(&itl, 0.5),
                 "itl_p99_ms": quantile(&itl, 0.99),

@@ -63,11 +63,12 @@ import json, sys
 sched = {r["streams"]: r for r in map(json.loads, open(sys.argv[1]))}
 http = {r["streams"]: r for r in map(json.loads, open(sys.argv[2]))}
 print("\nHTTP layer overhead (same prompts and tokens; positive = HTTP slower)")
-print("| streams | scheduler tok/s | HTTP tok/s | throughput overhead | scheduler TTFT p50 ms | HTTP TTFT p50 ms | TTFT overhead ms |")
-print("|---:|---:|---:|---:|---:|---:|---:|")
+print("| streams | scheduler tok/s | HTTP tok/s | throughput overhead | scheduler decode tok/s | HTTP decode tok/s | decode overhead | scheduler TTFT p50 ms | HTTP TTFT p50 ms | TTFT overhead ms | scheduler ITL p99 ms | HTTP ITL p99 ms |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for n in sorted(http):
     if n in sched:
         s, h = sched[n], http[n]
         over = (1 - h["tok_s"] / s["tok_s"]) * 100
-        print(f"| {n} | {s['tok_s']:.1f} | {h['tok_s']:.1f} | {over:+.1f}% | {s['ttft_p50_ms']:.1f} | {h['ttft_p50_ms']:.1f} | {h['ttft_p50_ms'] - s['ttft_p50_ms']:+.1f} |")
+        dover = (1 - h["decode_tok_s"] / s["decode_tok_s"]) * 100
+        print(f"| {n} | {s['tok_s']:.1f} | {h['tok_s']:.1f} | {over:+.1f}% | {s['decode_tok_s']:.1f} | {h['decode_tok_s']:.1f} | {dover:+.1f}% | {s['ttft_p50_ms']:.1f} | {h['ttft_p50_ms']:.1f} | {h['ttft_p50_ms'] - s['ttft_p50_ms']:+.1f} | {s['itl_p99_ms']:.1f} | {h['itl_p99_ms']:.1f} |")
 PY

@@ -56,10 +56,12 @@ import json, sys
 ours = {r["streams"]: r for r in map(json.loads, open(sys.argv[1]))}
 theirs = {r["streams"]: r for r in map(json.loads, open(sys.argv[2]))}
 print("\nhearth scheduler vs llama-server -np 8 (same model, threads, prompts, tokens)")
-print("| streams | hearth tok/s | llama tok/s | ratio | hearth ITL p99 ms | llama ITL p99 ms |")
-print("|---:|---:|---:|---:|---:|---:|")
+print("tok/s (wall): all tokens over the level's wall time, prefill included; decode tok/s: the sum")
+print("of each stream's tokens after its first over its first-to-last-token time (stalls included)")
+print("| streams | hearth tok/s (wall) | llama tok/s (wall) | ratio | hearth decode tok/s | llama decode tok/s | ratio | hearth ITL p99 ms | llama ITL p99 ms |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for n in sorted(ours):
     if n in theirs:
         a, b = ours[n], theirs[n]
-        print(f"| {n} | {a['tok_s']:.1f} | {b['tok_s']:.1f} | {a['tok_s']/b['tok_s']:.2f} | {a['itl_p99_ms']:.1f} | {b['itl_p99_ms']:.1f} |")
+        print(f"| {n} | {a['tok_s']:.1f} | {b['tok_s']:.1f} | {a['tok_s']/b['tok_s']:.2f} | {a['decode_tok_s']:.1f} | {b['decode_tok_s']:.1f} | {a['decode_tok_s']/b['decode_tok_s']:.2f} | {a['itl_p99_ms']:.1f} | {b['itl_p99_ms']:.1f} |")
 PY

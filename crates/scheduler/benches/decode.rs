@@ -19,7 +19,10 @@ use hearth_types::TokenEvent;
 
 #[path = "shared/prompts.rs"]
 mod prompts;
+#[path = "shared/stats.rs"]
+mod stats;
 use prompts::PROMPTS;
+use stats::{decode_rate, quantile};
 
 struct Args {
     model: PathBuf,
@@ -72,14 +75,8 @@ struct Level {
     wall: Duration,
     ttft: Vec<f64>,
     itl: Vec<f64>,
-}
-
-fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
+    /// Aggregate decode tokens/s (see `stats::decode_rate`).
+    decode_tok_s: f64,
 }
 
 async fn one_stream(
@@ -143,13 +140,17 @@ async fn level(sched: &SchedulerHandle, prompts: &[Vec<u32>], n: usize, args: &A
         wall: Duration::ZERO,
         ttft: vec![],
         itl: vec![],
+        decode_tok_s: 0.0,
     };
+    let mut per_stream = Vec::with_capacity(n);
     for task in tasks {
         let (tokens, ttft, gaps) = task.await.expect("stream task");
         out.tokens += tokens;
         out.ttft.push(ttft);
-        out.itl.extend(gaps);
+        out.itl.extend_from_slice(&gaps);
+        per_stream.push(gaps);
     }
+    out.decode_tok_s = decode_rate(&per_stream);
     out.wall = t0.elapsed();
     out.ttft.sort_by(f64::total_cmp);
     out.itl.sort_by(f64::total_cmp);
@@ -235,33 +236,35 @@ async fn run(args: Args) {
             "eos ignored"
         }
     );
-    println!("| streams | tokens | wall s | agg tok/s | × 1 stream | TTFT p50 ms | ITL p50 ms | ITL p99 ms | p99 × 1 stream |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| streams | tokens | wall s | tok/s (wall) | decode tok/s | decode × 1 stream | TTFT p50 ms | ITL p50 ms | ITL p99 ms | p99 × 1 stream |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut base: Option<(f64, f64)> = None;
     let mut json = String::new();
     for &n in &args.streams {
         let l = level(&sched, &prompts, n, &args).await;
         let tps = l.tokens as f64 / l.wall.as_secs_f64();
         let p99 = quantile(&l.itl, 0.99);
-        let (tps1, p99_1) = *base.get_or_insert((tps, p99));
+        let (dps1, p99_1) = *base.get_or_insert((l.decode_tok_s, p99));
         println!(
-            "| {} | {} | {:.2} | {:.1} | {:.2} | {:.1} | {:.1} | {:.1} | {:.2} |",
+            "| {} | {} | {:.2} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {:.1} | {:.2} |",
             n,
             l.tokens,
             l.wall.as_secs_f64(),
             tps,
-            tps / tps1,
+            l.decode_tok_s,
+            l.decode_tok_s / dps1,
             quantile(&l.ttft, 0.5),
             quantile(&l.itl, 0.5),
             p99,
             p99 / p99_1
         );
         json.push_str(&format!(
-            "{{\"target\":\"scheduler\",\"streams\":{},\"tokens\":{},\"wall_s\":{:.4},\"tok_s\":{:.3},\"ttft_p50_ms\":{:.3},\"itl_p50_ms\":{:.3},\"itl_p99_ms\":{:.3}}}\n",
+            "{{\"target\":\"scheduler\",\"streams\":{},\"tokens\":{},\"wall_s\":{:.4},\"tok_s\":{:.3},\"decode_tok_s\":{:.3},\"ttft_p50_ms\":{:.3},\"itl_p50_ms\":{:.3},\"itl_p99_ms\":{:.3}}}\n",
             n,
             l.tokens,
             l.wall.as_secs_f64(),
             tps,
+            l.decode_tok_s,
             quantile(&l.ttft, 0.5),
             quantile(&l.itl, 0.5),
             p99

@@ -24,6 +24,9 @@ pub struct SchedulerConfig {
     pub prefill_chunk: usize,
     /// Soft limit on the tokens of one step (decode rows plus prefill chunks). At least one
     /// prefill chunk runs per step when any prompt is waiting, so a long prompt always progresses.
+    /// A burst of requests is prefilled in as few steps as this allows: every step that carries
+    /// prefill work delays the running streams' next token by its length, so a few large steps
+    /// touch far fewer inter-token gaps than many small ones (and batch the weights better).
     pub max_step_tokens: usize,
     /// Capacity of each stream's event channel. A stream whose channel is full is paused (it
     /// takes no step, keeps its KV cache) until its reader catches up.
@@ -45,7 +48,7 @@ impl Default for SchedulerConfig {
             kv_budget_bytes: 2 << 30,
             queue_timeout: Duration::from_secs(30),
             prefill_chunk: 128,
-            max_step_tokens: 192,
+            max_step_tokens: 512,
             channel_capacity: 64,
             stall_timeout: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(10),

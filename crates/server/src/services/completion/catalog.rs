@@ -4,7 +4,7 @@
 //!
 //! Keys beyond the shipped file (all optional): `default_temperature`,
 //! `default_max_output_tokens`, `context_length` (caps the model's own), `max_active`,
-//! `max_queued`, `kv_budget_mb`, `queue_timeout_ms`, `prefill_chunk`, `shutdown_grace_ms`,
+//! `max_queued`, `kv_budget_mb`, `queue_timeout_ms`, `prefill_chunk`, `max_step_tokens`, `shutdown_grace_ms`,
 //! `device`, `threads`.
 
 use std::collections::BTreeMap;
@@ -112,6 +112,7 @@ struct RawTextModel {
     kv_budget_mb: Option<u64>,
     queue_timeout_ms: Option<u64>,
     prefill_chunk: Option<usize>,
+    max_step_tokens: Option<usize>,
     shutdown_grace_ms: Option<u64>,
     kv_precision: Option<String>,
 }
@@ -262,6 +263,7 @@ fn resolve(
             .map(Duration::from_millis)
             .unwrap_or(base_cfg.queue_timeout),
         prefill_chunk: m.prefill_chunk.unwrap_or(base_cfg.prefill_chunk),
+        max_step_tokens: m.max_step_tokens.unwrap_or(base_cfg.max_step_tokens),
         shutdown_grace: m
             .shutdown_grace_ms
             .map(Duration::from_millis)
