@@ -3,16 +3,22 @@
 /// Escapes characters that would turn plain text into Markdown markup inside a paragraph.
 pub fn escape_inline(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '\\' | '`' | '*' | '_' | '[' | ']' | '<' | '>' => {
-                out.push('\\');
-                out.push(c);
-            }
-            _ => out.push(c),
-        }
-    }
+    escape_inline_into(&mut out, text);
     out
+}
+
+/// As [`escape_inline`], appending to `out`.
+pub fn escape_inline_into(out: &mut String, text: &str) {
+    let special = |b: &u8| matches!(b, b'\\' | b'`' | b'*' | b'_' | b'[' | b']' | b'<' | b'>');
+    let mut rest = text;
+    // The special characters are ASCII, so the text between them is copied in slices.
+    while let Some(p) = rest.as_bytes().iter().position(special) {
+        out.push_str(&rest[..p]);
+        out.push('\\');
+        out.push(rest.as_bytes()[p] as char);
+        rest = &rest[p + 1..];
+    }
+    out.push_str(rest);
 }
 
 /// Makes one table cell: no line breaks, pipes escaped, whitespace collapsed.

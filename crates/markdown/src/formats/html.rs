@@ -18,7 +18,7 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
         ctx.warn("HTML nests too deeply for structure; only its text was kept");
         return Ok(strip_tags(html));
     }
-    Ok(html_to_markdown(html))
+    Ok(through_htmd(html))
 }
 
 /// Converts an HTML fragment or document to Markdown.
@@ -26,6 +26,11 @@ pub fn html_to_markdown(html: &str) -> String {
     if nesting_depth(html) > MAX_TAG_DEPTH {
         return strip_tags(html);
     }
+    through_htmd(html)
+}
+
+/// htmd's conversion, for HTML whose nesting was already checked.
+fn through_htmd(html: &str) -> String {
     let converter = htmd::HtmlToMarkdown::builder()
         .skip_tags(SKIPPED.to_vec())
         .options(htmd::options::Options {

@@ -1,6 +1,8 @@
 //! Runs of styled text -> inline Markdown, merging neighbours with the same style.
 
-use crate::md::escape_inline;
+use std::borrow::Cow;
+
+use crate::md::escape_inline_into;
 
 /// A piece of text with its character formatting.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -42,36 +44,48 @@ impl Run {
 
 /// Renders runs as one line of inline Markdown.
 pub fn render(runs: &[Run]) -> String {
-    // Merge neighbours of the same style first, so `**a****b**` becomes `**ab**`.
-    let mut merged: Vec<Run> = Vec::new();
+    // Merge neighbours of the same style first, so `**a****b**` becomes `**ab**`. A merged run
+    // borrows its first run's style and (until a neighbour joins it) its text.
+    let mut merged: Vec<(&Run, Cow<'_, str>)> = Vec::with_capacity(runs.len());
+    let mut total = 0;
     for r in runs {
         if r.text.is_empty() {
             continue;
         }
+        total += r.text.len();
         match merged.last_mut() {
-            Some(last) if last.same_style(r) => last.text.push_str(&r.text),
-            _ => merged.push(r.clone()),
+            Some((style, text)) if style.same_style(r) => text.to_mut().push_str(&r.text),
+            _ => merged.push((r, Cow::Borrowed(r.text.as_str()))),
         }
     }
     // Group by link so a link spanning styled runs stays one link.
-    let mut out = String::new();
+    let mut out = String::with_capacity(total + total / 8);
+    let mut inner = String::new();
+    let mut escaped = String::new();
     let mut i = 0;
     while i < merged.len() {
-        let link = merged[i].link.clone();
+        let link = merged[i].0.link.as_deref();
         let mut j = i;
-        let mut inner = String::new();
-        while j < merged.len() && merged[j].link == link {
-            inner.push_str(&styled(&merged[j]));
+        inner.clear();
+        while j < merged.len() && merged[j].0.link.as_deref() == link {
+            styled(&mut inner, &mut escaped, merged[j].0, &merged[j].1);
             j += 1;
         }
         match link {
             Some(url) if !inner.trim().is_empty() => {
                 let (lead, core, trail) = split_ws(&inner);
                 out.push_str(lead);
-                out.push_str(&format!(
-                    "[{core}]({})",
-                    url.replace(' ', "%20").replace(')', "%29")
-                ));
+                out.push('[');
+                out.push_str(core);
+                out.push_str("](");
+                for c in url.chars() {
+                    match c {
+                        ' ' => out.push_str("%20"),
+                        ')' => out.push_str("%29"),
+                        c => out.push(c),
+                    }
+                }
+                out.push(')');
                 out.push_str(trail);
             }
             _ => out.push_str(&inner),
@@ -81,27 +95,41 @@ pub fn render(runs: &[Run]) -> String {
     out
 }
 
-fn styled(run: &Run) -> String {
+/// Appends `text` in `run`'s style to `out`: escaped, with emphasis markers around its
+/// non-blank core. `escaped` is scratch space.
+fn styled(out: &mut String, escaped: &mut String, run: &Run, text: &str) {
     if run.raw {
-        return run.text.clone();
+        out.push_str(text);
+        return;
     }
-    let escaped = escape_inline(&run.text);
-    let (lead, core, trail) = split_ws(&escaped);
-    if core.is_empty() {
-        return escaped;
+    escaped.clear();
+    escape_inline_into(escaped, text);
+    let (lead, core, trail) = split_ws(escaped);
+    if core.is_empty() || !(run.bold || run.italic || run.strike) {
+        out.push_str(escaped);
+        return;
     }
-    let mut marker = String::new();
+    out.push_str(lead);
     if run.bold {
-        marker.push_str("**");
+        out.push_str("**");
     }
     if run.italic {
-        marker.push('*');
+        out.push('*');
     }
     if run.strike {
-        marker.push_str("~~");
+        out.push_str("~~");
     }
-    let closing: String = marker.chars().rev().collect();
-    format!("{lead}{marker}{core}{closing}{trail}")
+    out.push_str(core);
+    if run.strike {
+        out.push_str("~~");
+    }
+    if run.italic {
+        out.push('*');
+    }
+    if run.bold {
+        out.push_str("**");
+    }
+    out.push_str(trail);
 }
 
 fn split_ws(s: &str) -> (&str, &str, &str) {

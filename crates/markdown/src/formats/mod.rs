@@ -79,6 +79,10 @@ pub(crate) fn convert_nested_all(ctx: Ctx<'_>, items: &[(&str, &[u8])]) -> Vec<R
     if threads <= 1 {
         return items.iter().map(one).collect();
     }
+    // Largest first: the longest conversion (a big PDF beside small messages) starts at once
+    // instead of after the small ones, so the threads finish closer together.
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(items[i].1.len()));
     let next = AtomicUsize::new(0);
     let slots: Vec<Mutex<Option<Result<String>>>> =
         items.iter().map(|_| Mutex::new(None)).collect();
@@ -87,11 +91,11 @@ pub(crate) fn convert_nested_all(ctx: Ctx<'_>, items: &[(&str, &[u8])]) -> Vec<R
             let worker = std::thread::Builder::new()
                 .name("hearth-markdown-nested".into())
                 .stack_size(crate::CONVERSION_STACK_BYTES)
-                .spawn_scoped(scope, || loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(item) = items.get(i) else { break };
-                    let result = one(item);
-                    *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
+                .spawn_scoped(scope, || {
+                    while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        let result = one(&items[i]);
+                        *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
+                    }
                 });
             if worker.is_err() {
                 break; // what no thread took is converted below

@@ -14,7 +14,7 @@ use crate::md;
 /// Groups deeper than this are still parsed but share the deepest state (bounded memory).
 const MAX_GROUP_DEPTH: usize = 4096;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 struct State {
     bold: bool,
     italic: bool,
@@ -156,6 +156,10 @@ impl Writer {
         if self.pending_bytes.is_empty() {
             return;
         }
+        if st.skip {
+            self.pending_bytes.clear();
+            return;
+        }
         let bytes = std::mem::take(&mut self.pending_bytes);
         let (text, _, _) = self.encoding.decode(&bytes);
         self.text(st, &text);
@@ -267,7 +271,7 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
             b'{' => {
                 w.flush_bytes(stack.last().expect("stack never empty"));
                 if stack.len() < MAX_GROUP_DEPTH {
-                    let top = stack.last().cloned().unwrap_or_default();
+                    let top = stack.last().copied().unwrap_or_default();
                     stack.push(top);
                 } else {
                     overflow += 1;
@@ -303,16 +307,22 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
                         i += 1;
                     }
                     let word = std::str::from_utf8(&b[start..i]).unwrap_or("");
+                    // The optional numeric parameter: `-`? digits, at most 11 bytes in all;
+                    // one that does not fit an i32 counts as absent.
                     let num_start = i;
-                    if i < b.len() && b[i] == b'-' {
+                    let negative = i < b.len() && b[i] == b'-';
+                    if negative {
                         i += 1;
                     }
+                    let digits_start = i;
+                    let mut value: i64 = 0;
                     while i < b.len() && b[i].is_ascii_digit() && i - num_start < 11 {
+                        value = value * 10 + i64::from(b[i] - b'0');
                         i += 1;
                     }
-                    let param: Option<i32> = std::str::from_utf8(&b[num_start..i])
-                        .ok()
-                        .and_then(|s| s.parse().ok());
+                    let param: Option<i32> = (i > digits_start)
+                        .then(|| i32::try_from(if negative { -value } else { value }).ok())
+                        .flatten();
                     if i < b.len() && b[i] == b' ' {
                         i += 1;
                     }
@@ -349,7 +359,7 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
                             if let Some(p) = param {
                                 let code = if p < 0 { p + 65536 } else { p } as u32;
                                 let s = char::from_u32(code).map(String::from).unwrap_or_default();
-                                let st = st.clone();
+                                let st = *st;
                                 w.text(&st, &s);
                                 skip_chars = st.uc;
                             }
@@ -372,37 +382,37 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
                         }
                         "line" if !st_skip => w.runs.push(Run::raw("  \n")),
                         "tab" if !st_skip => {
-                            let st = st.clone();
+                            let st = *st;
                             w.text(&st, " ");
                         }
                         "cell" | "nestcell" if !st_skip => w.end_cell(),
                         "row" | "nestrow" if !st_skip => w.end_row(),
                         "emdash" => {
-                            let st = st.clone();
+                            let st = *st;
                             w.text(&st, "—");
                         }
                         "endash" => {
-                            let st = st.clone();
+                            let st = *st;
                             w.text(&st, "–");
                         }
                         "bullet" => {
-                            let st = st.clone();
+                            let st = *st;
                             w.text(&st, "•");
                         }
                         "lquote" => {
-                            let st = st.clone();
+                            let st = *st;
                             w.text(&st, "‘");
                         }
                         "rquote" => {
-                            let st = st.clone();
+                            let st = *st;
                             w.text(&st, "’");
                         }
                         "ldblquote" => {
-                            let st = st.clone();
+                            let st = *st;
                             w.text(&st, "“");
                         }
                         "rdblquote" => {
-                            let st = st.clone();
+                            let st = *st;
                             w.text(&st, "”");
                         }
                         "bin" => {
@@ -435,12 +445,12 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
                                 i = b.len();
                             }
                         }
-                        b'~' => w.text(&stack.last().cloned().unwrap_or_default(), "\u{a0}"),
-                        b'_' => w.text(&stack.last().cloned().unwrap_or_default(), "-"),
+                        b'~' => w.text(&stack.last().copied().unwrap_or_default(), "\u{a0}"),
+                        b'_' => w.text(&stack.last().copied().unwrap_or_default(), "-"),
                         b'-' => {}
                         b'\\' | b'{' | b'}' => {
                             let s = (n as char).to_string();
-                            w.text(&stack.last().cloned().unwrap_or_default(), &s);
+                            w.text(&stack.last().copied().unwrap_or_default(), &s);
                         }
                         b'\n' | b'\r' => {
                             w.flush_bytes(stack.last().expect("stack never empty"));
@@ -467,15 +477,19 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
                     skip_chars -= 1;
                 }
                 if !chunk.is_empty() {
-                    w.flush_bytes(stack.last().expect("stack never empty"));
-                    let (text, _, _) = w.encoding.decode(chunk);
-                    let st = stack.last().cloned().unwrap_or_default();
-                    w.text(&st, &text);
+                    let st = stack.last().copied().unwrap_or_default();
+                    w.flush_bytes(&st);
+                    // Text of a skipped destination (font tables, picture hex) is dropped
+                    // unread: decoding it only to throw it away was a large share of the time.
+                    if !st.skip {
+                        let (text, _, _) = w.encoding.decode(chunk);
+                        w.text(&st, &text);
+                    }
                 }
             }
         }
     }
-    let st = stack.last().cloned().unwrap_or_default();
+    let st = stack.last().copied().unwrap_or_default();
     w.flush_bytes(&st);
     if !w.row.is_empty() {
         w.end_row();
