@@ -82,6 +82,16 @@ fn main() {
         }
         let bytes = matrix(ty, rows, cols, &mut seed);
         let w = QMatrix::from_ggml(ty, rows, cols, &bytes).unwrap();
+        // The interleaved arrangement the VNNI path gets at load, where the shape allows it.
+        let mut wil = QMatrix::for_ggml_on(ty, rows, cols, KernelPath::Avx512Vnni).unwrap();
+        wil.pack_ggml_rows(0, &bytes).unwrap();
+        let mut runs: Vec<(&str, &QMatrix, KernelPath)> = KernelPath::available()
+            .into_iter()
+            .map(|p| (p.name(), &w, p))
+            .collect();
+        if wil.interleaved() && KernelPath::Avx512Vnni.is_available() {
+            runs.push(("vnni-il", &wil, KernelPath::Avx512Vnni));
+        }
         // naive baseline: dequantized f32 weights, plain loop, one thread
         let mut wf = vec![0f32; rows * cols];
         let rb = ty.row_bytes(cols).unwrap();
@@ -136,16 +146,16 @@ fn main() {
             let mut out = vec![0f32; rows * n];
             for threads in [1usize, 2] {
                 let pool = ThreadPool::new(threads);
-                for path in KernelPath::available() {
+                for &(label, w, path) in &runs {
                     if path == KernelPath::Scalar && (n > 1 || quick) {
                         continue;
                     }
                     let mut ts = Vec::new();
-                    matmul(path, &w, &acts, &mut out, &pool).unwrap();
+                    matmul(path, w, &acts, &mut out, &pool).unwrap();
                     let cpu0 = thread_cpu_ns();
                     for _ in 0..iters {
                         let t = Instant::now();
-                        matmul(path, &w, &acts, &mut out, &pool).unwrap();
+                        matmul(path, w, &acts, &mut out, &pool).unwrap();
                         ts.push(t.elapsed().as_secs_f64());
                     }
                     let cpu = match (threads, cpu0, thread_cpu_ns()) {
@@ -159,7 +169,7 @@ fn main() {
                         "{:<20} {:>4} {:>11} {:>3} {:>10.1} {:>9.2} {:>11}",
                         name,
                         n,
-                        path.name(),
+                        label,
                         threads,
                         t * 1e6,
                         flops / t / 1e9,

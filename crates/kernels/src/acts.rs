@@ -26,6 +26,9 @@ pub struct QActs {
     /// `rows * kp / 32`: `d * (sum of the block's 32 q)` rounded to f16 (llama.cpp's Q8_1 `s`),
     /// for kernels that add a weight group's offset once per group rather than per lane.
     pub(crate) block_sum: Vec<f32>,
+    /// `rows * kp / 32`: the exact sum of each block's 32 q (the interleaved 8-bit kernel
+    /// takes `128 * sum` off its dot against weights stored as `q + 128`).
+    pub(crate) block_isum: Vec<i32>,
 }
 
 impl QActs {
@@ -45,6 +48,7 @@ impl QActs {
             lane_scale: Vec::with_capacity(rows * kp / 4),
             lane_sum: Vec::with_capacity(rows * kp / 4),
             block_sum: Vec::with_capacity(rows * kp / 32),
+            block_isum: Vec::with_capacity(rows * kp / 32),
         }
     }
 
@@ -86,6 +90,12 @@ impl QActs {
         }
         self.qu.clear();
         self.qu.extend(self.qs.iter().map(|&q| (q as u8) ^ 0x80));
+        self.block_isum.clear();
+        self.block_isum.extend(
+            self.qs
+                .chunks_exact(32)
+                .map(|b| b.iter().map(|&q| q as i32).sum::<i32>()),
+        );
         Ok(())
     }
 

@@ -202,6 +202,13 @@ pub fn matmul(
     if n == 0 || m == 0 {
         return Ok(());
     }
+    #[cfg(target_arch = "x86_64")]
+    if w.il && path == KernelPath::Avx512Vnni {
+        matmul_il(w, a, out, pool);
+        return Ok(());
+    }
+    // An interleaved matrix on another path (tests): the portable code reads any arrangement.
+    let path = if w.il { KernelPath::Scalar } else { path };
     // About eight chunks per thread (of at least 16 rows) so that a slow (descheduled) thread
     // costs little and the last chunk leaves little idle time.
     let per = m.div_ceil(pool.threads() * 8).max(16).div_ceil(4) * 4;
@@ -233,6 +240,59 @@ pub fn matmul(
     };
     pool.run(n_chunks, &job);
     Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+type IlTileFn = unsafe fn(&QMatrix, usize, &QActs, usize, *mut f32, usize);
+
+#[cfg(target_arch = "x86_64")]
+macro_rules! pick_il {
+    ($l:ident, $nr:expr) => {{
+        use crate::x86_avx512::tile_il as t;
+        match $nr {
+            1 => t::<{ $l }, 1> as IlTileFn,
+            2 => t::<{ $l }, 2> as IlTileFn,
+            3 => t::<{ $l }, 3> as IlTileFn,
+            4 => t::<{ $l }, 4> as IlTileFn,
+            5 => t::<{ $l }, 5> as IlTileFn,
+            6 => t::<{ $l }, 6> as IlTileFn,
+            7 => t::<{ $l }, 7> as IlTileFn,
+            _ => t::<{ $l }, 8> as IlTileFn,
+        }
+    }};
+}
+
+/// The interleaved matrix on the VNNI path: chunks of 16-row groups over the pool, each group
+/// meeting the activation rows 8 at a time. Shapes and the path were checked by [`matmul`].
+#[cfg(target_arch = "x86_64")]
+fn matmul_il(w: &QMatrix, a: &QActs, out: &mut [f32], pool: &ThreadPool) {
+    let (n, m) = (a.rows, w.rows);
+    let groups = m / 16;
+    let per = groups.div_ceil(pool.threads() * 8).max(1);
+    let n_chunks = groups.div_ceil(per);
+    let layout = w.layout;
+    let outp = OutPtr(out.as_mut_ptr());
+    let job = |ci: usize| {
+        let outp = &outp;
+        for g in ci * per..((ci + 1) * per).min(groups) {
+            let mut a0 = 0;
+            while a0 < n {
+                let nr = (n - a0).min(8);
+                let f = match layout {
+                    Layout::S8 => pick_il!(L_S8, nr),
+                    Layout::U5 => pick_il!(L_U5, nr),
+                    _ => pick_il!(L_U4, nr),
+                };
+                // SAFETY: `matmul` checked the VNNI path is available and the shapes (w is
+                // interleaved, so its layout is U4Min, U5 or S8 and its rows a multiple of 16);
+                // g < m / 16, a0 + nr <= n, `out` holds n * m floats, and the 16 outputs of
+                // group g in each activation row belong to this chunk only.
+                unsafe { f(w, g, a, a0, outp.0, m) };
+                a0 += nr;
+            }
+        }
+    };
+    pool.run(n_chunks, &job);
 }
 
 /// Quantizes `x` (`n` rows of `w.cols()`) into `scratch`, then runs [`matmul`].

@@ -10,6 +10,21 @@
 //! - Q5_0's fifth bit sits in an 8-byte plane: bit `e` is the fifth bit of element `e`;
 //! - Q6_K's two top bits sit in a 16-byte plane: bits `2*(e/16)..` of byte `e % 16`.
 //!
+//! Interleaved variant ([`QMatrix::for_ggml_on`] with the VNNI path, for the 4-bit-with-min
+//! and 8-bit layouts when the rows are a multiple of 16): rows are taken 16 at a time, and for
+//! each 32-element block the 16 rows' quants are stored so that one 64-byte load holds 4
+//! consecutive quants of each of the 16 rows (32-bit lane `r` = row `r`):
+//! - 4-bit: 256 bytes per (16 rows, block); byte `64 h + 4 r + t` holds element `8 h + t` of
+//!   row `r` in its low nibble and element `8 h + 4 + t` in its high nibble;
+//! - 8-bit: 512 bytes per (16 rows, block); byte `64 k + 4 r + t` holds element `4 k + t` of
+//!   row `r` as the unsigned `q + 128`;
+//! - 5-bit: the 4-bit plane as above, plus 64 bytes per (16 rows, block) of fifth bits: bit
+//!   `4 r + t` of little-endian word `k` is the fifth bit of element `4 k + t` of row `r`;
+//! - scales and mins: 16 f16 per (16 rows, block), row order.
+//!
+//! The products then accumulate a whole block per lane in i32 and apply one scale per block,
+//! and each 16-lane result is 16 consecutive outputs (no horizontal sums).
+//!
 //! Q4_0/Q4_1/Q5_0/Q8_0 scales are f16 in the file and stay exact. K-quant scales are products
 //! `d * sc` of an f16 and a 6/8-bit integer, rounded here to f16 (relative error <= 2^-11,
 //! far below the 4/6-bit quantization step).
@@ -79,6 +94,8 @@ pub struct QMatrix {
     pub(crate) scales: Vec<u16>,
     /// f16 bits, `rows * kp / group` for `U4Min`, else empty.
     pub(crate) mins: Vec<u16>,
+    /// Stored in the interleaved arrangement (see the module documentation).
+    pub(crate) il: bool,
 }
 
 fn to_f16_bits(x: f32) -> u16 {
@@ -118,6 +135,34 @@ impl QMatrix {
             }
         };
         Ok(QMatrix::empty(ty, layout, rows, cols))
+    }
+
+    /// Like [`QMatrix::for_ggml`], laid out for the kernel `path` that will run it: the VNNI
+    /// path gets the interleaved arrangement where the layout and row count allow it (other
+    /// paths still compute correct products from it, through the portable scalar code).
+    pub fn for_ggml_on(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        path: crate::KernelPath,
+    ) -> Result<QMatrix, Error> {
+        let mut m = QMatrix::for_ggml(ty, rows, cols)?;
+        if path == crate::KernelPath::Avx512Vnni
+            && matches!(m.layout, Layout::U4Min | Layout::U5 | Layout::S8)
+            && rows > 0
+            && rows.is_multiple_of(16)
+        {
+            m.il = true;
+            if m.layout == Layout::S8 {
+                m.qs.fill(0x80); // unsigned q + 128: zero quants
+            }
+        }
+        Ok(m)
+    }
+
+    /// Whether the matrix uses the interleaved arrangement.
+    pub fn interleaved(&self) -> bool {
+        self.il
     }
 
     /// Packs whole GGML rows (`bytes`, back to back) into rows `r0..` of a matrix made by
@@ -197,10 +242,87 @@ impl QMatrix {
             } else {
                 Vec::new()
             },
+            il: false,
+        }
+    }
+
+    /// Index of the byte holding element `e` of row `r` in the interleaved arrangement, and
+    /// whether it is the high nibble (4-bit layout).
+    #[inline]
+    fn il_byte(&self, r: usize, e: usize) -> (usize, bool) {
+        let blocks = self.kp / 32;
+        let (g, rr) = (r / 16, r % 16);
+        let (b, i) = (e / 32, e % 32);
+        let (k, t) = (i / 4, i % 4);
+        if self.layout == Layout::S8 {
+            ((g * blocks + b) * 512 + 64 * k + 4 * rr + t, false)
+        } else {
+            (
+                (g * blocks + b) * 256 + 64 * (k / 2) + 4 * rr + t,
+                k % 2 == 1,
+            )
+        }
+    }
+
+    /// Index of group `gi`'s scale (and min) of row `r`.
+    #[inline]
+    fn group_index(&self, r: usize, gi: usize) -> usize {
+        let groups = self.kp / self.layout.group();
+        if self.il {
+            ((r / 16) * groups + gi) * 16 + r % 16
+        } else {
+            r * groups + gi
+        }
+    }
+
+    fn pack_row_il(&mut self, r: usize, rb: &RowBuf) {
+        let blocks = self.kp / 32;
+        let (g, rr) = (r / 16, r % 16);
+        let s8 = self.layout == Layout::S8;
+        let bpb = if s8 { 512 } else { 256 };
+        for (b, q) in rb.q.chunks_exact(32).enumerate() {
+            let base = (g * blocks + b) * bpb + 4 * rr;
+            for k in 0..8 {
+                for t in 0..4 {
+                    let v = q[4 * k + t];
+                    if self.layout == Layout::U5 {
+                        let word = ((g * blocks + b) * 8 + k) * 8;
+                        let bit = 4 * rr + t;
+                        let (at, m) = (word + bit / 8, 1u8 << (bit % 8));
+                        self.hi[at] = (self.hi[at] & !m) | if v & 16 != 0 { m } else { 0 };
+                    }
+                    if s8 {
+                        self.qs[base + 64 * k + t] = v ^ 0x80;
+                    } else {
+                        let at = base + 64 * (k / 2) + t;
+                        self.qs[at] = if k % 2 == 1 {
+                            (self.qs[at] & 0x0F) | ((v & 15) << 4)
+                        } else {
+                            (self.qs[at] & 0xF0) | (v & 15)
+                        };
+                    }
+                }
+            }
         }
     }
 
     fn pack_row(&mut self, r: usize, rb: &RowBuf) {
+        if self.il {
+            self.pack_row_il(r, rb);
+        } else {
+            self.pack_quants(r, rb);
+        }
+        let groups = self.kp / self.layout.group();
+        for gi in 0..groups {
+            let at = self.group_index(r, gi);
+            self.scales[at] = to_f16_bits(rb.scale[gi]);
+            if self.layout == Layout::U4Min {
+                self.mins[at] = to_f16_bits(rb.min[gi]);
+            }
+        }
+    }
+
+    fn pack_quants(&mut self, r: usize, rb: &RowBuf) {
         let chunks = self.kp / 64;
         let qpc = self.layout.qs_per_chunk();
         let hpc = self.layout.hi_per_chunk();
@@ -231,13 +353,6 @@ impl QMatrix {
                 _ => {}
             }
         }
-        let groups = self.kp / self.layout.group();
-        for gi in 0..groups {
-            self.scales[r * groups + gi] = to_f16_bits(rb.scale[gi]);
-            if self.layout == Layout::U4Min {
-                self.mins[r * groups + gi] = to_f16_bits(rb.min[gi]);
-            }
-        }
     }
 
     pub fn rows(&self) -> usize {
@@ -261,6 +376,22 @@ impl QMatrix {
     /// The quant of element `e` of row `r`: unsigned for the U layouts, signed for S8.
     #[inline]
     pub(crate) fn q_at(&self, r: usize, e: usize) -> i32 {
+        if self.il {
+            let (at, high) = self.il_byte(r, e);
+            let byte = self.qs[at];
+            let q = match (self.layout, high) {
+                (Layout::S8, _) => return byte as i32 - 128,
+                (_, true) => (byte >> 4) as i32,
+                (_, false) => (byte & 15) as i32,
+            };
+            if self.layout == Layout::U5 {
+                let (blocks, i) = (self.kp / 32, e % 32);
+                let word = (((r / 16) * blocks + e / 32) * 8 + i / 4) * 8;
+                let bit = 4 * (r % 16) + i % 4;
+                return q | ((((self.hi[word + bit / 8] >> (bit % 8)) & 1) as i32) << 4);
+            }
+            return q;
+        }
         let chunks = self.kp / 64;
         let (c, i) = (e / 64, e % 64);
         let base = r * chunks + c;
@@ -282,11 +413,10 @@ impl QMatrix {
     /// (scale, min) of the group holding element `e` of row `r`, as f32.
     #[inline]
     pub(crate) fn scale_min_at(&self, r: usize, e: usize) -> (f32, f32) {
-        let g = self.layout.group();
-        let groups = self.kp / g;
-        let s = f16::from_bits(self.scales[r * groups + e / g]).to_f32();
+        let at = self.group_index(r, e / self.layout.group());
+        let s = f16::from_bits(self.scales[at]).to_f32();
         let m = match self.layout {
-            Layout::U4Min => f16::from_bits(self.mins[r * groups + e / g]).to_f32(),
+            Layout::U4Min => f16::from_bits(self.mins[at]).to_f32(),
             l => -l.zero() * s,
         };
         (s, m)

@@ -116,9 +116,30 @@ fn check(ty: GgmlType, rows: usize, cols: usize, n: usize, fill: Fill, seed: u64
     let mut rng = Rng(seed);
     let bytes = make_matrix(ty, rows, cols, &mut rng, fill);
     let x = make_acts(n, cols, &mut rng);
-    let w = QMatrix::from_ggml(ty, rows, cols, &bytes).unwrap();
+    check_matrix(ty, rows, cols, n, fill, &bytes, &x, KernelPath::Scalar);
+    // The interleaved arrangement (built for the VNNI path; where the shape allows it).
+    check_matrix(ty, rows, cols, n, fill, &bytes, &x, KernelPath::Avx512Vnni);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_matrix(
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    n: usize,
+    fill: Fill,
+    bytes: &[u8],
+    x: &[f32],
+    layout_for: KernelPath,
+) {
+    let mut w = QMatrix::for_ggml_on(ty, rows, cols, layout_for).unwrap();
+    w.pack_ggml_rows(0, bytes).unwrap();
+    if layout_for == KernelPath::Avx512Vnni && !w.interleaved() {
+        return; // same arrangement as the plain check
+    }
+    let il = w.interleaved();
     let mut acts = QActs::new();
-    acts.quantize(&x, n, cols).unwrap();
+    acts.quantize(x, n, cols).unwrap();
     let row_bytes = ty.row_bytes(cols).unwrap();
     let mut wf = vec![0f32; rows * cols];
     for r in 0..rows {
@@ -159,7 +180,7 @@ fn check(ty: GgmlType, rows: usize, cols: usize, n: usize, fill: Fill, seed: u64
                 let got = out[j * rows + i] as f64;
                 assert!(
                     (got - reference).abs() <= tol,
-                    "{ty:?} {path:?} {fill:?} rows={rows} cols={cols} n={n} at ({j},{i}): got {got}, reference {reference}, tol {tol}"
+                    "{ty:?} {path:?} {fill:?} il={il} rows={rows} cols={cols} n={n} at ({j},{i}): got {got}, reference {reference}, tol {tol}"
                 );
                 let amag: f64 = (0..cols)
                     .map(|k| (wr[k] as f64 * acts.value(j, k) as f64).abs())
@@ -167,7 +188,7 @@ fn check(ty: GgmlType, rows: usize, cols: usize, n: usize, fill: Fill, seed: u64
                 let s = scalar[j * rows + i] as f64;
                 assert!(
                     (got - s).abs() <= 1e-5 * amag + 1e-6,
-                    "{ty:?} {path:?} vs scalar at ({j},{i}): {got} vs {s}"
+                    "{ty:?} {path:?} il={il} vs scalar at ({j},{i}): {got} vs {s}"
                 );
             }
         }
@@ -185,7 +206,16 @@ fn every_path_matches_the_reference_on_random_blocks() {
             vec![256, 768]
         };
         for (ci, &cols) in cols_set.iter().enumerate() {
-            for (rows, n) in [(1, 1), (4, 1), (7, 3), (13, 5), (9, 8)] {
+            for (rows, n) in [
+                (1, 1),
+                (4, 1),
+                (7, 3),
+                (13, 5),
+                (9, 8),
+                (16, 1),
+                (32, 8),
+                (48, 13),
+            ] {
                 check(
                     ty,
                     rows,
@@ -210,6 +240,7 @@ fn every_path_matches_the_reference_on_edge_case_blocks() {
             Fill::NegativeScales,
         ] {
             check(ty, 5, cols, 3, fill, 77);
+            check(ty, 16, cols, 9, fill, 78);
         }
     }
 }
@@ -261,13 +292,17 @@ fn float_weights_are_quantized_to_eight_bits_per_32() {
 #[test]
 fn packed_rows_dequantize_like_the_reference() {
     let mut rng = Rng(5);
-    for ty in TYPES {
+    for (ty, rows, layout_for) in TYPES
+        .into_iter()
+        .flat_map(|t| [(t, 3, KernelPath::Scalar), (t, 32, KernelPath::Avx512Vnni)])
+    {
         let cols = ty.block_elems() * 3;
-        let bytes = make_matrix(ty, 3, cols, &mut rng, Fill::Random);
-        let w = QMatrix::from_ggml(ty, 3, cols, &bytes).unwrap();
+        let bytes = make_matrix(ty, rows, cols, &mut rng, Fill::Random);
+        let mut w = QMatrix::for_ggml_on(ty, rows, cols, layout_for).unwrap();
+        w.pack_ggml_rows(0, &bytes).unwrap();
         let rb = ty.row_bytes(cols).unwrap();
         let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
-        for r in 0..3 {
+        for r in 0..rows {
             dequantize_row(ty, &bytes[r * rb..(r + 1) * rb], &mut a).unwrap();
             w.row_to_f32(r, &mut b).unwrap();
             // Exact for f16-scaled formats; K-quant composite scales/mins are rounded to f16,

@@ -222,3 +222,108 @@ avx512_tile!(
     dot_vnni,
     true
 );
+
+/// Sixteen weight rows of an interleaved matrix (see `pack`) times activation rows
+/// `a0..a0 + NR`, written to `out[(a0 + j) * m + 16 * g16 ..][..16]`.
+///
+/// Each 512-bit weight register holds 4 consecutive quants of 16 rows (lane = row); the 4
+/// activation bytes they meet are broadcast. A lane sums its row's whole 32-element block in
+/// i32 (two chains of four `vpdpbusd`), then the block is scaled once: `d_w * d_a * dot`, plus
+/// `min * d_a * sum(q_a)` for the 4-bit layout (and the 5-bit one, whose min is `-16 d_w`), or
+/// minus `128 * sum(q_a)` before scaling for 8-bit weights stored as `q + 128`.
+///
+/// # Safety
+/// The CPU must have AVX-512 F/BW/VL, VNNI, F16C and FMA; `w` must be interleaved with layout
+/// `L` (`L_U4`, `L_U5` or `L_S8`), `g16 < w.rows / 16`, rows `a0..a0 + NR` must exist in `a` with
+/// `a.kp == w.kp`, and `out` must hold `(a0 + NR) * m` floats with `m == w.rows`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
+pub(crate) unsafe fn tile_il<const L: u8, const NR: usize>(
+    w: &QMatrix,
+    g16: usize,
+    a: &QActs,
+    a0: usize,
+    out: *mut f32,
+    m: usize,
+) {
+    let blocks = w.kp / 32;
+    let base = g16 * blocks;
+    let bpb = if L == L_S8 { 512 } else { 256 };
+    let mut facc = [_mm512_setzero_ps(); NR];
+    let low = _mm512_set1_epi8(0x0F);
+    for b in 0..blocks {
+        let p = w.qs.as_ptr().add((base + b) * bpb);
+        let mut wv = [_mm512_setzero_si512(); 8];
+        if L == L_S8 {
+            for (k, v) in wv.iter_mut().enumerate() {
+                _mm_prefetch::<_MM_HINT_T0>(
+                    p.wrapping_add(64 * k + crate::PREFETCH_BYTES) as *const i8
+                );
+                *v = _mm512_loadu_si512(p.add(64 * k) as *const _);
+            }
+        } else {
+            for h in 0..4 {
+                _mm_prefetch::<_MM_HINT_T0>(
+                    p.wrapping_add(64 * h + crate::PREFETCH_BYTES) as *const i8
+                );
+                let v = _mm512_loadu_si512(p.add(64 * h) as *const _);
+                wv[2 * h] = _mm512_and_si512(v, low);
+                wv[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+            }
+            if L == L_U5 {
+                let hp = w.hi.as_ptr().add((base + b) * 64) as *const u64;
+                for (k, v) in wv.iter_mut().enumerate() {
+                    let bits = hp.add(k).read_unaligned();
+                    *v = _mm512_or_si512(*v, _mm512_maskz_set1_epi8(bits, 0x10));
+                }
+            }
+        }
+        let si = (base + b) * 16;
+        let wd = _mm512_cvtph_ps(_mm256_loadu_si256(
+            w.scales.as_ptr().add(si) as *const __m256i
+        ));
+        let wm = if L == L_U4 {
+            _mm512_cvtph_ps(_mm256_loadu_si256(w.mins.as_ptr().add(si) as *const __m256i))
+        } else if L == L_U5 {
+            _mm512_mul_ps(wd, _mm512_set1_ps(-16.0))
+        } else {
+            _mm512_setzero_ps()
+        };
+        for (j, fj) in facc.iter_mut().enumerate() {
+            let row = a0 + j;
+            let ap = a.qs.as_ptr().add(row * w.kp + 32 * b) as *const i32;
+            let mut c0 = _mm512_setzero_si512();
+            let mut c1 = _mm512_setzero_si512();
+            for k in (0..8).step_by(2) {
+                c0 = _mm512_dpbusd_epi32(c0, wv[k], _mm512_set1_epi32(ap.add(k).read_unaligned()));
+                c1 = _mm512_dpbusd_epi32(
+                    c1,
+                    wv[k + 1],
+                    _mm512_set1_epi32(ap.add(k + 1).read_unaligned()),
+                );
+            }
+            let mut dot = _mm512_add_epi32(c0, c1);
+            if L == L_S8 {
+                dot = _mm512_sub_epi32(
+                    dot,
+                    _mm512_set1_epi32(128 * *a.block_isum.get_unchecked(row * blocks + b)),
+                );
+            }
+            let da = *a.lane_scale.get_unchecked((row * w.kp + 32 * b) / 4);
+            *fj = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(dot),
+                _mm512_mul_ps(wd, _mm512_set1_ps(da)),
+                *fj,
+            );
+            if L == L_U4 || L == L_U5 {
+                *fj = _mm512_fmadd_ps(
+                    wm,
+                    _mm512_set1_ps(*a.block_sum.get_unchecked(row * blocks + b)),
+                    *fj,
+                );
+            }
+        }
+    }
+    for (j, fj) in facc.iter().enumerate() {
+        _mm512_storeu_ps(out.add((a0 + j) * m + 16 * g16), *fj);
+    }
+}

@@ -187,6 +187,8 @@ struct Reader<'a> {
     file: File,
     content: &'a Content,
     buf: Vec<u8>,
+    /// The kernel path the matrices are laid out for.
+    kernel: KernelPath,
 }
 
 impl<'a> Reader<'a> {
@@ -233,7 +235,8 @@ impl<'a> Reader<'a> {
             .collect::<Result<Vec<_>, _>>()?;
         let (ty, _, cols, _) = shapes[0];
         let total: usize = shapes.iter().map(|s| s.1).sum();
-        let mut m = QMatrix::for_ggml(ty, total, cols).map_err(|e| Error::metadata(names[0], e))?;
+        let mut m = QMatrix::for_ggml_on(ty, total, cols, self.kernel)
+            .map_err(|e| Error::metadata(names[0], e))?;
         let mut r0 = 0;
         for (name, &(t, rows, c, off)) in names.iter().zip(&shapes) {
             if t != ty || c != cols {
@@ -309,11 +312,13 @@ pub(crate) fn from_gguf(
         path: path.to_path_buf(),
         source,
     })?;
+    let kernel = KernelPath::detect();
     let mut rd = Reader {
         path,
         file,
         content,
         buf: Vec::new(),
+        kernel,
     };
     let (hd, e) = (hp.head_dim, hp.n_embd);
     if hd > 512 {
@@ -400,7 +405,7 @@ pub(crate) fn from_gguf(
         attn_scale: 1.0 / (hd as f32).sqrt(),
         kv: KvPrecision::default(),
         kern: Kern {
-            path: KernelPath::detect(),
+            path: kernel,
             pool: ThreadPool::new(threads),
         },
         s: Scratch {
@@ -593,25 +598,38 @@ impl Backend for FastModel {
                 let rows = &s.rows;
                 let qkv: &[f32] = qkv;
                 let (scale, window) = (*attn_scale, layer.window);
-                kern.pool.for_each_piece_mut(att, hd, &|i, out| {
-                    let (r, head) = (i / nh, i % nh);
-                    let (si, pos) = rows[r];
-                    let seq: &crate::Sequence = steps_ro[si].seq;
-                    let kvh = head / group;
-                    let start = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                    let q = &qkv[r * qkv_w + head * hd..r * qkv_w + (head + 1) * hd];
-                    ops::attend(
-                        q,
-                        &seq.k[il][kvh * hd..],
-                        &seq.v[il][kvh * hd..],
-                        kvd,
-                        start,
-                        pos + 1,
-                        scale,
-                        f16_kv,
-                        out,
-                    );
-                });
+                // With enough rows, one piece per (row, KV head) runs that KV head's query heads
+                // back to back, so its keys and values come from cache after the first; with
+                // few rows, one piece per query head keeps every thread busy. Each head's
+                // arithmetic is the same either way.
+                let heads_per_piece = if n * hp.n_head_kv >= 4 * kern.pool.threads() {
+                    group
+                } else {
+                    1
+                };
+                kern.pool
+                    .for_each_piece_mut(att, heads_per_piece * hd, &|i, out| {
+                        let first = i * heads_per_piece;
+                        for (g, out) in out.chunks_exact_mut(hd).enumerate() {
+                            let (r, head) = ((first + g) / nh, (first + g) % nh);
+                            let (si, pos) = rows[r];
+                            let seq: &crate::Sequence = steps_ro[si].seq;
+                            let kvh = head / group;
+                            let start = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                            let q = &qkv[r * qkv_w + head * hd..r * qkv_w + (head + 1) * hd];
+                            ops::attend(
+                                q,
+                                &seq.k[il][kvh * hd..],
+                                &seq.v[il][kvh * hd..],
+                                kvd,
+                                start,
+                                pos + 1,
+                                scale,
+                                f16_kv,
+                                out,
+                            );
+                        }
+                    });
             }
             s.acts
                 .quantize(att, n, qd)
