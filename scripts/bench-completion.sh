@@ -4,7 +4,9 @@
 # (alpha-3.3 = SmolLM2-135M-Instruct Q4_1, greedy, natural stop), and the same load on the
 # scheduler alone (no HTTP), to report the HTTP layer's overhead. Loopback only.
 #
-#   scripts/bench-completion.sh      # env: THREADS=2 STREAMS=1,4,8,16 MAX_TOKENS=64
+#   scripts/bench-completion.sh      # env: THREADS=2 STREAMS=1,4,8,16 MAX_TOKENS=64 REPEAT=3
+# Each level runs REPEAT times on both sides (interleaved levels, same order); the overhead table
+# compares medians, since one run of a level moves by about 10% with how prompts batch.
 # Results: Markdown tables on stdout, JSON lines in .cache/bench/.
 set -euo pipefail
 
@@ -12,6 +14,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 THREADS="${THREADS:-2}"
 STREAMS="${STREAMS:-1,4,8,16}"
+REPEAT="${REPEAT:-3}"
+LEVELS="$STREAMS"
+for _ in $(seq 2 "$REPEAT"); do LEVELS="$LEVELS,$STREAMS"; done
 MAX_TOKENS="${MAX_TOKENS:-64}"
 # release (default), or dev: dependencies and the model crates are optimised in dev too.
 PROFILE="${PROFILE:-release}"
@@ -25,7 +30,7 @@ log() { echo "bench-completion: $*" >&2; }
 [ -f weights/SmolLM2-135M-Instruct.Q4_1.gguf ] || scripts/fetch-weights.sh smollm2
 
 log "scheduler alone (same prompts, greedy, natural stop)"
-cargo bench -q --profile "$PROFILE" -p hearth-scheduler --bench decode -- --threads "$THREADS" --streams "$STREAMS" \
+cargo bench -q --profile "$PROFILE" -p hearth-scheduler --bench decode -- --threads "$THREADS" --streams "$LEVELS" \
     --max-tokens "$MAX_TOKENS" --natural-stop --json "$OUT/scheduler-natural.jsonl"
 
 log "building hearth ($PROFILE)"
@@ -36,13 +41,18 @@ DATA="$(mktemp -d)"
 # The shipped model table with absolute weight paths and the benchmark's thread count.
 sed -e "s|^weights = \"weights/|weights = \"$ROOT/weights/|" -e "s|^threads = .*|threads = $THREADS|" \
     models.toml >"$DATA/models.toml"
+# Credit the benchmark user before the server opens the store (the CLI writes it directly).
+"$HEARTH" balance credit bench 1000000 --data-dir "$DATA" >/dev/null
 "$HEARTH" serve --data-dir "$DATA" --services auth,completion --models "$DATA/models.toml" \
     --auth-addr "127.0.0.1:$AUTH_PORT" --completion-addr "127.0.0.1:$COMPLETION_PORT" \
     >"$OUT/hearth-serve.log" 2>&1 &
 PID=$!
 trap 'kill "$PID" 2>/dev/null || true; rm -rf "$DATA"' EXIT
 for _ in $(seq 1 240); do
-    if curl -sf "http://127.0.0.1:$COMPLETION_PORT/" | grep -q '"alpha-3.3":"ready"'; then break; fi
+    # Every model of the table loads at start-up: wait until none is still loading, so that no
+    # load competes with the measured requests for the cores.
+    HEALTH="$(curl -sf "http://127.0.0.1:$COMPLETION_PORT/" || true)"
+    if grep -q '"alpha-3.3":"ready"' <<<"$HEALTH" && ! grep -q '"loading"' <<<"$HEALTH"; then break; fi
     if ! kill -0 "$PID" 2>/dev/null; then log "hearth exited; see $OUT/hearth-serve.log"; exit 1; fi
     sleep 0.5
 done
@@ -51,17 +61,24 @@ IDP="$("$HEARTH" idp mint bench --data-dir "$DATA")"
 TOKEN="$(curl -sf -X POST "http://127.0.0.1:$AUTH_PORT/token" -H 'Content-Type: application/json' \
     -d "{\"userId\":\"bench\",\"idpToken\":\"$IDP\",\"lifetimeSeconds\":3600}" |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["serviceToken"])')"
-"$HEARTH" balance credit bench 1000000 --data-dir "$DATA" >/dev/null
 
 log "HTTP load on 127.0.0.1:$COMPLETION_PORT"
 cargo bench -q --profile "$PROFILE" --bench loadgen -- --target hearth --url "http://127.0.0.1:$COMPLETION_PORT" \
-    --token "$TOKEN" --model alpha-3.3 --streams "$STREAMS" --max-tokens "$MAX_TOKENS" \
+    --token "$TOKEN" --model alpha-3.3 --streams "$LEVELS" --max-tokens "$MAX_TOKENS" \
     --json "$OUT/http.jsonl"
 
 python3 - "$OUT/scheduler-natural.jsonl" "$OUT/http.jsonl" <<'PY'
 import json, sys
-sched = {r["streams"]: r for r in map(json.loads, open(sys.argv[1]))}
-http = {r["streams"]: r for r in map(json.loads, open(sys.argv[2]))}
+import statistics
+def medians(path):
+    runs = {}
+    for r in map(json.loads, open(path)):
+        runs.setdefault(r["streams"], []).append(r)
+    return {n: {k: statistics.median(x[k] for x in rs) for k in rs[0] if k not in ("target", "streams")}
+            for n, rs in runs.items()}
+sched = medians(sys.argv[1])
+http = medians(sys.argv[2])
+print(f"(medians of {len(open(sys.argv[2]).readlines()) // max(len(http), 1)} runs per level)")
 print("\nHTTP layer overhead (same prompts and tokens; positive = HTTP slower)")
 print("| streams | scheduler tok/s | HTTP tok/s | throughput overhead | scheduler decode tok/s | HTTP decode tok/s | decode overhead | scheduler TTFT p50 ms | HTTP TTFT p50 ms | TTFT overhead ms | scheduler ITL p99 ms | HTTP ITL p99 ms |")
 print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

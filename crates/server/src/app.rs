@@ -3,6 +3,7 @@
 //! [`Running::shutdown`]. `hearth serve` and the integration tests both go through [`start`].
 
 use axum::extract::FromRef;
+use axum::serve::ListenerExt;
 use axum::Router;
 use chrono::{DateTime, Utc};
 use hearth_auth::{IdentityProvider, OidcIdp, ServiceTokens, SharedSecretIdp};
@@ -288,6 +289,13 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         tracing::info!(service = %service, addr = %addr, "listening");
         let token = shutdown.clone();
         tasks.push(tokio::spawn(async move {
+            // Token events are small writes: without TCP_NODELAY, Nagle's algorithm holds a
+            // stream's first event back until the client's delayed ACK (~20-40 ms of TTFT).
+            let listener = listener.tap_io(|tcp| {
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::warn!(error = %e, "cannot set TCP_NODELAY on a connection");
+                }
+            });
             let serve =
                 axum::serve(listener, router).with_graceful_shutdown(token.cancelled_owned());
             if let Err(e) = serve.await {
