@@ -109,25 +109,19 @@ fn styled(out: &mut String, escaped: &mut String, run: &Run, text: &str) {
         out.push_str(escaped);
         return;
     }
+    // Opened outermost first, closed in the reverse order.
+    let marks = [(run.bold, "**"), (run.italic, "*"), (run.strike, "~~")];
     out.push_str(lead);
-    if run.bold {
-        out.push_str("**");
-    }
-    if run.italic {
-        out.push('*');
-    }
-    if run.strike {
-        out.push_str("~~");
+    for &(on, mark) in &marks {
+        if on {
+            out.push_str(mark);
+        }
     }
     out.push_str(core);
-    if run.strike {
-        out.push_str("~~");
-    }
-    if run.italic {
-        out.push('*');
-    }
-    if run.bold {
-        out.push_str("**");
+    for &(on, mark) in marks.iter().rev() {
+        if on {
+            out.push_str(mark);
+        }
     }
     out.push_str(trail);
 }
