@@ -16,9 +16,6 @@ pub struct QActs {
     pub(crate) cols: usize,
     pub(crate) kp: usize,
     pub(crate) qs: Vec<i8>,
-    /// The same quants as unsigned `q + 128` (what `vpdpbusd` takes on its unsigned side when
-    /// the weights are the signed operand).
-    pub(crate) qu: Vec<u8>,
     /// `rows * kp / 4`: the block scale of each lane.
     pub(crate) lane_scale: Vec<f32>,
     /// `rows * kp / 4`: `d * (q0 + q1 + q2 + q3)` of each lane.
@@ -44,7 +41,6 @@ impl QActs {
             cols: 0,
             kp: 0,
             qs: Vec::with_capacity(rows * kp),
-            qu: Vec::with_capacity(rows * kp),
             lane_scale: Vec::with_capacity(rows * kp / 4),
             lane_sum: Vec::with_capacity(rows * kp / 4),
             block_sum: Vec::with_capacity(rows * kp / 32),
@@ -80,22 +76,17 @@ impl QActs {
         self.lane_sum.resize(rows * kp / 4, 0.0);
         self.block_sum.clear();
         self.block_sum.resize(rows * kp / 32, 0.0);
+        self.block_isum.clear();
+        self.block_isum.resize(rows * kp / 32, 0);
         for r in 0..rows {
             let xr = &x[r * cols..(r + 1) * cols];
             let qr = &mut self.qs[r * kp..(r + 1) * kp];
             let ls = &mut self.lane_scale[r * kp / 4..(r + 1) * kp / 4];
             let lsum = &mut self.lane_sum[r * kp / 4..(r + 1) * kp / 4];
             let bsum = &mut self.block_sum[r * kp / 32..(r + 1) * kp / 32];
-            crate::ops::quantize_row(xr, qr, ls, lsum, bsum);
+            let isum = &mut self.block_isum[r * kp / 32..(r + 1) * kp / 32];
+            crate::ops::quantize_row(xr, qr, ls, lsum, bsum, isum);
         }
-        self.qu.clear();
-        self.qu.extend(self.qs.iter().map(|&q| (q as u8) ^ 0x80));
-        self.block_isum.clear();
-        self.block_isum.extend(
-            self.qs
-                .chunks_exact(32)
-                .map(|b| b.iter().map(|&q| q as i32).sum::<i32>()),
-        );
         Ok(())
     }
 

@@ -225,6 +225,7 @@ fn quantize_row_body(
     lane_scale: &mut [f32],
     lane_sum: &mut [f32],
     block_sum: &mut [f32],
+    block_isum: &mut [i32],
 ) {
     for (b, xb) in x.chunks(32).enumerate() {
         // |x| with NaN read as 0 (so it cannot become the scale), then a max tree over the
@@ -274,6 +275,7 @@ fn quantize_row_body(
         let total = half::f16::from_f32(d * sum as f32).to_f32();
         lane_sum[8 * b + 7] = total - lanes;
         block_sum[b] = total;
+        block_isum[b] = sum;
     }
 }
 
@@ -387,7 +389,7 @@ multiversion! {
 multiversion! {
     /// Quantizes one activation row into 8-bit blocks of 32 (see `acts`); the output slices
     /// are the row's padded quants and per-lane scales/sums, pre-zeroed by the caller.
-    pub fn quantize_row(x: &[f32], q: &mut [i8], lane_scale: &mut [f32], lane_sum: &mut [f32], block_sum: &mut [f32]) => quantize_row_body
+    pub fn quantize_row(x: &[f32], q: &mut [i8], lane_scale: &mut [f32], lane_sum: &mut [f32], block_sum: &mut [f32], block_isum: &mut [i32]) => quantize_row_body
 }
 
 /// Rounds every element to the nearest f16 value (what an f16 KV cache keeps).

@@ -250,17 +250,26 @@ impl QMatrix {
     /// whether it is the high nibble (4-bit layout).
     #[inline]
     fn il_byte(&self, r: usize, e: usize) -> (usize, bool) {
-        let blocks = self.kp / 32;
-        let (g, rr) = (r / 16, r % 16);
-        let (b, i) = (e / 32, e % 32);
+        let (at, high) = self.il_in_block(r % 16, e % 32);
+        (self.il_block_base(r, e / 32) + at, high)
+    }
+
+    /// Where the quants of block `b` of row `r`'s 16-row group start.
+    #[inline]
+    fn il_block_base(&self, r: usize, b: usize) -> usize {
+        let bytes = if self.layout == Layout::S8 { 512 } else { 256 };
+        ((r / 16) * (self.kp / 32) + b) * bytes
+    }
+
+    /// Offset of element `i` (< 32) of the group's row `rr` (< 16) inside its block, and
+    /// whether it is the high nibble.
+    #[inline]
+    fn il_in_block(&self, rr: usize, i: usize) -> (usize, bool) {
         let (k, t) = (i / 4, i % 4);
         if self.layout == Layout::S8 {
-            ((g * blocks + b) * 512 + 64 * k + 4 * rr + t, false)
+            (64 * k + 4 * rr + t, false)
         } else {
-            (
-                (g * blocks + b) * 256 + 64 * (k / 2) + 4 * rr + t,
-                k % 2 == 1,
-            )
+            (64 * (k / 2) + 4 * rr + t, k % 2 == 1)
         }
     }
 
@@ -275,32 +284,31 @@ impl QMatrix {
         }
     }
 
-    fn pack_row_il(&mut self, r: usize, rb: &RowBuf) {
+    /// Where the fifth bit of element `e` of row `r` sits in the interleaved 5-bit plane: the
+    /// byte index and the bit's mask.
+    #[inline]
+    fn il_hi_bit(&self, r: usize, e: usize) -> (usize, u8) {
         let blocks = self.kp / 32;
-        let (g, rr) = (r / 16, r % 16);
-        let s8 = self.layout == Layout::S8;
-        let bpb = if s8 { 512 } else { 256 };
+        let i = e % 32;
+        let word = (((r / 16) * blocks + e / 32) * 8 + i / 4) * 8;
+        let bit = 4 * (r % 16) + i % 4;
+        (word + bit / 8, 1 << (bit % 8))
+    }
+
+    fn pack_row_il(&mut self, r: usize, rb: &RowBuf) {
         for (b, q) in rb.q.chunks_exact(32).enumerate() {
-            let base = (g * blocks + b) * bpb + 4 * rr;
-            for k in 0..8 {
-                for t in 0..4 {
-                    let v = q[4 * k + t];
-                    if self.layout == Layout::U5 {
-                        let word = ((g * blocks + b) * 8 + k) * 8;
-                        let bit = 4 * rr + t;
-                        let (at, m) = (word + bit / 8, 1u8 << (bit % 8));
-                        self.hi[at] = (self.hi[at] & !m) | if v & 16 != 0 { m } else { 0 };
-                    }
-                    if s8 {
-                        self.qs[base + 64 * k + t] = v ^ 0x80;
-                    } else {
-                        let at = base + 64 * (k / 2) + t;
-                        self.qs[at] = if k % 2 == 1 {
-                            (self.qs[at] & 0x0F) | ((v & 15) << 4)
-                        } else {
-                            (self.qs[at] & 0xF0) | (v & 15)
-                        };
-                    }
+            let base = self.il_block_base(r, b);
+            for (i, &v) in q.iter().enumerate() {
+                let (off, high) = self.il_in_block(r % 16, i);
+                let at = base + off;
+                self.qs[at] = match (self.layout, high) {
+                    (Layout::S8, _) => v ^ 0x80,
+                    (_, true) => (self.qs[at] & 0x0F) | ((v & 15) << 4),
+                    (_, false) => (self.qs[at] & 0xF0) | (v & 15),
+                };
+                if self.layout == Layout::U5 {
+                    let (at, m) = self.il_hi_bit(r, 32 * b + i);
+                    self.hi[at] = (self.hi[at] & !m) | if v & 16 != 0 { m } else { 0 };
                 }
             }
         }
@@ -385,10 +393,8 @@ impl QMatrix {
                 (_, false) => (byte & 15) as i32,
             };
             if self.layout == Layout::U5 {
-                let (blocks, i) = (self.kp / 32, e % 32);
-                let word = (((r / 16) * blocks + e / 32) * 8 + i / 4) * 8;
-                let bit = 4 * (r % 16) + i % 4;
-                return q | ((((self.hi[word + bit / 8] >> (bit % 8)) & 1) as i32) << 4);
+                let (at, m) = self.il_hi_bit(r, e);
+                return q | if self.hi[at] & m != 0 { 16 } else { 0 };
             }
             return q;
         }

@@ -81,7 +81,7 @@ unsafe fn dot_vnni(u: __m512i, s: __m512i) -> __m512i {
 }
 
 macro_rules! avx512_tile {
-    ($name:ident, $feat:literal, $dot:ident, $vnni:literal) => {
+    ($name:ident, $feat:literal, $dot:ident) => {
         /// Computes `res[i][j] = dot(w row r0+i, act row a0+j)` for `i < MR`, `j < NR`.
         ///
         /// # Safety
@@ -110,18 +110,10 @@ macro_rules! avx512_tile {
             let mut acc = [[_mm512_setzero_ps(); NR]; MR];
             let aq = a.qs.as_ptr();
             for c in 0..chunks {
-                // Signed 8-bit weights with VNNI: the activations as unsigned `q + 128`, and
-                // `128 * (lane sum of the weights)` taken off (exact integers, no sign fix-up
-                // per activation row).
-                let s8u = $vnni && L == L_S8;
                 let mut av = [_mm512_setzero_si512(); NR];
                 for (j, v) in av.iter_mut().enumerate() {
                     let off = (a0 + j) * a.kp + 64 * c;
-                    *v = if s8u {
-                        _mm512_loadu_si512(a.qu.as_ptr().add(off) as *const _)
-                    } else {
-                        _mm512_loadu_si512(aq.add(off) as *const _)
-                    };
+                    *v = _mm512_loadu_si512(aq.add(off) as *const _);
                 }
                 for (i, acc_i) in acc.iter_mut().enumerate() {
                     let r = r0 + i;
@@ -132,24 +124,16 @@ macro_rules! avx512_tile {
                     );
                     let wq = unpack::<L>(w, r * chunks + c);
                     let ws = expand::<L>(w.scales.as_ptr().add(r * groups + c * gpc));
-                    let bias = if s8u {
-                        _mm512_sub_epi32(
-                            _mm512_setzero_si512(),
-                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(-128), wq),
-                        )
-                    } else {
-                        _mm512_setzero_si512()
-                    };
-                    let (wu, neg) = if L == L_S8 && !s8u {
+                    // Signed 8-bit weights: |w| on the unsigned side, the sign moved onto the
+                    // activations (exact integers).
+                    let (wu, neg) = if L == L_S8 {
                         (_mm512_abs_epi8(wq), _mm512_movepi8_mask(wq))
                     } else {
                         (wq, 0)
                     };
                     for (j, acc_ij) in acc_i.iter_mut().enumerate() {
                         let lane = ((a0 + j) * a.kp + 64 * c) / 4;
-                        let dot = if s8u {
-                            _mm512_dpbusd_epi32(bias, av[j], wq)
-                        } else if L == L_S8 {
+                        let dot = if L == L_S8 {
                             let s = _mm512_mask_sub_epi8(av[j], neg, _mm512_setzero_si512(), av[j]);
                             $dot(wu, s)
                         } else {
@@ -215,12 +199,11 @@ macro_rules! avx512_tile {
     };
 }
 
-avx512_tile!(tile_bw, "avx512f,avx512bw,avx512vl,f16c,fma", dot_bw, false);
+avx512_tile!(tile_bw, "avx512f,avx512bw,avx512vl,f16c,fma", dot_bw);
 avx512_tile!(
     tile_vnni,
     "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma",
-    dot_vnni,
-    true
+    dot_vnni
 );
 
 /// Sixteen weight rows of an interleaved matrix (see `pack`) times activation rows
