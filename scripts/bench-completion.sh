@@ -4,9 +4,9 @@
 # (alpha-3.3 = SmolLM2-135M-Instruct Q4_1, greedy, natural stop), and the same load on the
 # scheduler alone (no HTTP), to report the HTTP layer's overhead. Loopback only.
 #
-#   scripts/bench-completion.sh      # env: THREADS=2 STREAMS=1,4,8,16 MAX_TOKENS=64 REPEAT=3
-# Each level runs REPEAT times on both sides (interleaved levels, same order); the overhead table
-# compares medians, since one run of a level moves by about 10% with how prompts batch.
+#   scripts/bench-completion.sh      # env: THREADS=2 STREAMS=1,4,8,16 MAX_TOKENS=64 REPEAT=10
+# Each level runs REPEAT times on both sides, in rounds that alternate between them; the overhead
+# table compares medians, since one run of a level moves by about 10% with how prompts batch.
 # Results: Markdown tables on stdout, JSON lines in .cache/bench/.
 set -euo pipefail
 
@@ -14,9 +14,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 THREADS="${THREADS:-2}"
 STREAMS="${STREAMS:-1,4,8,16}"
-REPEAT="${REPEAT:-3}"
-LEVELS="$STREAMS"
-for _ in $(seq 2 "$REPEAT"); do LEVELS="$LEVELS,$STREAMS"; done
+REPEAT="${REPEAT:-10}"
 MAX_TOKENS="${MAX_TOKENS:-64}"
 # release (default), or dev: dependencies and the model crates are optimised in dev too.
 PROFILE="${PROFILE:-release}"
@@ -28,10 +26,6 @@ mkdir -p "$OUT"
 log() { echo "bench-completion: $*" >&2; }
 
 [ -f weights/SmolLM2-135M-Instruct.Q4_1.gguf ] || scripts/fetch-weights.sh smollm2
-
-log "scheduler alone (same prompts, greedy, natural stop)"
-cargo bench -q --profile "$PROFILE" -p hearth-scheduler --bench decode -- --threads "$THREADS" --streams "$LEVELS" \
-    --max-tokens "$MAX_TOKENS" --natural-stop --json "$OUT/scheduler-natural.jsonl"
 
 log "building hearth ($PROFILE)"
 cargo build -q --profile "$PROFILE" --bin hearth
@@ -62,10 +56,24 @@ TOKEN="$(curl -sf -X POST "http://127.0.0.1:$AUTH_PORT/token" -H 'Content-Type: 
     -d "{\"userId\":\"bench\",\"idpToken\":\"$IDP\",\"lifetimeSeconds\":3600}" |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["serviceToken"])')"
 
-log "HTTP load on 127.0.0.1:$COMPLETION_PORT"
-cargo bench -q --profile "$PROFILE" --bench loadgen -- --target hearth --url "http://127.0.0.1:$COMPLETION_PORT" \
-    --token "$TOKEN" --model alpha-3.3 --streams "$LEVELS" --max-tokens "$MAX_TOKENS" \
-    --json "$OUT/http.jsonl"
+# Rounds alternate between the two sides (every level once per round), so that a drift in the
+# machine's speed during the run (other tenants, frequency) falls on both alike.
+log "building the scheduler benchmark and the load generator ($PROFILE)"
+cargo bench -q --no-run --profile "$PROFILE" -p hearth-scheduler --bench decode
+cargo bench -q --no-run --profile "$PROFILE" --bench loadgen
+: >"$OUT/scheduler-natural.jsonl"
+: >"$OUT/http.jsonl"
+for round in $(seq 1 "$REPEAT"); do
+    log "round $round/$REPEAT: scheduler alone (same prompts, greedy, natural stop)"
+    cargo bench -q --profile "$PROFILE" -p hearth-scheduler --bench decode -- --threads "$THREADS" \
+        --streams "$STREAMS" --max-tokens "$MAX_TOKENS" --natural-stop --json "$OUT/round.jsonl"
+    cat "$OUT/round.jsonl" >>"$OUT/scheduler-natural.jsonl"
+    log "round $round/$REPEAT: HTTP load on 127.0.0.1:$COMPLETION_PORT"
+    cargo bench -q --profile "$PROFILE" --bench loadgen -- --target hearth \
+        --url "http://127.0.0.1:$COMPLETION_PORT" --token "$TOKEN" --model alpha-3.3 \
+        --streams "$STREAMS" --max-tokens "$MAX_TOKENS" --json "$OUT/round.jsonl"
+    cat "$OUT/round.jsonl" >>"$OUT/http.jsonl"
+done
 
 python3 - "$OUT/scheduler-natural.jsonl" "$OUT/http.jsonl" <<'PY'
 import json, sys

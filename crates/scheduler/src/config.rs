@@ -28,6 +28,11 @@ pub struct SchedulerConfig {
     /// prefill work delays the running streams' next token by its length, so a few large steps
     /// touch far fewer inter-token gaps than many small ones (and batch the weights better).
     pub max_step_tokens: usize,
+    /// How long an idle engine that has just taken a request waits for more before its first
+    /// step: each further arrival extends the wait by this much, up to 25 times it in all.
+    /// Requests sent together (a client's parallel calls) then start in one prefill step rather
+    /// than the first alone and the rest a step later. Zero starts at once.
+    pub gather_window: Duration,
     /// Capacity of each stream's event channel. A stream whose channel is full is paused (it
     /// takes no step, keeps its KV cache) until its reader catches up.
     pub channel_capacity: usize,
@@ -49,6 +54,7 @@ impl Default for SchedulerConfig {
             queue_timeout: Duration::from_secs(30),
             prefill_chunk: 128,
             max_step_tokens: 512,
+            gather_window: Duration::from_millis(1),
             channel_capacity: 64,
             stall_timeout: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(10),

@@ -18,6 +18,10 @@ use crate::Error;
 
 /// How long the loop sleeps when every running stream is paused on a full channel.
 const PAUSED_POLL: Duration = Duration::from_millis(2);
+/// Longest gathering of a burst, in gather windows. 16 parallel HTTP requests on a 2-core box
+/// (authentication, the hold, tokenization) reach the queue over more than 8 ms, though each
+/// within a millisecond of the one before.
+const GATHER_MAX_WINDOWS: u32 = 25;
 /// How long the loop sleeps with nothing to do before looking at deadlines again.
 const IDLE_POLL: Duration = Duration::from_millis(50);
 /// After the last stream ended at shutdown, how long undelivered final events may wait.
@@ -169,7 +173,12 @@ impl Engine {
         let name = self.batch.shared.config.name.clone();
         info!(model = %name, "engine started");
         loop {
-            let draining = self.batch.admit(&self.model);
+            let idle = self.batch.active.is_empty();
+            let mut draining = self.batch.admit(&self.model);
+            if idle && draining.is_none() && !self.batch.active.is_empty() {
+                self.batch.gather();
+                draining = self.batch.admit(&self.model);
+            }
             if let Some(deadline) = draining {
                 if Instant::now() >= deadline && !self.batch.active.is_empty() {
                     info!(model = %name, streams = self.batch.active.len(), "grace period over, aborting");
@@ -530,6 +539,31 @@ impl Batch {
             self.closing
                 .retain_mut(|c| matches!(flush(&c.tx, &mut c.outbox), Flush::Full));
             std::thread::sleep(PAUSED_POLL);
+        }
+    }
+
+    /// Waits while the rest of a burst arrives: until no request has come for `gather_window`,
+    /// or `GATHER_MAX_WINDOWS` windows have passed.
+    fn gather(&self) {
+        let window = self.shared.config.gather_window;
+        if window.is_zero() {
+            return;
+        }
+        let until = Instant::now() + window * GATHER_MAX_WINDOWS;
+        let mut queue = self.shared.lock();
+        loop {
+            let seen = queue.waiting.len();
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() || !matches!(queue.state, RunState::Running) {
+                return;
+            }
+            queue = match self.shared.wake.wait_timeout(queue, window.min(left)) {
+                Ok((q, _)) => q,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+            if queue.waiting.len() <= seen {
+                return;
+            }
         }
     }
 

@@ -184,6 +184,38 @@ async fn a_stream_ends_with_length_after_max_tokens_and_reports_usage() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_arriving_together_at_an_idle_engine_start_in_one_step() {
+    let sched = tiny(SchedulerConfig {
+        name: "gather".into(),
+        gather_window: Duration::from_millis(50),
+        ..SchedulerConfig::default()
+    });
+    let ids = prompt(&sched, "Say something.");
+    // `submit` returns once its request is admitted, so the four are sent from their own tasks,
+    // a few milliseconds apart as parallel HTTP requests reach the scheduler: far longer than a
+    // step of the tiny model, so without the gather window the first would run alone.
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let (s, ids) = (sched.clone(), ids.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = s
+                .submit(long(ids, 3, &format!("g{i}")))
+                .await
+                .expect("submit");
+            g.collect().await.usage.completion_tokens
+        }));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for t in tasks {
+        assert_eq!(t.await.expect("stream task"), 3);
+    }
+    let m = sched.metrics();
+    // One step prefills all four prompts (and samples their first tokens), two more decode.
+    assert_eq!(m.steps, 3, "steps: {m:?}");
+    assert_eq!(m.batch_rows.max, 4.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_by_handle_frees_the_slot_and_leaves_others_unchanged() {
     let sched = tiny(SchedulerConfig {
         max_active: 2,

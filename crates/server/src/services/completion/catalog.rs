@@ -4,7 +4,7 @@
 //!
 //! Keys beyond the shipped file (all optional): `default_temperature`,
 //! `default_max_output_tokens`, `context_length` (caps the model's own), `max_active`,
-//! `max_queued`, `kv_budget_mb`, `queue_timeout_ms`, `prefill_chunk`, `max_step_tokens`, `shutdown_grace_ms`,
+//! `max_queued`, `kv_budget_mb`, `queue_timeout_ms`, `prefill_chunk`, `max_step_tokens`, `gather_window_us`, `shutdown_grace_ms`,
 //! `device`, `threads`.
 
 use std::collections::BTreeMap;
@@ -113,6 +113,7 @@ struct RawTextModel {
     queue_timeout_ms: Option<u64>,
     prefill_chunk: Option<usize>,
     max_step_tokens: Option<usize>,
+    gather_window_us: Option<u64>,
     shutdown_grace_ms: Option<u64>,
     kv_precision: Option<String>,
 }
@@ -264,6 +265,10 @@ fn resolve(
             .unwrap_or(base_cfg.queue_timeout),
         prefill_chunk: m.prefill_chunk.unwrap_or(base_cfg.prefill_chunk),
         max_step_tokens: m.max_step_tokens.unwrap_or(base_cfg.max_step_tokens),
+        gather_window: m
+            .gather_window_us
+            .map(Duration::from_micros)
+            .unwrap_or(base_cfg.gather_window),
         shutdown_grace: m
             .shutdown_grace_ms
             .map(Duration::from_millis)
@@ -308,6 +313,22 @@ mod tests {
             "{err}"
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn scheduler_keys_are_read_with_defaults() {
+        let base = Path::new("/models");
+        let table = |extra: &str| {
+            format!("[text.\"alpha-3.3\"]\nweights = \"w.gguf\"\ninput_price_per_million = \"1\"\noutput_price_per_million = \"1\"\n{extra}")
+        };
+        let cat = parse(&table("gather_window_us = 0\nmax_step_tokens = 64"), base).unwrap();
+        let cfg = &cat.entry("alpha-3.3").unwrap().scheduler;
+        assert_eq!(cfg.gather_window, Duration::ZERO);
+        assert_eq!(cfg.max_step_tokens, 64);
+        let cat = parse(&table(""), base).unwrap();
+        let cfg = &cat.entry("alpha-3.3").unwrap().scheduler;
+        assert_eq!(cfg.gather_window, SchedulerConfig::default().gather_window);
+        assert_eq!(cfg.gather_window, Duration::from_millis(1));
     }
 
     #[test]
