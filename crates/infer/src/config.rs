@@ -99,6 +99,31 @@ impl KvPrecision {
     }
 }
 
+/// How the fast CPU backend does its arithmetic.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Numerics {
+    /// The SIMD kernels (the fastest). Default.
+    #[default]
+    Fast,
+    /// A scalar emulation of llama.cpp's CPU arithmetic (ggml-cpu on x86-64 with AVX-512, f32
+    /// KV cache, no flash attention), bit for bit, for parity checks against llama.cpp; slow.
+    /// Llama-family GGUF files with Q4_1 layer matrices and Q8_0 embeddings only, with
+    /// `kv_precision` f32 (src/fast/ggml_exact.rs).
+    Ggml,
+}
+
+impl std::str::FromStr for Numerics {
+    type Err = String;
+    /// Parses `fast` or `ggml`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "fast" => Ok(Numerics::Fast),
+            "ggml" => Ok(Numerics::Ggml),
+            other => Err(format!("numerics {other:?}: expected fast or ggml")),
+        }
+    }
+}
+
 /// Where and how to load one text model.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TextModelConfig {
@@ -113,6 +138,8 @@ pub struct TextModelConfig {
     pub backend: BackendChoice,
     /// Precision of the attention over the KV cache (default f32).
     pub kv_precision: KvPrecision,
+    /// How the fast backend computes (default: its SIMD kernels).
+    pub numerics: Numerics,
 }
 
 impl TextModelConfig {
@@ -126,6 +153,7 @@ impl TextModelConfig {
             threads: 0,
             backend: BackendChoice::Auto,
             kv_precision: KvPrecision::F32,
+            numerics: Numerics::Fast,
         }
     }
 }
@@ -162,5 +190,13 @@ mod tests {
             KvPrecision::F32
         );
         assert!(KvPrecision::F16.rounds_to_f16() && !KvPrecision::F32.rounds_to_f16());
+    }
+
+    #[test]
+    fn numerics_parse_and_default_to_fast() {
+        assert_eq!("ggml".parse::<Numerics>().unwrap(), Numerics::Ggml);
+        assert_eq!(" fast ".parse::<Numerics>().unwrap(), Numerics::Fast);
+        assert!("exact".parse::<Numerics>().is_err());
+        assert_eq!(TextModelConfig::local("m.gguf").numerics, Numerics::Fast);
     }
 }

@@ -22,7 +22,7 @@ mod sampler;
 mod template;
 mod tokenizer;
 
-pub use config::{BackendChoice, DeviceSpec, KvPrecision, TextModelConfig, WeightSource};
+pub use config::{BackendChoice, DeviceSpec, KvPrecision, Numerics, TextModelConfig, WeightSource};
 pub use error::Error;
 pub use gguf::{Arch, Hparams};
 pub use hearth_types::{ChatMessage, Role, SamplingParams};
