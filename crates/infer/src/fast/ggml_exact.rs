@@ -67,10 +67,10 @@ fn round_f16(x: f32) -> f32 {
 
 /// One quantized block of 32 activations (`block_q8_1`; `s` is unused for Q8_0).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Q8Block {
-    pub(crate) d: f32,
-    pub(crate) s: f32,
-    pub(crate) q: [i8; 32],
+struct Q8Block {
+    d: f32,
+    s: f32,
+    q: [i8; 32],
 }
 
 const Q8_ZERO: Q8Block = Q8Block {
@@ -81,7 +81,7 @@ const Q8_ZERO: Q8Block = Q8Block {
 
 /// `quantize_row_q8_1` (x86 AVX2 branch) of one row into `out` (`x.len() / 32` blocks); with
 /// `with_sum` false it is `quantize_row_q8_0` (the same rounding, no `s`).
-pub(crate) fn quantize_row_q8(x: &[f32], with_sum: bool, out: &mut [Q8Block]) {
+fn quantize_row_q8(x: &[f32], with_sum: bool, out: &mut [Q8Block]) {
     for (xb, y) in x.chunks_exact(32).zip(out.iter_mut()) {
         let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
@@ -102,13 +102,13 @@ pub(crate) fn quantize_row_q8(x: &[f32], with_sum: bool, out: &mut [Q8Block]) {
 }
 
 /// `hsum_float_8`: (lanes 0-3 + lanes 4-7), then (0 + 2) + (1 + 3).
-pub(crate) fn hsum8(v: &[f32; 8]) -> f32 {
+fn hsum8(v: &[f32; 8]) -> f32 {
     let r = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
     (r[0] + r[2]) + (r[1] + r[3])
 }
 
 /// `_mm512_reduce_add_ps` as GCC expands it: halves added down to one lane.
-pub(crate) fn reduce16(v: &[f32; 16]) -> f32 {
+fn reduce16(v: &[f32; 16]) -> f32 {
     let mut h = [0f32; 8];
     for i in 0..8 {
         h[i] = v[i] + v[i + 8];
@@ -117,7 +117,7 @@ pub(crate) fn reduce16(v: &[f32; 16]) -> f32 {
 }
 
 /// `ggml_vec_dot_q4_1_q8_1`: one Q4_1 row (raw GGUF blocks) against quantized activations.
-pub(crate) fn dot_q4_1_q8_1(row: &[u8], a: &[Q8Block]) -> f32 {
+fn dot_q4_1_q8_1(row: &[u8], a: &[Q8Block]) -> f32 {
     let mut acc = [0f32; 8];
     let mut summs = 0f32;
     for (b, y) in row.chunks_exact(Q4_1_BYTES).zip(a) {
@@ -144,7 +144,7 @@ pub(crate) fn dot_q4_1_q8_1(row: &[u8], a: &[Q8Block]) -> f32 {
 }
 
 /// `ggml_vec_dot_q8_0_q8_0`: one Q8_0 row (raw GGUF blocks) against quantized activations.
-pub(crate) fn dot_q8_0_q8_0(row: &[u8], a: &[Q8Block]) -> f32 {
+fn dot_q8_0_q8_0(row: &[u8], a: &[Q8Block]) -> f32 {
     let mut acc = [0f32; 8];
     for (b, y) in row.chunks_exact(Q8_0_BYTES).zip(a) {
         let dd = f16_at(&b[0..2]) * y.d;
@@ -164,7 +164,7 @@ pub(crate) fn dot_q8_0_q8_0(row: &[u8], a: &[Q8Block]) -> f32 {
 /// `ggml_vec_dot_f32` (AVX-512) for `x.len()` a multiple of 64: four 16-lane accumulators
 /// (element `i` in accumulator `(i / 16) % 4`, lane `i % 16`), fused multiply-add, then
 /// `(a0 + a2) + (a1 + a3)` lane-wise and the 16-lane reduction.
-pub(crate) fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
+fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
     debug_assert!(x.len().is_multiple_of(64) && x.len() == y.len());
     let mut acc = [[0f32; 16]; 4];
     for (xc, yc) in x.chunks_exact(64).zip(y.chunks_exact(64)) {
@@ -183,7 +183,7 @@ pub(crate) fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
 
 /// One output of llamafile's tinyBLAS f32 kernel (AVX-512, `k` a multiple of 16): a single
 /// 16-lane accumulator over the whole row, then the 16-lane reduction.
-pub(crate) fn dot_f32_tinyblas(x: &[f32], y: &[f32]) -> f32 {
+fn dot_f32_tinyblas(x: &[f32], y: &[f32]) -> f32 {
     debug_assert!(x.len().is_multiple_of(16) && x.len() == y.len());
     let mut acc = [0f32; 16];
     for (xc, yc) in x.chunks_exact(16).zip(y.chunks_exact(16)) {
@@ -195,7 +195,7 @@ pub(crate) fn dot_f32_tinyblas(x: &[f32], y: &[f32]) -> f32 {
 }
 
 /// `ggml_v_expf` (AVX-512 variant), one lane.
-pub(crate) fn v_expf(x: f32) -> f32 {
+fn v_expf(x: f32) -> f32 {
     let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
     let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r);
     let n = z - r;
@@ -219,12 +219,12 @@ pub(crate) fn v_expf(x: f32) -> f32 {
 }
 
 /// `ggml_v_silu`, one lane: `x / (1 + exp(0 - x))`.
-pub(crate) fn v_silu(x: f32) -> f32 {
+fn v_silu(x: f32) -> f32 {
     x / (1.0 + v_expf(0.0 - x))
 }
 
 /// `ggml_compute_forward_rms_norm_f32` followed by the multiplication by the weight.
-pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let mut sum = 0f64;
     for &v in x {
         sum += f64::from(v * v);
@@ -238,7 +238,7 @@ pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 
 /// `ggml_rope_cache_init` for one position (no scaling, no frequency factors): `(cos, sin)`
 /// per pair.
-pub(crate) fn rope_cache(pos: usize, theta_scale: f32, out: &mut [(f32, f32)]) {
+fn rope_cache(pos: usize, theta_scale: f32, out: &mut [(f32, f32)]) {
     let mut theta = pos as f32;
     for cs in out.iter_mut() {
         *cs = (theta.cos(), theta.sin());
@@ -249,7 +249,7 @@ pub(crate) fn rope_cache(pos: usize, theta_scale: f32, out: &mut [(f32, f32)]) {
 /// RoPE, normal (interleaved pairs) mode, as GCC compiles `rotate_pairs` (it contracts each
 /// `a * b ± c * d` into one fused multiply-add, the product with `x0` fused; checked against
 /// llama.cpp's Qcur/Kcur).
-pub(crate) fn rope_normal(x: &mut [f32], cache: &[(f32, f32)]) {
+fn rope_normal(x: &mut [f32], cache: &[(f32, f32)]) {
     for (pair, &(c, s)) in x.chunks_exact_mut(2).zip(cache) {
         let (x0, x1) = (pair[0], pair[1]);
         pair[0] = x0.mul_add(c, -(x1 * s));
@@ -260,7 +260,7 @@ pub(crate) fn rope_normal(x: &mut [f32], cache: &[(f32, f32)]) {
 /// One softmax row of the attention (`ggml_compute_forward_soft_max_f32` with scale `scale`
 /// and a causal mask): `kq[..live]` are the K·Q products of the unmasked positions; `w` (a
 /// multiple of 16 long) receives the weights, 0 past `live`.
-pub(crate) fn soft_max(kq: &[f32], scale: f32, w: &mut [f32]) {
+fn soft_max(kq: &[f32], scale: f32, w: &mut [f32]) {
     let live = kq.len();
     let mut max = f32::NEG_INFINITY;
     for (wi, &v) in w.iter_mut().zip(kq) {
@@ -398,7 +398,7 @@ pub(crate) fn from_gguf(
     {
         return Err(unsupported(
             "attention.key_length",
-            "head sizes other than multiples of 64",
+            "head sizes other than multiples of 64 (or rows of partial blocks)",
         ));
     }
     let file = File::open(path).map_err(|source| Error::Io {
@@ -499,12 +499,12 @@ struct Bufs {
 
 /// Something that looks at named intermediate tensors (tests compare them with llama.cpp's).
 /// Names follow llama.cpp's graph (`name-il` for layer `il`, `name` alone for `None`).
-pub(crate) trait Tap {
+trait Tap {
     fn tap(&mut self, name: &str, il: Option<usize>, data: &[f32]);
 }
 
 /// Looks at nothing.
-pub(crate) struct NoTap;
+struct NoTap;
 
 impl Tap for NoTap {
     fn tap(&mut self, _: &str, _: Option<usize>, _: &[f32]) {}
@@ -692,7 +692,7 @@ impl GgmlModel {
     }
 
     /// The forward of [`Backend::forward`] with a tap on the intermediate tensors.
-    pub(crate) fn forward_tapped<T: Tap>(
+    fn forward_tapped<T: Tap>(
         &mut self,
         steps: &mut [Step<'_>],
         logits: &mut Vec<f32>,
