@@ -4,6 +4,10 @@
 /// Stylesheet shared by every page (`<style>` in the head).
 pub const BASE_CSS: &str = include_str!("base.css");
 
+/// Sign-in script shared by the service pages, inlined where a page says `__SIGNIN_JS__`: takes
+/// the token the auth page sends back, keeps it for the tab, shows who is signed in.
+pub const SIGNIN_JS: &str = include_str!("signin.js");
+
 /// Escapes text for HTML element content and attribute values.
 pub fn escape_html(text: &str) -> String {
     let mut out = String::with_capacity(text.len());

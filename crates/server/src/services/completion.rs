@@ -36,6 +36,7 @@ use tracing::{info, instrument, warn, Instrument, Span};
 use crate::app::{json_fallbacks, AppState, Session};
 use crate::billing::money;
 use crate::error::{ApiError, AppJson, ErrorKind};
+use crate::pages;
 use crate::services::{Service, ServiceInitError};
 
 pub use catalog::{Catalog, TextModelSpec};
@@ -155,14 +156,16 @@ async fn ui(State(cs): State<CompletionState>) -> Html<String> {
             })
         })
         .collect();
-    // JSON inside a <script>: `</` must not close the element.
-    let script_json = |v: &Value| v.to_string().replace("</", "<\\/");
     Html(
         CHAT_PAGE
-            .replace("__MODELS_JSON__", &script_json(&Value::Array(models)))
+            .replace("__SIGNIN_JS__", pages::SIGNIN_JS)
+            .replace(
+                "__MODELS_JSON__",
+                &pages::json_island(&Value::Array(models)),
+            )
             .replace(
                 "__AUTH_UI_JSON__",
-                &script_json(&json!(cs.app.urls.ui(Service::Auth))),
+                &pages::json_island(&json!(cs.app.urls.ui(Service::Auth))),
             ),
     )
 }

@@ -30,6 +30,7 @@ use tracing::{info, instrument, warn, Instrument, Span};
 use crate::app::{json_fallbacks, AppState};
 use crate::billing::{money, Charge};
 use crate::error::{ApiError, AppJson};
+use crate::pages;
 use crate::services::{Service, ServiceInitError};
 
 pub use catalog::{ImageModelEntry, Limits, REFERENCE_PIXELS, REFERENCE_STEPS};
@@ -187,8 +188,10 @@ async fn ui(State(st): State<ImagineState>) -> Html<String> {
         "pricePerImage": st.entry.price_per_image.to_string(),
         "authUi": st.app.urls.ui(Service::Auth),
     });
-    let script_json = config.to_string().replace("</", "<\\/");
-    Html(PAGE.replace("__CONFIG_JSON__", &script_json))
+    Html(
+        PAGE.replace("__SIGNIN_JS__", pages::SIGNIN_JS)
+            .replace("__CONFIG_JSON__", &pages::json_island(&config)),
+    )
 }
 
 /// The price of one image: `price_per_image × (w·h / 1024²) ×
