@@ -5,7 +5,7 @@
 //! Keys beyond the shipped file (all optional): `default_temperature`,
 //! `default_max_output_tokens`, `context_length` (caps the model's own), `max_active`,
 //! `max_queued`, `kv_budget_mb`, `queue_timeout_ms`, `prefill_chunk`, `max_step_tokens`, `gather_window_us`, `shutdown_grace_ms`,
-//! `device`, `threads`.
+//! `device`, `threads`, `numerics`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -116,6 +116,7 @@ struct RawTextModel {
     gather_window_us: Option<u64>,
     shutdown_grace_ms: Option<u64>,
     kv_precision: Option<String>,
+    numerics: Option<String>,
 }
 
 /// What is wrong with the model table, naming the model and key.
@@ -241,9 +242,14 @@ fn resolve(
         Some(text) => text.parse().map_err(invalid)?,
         None => hearth_infer::KvPrecision::default(),
     };
+    let numerics: hearth_infer::Numerics = match m.numerics {
+        Some(text) => text.parse().map_err(invalid)?,
+        None => hearth_infer::Numerics::default(),
+    };
     let load = TextModelConfig {
         source,
         kv_precision,
+        numerics,
         tokenizer: m.tokenizer.map(|t| base.join(t)),
         chat_template: m.chat_template,
         device,
@@ -287,7 +293,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn kv_precision_is_read_and_checked() {
+    fn kv_precision_and_numerics_are_read_and_checked() {
         let dir = std::env::temp_dir().join(format!("hearth-kv-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("models.toml");
@@ -306,6 +312,15 @@ mod tests {
             entry.entry("alpha-3.3").unwrap().load.kv_precision,
             hearth_infer::KvPrecision::F32
         );
+        std::fs::write(&path, table("numerics = \"ggml\"")).unwrap();
+        let entry = load(&path).unwrap();
+        assert_eq!(
+            entry.entry("alpha-3.3").unwrap().load.numerics,
+            hearth_infer::Numerics::Ggml
+        );
+        std::fs::write(&path, table("numerics = \"exact\"")).unwrap();
+        let err = load(&path).unwrap_err().to_string();
+        assert!(err.contains("numerics") && err.contains("alpha-3.3"), "{err}");
         std::fs::write(&path, table("kv_precision = \"q8\"")).unwrap();
         let err = load(&path).unwrap_err().to_string();
         assert!(
