@@ -320,7 +320,10 @@ mod tests {
         );
         std::fs::write(&path, table("numerics = \"exact\"")).unwrap();
         let err = load(&path).unwrap_err().to_string();
-        assert!(err.contains("numerics") && err.contains("alpha-3.3"), "{err}");
+        assert!(
+            err.contains("numerics") && err.contains("alpha-3.3"),
+            "{err}"
+        );
         std::fs::write(&path, table("kv_precision = \"q8\"")).unwrap();
         let err = load(&path).unwrap_err().to_string();
         assert!(
