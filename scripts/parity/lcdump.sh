@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds lcdump.c against the libllama of scripts/build-llama-cpp.sh (once, into
 # .cache/llama.cpp/lcdump) and runs it: llama.cpp's logits (and graph tensors) along a token path
-# of the SmolLM2 fixture, for comparison with Hearth's `numerics = ggml` mode.
+# of a fixture (SmolLM2 by default; WEIGHTS and FIXTURE for Gemma 3), for comparison with
+# Hearth's `numerics = ggml` mode.
 # Usage: scripts/parity/lcdump.sh OUT_DIR DUMP_CALL CASE N_FORCED [WEIGHTS] [FIXTURE]
 #   CASE: fixture case index; the prompt is its prompt_ids, then its first N_FORCED greedy ids.
 set -euo pipefail

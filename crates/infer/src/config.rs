@@ -107,8 +107,8 @@ pub enum Numerics {
     Fast,
     /// A scalar emulation of llama.cpp's CPU arithmetic (ggml-cpu on x86-64 with AVX-512, f32
     /// KV cache, no flash attention), bit for bit, for parity checks against llama.cpp; slow.
-    /// Llama-family GGUF files with Q4_1 layer matrices and Q8_0 embeddings only, with
-    /// `kv_precision` f32 (src/fast/ggml_exact.rs).
+    /// Llama-family GGUF files with Q4_1 layer matrices and Q8_0 embeddings, and Gemma 3 files
+    /// with Q5_0/Q8_0/Q4_K/Q6_K ones, only, with `kv_precision` f32 (src/fast/ggml_exact.rs).
     Ggml,
 }
 

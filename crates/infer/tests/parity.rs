@@ -1,8 +1,8 @@
 //! Real-weights tests: Hearth's tokenizer, chat template and greedy tokens against llama.cpp's
 //! (fixtures made by scripts/reference-tokens.sh with an f32 KV cache), and batched == alone on
 //! 8 sequences. Greedy ids are checked teacher-forced at every step where llama.cpp's choice is
-//! decisive (default numerics); exact free-running ids with `Numerics::Ggml` for SmolLM2, and
-//! with the default numerics for Gemma 3 as an ignored known failure (scripts/parity/README.md).
+//! decisive (default numerics); exact free-running ids with `Numerics::Ggml` for SmolLM2 and
+//! Gemma 3 (scripts/parity/README.md).
 //! They need `weights/` (scripts/fetch-weights.sh); without it they fail and say so.
 
 use std::path::{Path, PathBuf};
@@ -292,25 +292,24 @@ fn smollm2_matches_llama_cpp_token_for_token() {
     check_greedy(&mut model, &fixture(SMOLLM2_FX));
 }
 
-/// `Numerics::Ggml` refuses what it does not emulate instead of running something else.
+/// `Numerics::Ggml` refuses what it does not emulate (here an f16 KV cache) instead of running
+/// something else.
 #[test]
-fn ggml_numerics_refuse_gemma3_and_f16_kv() {
-    let mut cfg = TextModelConfig::local(root().join(GEMMA3));
-    cfg.numerics = Numerics::Ggml;
-    let err = TextModel::load(&cfg).unwrap_err().to_string();
-    assert!(err.contains("ggml"), "{err}");
-    let mut cfg = TextModelConfig::local(root().join(SMOLLM2));
-    cfg.numerics = Numerics::Ggml;
-    cfg.kv_precision = KvPrecision::F16;
-    let err = TextModel::load(&cfg).unwrap_err().to_string();
-    assert!(err.contains("kv_precision"), "{err}");
+fn ggml_numerics_refuse_an_f16_kv_cache() {
+    for weights in [SMOLLM2, GEMMA3] {
+        let mut cfg = TextModelConfig::local(root().join(weights));
+        cfg.numerics = Numerics::Ggml;
+        cfg.kv_precision = KvPrecision::F16;
+        let err = TextModel::load(&cfg).unwrap_err().to_string();
+        assert!(err.contains("kv_precision"), "{err}");
+    }
 }
 
-/// The fast numerics (`Numerics::Ggml` does not emulate Gemma 3's Q4_K path yet).
+/// With `Numerics::Ggml` (Gemma 3's Q5_0/Q8_0/Q4_K/Q6_K products, GELU table, Q/K norms and
+/// NeoX RoPE emulated bit for bit) every greedy id equals llama.cpp's, as for SmolLM2.
 #[test]
-#[ignore = "known failure: exact ids past llama.cpp's near-ties need bit-identical f32 arithmetic (8-bit activation rounding amplifies last-bit differences), which Numerics::Ggml provides for SmolLM2's Q4_1 only: scripts/parity/README.md; run with --ignored"]
 fn gemma3_matches_llama_cpp_token_for_token() {
-    let mut model = load(GEMMA3, Some("gamma-3.5-sonnet"));
+    let mut model = load_with(GEMMA3, Some("gamma-3.5-sonnet"), Numerics::Ggml);
     check_greedy(&mut model, &fixture(GEMMA3_FX));
 }
 

@@ -1,9 +1,10 @@
 //! [`Numerics::Ggml`](crate::Numerics::Ggml): a scalar forward that reproduces, bit for bit,
 //! the arithmetic of llama.cpp's CPU backend (ggml-cpu built with GCC for x86-64 with AVX-512,
 //! as scripts/build-llama-cpp.sh builds it) for llama-family GGUF files whose layer matrices are
-//! Q4_1, run with an f32 K/V cache, no flash attention, n_ubatch 512 and only the last token's
-//! logits, as the parity reference is (scripts/parity/README.md). It is a reference mode: slow
-//! (scalar code, rows spread over the kernel pool), for checking greedy ids against llama.cpp's.
+//! Q4_1 and for Gemma 3 files whose layer matrices are Q5_0, Q8_0, Q4_K and Q6_K, run with an f32
+//! K/V cache, no flash attention, n_ubatch 512 and only the last token's logits, as the parity
+//! reference is (scripts/parity/README.md). It is a reference mode: slow (scalar code, rows
+//! spread over the kernel pool), for checking greedy ids against llama.cpp's.
 //!
 //! What ggml computes for such a model, op by op (each emulated below):
 //! - activations entering a Q4_1 product are quantized by `quantize_row_q8_1` (per block of 32:
@@ -23,6 +24,27 @@
 //! - V·softmax over the padded KV length: llamafile's tinyBLAS (one 16-lane accumulator per
 //!   output) when the ubatch has two or more tokens, `ggml_vec_dot_f32` for a single token;
 //! - SwiGLU: `x / (1 + ggml_v_expf(-x)) * up`.
+//!
+//! Gemma 3 (`llm_build_gemma3`) adds, each emulated below:
+//! - the embeddings times `sqrtf(n_embd)`; RMSNorm of each Q and K head (as above), then RoPE in
+//!   NeoX mode (element `i` with `i + n_dims / 2`, same fused products) with the local base on
+//!   sliding-window layers; Q times `1 / sqrt(head_dim)` before K·Q, softmax scale 1; positions
+//!   `n_swa` or more behind masked on sliding-window layers; norms after attention and after the
+//!   MLP; after the last layer's attention only the last token goes on (so its MLP products
+//!   see one row);
+//! - Q5_0 and Q8_0 products: `quantize_row_q8_0`, then `ggml_vec_dot_q{5,8}_0_q8_0` for one
+//!   token and llamafile's tinyBLAS_Q0 for more, which share the lanes of the Q8_0 dot above;
+//! - Q4_K products go through the repacked 8x8 layout (`repack_q4_K_to_q4_K_8_bl`): groups of
+//!   four tokens take `ggml_gemm_q4_K_8x8_q8_K` (activations by `ggml_quantize_mat_q8_K_4x8`,
+//!   the reference rounding), the rest `ggml_gemv_q4_K_8x8_q8_K` (`quantize_row_q8_K`); both sum
+//!   the integer `scale·q·a` and `min·bsum` exactly and accumulate them with fused multiply-adds
+//!   by `d·d_a` and `dmin·d_a`, the gemm once per pair of sub-blocks, the gemv once per
+//!   super-block;
+//! - Q6_K products: ggml-cpu's tiled kernel for 8 or more tokens (per super-block the exact
+//!   integer sum, times `d_w`, then fused with `d_a` into the running sum), and
+//!   `ggml_vec_dot_q6_K_q8_K` (8 integer lanes, fused multiply-add, 8-lane sum) for fewer;
+//! - GEGLU: `gelu(gate) * up` with ggml's f16 GELU table (`GGML_GELU_FP16`: the tanh formula in
+//!   f32 at every f16 input, rounded to f16; 0 at or below -10, the identity at or above 10).
 //!
 //! Each step (sequence) runs on its own, in ubatches of up to 512 tokens, as llama.cpp decodes
 //! one sequence; the arithmetic of a row never depends on the thread count.
@@ -161,6 +183,239 @@ fn dot_q8_0_q8_0(row: &[u8], a: &[Q8Block]) -> f32 {
     hsum8(&acc)
 }
 
+/// Bytes of one Q5_0 block (f16 d, 32 high bits, 16 bytes of nibbles).
+const Q5_0_BYTES: usize = 22;
+/// Bytes of one Q4_K super-block of 256 (f16 d, f16 dmin, 12 bytes of 6-bit scales and mins,
+/// 128 bytes of nibbles).
+const Q4_K_BYTES: usize = 144;
+/// Bytes of one Q6_K super-block of 256 (128 bytes of low nibbles, 64 of high bit pairs, 16
+/// i8 scales, f16 d).
+const Q6_K_BYTES: usize = 210;
+
+/// The 32 signed weights of one Q5_0 block (`q - 16`; element `j` in the low nibble of byte
+/// `j`, element `j + 16` in its high nibble, fifth bits in `qh`).
+fn decode_q5_0(b: &[u8]) -> [i8; 32] {
+    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+    let qs = &b[6..Q5_0_BYTES];
+    let mut w = [0i8; 32];
+    for j in 0..16 {
+        let lo = (qs[j] & 15) | ((((qh >> j) & 1) as u8) << 4);
+        let hi = (qs[j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+        w[j] = lo as i8 - 16;
+        w[j + 16] = hi as i8 - 16;
+    }
+    w
+}
+
+/// `ggml_vec_dot_q5_0_q8_0` (and llamafile's tinyBLAS_Q0 for Q5_0, the same lanes): 8 lanes of
+/// 4-element integer sums, each scaled by `d_w * d_a` with a fused multiply-add, then summed.
+fn dot_q5_0_q8_0(row: &[u8], a: &[Q8Block]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (b, y) in row.chunks_exact(Q5_0_BYTES).zip(a) {
+        let dd = f16_at(&b[0..2]) * y.d;
+        let w = decode_q5_0(b);
+        for (lane, acc) in acc.iter_mut().enumerate() {
+            let s: i32 = w[4 * lane..4 * lane + 4]
+                .iter()
+                .zip(&y.q[4 * lane..4 * lane + 4])
+                .map(|(&w, &a)| i32::from(w) * i32::from(a))
+                .sum();
+            *acc = dd.mul_add(s as f32, *acc);
+        }
+    }
+    hsum8(&acc)
+}
+
+/// One super-block of 256 quantized activations (`block_q8_K`).
+#[derive(Clone, Copy, Debug)]
+struct Q8KBlock {
+    d: f32,
+    q: [i8; 256],
+    /// Sums of each 16 consecutive `q`.
+    bsums: [i32; 16],
+}
+
+const Q8K_ZERO: Q8KBlock = Q8KBlock {
+    d: 0.0,
+    q: [0; 256],
+    bsums: [0; 16],
+};
+
+/// `quantize_row_q8_K_ref` (x86 takes the reference code): the element of largest magnitude
+/// (the first one) maps to -127, `q = round_half_even(x * (-127 / max))`, `d = 1 / iscale`.
+fn quantize_row_q8_k(x: &[f32], out: &mut [Q8KBlock]) {
+    for (xb, y) in x.chunks_exact(256).zip(out.iter_mut()) {
+        let (mut max, mut amax) = (0f32, 0f32);
+        for &v in xb {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if amax == 0.0 {
+            *y = Q8K_ZERO;
+            continue;
+        }
+        let iscale = -127.0f32 / max;
+        for (q, &v) in y.q.iter_mut().zip(xb) {
+            *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+        }
+        for (s, c) in y.bsums.iter_mut().zip(y.q.chunks_exact(16)) {
+            *s = c.iter().map(|&q| i32::from(q)).sum();
+        }
+        y.d = 1.0 / iscale;
+    }
+}
+
+/// `get_scale_min_k4`: the 6-bit scale and min of sub-block `j` of a Q4_K super-block.
+fn q4_k_scale_min(j: usize, s: &[u8]) -> (i32, i32) {
+    if j < 4 {
+        (i32::from(s[j] & 63), i32::from(s[j + 4] & 63))
+    } else {
+        (
+            i32::from((s[j + 4] & 15) | ((s[j - 4] >> 6) << 4)),
+            i32::from((s[j + 4] >> 4) | ((s[j] >> 6) << 4)),
+        )
+    }
+}
+
+/// Q4_K against Q8_K as the repacked 8x8 kernels compute one output: the exact integer sums
+/// `Σ scale·q·a` and `Σ min·bsum`, each converted and accumulated with a fused multiply-add by
+/// `d_w * d_a` (resp. `dmin_w * d_a`), the two accumulators subtracted at the end.
+/// `ggml_gemv_q4_K_8x8_q8_K` (tokens past the last group of four) accumulates once per
+/// super-block; `ggml_gemm_q4_K_8x8_q8_K` (groups of four tokens) once per pair of sub-blocks.
+fn dot_q4_k_q8_k(row: &[u8], a: &[Q8KBlock], gemm: bool) -> f32 {
+    let (mut acc, mut acc_min) = (0f32, 0f32);
+    for (b, y) in row.chunks_exact(Q4_K_BYTES).zip(a) {
+        let (d, dmin) = (f16_at(&b[0..2]), f16_at(&b[2..4]));
+        let (dd, ddmin) = (d * y.d, dmin * y.d);
+        let scales = &b[4..16];
+        let qs = &b[16..Q4_K_BYTES];
+        let (mut isum, mut msum) = (0i32, 0i32);
+        for j in 0..8 {
+            let (sc, m) = q4_k_scale_min(j, scales);
+            let bytes = &qs[32 * (j / 2)..32 * (j / 2) + 32];
+            let shift = 4 * (j % 2);
+            let s: i32 = bytes
+                .iter()
+                .zip(&y.q[32 * j..32 * j + 32])
+                .map(|(&w, &a)| i32::from((w >> shift) & 15) * i32::from(a))
+                .sum();
+            isum += sc * s;
+            msum += m * (y.bsums[2 * j] + y.bsums[2 * j + 1]);
+            if gemm && j % 2 == 1 {
+                acc = (isum as f32).mul_add(dd, acc);
+                acc_min = (msum as f32).mul_add(ddmin, acc_min);
+                (isum, msum) = (0, 0);
+            }
+        }
+        if !gemm {
+            acc = (isum as f32).mul_add(dd, acc);
+            acc_min = (msum as f32).mul_add(ddmin, acc_min);
+        }
+    }
+    acc - acc_min
+}
+
+/// The unsigned 6-bit weights (0..64) of one Q6_K super-block, in element order.
+fn decode_q6_k(b: &[u8]) -> [u8; 256] {
+    let (ql, qh) = (&b[0..128], &b[128..192]);
+    let mut q = [0u8; 256];
+    for n in 0..2 {
+        let (ql, qh) = (&ql[64 * n..], &qh[32 * n..]);
+        let q = &mut q[128 * n..];
+        for l in 0..32 {
+            q[l] = (ql[l] & 15) | ((qh[l] & 3) << 4);
+            q[l + 32] = (ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4);
+            q[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+            q[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+        }
+    }
+    q
+}
+
+/// `ggml_vec_dot_q6_K_q8_K` (AVX2 branch): 8 i32 lanes per super-block, lane `l` holding
+/// `Σ scale·q·a` over the elements at `4l..4l + 4` of every 32, minus `32 · (scale·bsum)` of
+/// sub-blocks `2l` and `2l + 1`; each lane converted and accumulated by a fused multiply-add with
+/// `d_a * d_w`, then the 8-lane sum.
+fn dot_q6_k_q8_k(row: &[u8], a: &[Q8KBlock]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (b, y) in row.chunks_exact(Q6_K_BYTES).zip(a) {
+        let q = decode_q6_k(b);
+        let sc = &b[192..208];
+        let d = y.d * f16_at(&b[208..210]);
+        let mut lanes = [0i32; 8];
+        for (e, (&w, &x)) in q.iter().zip(&y.q).enumerate() {
+            lanes[(e % 32) / 4] += i32::from(sc[e / 16] as i8) * i32::from(w) * i32::from(x);
+        }
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            let s0 = i32::from(sc[2 * l] as i8) * y.bsums[2 * l];
+            let s1 = i32::from(sc[2 * l + 1] as i8) * y.bsums[2 * l + 1];
+            *lane -= (s0 + s1) << 5;
+            acc[l] = d.mul_add(*lane as f32, acc[l]);
+        }
+    }
+    hsum8(&acc)
+}
+
+/// Whether the tiled kernel's `buf + result * d_a` is contracted into one fused multiply-add.
+const TILED_FMA: bool = true;
+
+/// Q6_K against Q8_K as ggml-cpu's tiled K-quant kernel computes one output (8 or more tokens):
+/// per super-block the exact integer `Σ scale·(q·a - 32·bsum)`, converted, times `d_w`, then
+/// times `d_a` added to the running sum.
+fn dot_q6_k_tiled(row: &[u8], a: &[Q8KBlock]) -> f32 {
+    let mut acc = 0f32;
+    for (b, y) in row.chunks_exact(Q6_K_BYTES).zip(a) {
+        let q = decode_q6_k(b);
+        let sc = &b[192..208];
+        let mut s = 0i32;
+        for (e, (&w, &x)) in q.iter().zip(&y.q).enumerate() {
+            s += i32::from(sc[e / 16] as i8) * i32::from(w) * i32::from(x);
+        }
+        for (j, &bs) in y.bsums.iter().enumerate() {
+            s -= 32 * i32::from(sc[j] as i8) * bs;
+        }
+        let r = s as f32 * f16_at(&b[208..210]);
+        acc = if TILED_FMA {
+            r.mul_add(y.d, acc)
+        } else {
+            acc + r * y.d
+        };
+    }
+    acc
+}
+
+/// The GELU of ggml-cpu (`GGML_GELU_FP16`): a table over all f16 inputs of the tanh formula in
+/// f32, rounded to f16.
+fn gelu_table() -> &'static [f32] {
+    static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        const GELU_COEF_A: f32 = 0.044715;
+        const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+        (0..=u16::MAX)
+            .map(|i| {
+                let x = f16::from_bits(i).to_f32();
+                // GCC fuses `1 + GELU_COEF_A * x * x` into fma(GELU_COEF_A * x, x, 1).
+                let inner = (GELU_COEF_A * x).mul_add(x, 1.0);
+                let g = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * inner).tanh());
+                round_f16(g)
+            })
+            .collect()
+    })
+}
+
+/// `ggml_vec_geglu_f32`, one element: `gelu(x) * g`, GELU from the f16 table.
+fn geglu(x: f32, g: f32, table: &[f32]) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x * g
+    } else {
+        table[usize::from(f16::from_f32(x).to_bits())] * g
+    }
+}
+
 /// `ggml_vec_dot_f32` (AVX-512) for `x.len()` a multiple of 64: four 16-lane accumulators
 /// (element `i` in accumulator `(i / 16) % 4`, lane `i % 16`), fused multiply-add, then
 /// `(a0 + a2) + (a1 + a3)` lane-wise and the 16-lane reduction.
@@ -257,6 +512,18 @@ fn rope_normal(x: &mut [f32], cache: &[(f32, f32)]) {
     }
 }
 
+/// RoPE, NeoX mode (element `i` paired with `i + n_dims / 2`), with the same fused products as
+/// [`rope_normal`].
+fn rope_neox(x: &mut [f32], cache: &[(f32, f32)]) {
+    let half = x.len() / 2;
+    let (lo, hi) = x.split_at_mut(half);
+    for ((a, b), &(c, s)) in lo.iter_mut().zip(hi.iter_mut()).zip(cache) {
+        let (x0, x1) = (*a, *b);
+        *a = x0.mul_add(c, -(x1 * s));
+        *b = x0.mul_add(s, x1 * c);
+    }
+}
+
 /// One softmax row of the attention (`ggml_compute_forward_soft_max_f32` with scale `scale`
 /// and a causal mask): `kq[..live]` are the K·Q products of the unmasked positions; `w` (a
 /// multiple of 16 long) receives the weights, 0 past `live`.
@@ -298,17 +565,30 @@ struct RawMatrix {
 }
 
 impl RawMatrix {
+    /// (bytes, elements) of one block.
+    fn block(&self) -> (usize, usize) {
+        match self.ty {
+            GgmlDType::Q4_1 => (Q4_1_BYTES, 32),
+            GgmlDType::Q5_0 => (Q5_0_BYTES, 32),
+            GgmlDType::Q4K => (Q4_K_BYTES, 256),
+            GgmlDType::Q6K => (Q6_K_BYTES, 256),
+            _ => (Q8_0_BYTES, 32),
+        }
+    }
+
     fn row_bytes(&self) -> usize {
-        self.cols / 32
-            * match self.ty {
-                GgmlDType::Q4_1 => Q4_1_BYTES,
-                _ => Q8_0_BYTES,
-            }
+        let (bytes, len) = self.block();
+        self.cols / len * bytes
     }
 
     fn row(&self, r: usize) -> &[u8] {
         let rb = self.row_bytes();
         &self.data[r * rb..(r + 1) * rb]
+    }
+
+    /// Whether activations are quantized to Q8_K (the K-quants) rather than Q8_0/Q8_1.
+    fn k_quant(&self) -> bool {
+        matches!(self.ty, GgmlDType::Q4K | GgmlDType::Q6K)
     }
 
     /// Whether activations are quantized with the block sum (Q8_1, for Q4_1) or not (Q8_0).
@@ -319,7 +599,17 @@ impl RawMatrix {
     fn dot(&self, r: usize, a: &[Q8Block]) -> f32 {
         match self.ty {
             GgmlDType::Q4_1 => dot_q4_1_q8_1(self.row(r), a),
+            GgmlDType::Q5_0 => dot_q5_0_q8_0(self.row(r), a),
             _ => dot_q8_0_q8_0(self.row(r), a),
+        }
+    }
+
+    /// A K-quant row against the Q8_K activations of token `t` of a product over `n` tokens.
+    fn dot_k(&self, r: usize, a: &[Q8KBlock], t: usize, n: usize) -> f32 {
+        match self.ty {
+            GgmlDType::Q4K => dot_q4_k_q8_k(self.row(r), a, t < n - n % 4),
+            _ if n >= 8 => dot_q6_k_tiled(self.row(r), a),
+            _ => dot_q6_k_q8_k(self.row(r), a),
         }
     }
 }
@@ -334,6 +624,15 @@ struct Layer {
     gate: RawMatrix,
     up: RawMatrix,
     down: RawMatrix,
+    /// Gemma 3's per-head Q and K norms and the norms after attention and after the MLP.
+    gemma: Option<GemmaNorms>,
+}
+
+struct GemmaNorms {
+    q_norm: Vec<f32>,
+    k_norm: Vec<f32>,
+    post_attn: Vec<f32>,
+    post_ffw: Vec<f32>,
 }
 
 pub(crate) struct GgmlModel {
@@ -345,6 +644,8 @@ pub(crate) struct GgmlModel {
     norm: Vec<f32>,
     layers: Vec<Layer>,
     theta_scale: f32,
+    /// Gemma 3: theta scale of the sliding-window layers.
+    theta_scale_local: f32,
     kq_scale: f32,
 }
 
@@ -369,7 +670,7 @@ impl Reader<'_> {
             cols,
             data: Vec::new(),
         };
-        if cols % 32 != 0 {
+        if cols % m.block().1 != 0 {
             return Err(Error::metadata(name, "row length is not whole blocks"));
         }
         let len = rows * m.row_bytes();
@@ -379,19 +680,15 @@ impl Reader<'_> {
     }
 }
 
-/// Loads the emulation from an opened GGUF file (llama family, Q4_1 layer matrices).
+/// Loads the emulation from an opened GGUF file (llama family with Q4_1 layer matrices, or Gemma
+/// 3 with Q5_0/Q8_0/Q4_K/Q6_K ones).
 pub(crate) fn from_gguf(
     path: &Path,
     content: &Content,
     hp: Hparams,
     threads: usize,
 ) -> Result<GgmlModel, Error> {
-    if hp.arch != Arch::Llama {
-        return Err(unsupported(
-            "general.architecture",
-            format_args!("{:?} (llama family only)", hp.arch),
-        ));
-    }
+    let gemma = hp.arch == Arch::Gemma3;
     if !hp.head_dim.is_multiple_of(64)
         || !hp.n_embd.is_multiple_of(32)
         || !hp.n_ff.is_multiple_of(16)
@@ -413,7 +710,16 @@ pub(crate) fn from_gguf(
         kernel: hearth_kernels::KernelPath::detect(),
     };
     let (e, hd) = (hp.n_embd, hp.head_dim);
-    let layer_types = [GgmlDType::Q4_1];
+    let layer_types: &[GgmlDType] = if gemma {
+        &[
+            GgmlDType::Q5_0,
+            GgmlDType::Q8_0,
+            GgmlDType::Q4K,
+            GgmlDType::Q6K,
+        ]
+    } else {
+        &[GgmlDType::Q4_1]
+    };
     let head_types = [GgmlDType::Q8_0, GgmlDType::Q4_1];
     let embd = rd.raw("token_embd.weight", &[GgmlDType::Q8_0])?;
     if embd.rows != hp.vocab_size || embd.cols != e {
@@ -431,6 +737,7 @@ pub(crate) fn from_gguf(
         "rope_freqs.weight",
         "blk.0.attn_q.bias",
         "blk.0.attn_output.bias",
+        "rope_factors_long.weight",
     ] {
         if rd.has(name) {
             return Err(unsupported(name, "this tensor"));
@@ -441,14 +748,24 @@ pub(crate) fn from_gguf(
         let p = |s: &str| format!("blk.{il}.{s}.weight");
         let layer = Layer {
             attn_norm: rd.vector(&p("attn_norm"), e)?,
-            wq: rd.raw(&p("attn_q"), &layer_types)?,
-            wk: rd.raw(&p("attn_k"), &layer_types)?,
-            wv: rd.raw(&p("attn_v"), &layer_types)?,
-            wo: rd.raw(&p("attn_output"), &layer_types)?,
+            wq: rd.raw(&p("attn_q"), layer_types)?,
+            wk: rd.raw(&p("attn_k"), layer_types)?,
+            wv: rd.raw(&p("attn_v"), layer_types)?,
+            wo: rd.raw(&p("attn_output"), layer_types)?,
             ffn_norm: rd.vector(&p("ffn_norm"), e)?,
-            gate: rd.raw(&p("ffn_gate"), &layer_types)?,
-            up: rd.raw(&p("ffn_up"), &layer_types)?,
-            down: rd.raw(&p("ffn_down"), &layer_types)?,
+            gate: rd.raw(&p("ffn_gate"), layer_types)?,
+            up: rd.raw(&p("ffn_up"), layer_types)?,
+            down: rd.raw(&p("ffn_down"), layer_types)?,
+            gemma: if gemma {
+                Some(GemmaNorms {
+                    q_norm: rd.vector(&p("attn_q_norm"), hd)?,
+                    k_norm: rd.vector(&p("attn_k_norm"), hd)?,
+                    post_attn: rd.vector(&p("post_attention_norm"), e)?,
+                    post_ffw: rd.vector(&p("post_ffw_norm"), e)?,
+                })
+            } else {
+                None
+            },
         };
         let shapes = [
             (&layer.wq, hp.n_head * hd, e),
@@ -471,7 +788,9 @@ pub(crate) fn from_gguf(
     Ok(GgmlModel {
         // llama.cpp: theta_scale = powf(freq_base, -2.0f / n_dims); kq_scale = 1 / sqrtf(n_embd_head).
         theta_scale: hp.rope_theta.powf(-2.0 / hd as f32),
-        kq_scale: 1.0 / (hd as f32).sqrt(),
+        theta_scale_local: hp.rope_theta_local.powf(-2.0 / hd as f32),
+        // Gemma 3 scales Q by 1 / sqrt(head_dim) itself and attends with scale 1.
+        kq_scale: if gemma { 1.0 } else { 1.0 / (hd as f32).sqrt() },
         pool: ThreadPool::new(threads),
         hp,
         embd,
@@ -494,6 +813,7 @@ struct Bufs {
     gate: Vec<f32>,
     up: Vec<f32>,
     acts: Vec<Q8Block>,
+    kacts: Vec<Q8KBlock>,
     tmp: Vec<f32>,
 }
 
@@ -514,23 +834,36 @@ impl GgmlModel {
     /// `out[t * rows + r] = w.row(r) · x[t]` for the `n` rows of `x` (each `w.cols` long),
     /// quantized first as ggml does.
     fn matmul(&self, w: &RawMatrix, x: &[f32], n: usize, b: &mut Bufs, out: &mut [f32]) {
-        let nb = w.cols / 32;
+        let k_quant = w.k_quant();
+        let nb = w.cols / if k_quant { 256 } else { 32 };
         b.acts.clear();
-        b.acts.resize(n * nb, Q8_ZERO);
-        for (xr, ar) in x.chunks_exact(w.cols).zip(b.acts.chunks_exact_mut(nb)) {
-            quantize_row_q8(xr, w.wants_sum(), ar);
+        b.kacts.clear();
+        if k_quant {
+            b.kacts.resize(n * nb, Q8K_ZERO);
+            for (xr, ar) in x.chunks_exact(w.cols).zip(b.kacts.chunks_exact_mut(nb)) {
+                quantize_row_q8_k(xr, ar);
+            }
+        } else {
+            b.acts.resize(n * nb, Q8_ZERO);
+            for (xr, ar) in x.chunks_exact(w.cols).zip(b.acts.chunks_exact_mut(nb)) {
+                quantize_row_q8(xr, w.wants_sum(), ar);
+            }
         }
         // Rows of the weight matrix in pieces over the pool, output transposed in `tmp`.
         b.tmp.clear();
         b.tmp.resize(w.rows * n, 0.0);
-        let acts = &b.acts;
+        let (acts, kacts) = (&b.acts, &b.kacts);
         const PIECE: usize = 64;
         self.pool
             .for_each_piece_mut(&mut b.tmp, PIECE * n, &|i, piece| {
                 for (j, o) in piece.chunks_exact_mut(n).enumerate() {
                     let r = i * PIECE + j;
                     for (t, o) in o.iter_mut().enumerate() {
-                        *o = w.dot(r, &acts[t * nb..(t + 1) * nb]);
+                        *o = if k_quant {
+                            w.dot_k(r, &kacts[t * nb..(t + 1) * nb], t, n)
+                        } else {
+                            w.dot(r, &acts[t * nb..(t + 1) * nb])
+                        };
                     }
                 }
             });
@@ -691,6 +1024,215 @@ impl GgmlModel {
         Ok(())
     }
 
+    /// [`Self::ubatch`] for Gemma 3 (`llm_build_gemma3`): scaled embeddings, Q/K norms, NeoX
+    /// RoPE with the local or global base, Q scaled by `1 / sqrt(head_dim)`, sliding-window
+    /// layers, norms after attention and after the GELU-gated MLP; only the last token goes
+    /// on after the last layer's attention (llama.cpp's `inp_out_ids`).
+    fn ubatch_gemma<T: Tap>(
+        &self,
+        seq: &mut crate::Sequence,
+        start: usize,
+        tokens: &[u32],
+        b: &mut Bufs,
+        tap: &mut T,
+    ) -> Result<(), Error> {
+        let hp = &self.hp;
+        let (e, hd, nh, nkv, eps) = (hp.n_embd, hp.head_dim, hp.n_head, hp.n_head_kv, hp.rms_eps);
+        let (qd, kvd, ff) = (nh * hd, hp.kv_dim(), hp.n_ff);
+        let group = nh / nkv;
+        let n = tokens.len();
+        let p0 = seq.len + start;
+        let resize = |v: &mut Vec<f32>, len: usize| {
+            v.clear();
+            v.resize(len, 0.0);
+        };
+        let gelu = gelu_table();
+
+        resize(&mut b.x, n * e);
+        for (xr, &t) in b.x.chunks_exact_mut(e).zip(tokens) {
+            if t as usize >= hp.vocab_size {
+                return Err(Error::InvalidToken {
+                    id: t,
+                    vocab_size: hp.vocab_size,
+                });
+            }
+            for (xb, blk) in xr
+                .chunks_exact_mut(32)
+                .zip(self.embd.row(t as usize).chunks_exact(Q8_0_BYTES))
+            {
+                let d = f16_at(blk);
+                for (o, &q) in xb.iter_mut().zip(&blk[2..]) {
+                    *o = d * f32::from(q as i8);
+                }
+            }
+        }
+        tap.tap("embd", None, &b.x);
+        let embd_scale = (e as f32).sqrt();
+        for v in b.x.iter_mut() {
+            *v *= embd_scale;
+        }
+        tap.tap("inp_scaled", None, &b.x);
+        let q_scale = 1.0 / (hd as f32).sqrt();
+
+        let mut cache = vec![(0f32, 0f32); hd / 2];
+        let n_kv_max = (p0 + n).div_ceil(KV_PAD) * KV_PAD;
+        let mut kq = vec![0f32; n_kv_max];
+        let mut w = vec![0f32; n_kv_max];
+        let mut vt = vec![0f32; n_kv_max];
+        let mut nrm = vec![0f32; hd];
+        // Tokens going on through the layer (all but in the last layer after attention).
+        let mut rows = n;
+        for (il, l) in self.layers.iter().enumerate() {
+            let g = l.gemma.as_ref().expect("Gemma norms");
+            let sliding = hp.is_sliding(il);
+            let theta_scale = if sliding {
+                self.theta_scale_local
+            } else {
+                self.theta_scale
+            };
+            resize(&mut b.h, n * e);
+            for (xr, hr) in b.x.chunks_exact(e).zip(b.h.chunks_exact_mut(e)) {
+                rms_norm(xr, &l.attn_norm, eps, hr);
+            }
+            tap.tap("attn_norm", Some(il), &b.h);
+            let (mut q, mut k, mut v) = (
+                std::mem::take(&mut b.q),
+                std::mem::take(&mut b.k),
+                std::mem::take(&mut b.v),
+            );
+            resize(&mut q, n * qd);
+            resize(&mut k, n * kvd);
+            resize(&mut v, n * kvd);
+            let h = std::mem::take(&mut b.h);
+            self.matmul(&l.wq, &h, n, b, &mut q);
+            self.matmul(&l.wk, &h, n, b, &mut k);
+            self.matmul(&l.wv, &h, n, b, &mut v);
+            b.h = h;
+            for head in q.chunks_exact_mut(hd) {
+                rms_norm(head, &g.q_norm, eps, &mut nrm);
+                head.copy_from_slice(&nrm);
+            }
+            tap.tap("Qcur_normed", Some(il), &q);
+            for head in k.chunks_exact_mut(hd) {
+                rms_norm(head, &g.k_norm, eps, &mut nrm);
+                head.copy_from_slice(&nrm);
+            }
+            tap.tap("Kcur_normed", Some(il), &k);
+            for t in 0..n {
+                rope_cache(p0 + t, theta_scale, &mut cache);
+                for head in q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
+                    rope_neox(head, &cache);
+                }
+                for head in k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
+                    rope_neox(head, &cache);
+                }
+                let pos = p0 + t;
+                seq.k[il][pos * kvd..(pos + 1) * kvd].copy_from_slice(&k[t * kvd..(t + 1) * kvd]);
+                seq.v[il][pos * kvd..(pos + 1) * kvd].copy_from_slice(&v[t * kvd..(t + 1) * kvd]);
+            }
+            tap.tap("Qcur", Some(il), &q);
+            tap.tap("Kcur", Some(il), &k);
+            tap.tap("Vcur", Some(il), &v);
+            for x in q.iter_mut() {
+                *x *= q_scale;
+            }
+
+            resize(&mut b.att, n * qd);
+            for t in 0..n {
+                let pos = p0 + t;
+                let live = pos + 1;
+                // LLAMA_SWA_TYPE_STANDARD: position p is masked when pos - p >= n_swa.
+                let first = match (sliding, hp.sliding_window) {
+                    (true, Some(win)) => (pos + 1).saturating_sub(win),
+                    _ => 0,
+                };
+                let padded = live.div_ceil(KV_PAD) * KV_PAD;
+                for head in 0..nh {
+                    let kvh = head / group;
+                    let qh = &q[t * qd + head * hd..t * qd + (head + 1) * hd];
+                    for (i, o) in kq[..live].iter_mut().enumerate() {
+                        *o = if i < first {
+                            f32::NEG_INFINITY
+                        } else {
+                            let kr = &seq.k[il][i * kvd + kvh * hd..i * kvd + (kvh + 1) * hd];
+                            dot_f32(kr, qh)
+                        };
+                    }
+                    soft_max(&kq[..live], self.kq_scale, &mut w[..padded]);
+                    let out = &mut b.att[t * qd + head * hd..t * qd + (head + 1) * hd];
+                    for (d, o) in out.iter_mut().enumerate() {
+                        for (i, x) in vt[..live].iter_mut().enumerate() {
+                            *x = seq.v[il][i * kvd + kvh * hd + d];
+                        }
+                        vt[live..padded].fill(0.0);
+                        *o = if n >= 2 {
+                            dot_f32_tinyblas(&vt[..padded], &w[..padded])
+                        } else {
+                            dot_f32(&vt[..padded], &w[..padded])
+                        };
+                    }
+                }
+            }
+            tap.tap("kqv_out", Some(il), &b.att);
+            let att = std::mem::take(&mut b.att);
+            let mut proj = std::mem::take(&mut b.proj);
+            resize(&mut proj, n * e);
+            self.matmul(&l.wo, &att, n, b, &mut proj);
+            b.att = att;
+            if il + 1 == self.layers.len() && rows > 1 {
+                // get_rows(inp_out_ids): only the last token's row goes on.
+                b.x.drain(..(rows - 1) * e);
+                proj.drain(..(rows - 1) * e);
+                rows = 1;
+            }
+            resize(&mut b.h, rows * e);
+            for (pr, hr) in proj.chunks_exact(e).zip(b.h.chunks_exact_mut(e)) {
+                rms_norm(pr, &g.post_attn, eps, hr);
+            }
+            tap.tap("attn_post_norm", Some(il), &b.h);
+            for (xv, &hv) in b.x.iter_mut().zip(&b.h) {
+                *xv += hv;
+            }
+            tap.tap("sa_out", Some(il), &b.x);
+
+            resize(&mut b.h, rows * e);
+            for (xr, hr) in b.x.chunks_exact(e).zip(b.h.chunks_exact_mut(e)) {
+                rms_norm(xr, &l.ffn_norm, eps, hr);
+            }
+            tap.tap("ffn_norm", Some(il), &b.h);
+            let h = std::mem::take(&mut b.h);
+            let (mut gate, mut up) = (std::mem::take(&mut b.gate), std::mem::take(&mut b.up));
+            resize(&mut gate, rows * ff);
+            resize(&mut up, rows * ff);
+            self.matmul(&l.up, &h, rows, b, &mut up);
+            self.matmul(&l.gate, &h, rows, b, &mut gate);
+            b.h = h;
+            tap.tap("ffn_up", Some(il), &up);
+            tap.tap("ffn_gate", Some(il), &gate);
+            for (gv, &uv) in gate.iter_mut().zip(&up) {
+                *gv = geglu(*gv, uv, gelu);
+            }
+            tap.tap("ffn_geglu", Some(il), &gate);
+            resize(&mut proj, rows * e);
+            self.matmul(&l.down, &gate, rows, b, &mut proj);
+            tap.tap("ffn_out", Some(il), &proj);
+            resize(&mut b.h, rows * e);
+            for (pr, hr) in proj.chunks_exact(e).zip(b.h.chunks_exact_mut(e)) {
+                rms_norm(pr, &g.post_ffw, eps, hr);
+            }
+            tap.tap("ffn_post_norm", Some(il), &b.h);
+            for (xv, &hv) in b.x.iter_mut().zip(&b.h) {
+                *xv += hv;
+            }
+            tap.tap("l_out", Some(il), &b.x);
+            (b.q, b.k, b.v, b.proj, b.gate, b.up) = (q, k, v, proj, gate, up);
+        }
+        resize(&mut b.h, e);
+        rms_norm(&b.x[(rows - 1) * e..], &self.norm, eps, &mut b.h);
+        tap.tap("result_norm", None, &b.h);
+        Ok(())
+    }
+
     /// The forward of [`Backend::forward`] with a tap on the intermediate tensors.
     fn forward_tapped<T: Tap>(
         &mut self,
@@ -709,7 +1251,11 @@ impl GgmlModel {
             let mut start = 0;
             while start < st.tokens.len() {
                 let end = (start + UBATCH).min(st.tokens.len());
-                self.ubatch(st.seq, start, &st.tokens[start..end], &mut b, tap)?;
+                if self.layers[0].gemma.is_some() {
+                    self.ubatch_gemma(st.seq, start, &st.tokens[start..end], &mut b, tap)?;
+                } else {
+                    self.ubatch(st.seq, start, &st.tokens[start..end], &mut b, tap)?;
+                }
                 start = end;
             }
             let head = self.output.as_ref().unwrap_or(&self.embd);
@@ -844,6 +1390,117 @@ mod tests {
         assert_eq!(dot_f32_tinyblas(&a, &b), 2f32.powi(-30));
     }
 
+    /// Deterministic bytes and activations for the block tests.
+    fn lcg(seed: &mut u64) -> u32 {
+        *seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (*seed >> 33) as u32
+    }
+
+    fn activations(n: usize, seed: &mut u64) -> Vec<f32> {
+        (0..n)
+            .map(|_| (lcg(seed) % 2001) as f32 / 1000.0 - 1.0)
+            .collect()
+    }
+
+    #[test]
+    fn q5_0_weights_take_the_fifth_bit_from_qh() {
+        let mut b = [0u8; Q5_0_BYTES];
+        b[2..6].copy_from_slice(&(1u32 | (1 << 17)).to_le_bytes());
+        b[6] = 0x3f; // element 0: 15 | 16 = 31 -> 15; element 16: 3 -> -13
+        b[7] = 0x21; // element 1: 1 -> -15; element 17: 2 | 16 = 18 -> 2
+        let w = decode_q5_0(&b);
+        assert_eq!((w[0], w[16], w[1], w[17], w[2]), (15, -13, -15, 2, -16));
+    }
+
+    /// The K-quant dots (each kernel's accumulation) agree with the plain f64 dot of the
+    /// dequantized weights and activations.
+    #[test]
+    fn k_quant_dots_match_the_dequantized_dot() {
+        let mut seed = 7;
+        let x = activations(512, &mut seed);
+        let mut a = [Q8K_ZERO; 2];
+        quantize_row_q8_k(&x, &mut a);
+        let deq_a: Vec<f64> = a
+            .iter()
+            .flat_map(|b| b.q.iter().map(move |&q| f64::from(b.d) * f64::from(q)))
+            .collect();
+        assert!(a.iter().all(|b| b.q.contains(&-127)));
+        for (bi, b) in a.iter().enumerate() {
+            for (j, s) in b.bsums.iter().enumerate() {
+                let want: i32 = b.q[16 * j..16 * j + 16].iter().map(|&q| i32::from(q)).sum();
+                assert_eq!(*s, want, "block {bi} bsum {j}");
+            }
+        }
+        let close =
+            |got: f32, want: f64| (f64::from(got) - want).abs() <= 1e-4 * want.abs().max(1.0);
+
+        // Q4_K: d, dmin, scales/mins < 32 in the simple 6-bit layout, random nibbles.
+        let mut row = vec![0u8; 2 * Q4_K_BYTES];
+        for blk in row.chunks_exact_mut(Q4_K_BYTES) {
+            blk[0..2].copy_from_slice(&f16::from_f32(0.01).to_bits().to_le_bytes());
+            blk[2..4].copy_from_slice(&f16::from_f32(0.02).to_bits().to_le_bytes());
+            for v in blk[4..12].iter_mut() {
+                *v = (lcg(&mut seed) % 32) as u8;
+            }
+            for v in blk[12..16].iter_mut() {
+                *v = (lcg(&mut seed) % 16) as u8 | ((lcg(&mut seed) % 16) as u8) << 4;
+            }
+            for v in blk[16..].iter_mut() {
+                *v = lcg(&mut seed) as u8;
+            }
+        }
+        let mut want = 0f64;
+        for (blk, ab) in row.chunks_exact(Q4_K_BYTES).zip(deq_a.chunks_exact(256)) {
+            for (e, &av) in ab.iter().enumerate() {
+                let j = e / 32;
+                let (sc, m) = q4_k_scale_min(j, &blk[4..16]);
+                let q = (blk[16 + 32 * (j / 2) + e % 32] >> (4 * (j % 2))) & 15;
+                let w = f64::from(f16_at(&blk[0..2])) * f64::from(sc) * f64::from(q)
+                    - f64::from(f16_at(&blk[2..4])) * f64::from(m);
+                want += w * av;
+            }
+        }
+        assert!(close(dot_q4_k_q8_k(&row, &a, false), want));
+        assert!(close(dot_q4_k_q8_k(&row, &a, true), want));
+
+        // Q6_K: random codes and scales.
+        let mut row = vec![0u8; 2 * Q6_K_BYTES];
+        for blk in row.chunks_exact_mut(Q6_K_BYTES) {
+            for v in blk[..192].iter_mut() {
+                *v = lcg(&mut seed) as u8;
+            }
+            for v in blk[192..208].iter_mut() {
+                *v = (lcg(&mut seed) % 61) as u8;
+            }
+            blk[208..210].copy_from_slice(&f16::from_f32(0.003).to_bits().to_le_bytes());
+        }
+        let mut want = 0f64;
+        for (blk, ab) in row.chunks_exact(Q6_K_BYTES).zip(deq_a.chunks_exact(256)) {
+            let q = decode_q6_k(blk);
+            for (e, &av) in ab.iter().enumerate() {
+                let w = f64::from(f16_at(&blk[208..210]))
+                    * f64::from(blk[192 + e / 16] as i8)
+                    * (f64::from(q[e]) - 32.0);
+                want += w * av;
+            }
+        }
+        assert!(close(dot_q6_k_q8_k(&row, &a), want));
+        assert!(close(dot_q6_k_tiled(&row, &a), want));
+    }
+
+    #[test]
+    fn geglu_uses_the_f16_gelu_table_and_saturates() {
+        let t = gelu_table();
+        assert_eq!(geglu(0.0, 3.0, t), 0.0);
+        assert_eq!(geglu(-10.0, 3.0, t), 0.0);
+        assert_eq!(geglu(12.0, 0.5, t), 6.0);
+        let g = geglu(1.0, 1.0, t);
+        assert_eq!(g, round_f16(g));
+        assert!((g - 0.841_192).abs() < 1e-3, "{g}");
+    }
+
     #[test]
     fn vectorised_exp_is_close_to_exp_and_saturates() {
         assert_eq!(v_expf(0.0), 1.0);
@@ -940,14 +1597,25 @@ mod tests {
             );
             if n > 0 && self.first_diff.is_none() {
                 self.first_diff = Some(file);
+                if let Ok(w) = std::env::var("HEARTH_LCDUMP_ROW") {
+                    let w: usize = w.parse().unwrap();
+                    let per: Vec<usize> = data
+                        .chunks(w)
+                        .zip(want.chunks(w))
+                        .map(|(a, b)| compare(a, b).0)
+                        .collect();
+                    println!("  per row: {per:?}");
+                }
             }
         }
     }
 
-    /// Steps along one SmolLM2 fixture case (prompt, then `N` of llama.cpp's ids) and compares
+    /// Steps along one SmolLM2 (or, with HEARTH_LCDUMP_MODEL=gemma3, Gemma 3) fixture case (prompt, then `N` of llama.cpp's ids) and compares
     /// the logits of every step, and the tensors of step `CALL`, with a dump made by
     /// `scripts/parity/lcdump.sh DIR CALL CASE N` (env HEARTH_LCDUMP=DIR, HEARTH_LCDUMP_CALL,
-    /// HEARTH_LCDUMP_CASE, HEARTH_LCDUMP_N; run with --nocapture to see each tensor).
+    /// HEARTH_LCDUMP_CASE, HEARTH_LCDUMP_N; run with --nocapture to see each tensor;
+    /// HEARTH_LCDUMP_ROW=W also prints the differing count per W values of the first differing
+    /// tensor, e.g. per token).
     #[test]
     #[ignore = "needs weights/ and a llama.cpp dump (scripts/parity/lcdump.sh)"]
     fn logits_and_tensors_match_a_llama_cpp_dump() {
@@ -957,17 +1625,24 @@ mod tests {
         let case: usize = env("HEARTH_LCDUMP_CASE", "0").parse().unwrap();
         let n_forced: usize = env("HEARTH_LCDUMP_N", "0").parse().unwrap();
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let path = root.join("weights/SmolLM2-135M-Instruct.Q4_1.gguf");
+        // HEARTH_LCDUMP_MODEL=gemma3: Gemma 3 270M and its fixture instead of SmolLM2.
+        let (weights, fixture) = if env("HEARTH_LCDUMP_MODEL", "smollm2") == "gemma3" {
+            (
+                "weights/gemma-3-270m-Q4_K_M.gguf",
+                "tests/fixtures/text/gemma-3-270m-q4_k_m.json",
+            )
+        } else {
+            (
+                "weights/SmolLM2-135M-Instruct.Q4_1.gguf",
+                "tests/fixtures/text/smollm2-135m-instruct-q4_1.json",
+            )
+        };
+        let path = root.join(weights);
         let file = crate::gguf::GgufFile::open(&path).unwrap();
         let hp = Hparams::from_gguf(&file.content).unwrap();
         let mut m = from_gguf(&path, &file.content, hp.clone(), 2).unwrap();
-        let fx: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(
-                root.join("tests/fixtures/text/smollm2-135m-instruct-q4_1.json"),
-            )
-            .unwrap(),
-        )
-        .unwrap();
+        let fx: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(root.join(fixture)).unwrap()).unwrap();
         let ids = |v: &serde_json::Value| -> Vec<u32> {
             v.as_array()
                 .unwrap()
