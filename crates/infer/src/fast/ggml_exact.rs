@@ -830,6 +830,73 @@ impl Tap for NoTap {
     fn tap(&mut self, _: &str, _: Option<usize>, _: &[f32]) {}
 }
 
+/// Attention shape: query heads, query heads per KV head, head size, K/V row width.
+#[derive(Debug, Clone, Copy)]
+struct AttnDims {
+    nh: usize,
+    group: usize,
+    hd: usize,
+    kvd: usize,
+}
+
+/// Attention of the tokens of `q` (positions `p0..`) over one layer's cache, per token and head,
+/// in llama.cpp's orders: K·Q by `vec_dot_f32`, softmax over the live positions, V·softmax over
+/// the KV length padded to `KV_PAD` (tinyBLAS for two or more tokens, `vec_dot_f32` for one).
+/// Positions before `first(pos)` are masked (sliding windows). Writes `out` (tokens × heads × hd).
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    k_cache: &[f32],
+    v_cache: &[f32],
+    q: &[f32],
+    p0: usize,
+    d: AttnDims,
+    kq_scale: f32,
+    first: impl Fn(usize) -> usize,
+    out: &mut Vec<f32>,
+) {
+    let AttnDims { nh, group, hd, kvd } = d;
+    let qd = nh * hd;
+    let n = q.len() / qd;
+    let n_kv_max = (p0 + n).div_ceil(KV_PAD) * KV_PAD;
+    let (mut kq, mut w, mut vt) = (
+        vec![0f32; n_kv_max],
+        vec![0f32; n_kv_max],
+        vec![0f32; n_kv_max],
+    );
+    out.clear();
+    out.resize(n * qd, 0.0);
+    for t in 0..n {
+        let pos = p0 + t;
+        let live = pos + 1;
+        let masked = first(pos);
+        let padded = live.div_ceil(KV_PAD) * KV_PAD;
+        for head in 0..nh {
+            let kvh = head / group;
+            let qh = &q[t * qd + head * hd..t * qd + (head + 1) * hd];
+            for (i, o) in kq[..live].iter_mut().enumerate() {
+                *o = if i < masked {
+                    f32::NEG_INFINITY
+                } else {
+                    dot_f32(&k_cache[i * kvd + kvh * hd..i * kvd + (kvh + 1) * hd], qh)
+                };
+            }
+            soft_max(&kq[..live], kq_scale, &mut w[..padded]);
+            let o = &mut out[t * qd + head * hd..t * qd + (head + 1) * hd];
+            for (dd, o) in o.iter_mut().enumerate() {
+                for (i, x) in vt[..live].iter_mut().enumerate() {
+                    *x = v_cache[i * kvd + kvh * hd + dd];
+                }
+                vt[live..padded].fill(0.0);
+                *o = if n >= 2 {
+                    dot_f32_tinyblas(&vt[..padded], &w[..padded])
+                } else {
+                    dot_f32(&vt[..padded], &w[..padded])
+                };
+            }
+        }
+    }
+}
+
 impl GgmlModel {
     /// `out[t * rows + r] = w.row(r) · x[t]` for the `n` rows of `x` (each `w.cols` long),
     /// quantized first as ggml does.
@@ -874,6 +941,68 @@ impl GgmlModel {
         }
     }
 
+    /// `get_rows` of the Q8_0 embeddings: d × q, exact.
+    fn embed(&self, tokens: &[u32], x: &mut Vec<f32>) -> Result<(), Error> {
+        let (e, vocab) = (self.hp.n_embd, self.hp.vocab_size);
+        x.clear();
+        x.resize(tokens.len() * e, 0.0);
+        for (xr, &t) in x.chunks_exact_mut(e).zip(tokens) {
+            if t as usize >= vocab {
+                return Err(Error::InvalidToken {
+                    id: t,
+                    vocab_size: vocab,
+                });
+            }
+            for (xb, blk) in xr
+                .chunks_exact_mut(32)
+                .zip(self.embd.row(t as usize).chunks_exact(Q8_0_BYTES))
+            {
+                let d = f16_at(blk);
+                for (o, &q) in xb.iter_mut().zip(&blk[2..]) {
+                    *o = d * f32::from(q as i8);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The attention norm of `b.x` (into `b.h`) and its Q, K and V projections, in buffers taken
+    /// from `b` (the caller gives them back).
+    fn attn_inputs<T: Tap>(
+        &self,
+        l: &Layer,
+        il: usize,
+        n: usize,
+        b: &mut Bufs,
+        tap: &mut T,
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let hp = &self.hp;
+        let e = hp.n_embd;
+        b.h.clear();
+        b.h.resize(n * e, 0.0);
+        for (xr, hr) in b.x.chunks_exact(e).zip(b.h.chunks_exact_mut(e)) {
+            rms_norm(xr, &l.attn_norm, hp.rms_eps, hr);
+        }
+        tap.tap("attn_norm", Some(il), &b.h);
+        let take = |v: &mut Vec<f32>, len: usize| {
+            let mut out = std::mem::take(v);
+            out.clear();
+            out.resize(len, 0.0);
+            out
+        };
+        let (mut q, mut k, mut v) = (
+            take(&mut b.q, n * hp.n_head * hp.head_dim),
+            take(&mut b.k, n * hp.kv_dim()),
+            take(&mut b.v, n * hp.kv_dim()),
+        );
+        let h = std::mem::take(&mut b.h);
+        self.matmul(&l.wq, &h, n, b, &mut q);
+        self.matmul(&l.wk, &h, n, b, &mut k);
+        self.matmul(&l.wv, &h, n, b, &mut v);
+        b.h = h;
+        (q, k, v)
+    }
+
     /// One ubatch of one sequence: `tokens` at positions `seq.len + start..`; returns the hidden
     /// state of the last token after the final norm in `b.h[..n_embd]`.
     fn ubatch<T: Tap>(
@@ -895,51 +1024,12 @@ impl GgmlModel {
             v.resize(len, 0.0);
         };
 
-        // get_rows of the Q8_0 embeddings: d * q, exact.
-        resize(&mut b.x, n * e);
-        for (xr, &t) in b.x.chunks_exact_mut(e).zip(tokens) {
-            if t as usize >= hp.vocab_size {
-                return Err(Error::InvalidToken {
-                    id: t,
-                    vocab_size: hp.vocab_size,
-                });
-            }
-            for (xb, blk) in xr
-                .chunks_exact_mut(32)
-                .zip(self.embd.row(t as usize).chunks_exact(Q8_0_BYTES))
-            {
-                let d = f16_at(blk);
-                for (o, &q) in xb.iter_mut().zip(&blk[2..]) {
-                    *o = d * f32::from(q as i8);
-                }
-            }
-        }
+        self.embed(tokens, &mut b.x)?;
         tap.tap("embd", None, &b.x);
 
         let mut cache = vec![(0f32, 0f32); hd / 2];
-        let n_kv_max = (p0 + n).div_ceil(KV_PAD) * KV_PAD;
-        let mut kq = vec![0f32; n_kv_max];
-        let mut w = vec![0f32; n_kv_max];
-        let mut vt = vec![0f32; n_kv_max];
         for (il, l) in self.layers.iter().enumerate() {
-            resize(&mut b.h, n * e);
-            for (xr, hr) in b.x.chunks_exact(e).zip(b.h.chunks_exact_mut(e)) {
-                rms_norm(xr, &l.attn_norm, eps, hr);
-            }
-            tap.tap("attn_norm", Some(il), &b.h);
-            let (mut q, mut k, mut v) = (
-                std::mem::take(&mut b.q),
-                std::mem::take(&mut b.k),
-                std::mem::take(&mut b.v),
-            );
-            resize(&mut q, n * qd);
-            resize(&mut k, n * kvd);
-            resize(&mut v, n * kvd);
-            let h = std::mem::take(&mut b.h);
-            self.matmul(&l.wq, &h, n, b, &mut q);
-            self.matmul(&l.wk, &h, n, b, &mut k);
-            self.matmul(&l.wv, &h, n, b, &mut v);
-            b.h = h;
+            let (mut q, mut k, v) = self.attn_inputs(l, il, n, b, tap);
             for t in 0..n {
                 rope_cache(p0 + t, self.theta_scale, &mut cache);
                 for head in q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
@@ -957,32 +1047,17 @@ impl GgmlModel {
             tap.tap("Vcur", Some(il), &v);
 
             // Attention, per token and head.
-            resize(&mut b.att, n * qd);
-            for t in 0..n {
-                let live = p0 + t + 1;
-                let padded = live.div_ceil(KV_PAD) * KV_PAD;
-                for head in 0..nh {
-                    let kvh = head / group;
-                    let qh = &q[t * qd + head * hd..t * qd + (head + 1) * hd];
-                    for (i, o) in kq[..live].iter_mut().enumerate() {
-                        let kr = &seq.k[il][i * kvd + kvh * hd..i * kvd + (kvh + 1) * hd];
-                        *o = dot_f32(kr, qh);
-                    }
-                    soft_max(&kq[..live], self.kq_scale, &mut w[..padded]);
-                    let out = &mut b.att[t * qd + head * hd..t * qd + (head + 1) * hd];
-                    for (d, o) in out.iter_mut().enumerate() {
-                        for (i, x) in vt[..live].iter_mut().enumerate() {
-                            *x = seq.v[il][i * kvd + kvh * hd + d];
-                        }
-                        vt[live..padded].fill(0.0);
-                        *o = if n >= 2 {
-                            dot_f32_tinyblas(&vt[..padded], &w[..padded])
-                        } else {
-                            dot_f32(&vt[..padded], &w[..padded])
-                        };
-                    }
-                }
-            }
+            let dims = AttnDims { nh, group, hd, kvd };
+            attend(
+                &seq.k[il],
+                &seq.v[il],
+                &q,
+                p0,
+                dims,
+                self.kq_scale,
+                |_| 0,
+                &mut b.att,
+            );
             tap.tap("kqv_out", Some(il), &b.att);
             let att = std::mem::take(&mut b.att);
             let mut proj = std::mem::take(&mut b.proj);
@@ -1048,24 +1123,7 @@ impl GgmlModel {
         };
         let gelu = gelu_table();
 
-        resize(&mut b.x, n * e);
-        for (xr, &t) in b.x.chunks_exact_mut(e).zip(tokens) {
-            if t as usize >= hp.vocab_size {
-                return Err(Error::InvalidToken {
-                    id: t,
-                    vocab_size: hp.vocab_size,
-                });
-            }
-            for (xb, blk) in xr
-                .chunks_exact_mut(32)
-                .zip(self.embd.row(t as usize).chunks_exact(Q8_0_BYTES))
-            {
-                let d = f16_at(blk);
-                for (o, &q) in xb.iter_mut().zip(&blk[2..]) {
-                    *o = d * f32::from(q as i8);
-                }
-            }
-        }
+        self.embed(tokens, &mut b.x)?;
         tap.tap("embd", None, &b.x);
         let embd_scale = (e as f32).sqrt();
         for v in b.x.iter_mut() {
@@ -1075,10 +1133,6 @@ impl GgmlModel {
         let q_scale = 1.0 / (hd as f32).sqrt();
 
         let mut cache = vec![(0f32, 0f32); hd / 2];
-        let n_kv_max = (p0 + n).div_ceil(KV_PAD) * KV_PAD;
-        let mut kq = vec![0f32; n_kv_max];
-        let mut w = vec![0f32; n_kv_max];
-        let mut vt = vec![0f32; n_kv_max];
         let mut nrm = vec![0f32; hd];
         // Tokens going on through the layer (all but in the last layer after attention).
         let mut rows = n;
@@ -1090,24 +1144,7 @@ impl GgmlModel {
             } else {
                 self.theta_scale
             };
-            resize(&mut b.h, n * e);
-            for (xr, hr) in b.x.chunks_exact(e).zip(b.h.chunks_exact_mut(e)) {
-                rms_norm(xr, &l.attn_norm, eps, hr);
-            }
-            tap.tap("attn_norm", Some(il), &b.h);
-            let (mut q, mut k, mut v) = (
-                std::mem::take(&mut b.q),
-                std::mem::take(&mut b.k),
-                std::mem::take(&mut b.v),
-            );
-            resize(&mut q, n * qd);
-            resize(&mut k, n * kvd);
-            resize(&mut v, n * kvd);
-            let h = std::mem::take(&mut b.h);
-            self.matmul(&l.wq, &h, n, b, &mut q);
-            self.matmul(&l.wk, &h, n, b, &mut k);
-            self.matmul(&l.wv, &h, n, b, &mut v);
-            b.h = h;
+            let (mut q, mut k, v) = self.attn_inputs(l, il, n, b, tap);
             for head in q.chunks_exact_mut(hd) {
                 rms_norm(head, &g.q_norm, eps, &mut nrm);
                 head.copy_from_slice(&nrm);
@@ -1137,42 +1174,22 @@ impl GgmlModel {
                 *x *= q_scale;
             }
 
-            resize(&mut b.att, n * qd);
-            for t in 0..n {
-                let pos = p0 + t;
-                let live = pos + 1;
-                // LLAMA_SWA_TYPE_STANDARD: position p is masked when pos - p >= n_swa.
-                let first = match (sliding, hp.sliding_window) {
-                    (true, Some(win)) => (pos + 1).saturating_sub(win),
-                    _ => 0,
-                };
-                let padded = live.div_ceil(KV_PAD) * KV_PAD;
-                for head in 0..nh {
-                    let kvh = head / group;
-                    let qh = &q[t * qd + head * hd..t * qd + (head + 1) * hd];
-                    for (i, o) in kq[..live].iter_mut().enumerate() {
-                        *o = if i < first {
-                            f32::NEG_INFINITY
-                        } else {
-                            let kr = &seq.k[il][i * kvd + kvh * hd..i * kvd + (kvh + 1) * hd];
-                            dot_f32(kr, qh)
-                        };
-                    }
-                    soft_max(&kq[..live], self.kq_scale, &mut w[..padded]);
-                    let out = &mut b.att[t * qd + head * hd..t * qd + (head + 1) * hd];
-                    for (d, o) in out.iter_mut().enumerate() {
-                        for (i, x) in vt[..live].iter_mut().enumerate() {
-                            *x = seq.v[il][i * kvd + kvh * hd + d];
-                        }
-                        vt[live..padded].fill(0.0);
-                        *o = if n >= 2 {
-                            dot_f32_tinyblas(&vt[..padded], &w[..padded])
-                        } else {
-                            dot_f32(&vt[..padded], &w[..padded])
-                        };
-                    }
-                }
-            }
+            let dims = AttnDims { nh, group, hd, kvd };
+            // LLAMA_SWA_TYPE_STANDARD: position p is masked when pos - p >= n_swa.
+            let first = |pos: usize| match (sliding, hp.sliding_window) {
+                (true, Some(win)) => (pos + 1).saturating_sub(win),
+                _ => 0,
+            };
+            attend(
+                &seq.k[il],
+                &seq.v[il],
+                &q,
+                p0,
+                dims,
+                self.kq_scale,
+                first,
+                &mut b.att,
+            );
             tap.tap("kqv_out", Some(il), &b.att);
             let att = std::mem::take(&mut b.att);
             let mut proj = std::mem::take(&mut b.proj);
