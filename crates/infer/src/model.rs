@@ -23,7 +23,7 @@ pub struct ModelInfo {
     /// KV cache bytes one token position takes (all layers, K and V), for memory budgets.
     pub kv_bytes_per_token: usize,
     pub weights_bytes: u64,
-    /// Which forward runs the model ("candle" or "fast").
+    /// Which forward runs the model ("candle", "fast", or "fast (ggml numerics)").
     pub backend: String,
 }
 

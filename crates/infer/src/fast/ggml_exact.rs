@@ -830,6 +830,15 @@ impl Tap for NoTap {
     fn tap(&mut self, _: &str, _: Option<usize>, _: &[f32]) {}
 }
 
+/// ggml's RMSNorm of each `e`-wide row of `x` with weight `w`, into `out` (resized).
+fn norm_rows(x: &[f32], w: &[f32], eps: f32, e: usize, out: &mut Vec<f32>) {
+    out.clear();
+    out.resize(x.len(), 0.0);
+    for (xr, hr) in x.chunks_exact(e).zip(out.chunks_exact_mut(e)) {
+        rms_norm(xr, w, eps, hr);
+    }
+}
+
 /// Attention shape: query heads, query heads per KV head, head size, K/V row width.
 #[derive(Debug, Clone, Copy)]
 struct AttnDims {
@@ -978,11 +987,7 @@ impl GgmlModel {
     ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         let hp = &self.hp;
         let e = hp.n_embd;
-        b.h.clear();
-        b.h.resize(n * e, 0.0);
-        for (xr, hr) in b.x.chunks_exact(e).zip(b.h.chunks_exact_mut(e)) {
-            rms_norm(xr, &l.attn_norm, hp.rms_eps, hr);
-        }
+        norm_rows(&b.x, &l.attn_norm, hp.rms_eps, e, &mut b.h);
         tap.tap("attn_norm", Some(il), &b.h);
         let take = |v: &mut Vec<f32>, len: usize| {
             let mut out = std::mem::take(v);
@@ -1003,6 +1008,34 @@ impl GgmlModel {
         (q, k, v)
     }
 
+    /// RoPE on the new tokens' Q and K (positions `p0..`, cos/sin from ggml's per-position
+    /// cache), then their K and V rows stored in layer `il`'s cache.
+    fn rope_and_cache(
+        &self,
+        seq: &mut crate::Sequence,
+        (il, p0): (usize, usize),
+        theta_scale: f32,
+        rope: fn(&mut [f32], &[(f32, f32)]),
+        (q, k, v): (&mut [f32], &mut [f32], &[f32]),
+    ) {
+        let (hd, kvd) = (self.hp.head_dim, self.hp.kv_dim());
+        let n = v.len() / kvd;
+        let qd = q.len() / n;
+        let mut cache = vec![(0f32, 0f32); hd / 2];
+        for t in 0..n {
+            rope_cache(p0 + t, theta_scale, &mut cache);
+            for head in q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
+                rope(head, &cache);
+            }
+            for head in k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
+                rope(head, &cache);
+            }
+            let pos = p0 + t;
+            seq.k[il][pos * kvd..(pos + 1) * kvd].copy_from_slice(&k[t * kvd..(t + 1) * kvd]);
+            seq.v[il][pos * kvd..(pos + 1) * kvd].copy_from_slice(&v[t * kvd..(t + 1) * kvd]);
+        }
+    }
+
     /// One ubatch of one sequence: `tokens` at positions `seq.len + start..`; returns the hidden
     /// state of the last token after the final norm in `b.h[..n_embd]`.
     fn ubatch<T: Tap>(
@@ -1015,7 +1048,7 @@ impl GgmlModel {
     ) -> Result<(), Error> {
         let hp = &self.hp;
         let (e, hd, nh, nkv, eps) = (hp.n_embd, hp.head_dim, hp.n_head, hp.n_head_kv, hp.rms_eps);
-        let (qd, kvd, ff) = (nh * hd, hp.kv_dim(), hp.n_ff);
+        let (kvd, ff) = (hp.kv_dim(), hp.n_ff);
         let group = nh / nkv;
         let n = tokens.len();
         let p0 = seq.len + start;
@@ -1027,21 +1060,15 @@ impl GgmlModel {
         self.embed(tokens, &mut b.x)?;
         tap.tap("embd", None, &b.x);
 
-        let mut cache = vec![(0f32, 0f32); hd / 2];
         for (il, l) in self.layers.iter().enumerate() {
             let (mut q, mut k, v) = self.attn_inputs(l, il, n, b, tap);
-            for t in 0..n {
-                rope_cache(p0 + t, self.theta_scale, &mut cache);
-                for head in q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
-                    rope_normal(head, &cache);
-                }
-                for head in k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
-                    rope_normal(head, &cache);
-                }
-                let pos = p0 + t;
-                seq.k[il][pos * kvd..(pos + 1) * kvd].copy_from_slice(&k[t * kvd..(t + 1) * kvd]);
-                seq.v[il][pos * kvd..(pos + 1) * kvd].copy_from_slice(&v[t * kvd..(t + 1) * kvd]);
-            }
+            self.rope_and_cache(
+                seq,
+                (il, p0),
+                self.theta_scale,
+                rope_normal,
+                (&mut q, &mut k, &v),
+            );
             tap.tap("Qcur", Some(il), &q);
             tap.tap("Kcur", Some(il), &k);
             tap.tap("Vcur", Some(il), &v);
@@ -1070,10 +1097,7 @@ impl GgmlModel {
             tap.tap("ffn_inp", Some(il), &b.x);
 
             // MLP.
-            resize(&mut b.h, n * e);
-            for (xr, hr) in b.x.chunks_exact(e).zip(b.h.chunks_exact_mut(e)) {
-                rms_norm(xr, &l.ffn_norm, eps, hr);
-            }
+            norm_rows(&b.x, &l.ffn_norm, eps, e, &mut b.h);
             tap.tap("ffn_norm", Some(il), &b.h);
             let h = std::mem::take(&mut b.h);
             let (mut gate, mut up) = (std::mem::take(&mut b.gate), std::mem::take(&mut b.up));
@@ -1093,8 +1117,7 @@ impl GgmlModel {
             tap.tap("l_out", Some(il), &b.x);
             (b.q, b.k, b.v, b.proj, b.gate, b.up) = (q, k, v, proj, gate, up);
         }
-        resize(&mut b.h, e);
-        rms_norm(&b.x[(n - 1) * e..], &self.norm, eps, &mut b.h);
+        norm_rows(&b.x[(n - 1) * e..], &self.norm, eps, e, &mut b.h);
         tap.tap("result_norm", None, &b.h);
         Ok(())
     }
@@ -1113,7 +1136,7 @@ impl GgmlModel {
     ) -> Result<(), Error> {
         let hp = &self.hp;
         let (e, hd, nh, nkv, eps) = (hp.n_embd, hp.head_dim, hp.n_head, hp.n_head_kv, hp.rms_eps);
-        let (qd, kvd, ff) = (nh * hd, hp.kv_dim(), hp.n_ff);
+        let (kvd, ff) = (hp.kv_dim(), hp.n_ff);
         let group = nh / nkv;
         let n = tokens.len();
         let p0 = seq.len + start;
@@ -1132,7 +1155,6 @@ impl GgmlModel {
         tap.tap("inp_scaled", None, &b.x);
         let q_scale = 1.0 / (hd as f32).sqrt();
 
-        let mut cache = vec![(0f32, 0f32); hd / 2];
         let mut nrm = vec![0f32; hd];
         // Tokens going on through the layer (all but in the last layer after attention).
         let mut rows = n;
@@ -1155,18 +1177,7 @@ impl GgmlModel {
                 head.copy_from_slice(&nrm);
             }
             tap.tap("Kcur_normed", Some(il), &k);
-            for t in 0..n {
-                rope_cache(p0 + t, theta_scale, &mut cache);
-                for head in q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
-                    rope_neox(head, &cache);
-                }
-                for head in k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
-                    rope_neox(head, &cache);
-                }
-                let pos = p0 + t;
-                seq.k[il][pos * kvd..(pos + 1) * kvd].copy_from_slice(&k[t * kvd..(t + 1) * kvd]);
-                seq.v[il][pos * kvd..(pos + 1) * kvd].copy_from_slice(&v[t * kvd..(t + 1) * kvd]);
-            }
+            self.rope_and_cache(seq, (il, p0), theta_scale, rope_neox, (&mut q, &mut k, &v));
             tap.tap("Qcur", Some(il), &q);
             tap.tap("Kcur", Some(il), &k);
             tap.tap("Vcur", Some(il), &v);
@@ -1202,20 +1213,14 @@ impl GgmlModel {
                 proj.drain(..(rows - 1) * e);
                 rows = 1;
             }
-            resize(&mut b.h, rows * e);
-            for (pr, hr) in proj.chunks_exact(e).zip(b.h.chunks_exact_mut(e)) {
-                rms_norm(pr, &g.post_attn, eps, hr);
-            }
+            norm_rows(&proj, &g.post_attn, eps, e, &mut b.h);
             tap.tap("attn_post_norm", Some(il), &b.h);
             for (xv, &hv) in b.x.iter_mut().zip(&b.h) {
                 *xv += hv;
             }
             tap.tap("sa_out", Some(il), &b.x);
 
-            resize(&mut b.h, rows * e);
-            for (xr, hr) in b.x.chunks_exact(e).zip(b.h.chunks_exact_mut(e)) {
-                rms_norm(xr, &l.ffn_norm, eps, hr);
-            }
+            norm_rows(&b.x, &l.ffn_norm, eps, e, &mut b.h);
             tap.tap("ffn_norm", Some(il), &b.h);
             let h = std::mem::take(&mut b.h);
             let (mut gate, mut up) = (std::mem::take(&mut b.gate), std::mem::take(&mut b.up));
@@ -1233,10 +1238,7 @@ impl GgmlModel {
             resize(&mut proj, rows * e);
             self.matmul(&l.down, &gate, rows, b, &mut proj);
             tap.tap("ffn_out", Some(il), &proj);
-            resize(&mut b.h, rows * e);
-            for (pr, hr) in proj.chunks_exact(e).zip(b.h.chunks_exact_mut(e)) {
-                rms_norm(pr, &g.post_ffw, eps, hr);
-            }
+            norm_rows(&proj, &g.post_ffw, eps, e, &mut b.h);
             tap.tap("ffn_post_norm", Some(il), &b.h);
             for (xv, &hv) in b.x.iter_mut().zip(&b.h) {
                 *xv += hv;
@@ -1244,8 +1246,7 @@ impl GgmlModel {
             tap.tap("l_out", Some(il), &b.x);
             (b.q, b.k, b.v, b.proj, b.gate, b.up) = (q, k, v, proj, gate, up);
         }
-        resize(&mut b.h, e);
-        rms_norm(&b.x[(rows - 1) * e..], &self.norm, eps, &mut b.h);
+        norm_rows(&b.x[(rows - 1) * e..], &self.norm, eps, e, &mut b.h);
         tap.tap("result_norm", None, &b.h);
         Ok(())
     }
@@ -1286,7 +1287,7 @@ impl GgmlModel {
 
 impl Backend for GgmlModel {
     fn name(&self) -> &'static str {
-        "fast"
+        "fast (ggml numerics)"
     }
 
     fn forward(&mut self, steps: &mut [Step<'_>], logits: &mut Vec<f32>) -> Result<(), Error> {

@@ -238,14 +238,8 @@ fn resolve(
         input_price_per_million: price("input_price_per_million", m.input_price_per_million)?,
         output_price_per_million: price("output_price_per_million", m.output_price_per_million)?,
     };
-    let kv_precision: hearth_infer::KvPrecision = match m.kv_precision {
-        Some(text) => text.parse().map_err(invalid)?,
-        None => hearth_infer::KvPrecision::default(),
-    };
-    let numerics: hearth_infer::Numerics = match m.numerics {
-        Some(text) => text.parse().map_err(invalid)?,
-        None => hearth_infer::Numerics::default(),
-    };
+    let kv_precision = parse_or_default(m.kv_precision).map_err(invalid)?;
+    let numerics = parse_or_default(m.numerics).map_err(invalid)?;
     let load = TextModelConfig {
         source,
         kv_precision,
@@ -288,18 +282,27 @@ fn resolve(
     })
 }
 
+/// An optional key parsed by its type's `FromStr` (whose message names the key), or the default.
+fn parse_or_default<T: std::str::FromStr<Err = String> + Default>(
+    text: Option<String>,
+) -> Result<T, String> {
+    text.map_or_else(|| Ok(T::default()), |t| t.parse())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A one-model table with `extra` keys.
+    fn table(extra: &str) -> String {
+        format!("[text.\"alpha-3.3\"]\nweights = \"w.gguf\"\ninput_price_per_million = \"1\"\noutput_price_per_million = \"1\"\n{extra}")
+    }
 
     #[test]
     fn kv_precision_and_numerics_are_read_and_checked() {
         let dir = std::env::temp_dir().join(format!("hearth-kv-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("models.toml");
-        let table = |kv: &str| {
-            format!("[text.\"alpha-3.3\"]\nweights = \"w.gguf\"\ninput_price_per_million = \"1\"\noutput_price_per_million = \"1\"\n{kv}")
-        };
         std::fs::write(&path, table("kv_precision = \"f16\"")).unwrap();
         let entry = load(&path).unwrap();
         assert_eq!(
@@ -336,9 +339,6 @@ mod tests {
     #[test]
     fn scheduler_keys_are_read_with_defaults() {
         let base = Path::new("/models");
-        let table = |extra: &str| {
-            format!("[text.\"alpha-3.3\"]\nweights = \"w.gguf\"\ninput_price_per_million = \"1\"\noutput_price_per_million = \"1\"\n{extra}")
-        };
         let cat = parse(&table("gather_window_us = 0\nmax_step_tokens = 64"), base).unwrap();
         let cfg = &cat.entry("alpha-3.3").unwrap().scheduler;
         assert_eq!(cfg.gather_window, Duration::ZERO);
