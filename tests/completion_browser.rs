@@ -62,28 +62,44 @@ async fn chat_page_signs_in_streams_stops_and_shows_the_balance_drop() {
 
     // A long reply stopped mid-way: marked as stopped, billed, balance lower again.
     browser.fill("#maxTokens", "2000").await;
+    // Greedy, so the reply is the same long count every run: a sampled one sometimes ended on
+    // its own before Stop was clicked.
+    browser
+        .client
+        .execute("document.getElementById('temperature').value = '0'", vec![])
+        .await
+        .unwrap();
     browser
         .fill("#prompt", "Count from one to one thousand in words.")
         .await;
     browser.click("#send").await;
+    // The model may end this reply on its own after a few dozen tokens, so the check that it
+    // has started and the click on Stop run in one script in the page, not two WebDriver calls.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
-        let replies = browser
+        let clicked = browser
             .client
-            .find_all(fantoccini::Locator::Css(".msg.assistant"))
+            .execute(
+                "const r = document.querySelectorAll('.msg.assistant');
+                 const stop = document.getElementById('stop');
+                 if (r.length === 2 && r[1].textContent.trim() && !stop.disabled) {
+                   stop.click();
+                   return true;
+                 }
+                 return false;",
+                vec![],
+            )
             .await
             .unwrap();
-        let text = replies.last().unwrap().text().await.unwrap();
-        if replies.len() == 2 && !text.trim().is_empty() {
+        if clicked.as_bool() == Some(true) {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
             "the second reply never started"
         );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-    browser.click("#stop").await;
     let stopped = browser.visible_text(".msg.assistant .meta.aborted").await;
     assert!(stopped.starts_with("stopped"), "{stopped}");
     let after_second = Decimal::from_str(&browser.visible_text("#balance").await).unwrap();
