@@ -289,16 +289,11 @@ async fn run(args: Args) -> Result<(), String> {
         .timeout(Duration::from_secs(600))
         .build()
         .map_err(|e| e.to_string())?;
-    // Warm-up: connections, weights paged in.
-    level(
-        &client,
-        &Args {
-            max_tokens: 4,
-            ..args.clone()
-        },
-        1,
-    )
-    .await?;
+    // Warm-up at the largest level: connections, weights paged in, and the server's KV caches
+    // and worker threads allocated, as on a server that has been running (the scheduler bench
+    // warms up the same way).
+    let max_streams = args.streams.iter().copied().max().unwrap_or(1);
+    level(&client, &args, max_streams).await?;
     let label = args.label.clone().unwrap_or_else(|| match args.target {
         Target::Hearth => "hearth-http".into(),
         Target::Llama => "llama-server".into(),

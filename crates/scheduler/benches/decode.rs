@@ -210,17 +210,9 @@ async fn run(args: Args) {
             tok.encode(&text).expect("encode")
         })
         .collect();
-    // Warm-up: page the weights in, size the buffers.
-    let _ = level(
-        &sched,
-        &prompts,
-        2,
-        &Args {
-            max_tokens: 8,
-            ..clone_args(&args)
-        },
-    )
-    .await;
+    // Warm-up at the largest level: page the weights in, size the buffers, and allocate the
+    // KV caches that a server which has been running keeps (as `loadgen` does over HTTP).
+    let _ = level(&sched, &prompts, max_streams, &args).await;
 
     println!(
         "scheduler alone: {} threads={} max_tokens={} ({})",
@@ -281,15 +273,4 @@ async fn run(args: Args) {
         std::fs::write(path, json).expect("write --json");
     }
     sched.shutdown().await;
-}
-
-fn clone_args(a: &Args) -> Args {
-    Args {
-        model: a.model.clone(),
-        threads: a.threads,
-        streams: a.streams.clone(),
-        max_tokens: a.max_tokens,
-        natural_stop: a.natural_stop,
-        json: None,
-    }
 }

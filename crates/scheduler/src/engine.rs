@@ -14,13 +14,14 @@ use tokio::sync::mpsc::{self, error::TrySendError};
 use tracing::{debug, error, info, info_span, warn, Span};
 
 use crate::handle::{CancelHandle, Pending, RunState, Shared};
+use crate::spare::Spares;
 use crate::Error;
 
 /// How long the loop sleeps when every running stream is paused on a full channel.
 const PAUSED_POLL: Duration = Duration::from_millis(2);
 /// Longest gathering of a burst, in gather windows. 16 parallel HTTP requests on a 2-core box
-/// (authentication, the hold, tokenization) reach the queue over more than 8 ms, though each
-/// within a millisecond of the one before.
+/// (authentication, the hold, tokenization) reach the queue over more than 8 ms; the callers
+/// announce them (`SchedulerHandle::announce`) while they prepare them.
 const GATHER_MAX_WINDOWS: u32 = 25;
 /// How long the loop sleeps with nothing to do before looking at deadlines again.
 const IDLE_POLL: Duration = Duration::from_millis(50);
@@ -110,6 +111,8 @@ struct Batch {
     active: Vec<Active>,
     closing: Vec<Closing>,
     kv_reserved: u64,
+    /// KV caches of ended sequences, for reuse; they count against the budget with the active.
+    spares: Spares,
     vocab: usize,
 }
 
@@ -163,6 +166,7 @@ impl Engine {
                 active: Vec::new(),
                 closing: Vec::new(),
                 kv_reserved: 0,
+                spares: Spares::default(),
                 vocab,
             },
         }
@@ -278,8 +282,17 @@ impl Batch {
             let Some(p) = queue.waiting.pop_front() else {
                 break;
             };
+            // A kept cache if one fits; else a new one, for which kept caches make room.
+            let room = config.kv_budget_bytes - self.kv_reserved;
+            let seq = match self.spares.take(p.capacity, room) {
+                Some(seq) => Ok(seq),
+                None => {
+                    self.spares.shrink_to(room - p.kv_bytes);
+                    model.new_sequence(p.capacity)
+                }
+            };
             // An allocation failure is the request's, not the engine's: refuse it and go on.
-            match model.new_sequence(p.capacity) {
+            match seq {
                 Ok(seq) => self.start(p, seq),
                 Err(e) => {
                     shared.registry.remove(&p.stream_id, &p.cancel);
@@ -306,7 +319,6 @@ impl Batch {
             params,
             ignore_eos,
             capacity,
-            kv_bytes,
             tx,
             cancel,
             admit,
@@ -331,6 +343,8 @@ impl Batch {
                 "admitted"
             )
         });
+        // A kept cache may be a little larger than asked: account what it really holds.
+        let kv_bytes = seq.kv_bytes() as u64;
         self.kv_reserved += kv_bytes;
         self.active.push(Active {
             stream_id,
@@ -520,6 +534,9 @@ impl Batch {
                 since: Instant::now(),
             });
         }
+        let config = &self.shared.config;
+        let room = config.kv_budget_bytes.saturating_sub(self.kv_reserved);
+        self.spares.put(a.seq, room, config.max_active);
         self.shared
             .metrics
             .active
@@ -542,8 +559,9 @@ impl Batch {
         }
     }
 
-    /// Waits while the rest of a burst arrives: until no request has come for `gather_window`,
-    /// or `GATHER_MAX_WINDOWS` windows have passed.
+    /// Waits while the rest of a burst arrives: until no request has come for `gather_window`
+    /// and none is announced (being prepared by its caller), or `GATHER_MAX_WINDOWS` windows
+    /// have passed.
     fn gather(&self) {
         let window = self.shared.config.gather_window;
         if window.is_zero() {
@@ -561,7 +579,7 @@ impl Batch {
                 Ok((q, _)) => q,
                 Err(poisoned) => poisoned.into_inner().0,
             };
-            if queue.waiting.len() <= seen {
+            if queue.waiting.len() <= seen && self.shared.announced.load(Relaxed) == 0 {
                 return;
             }
         }

@@ -154,6 +154,8 @@ pub(crate) struct Shared {
     pub vocab_size: usize,
     pub kv_bytes_per_token: u64,
     pub stopped: watch::Sender<bool>,
+    /// Requests announced by their callers and not yet queued (see [`SchedulerHandle::announce`]).
+    pub announced: AtomicUsize,
     next_id: AtomicU64,
 }
 
@@ -211,6 +213,7 @@ impl Scheduler {
             metrics: Metrics::default(),
             registry,
             stopped,
+            announced: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
         });
         let engine_shared = Arc::clone(&shared);
@@ -296,6 +299,20 @@ impl Drop for QueueGuard<'_> {
     }
 }
 
+/// A request on its way to [`SchedulerHandle::submit`]; see [`SchedulerHandle::announce`].
+#[must_use = "the announcement ends when the guard is dropped"]
+pub struct Announced {
+    shared: Arc<Shared>,
+}
+
+impl Drop for Announced {
+    fn drop(&mut self) {
+        // No wake-up: a gathering engine looks again within a gather window, and a submit that
+        // follows wakes it anyway.
+        self.shared.announced.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 impl SchedulerHandle {
     pub fn name(&self) -> &str {
         &self.inner.shared.config.name
@@ -320,6 +337,19 @@ impl SchedulerHandle {
 
     pub fn metrics(&self) -> MetricsSnapshot {
         self.inner.shared.metrics.snapshot()
+    }
+
+    /// Says that a request is on its way: its caller is still preparing it (authenticating,
+    /// tokenizing, placing a hold) and will submit it, or give up, before dropping the guard.
+    /// An idle engine that is gathering a burst into its first step waits for announced
+    /// requests too, within the gather limit, so that a burst of HTTP requests whose
+    /// preparation spreads over a few milliseconds starts in one step, as it would if the
+    /// requests had been submitted together. Drop the guard just before `submit`.
+    pub fn announce(&self) -> Announced {
+        self.inner.shared.announced.fetch_add(1, Ordering::Relaxed);
+        Announced {
+            shared: Arc::clone(&self.inner.shared),
+        }
     }
 
     /// Why the engine is unavailable, if it is (the thread died).

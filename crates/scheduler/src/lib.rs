@@ -18,10 +18,12 @@ mod engine;
 mod error;
 mod handle;
 pub mod metrics;
+mod spare;
 
 pub use config::SchedulerConfig;
 pub use error::Error;
 pub use handle::{
-    CancelHandle, Generation, Outcome, Output, Request, Scheduler, SchedulerHandle, StreamRegistry,
+    Announced, CancelHandle, Generation, Outcome, Output, Request, Scheduler, SchedulerHandle,
+    StreamRegistry,
 };
 pub use metrics::MetricsSnapshot;

@@ -215,6 +215,40 @@ async fn requests_arriving_together_at_an_idle_engine_start_in_one_step() {
     assert_eq!(m.batch_rows.max, 4.0);
 }
 
+/// A request announced by its caller (still being tokenized and billed over HTTP) holds an idle
+/// engine's first step for it, even when it comes later than the gather window after the last
+/// arrival; without announcements the first request runs alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_announced_request_joins_the_first_step_of_a_burst() {
+    for announce in [true, false] {
+        let sched = tiny(SchedulerConfig {
+            name: "announce".into(),
+            gather_window: Duration::from_millis(5),
+            ..SchedulerConfig::default()
+        });
+        let ids = prompt(&sched, "Say something.");
+        let announced = announce.then(|| sched.announce());
+        let (s, first_ids) = (sched.clone(), ids.clone());
+        let first = tokio::spawn(async move {
+            let g = s.submit(long(first_ids, 3, "first")).await.expect("submit");
+            g.collect().await.usage.completion_tokens
+        });
+        // Four gather windows later: well past the window, well within the gather limit.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(announced);
+        let second = sched.submit(long(ids, 3, "second")).await.expect("submit");
+        assert_eq!(second.collect().await.usage.completion_tokens, 3);
+        assert_eq!(first.await.expect("stream task"), 3);
+        let m = sched.metrics();
+        if announce {
+            // One step prefills both prompts, two more decode.
+            assert_eq!((m.steps, m.batch_rows.max), (3, 2.0), "{m:?}");
+        } else {
+            assert!(m.steps > 3, "the first request ran alone first: {m:?}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_by_handle_frees_the_slot_and_leaves_others_unchanged() {
     let sched = tiny(SchedulerConfig {
@@ -447,6 +481,34 @@ async fn the_kv_budget_holds_back_a_request_until_memory_frees() {
         .unwrap()
         .unwrap();
     assert!(second.usage.completion_tokens > 0);
+}
+
+/// The engine keeps ended sequences' KV caches and hands them to later requests of a similar
+/// size, full of the earlier request's keys and values: the later request must not see them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_on_a_reused_kv_cache_answers_as_on_a_fresh_one() {
+    let short = "Say yes.";
+    let fresh = {
+        let sched = tiny(config("fresh"));
+        let ids = prompt(&sched, short);
+        run(&sched, ids, greedy(40), "fresh").await
+    };
+    let sched = tiny(config("reused"));
+    let ids = prompt(&sched, short);
+    // A longer prompt first, whose cache (prompt + 40 positions, all written: end-of-sequence
+    // ignored) is close enough in size to be handed to the short request.
+    let before = prompt(&sched, "Say no, twice.");
+    assert!(before.len() > ids.len() && before.len() - ids.len() < 10);
+    let first = sched
+        .submit(long(before, 40, "first"))
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    assert_eq!(first.usage.completion_tokens, 40);
+    let reused = run(&sched, ids, greedy(40), "reused").await;
+    assert_eq!(reused.text, fresh.text);
+    assert_eq!(reused.usage, fresh.usage);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

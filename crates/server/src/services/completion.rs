@@ -227,6 +227,8 @@ async fn start(cs: &CompletionState, raw: RawCompletionRequest) -> Result<Starte
         cs.core.engines.get(&valid.model).await.map_err(|why| {
             ApiError::gateway(format!("model {} is unavailable: {why}", valid.model))
         })?;
+    // From here until the submit, an idle engine gathering a burst waits for this request.
+    let announced = engine.announce();
 
     let tokenizer = engine.tokenizer();
     let messages = valid.messages.clone();
@@ -281,6 +283,7 @@ async fn start(cs: &CompletionState, raw: RawCompletionRequest) -> Result<Starte
         span: Span::current(),
         ignore_eos: false,
     };
+    drop(announced);
     match engine.submit(request).await {
         Ok(generation) => Ok(Started {
             generation,
