@@ -17,9 +17,13 @@ async fn app_with(f: impl FnOnce(&mut hearth_server::RawConfig)) -> TestApp {
 }
 
 async fn upload(app: &TestApp, name: &str, bytes: Vec<u8>) -> (StatusCode, Value) {
+    upload_to(app, "/", name, bytes).await
+}
+
+async fn upload_to(app: &TestApp, path: &str, name: &str, bytes: Vec<u8>) -> (StatusCode, Value) {
     let form = Form::new().part("file", Part::bytes(bytes).file_name(name.to_string()));
     let resp = reqwest::Client::new()
-        .post(format!("{}/", app.url(Service::Markdown)))
+        .post(format!("{}{path}", app.url(Service::Markdown)))
         .multipart(form)
         .send()
         .await
@@ -39,6 +43,47 @@ async fn converts_an_uploaded_csv_and_names_the_file() {
         md.contains("| name | qty |\n| --- | --- |\n| apple | 3 |"),
         "{md}"
     );
+}
+
+/// A message with a CSV attachment: listed by default, converted with `?attachments=convert`
+/// or when the operator configures `markdown.attachments = "convert"`.
+#[tokio::test]
+async fn email_attachments_are_listed_or_converted_as_asked() {
+    let eml = b"From: ann@example.org\r\nSubject: Figures\r\nMIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=XX\r\n\r\n--XX\r\nContent-Type: text/plain\r\n\r\nSee attached.\r\n--XX\r\nContent-Type: text/csv\r\nContent-Disposition: attachment; filename=\"q3.csv\"\r\n\r\nregion,sales\r\nnorth,10\r\n--XX--\r\n";
+    let app = app_with(|_| {}).await;
+    let markdown = |body: &Value| body["markdown"].as_str().expect("markdown").to_string();
+
+    let (status, body) = upload(&app, "figures.eml", eml.to_vec()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let listed = markdown(&body);
+    assert!(listed.contains("See attached."), "{listed}");
+    assert!(
+        listed.contains("## Attachments\n\n- q3.csv (csv, "),
+        "{listed}"
+    );
+    assert!(!listed.contains("north"), "{listed}");
+
+    let (status, body) =
+        upload_to(&app, "/?attachments=convert", "figures.eml", eml.to_vec()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(markdown(&body).contains("| north | 10 |"), "{body}");
+
+    let (status, body) = upload_to(&app, "/?attachments=all", "figures.eml", eml.to_vec()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("attachments must be"),
+        "{body}"
+    );
+
+    let app = app_with(|c| c.markdown.attachments = Some("convert".into())).await;
+    let (status, body) = upload(&app, "figures.eml", eml.to_vec()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(markdown(&body).contains("| north | 10 |"), "{body}");
+    let (_, body) = upload_to(&app, "/?attachments=list", "figures.eml", eml.to_vec()).await;
+    assert!(!markdown(&body).contains("north"), "{body}");
 }
 
 #[tokio::test]

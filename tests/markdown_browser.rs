@@ -234,3 +234,45 @@ async fn dropped_file_converts_and_a_refused_file_shows_the_service_message() {
     );
     browser.close().await;
 }
+
+/// An e-mail with a CSV attachment: listed by default; converted, as a table, once the page's
+/// "convert attachments" box is ticked.
+#[tokio::test]
+async fn the_attachments_box_converts_e_mail_attachments() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let app = markdown_app().await;
+    browser
+        .client
+        .goto(&format!("{}/ui", app.url(Service::Markdown)))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("figures.eml");
+    std::fs::write(
+        &file,
+        "From: ann@example.org\r\nSubject: Figures\r\nMIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=XX\r\n\r\n--XX\r\nContent-Type: text/plain\r\n\r\nSee attached.\r\n--XX\r\nContent-Type: text/csv\r\nContent-Disposition: attachment; filename=\"q3.csv\"\r\n\r\nregion,sales\r\nnorth,10\r\n--XX--\r\n",
+    )
+    .unwrap();
+    let path = file.display().to_string();
+
+    browser.find("#file").await.send_keys(&path).await.unwrap();
+    wait_status(&browser, "Converted figures.eml").await;
+    let raw = browser.find("#raw").await.prop("value").await.unwrap();
+    let raw = raw.unwrap_or_default();
+    assert!(raw.contains("- q3.csv (csv, "), "{raw}");
+    assert!(texts(&browser, "#rendered table td").await.is_empty());
+
+    browser.find("#attachments").await.click().await.unwrap();
+    // Picking the same file again: clear the picker first so that the change event fires.
+    browser
+        .client
+        .execute("document.getElementById('file').value = ''; document.getElementById('status').textContent = '';", vec![])
+        .await
+        .unwrap();
+    browser.find("#file").await.send_keys(&path).await.unwrap();
+    wait_status(&browser, "Converted figures.eml").await;
+    assert_eq!(texts(&browser, "#rendered table td").await, ["north", "10"]);
+    browser.close().await;
+}

@@ -1,11 +1,12 @@
 //! Converts files with the hearth-markdown library and reports, per file, a tab-separated line:
 //! `path  format  bytes  milliseconds  words  status`. With `--out DIR` the Markdown is written
-//! to `DIR/<file name>.md`. Used by scripts/bench-markdown.sh.
+//! to `DIR/<file name>.md`; `--attachments convert` converts e-mail attachments instead of
+//! listing them. Used by scripts/bench-markdown.sh.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
-use hearth_markdown::Converter;
+use hearth_markdown::{Attachments, Converter};
 
 /// mimalloc instead of the system allocator: measurably faster on the large documents (the
 /// converters allocate millions of small strings and nodes). A binary embedding the library
@@ -16,15 +17,22 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() {
     let mut args = std::env::args().skip(1);
     let mut out_dir: Option<PathBuf> = None;
+    let mut attachments = Attachments::default();
     let mut files = Vec::new();
     while let Some(a) = args.next() {
         if a == "--out" {
             out_dir = args.next().map(PathBuf::from);
+        } else if a == "--attachments" {
+            let value = args.next().unwrap_or_default();
+            attachments = Attachments::parse(&value).unwrap_or_else(|| {
+                eprintln!("--attachments: list or convert, not {value:?}");
+                std::process::exit(2)
+            });
         } else {
             files.push(PathBuf::from(a));
         }
     }
-    let converter = Converter::default();
+    let converter = Converter::default().with_attachments(attachments);
     for path in files {
         let Ok(bytes) = std::fs::read(&path) else {
             eprintln!("cannot read {}", path.display());

@@ -41,21 +41,65 @@ pub struct Conversion {
     pub warnings: Vec<String>,
 }
 
+/// What the e-mail converters (`.eml`, `.msg`) do with attached files and messages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Attachments {
+    /// The message's headers and body, then a list of its attachments: name, the format their
+    /// content looks like, size. Their content is left out, as markitdown leaves it out.
+    #[default]
+    List,
+    /// Each attachment converted under its own heading, recursively, within the limits.
+    Convert,
+}
+
+impl Attachments {
+    /// `"list"` or `"convert"`.
+    pub fn parse(s: &str) -> Option<Attachments> {
+        match s {
+            "list" => Some(Attachments::List),
+            "convert" => Some(Attachments::Convert),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Attachments::List => "list",
+            Attachments::Convert => "convert",
+        }
+    }
+}
+
 /// Converts documents under a fixed set of [`Limits`]. Cheap to clone; holds no other state.
 #[derive(Debug, Clone, Default)]
 pub struct Converter {
     limits: Limits,
+    attachments: Attachments,
 }
 
 impl Converter {
-    /// A converter enforcing `limits`.
+    /// A converter enforcing `limits` that lists e-mail attachments.
     pub fn new(limits: Limits) -> Self {
-        Converter { limits }
+        Converter {
+            limits,
+            attachments: Attachments::default(),
+        }
+    }
+
+    /// The same converter, doing `attachments` with e-mail attachments.
+    pub fn with_attachments(mut self, attachments: Attachments) -> Self {
+        self.attachments = attachments;
+        self
     }
 
     /// The limits this converter enforces.
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// What this converter does with e-mail attachments.
+    pub fn attachments(&self) -> Attachments {
+        self.attachments
     }
 
     /// Converts `bytes`; `filename` (if known) breaks ties the content leaves open.
@@ -71,12 +115,14 @@ impl Converter {
         if bytes.is_empty() {
             return Err(Error::Empty);
         }
-        let limits = self.limits.clone();
+        let (limits, attachments) = (self.limits.clone(), self.attachments);
         std::thread::scope(|scope| {
             let worker = std::thread::Builder::new()
                 .name("hearth-markdown".into())
                 .stack_size(CONVERSION_STACK_BYTES)
-                .spawn_scoped(scope, move || convert_here(limits, bytes, filename));
+                .spawn_scoped(scope, move || {
+                    convert_here(limits, attachments, bytes, filename)
+                });
             match worker {
                 Ok(handle) => handle.join().unwrap_or_else(|panic| {
                     Err(Error::Crashed {
@@ -85,7 +131,7 @@ impl Converter {
                     })
                 }),
                 // No thread to be had: convert on the caller's own thread instead.
-                Err(_) => convert_here(self.limits.clone(), bytes, filename),
+                Err(_) => convert_here(self.limits.clone(), attachments, bytes, filename),
             }
         })
     }
@@ -97,7 +143,12 @@ impl Converter {
     }
 }
 
-fn convert_here(limits: Limits, bytes: &[u8], filename: Option<&str>) -> Result<Conversion> {
+fn convert_here(
+    limits: Limits,
+    attachments: Attachments,
+    bytes: &[u8],
+    filename: Option<&str>,
+) -> Result<Conversion> {
     let format = match detect(bytes, filename) {
         Detected::Known(f) => f,
         Detected::Refused(what) => {
@@ -114,7 +165,7 @@ fn convert_here(limits: Limits, bytes: &[u8], filename: Option<&str>) -> Result<
             })
         }
     };
-    let budget = Budget::new(limits);
+    let budget = Budget::new(limits).with_attachments(attachments);
     let ctx = Ctx {
         budget: &budget,
         depth: 0,

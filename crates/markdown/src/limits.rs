@@ -5,6 +5,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
+use crate::Attachments;
 
 /// Bounds on the work one conversion may do. The defaults suit a public upload service.
 #[derive(Debug, Clone)]
@@ -47,6 +48,8 @@ impl Default for Limits {
 #[derive(Debug)]
 pub(crate) struct Budget {
     pub limits: Limits,
+    /// What e-mail converters do with attachments.
+    pub attachments: Attachments,
     deadline: Instant,
     unpacked: AtomicU64,
     warnings: Mutex<Vec<String>>,
@@ -57,10 +60,16 @@ impl Budget {
         let deadline = Instant::now() + limits.time_limit;
         Budget {
             limits,
+            attachments: Attachments::default(),
             deadline,
             unpacked: AtomicU64::new(0),
             warnings: Mutex::new(Vec::new()),
         }
+    }
+
+    pub fn with_attachments(mut self, attachments: Attachments) -> Self {
+        self.attachments = attachments;
+        self
     }
 
     pub fn into_warnings(self) -> Vec<String> {
@@ -80,6 +89,11 @@ pub(crate) struct Ctx<'a> {
 impl<'a> Ctx<'a> {
     pub fn limits(&self) -> &'a Limits {
         &self.budget.limits
+    }
+
+    /// Whether e-mail attachments are converted (else listed).
+    pub fn convert_attachments(&self) -> bool {
+        self.budget.attachments == Attachments::Convert
     }
 
     /// Fails once the time limit has passed. Cheap: call it in every loop over input.

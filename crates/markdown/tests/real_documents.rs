@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use hearth_markdown::{Converter, Error, Format};
+use hearth_markdown::{Attachments, Converter, Error, Format};
 
 fn corpus() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -31,6 +31,10 @@ fn corpus() -> &'static Path {
 }
 
 fn convert(rel: &str) -> (Format, String) {
+    convert_with(rel, Attachments::default())
+}
+
+fn convert_with(rel: &str, attachments: Attachments) -> (Format, String) {
     let path = corpus().join(rel);
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let name = path
@@ -38,6 +42,7 @@ fn convert(rel: &str) -> (Format, String) {
         .and_then(|n| n.to_str())
         .map(str::to_string);
     let out = Converter::default()
+        .with_attachments(attachments)
         .convert(&bytes, name.as_deref())
         .unwrap_or_else(|e| panic!("{rel}: {e}"));
     (out.format, out.markdown)
@@ -193,12 +198,34 @@ fn email_messages_show_headers_and_decoded_bodies() {
 }
 
 #[test]
-fn outlook_messages_have_subject_sender_body_and_attachments() {
+fn outlook_messages_have_subject_sender_body_and_list_their_attachments() {
     let (format, md) = convert("msg-parser/complete.msg");
     assert_eq!(format, Format::Msg);
     has(&md, "# Test Multiple attachments complete email!!");
     has(&md, "**From:** Vikram Arsid");
     has(&md, "Steel HR Sport");
+    // By default the attachments are listed with what they look like and their size, and their
+    // content is left out.
+    let list = &md[md.find("## Attachments\n\n").expect("an attachment list")..];
+    for item in [
+        "- \\[MS-OXPROPS\\]-181001.docx (docx, ",
+        "- \\[MS-OXPROPS\\].txt (text, ",
+        "- \\[MS-OXPROPS\\].pdf (pdf, ",
+        "- Create a database on Azure in 90 seconds (msg)",
+    ] {
+        has(list, item);
+    }
+    assert!(
+        !md.contains("Master Property List"),
+        "attachment content in the list mode"
+    );
+    assert!(md.len() < 20_000, "{} bytes", md.len());
+}
+
+#[test]
+fn outlook_attachments_are_converted_on_request() {
+    let (_, md) = convert_with("msg-parser/complete.msg", Attachments::Convert);
+    has(&md, "# Test Multiple attachments complete email!!");
     has(&md, "## Attachment: ");
     // An attached message (not a file) is converted in place, one heading level down.
     has(

@@ -137,6 +137,8 @@ pub struct RawMarkdownConfig {
     pub max_concurrency: Option<usize>,
     /// Seconds one conversion may take (default 30).
     pub time_limit_secs: Option<u64>,
+    /// E-mail attachments: `list` (default) or `convert`; a request may ask otherwise.
+    pub attachments: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -351,6 +353,7 @@ pub struct MarkdownConfig {
     pub max_upload_bytes: usize,
     pub max_concurrency: usize,
     pub time_limit: std::time::Duration,
+    pub attachments: hearth_markdown::Attachments,
 }
 
 #[derive(Debug, Clone)]
@@ -479,6 +482,12 @@ impl RawConfig {
                 time_limit: match self.markdown.time_limit_secs.unwrap_or(30) {
                     0 => return Err(invalid("markdown.time_limit_secs", "must be at least 1")),
                     n => std::time::Duration::from_secs(n),
+                },
+                attachments: match self.markdown.attachments.as_deref() {
+                    None => hearth_markdown::Attachments::default(),
+                    Some(s) => hearth_markdown::Attachments::parse(s).ok_or_else(|| {
+                        invalid("markdown.attachments", "must be \"list\" or \"convert\"")
+                    })?,
                 },
             },
             imagine: ImagineConfig {

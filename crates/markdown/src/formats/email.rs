@@ -1,5 +1,6 @@
 //! E-mail (`.eml`, MIME): the headers that matter, the body (plain text, or HTML converted), and
-//! attachments converted under their own headings within the nesting limits.
+//! the attachments: listed, or converted under their own headings within the nesting limits
+//! ([`crate::Attachments`]).
 
 use mail_parser::{Address, MessageParser, MimeHeaders, PartType};
 
@@ -66,10 +67,15 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
         };
         blocks.push(text);
     }
+    let mut listed = Vec::new();
     for part in msg.attachments() {
         ctx.check_time()?;
         let name = part.attachment_name().unwrap_or("attachment").to_string();
         let data = part.contents();
+        if !ctx.convert_attachments() {
+            listed.push(super::attachment_item(&name, data, data.len()));
+            continue;
+        }
         ctx.charge(data.len() as u64)?;
         let converted = ctx
             .nested()
@@ -92,6 +98,9 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
             )),
         }
     }
+    if !listed.is_empty() {
+        blocks.push(format!("## Attachments\n\n{}", listed.join("\n")));
+    }
     Ok(md::join_blocks(blocks))
 }
 
@@ -99,27 +108,41 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
 mod tests {
     use super::*;
     use crate::limits::{Budget, Limits};
+    use crate::Attachments;
 
     #[test]
-    fn headers_body_and_text_attachment() {
+    fn headers_body_and_a_text_attachment_listed_or_converted() {
         let eml = b"From: Ann Example <ann@example.org>\r\nTo: bob@example.org\r\nSubject: Quarterly figures\r\nDate: Tue, 1 Oct 2024 10:00:00 +0000\r\nMIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=XX\r\n\r\n--XX\r\nContent-Type: text/plain\r\n\r\nPlease find the numbers attached.\r\n--XX\r\nContent-Type: text/csv\r\nContent-Disposition: attachment; filename=\"q3.csv\"\r\n\r\nregion,sales\r\nnorth,10\r\n--XX--\r\n";
-        let budget = Budget::new(Limits::default());
-        let out = convert(
-            Ctx {
-                budget: &budget,
-                depth: 0,
-            },
-            eml,
-        )
-        .unwrap();
-        assert!(out.starts_with("# Quarterly figures"), "{out}");
+        let run = |attachments| {
+            let budget = Budget::new(Limits::default()).with_attachments(attachments);
+            convert(
+                Ctx {
+                    budget: &budget,
+                    depth: 0,
+                },
+                eml,
+            )
+            .unwrap()
+        };
+        for out in [run(Attachments::List), run(Attachments::Convert)] {
+            assert!(out.starts_with("# Quarterly figures"), "{out}");
+            assert!(
+                out.contains("**From:** Ann Example \\<ann@example.org\\>"),
+                "{out}"
+            );
+            assert!(out.contains("Please find the numbers attached."), "{out}");
+        }
+        let listed = run(Attachments::List);
         assert!(
-            out.contains("**From:** Ann Example \\<ann@example.org\\>"),
-            "{out}"
+            listed
+                .trim_end()
+                .ends_with("## Attachments\n\n- q3.csv (csv, 22 bytes)"),
+            "{listed}"
         );
-        assert!(out.contains("Please find the numbers attached."), "{out}");
-        assert!(out.contains("## Attachment: q3.csv"), "{out}");
-        assert!(out.contains("| north | 10 |"), "{out}");
+        assert!(!listed.contains("north"), "{listed}");
+        let converted = run(Attachments::Convert);
+        assert!(converted.contains("## Attachment: q3.csv"), "{converted}");
+        assert!(converted.contains("| north | 10 |"), "{converted}");
     }
 
     #[test]

@@ -56,6 +56,39 @@ pub(crate) fn convert(
     }
 }
 
+/// A list item for an attachment that is listed, not converted: its name, the format its content
+/// (`data`, or as much of its start as tells the format) looks like, and its size.
+pub(crate) fn attachment_item(name: &str, data: &[u8], size: usize) -> String {
+    let kind = match detect(data, Some(name)) {
+        Detected::Known(f) => f.name(),
+        _ => "binary",
+    };
+    format!(
+        "- {} ({kind}, {})",
+        crate::md::escape_inline(name),
+        human_size(size)
+    )
+}
+
+/// Whether the start of a file is enough to tell its format: not for containers (zip, OLE),
+/// whose members decide.
+pub(crate) fn head_tells_format(head: &[u8]) -> bool {
+    !(head.starts_with(b"PK") || head.starts_with(&[0xD0, 0xCF, 0x11, 0xE0]))
+}
+
+/// `512 bytes`, `14.2 KB`, `3.1 MB` (powers of 1024).
+fn human_size(bytes: usize) -> String {
+    const KB: f64 = 1024.0;
+    let b = bytes as f64;
+    if b < KB {
+        format!("{bytes} bytes")
+    } else if b < KB * KB {
+        format!("{:.1} KB", b / KB)
+    } else {
+        format!("{:.1} MB", b / (KB * KB))
+    }
+}
+
 /// Most threads one document's attachments are converted on.
 const MAX_NESTED_THREADS: usize = 4;
 

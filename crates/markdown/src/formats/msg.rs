@@ -1,5 +1,6 @@
 //! Outlook `.msg` (an OLE compound file of MAPI properties): subject, sender, recipients, date,
-//! body (plain, else HTML, else the compressed RTF body), and attachments converted nested.
+//! body (plain, else HTML, else the compressed RTF body), and the attachments: listed, or
+//! converted nested ([`crate::Attachments`]).
 
 use std::io::{Cursor, Read};
 
@@ -31,6 +32,31 @@ fn stream(ctx: &Ctx<'_>, cfb: &mut Cfb<'_>, path: &str) -> Result<Option<Vec<u8>
         .map_err(|e| Error::malformed(Format::Msg, e))?;
     ctx.charge(out.len() as u64)?;
     Ok(Some(out))
+}
+
+/// The list item of an attached file (PR_ATTACH_DATA_BIN): its size from the stream's length, and
+/// its format from its first bytes, or from all of it when it is a container.
+fn listed_file(ctx: &Ctx<'_>, cfb: &mut Cfb<'_>, dir: &str, name: &str) -> Result<String> {
+    const HEAD: u64 = 64 * 1024;
+    let path = format!("{dir}/__substg1.0_37010102");
+    if !cfb.is_stream(&path) {
+        return Ok(super::attachment_item(name, &[], 0));
+    }
+    let mut s = cfb
+        .open_stream(&path)
+        .map_err(|e| Error::malformed(Format::Msg, e))?;
+    let size = s.len() as usize;
+    let mut head = Vec::new();
+    (&mut s)
+        .take(HEAD)
+        .read_to_end(&mut head)
+        .map_err(|e| Error::malformed(Format::Msg, e))?;
+    if super::head_tells_format(&head) || size as u64 <= HEAD {
+        return Ok(super::attachment_item(name, &head, size));
+    }
+    drop(s);
+    let data = binary_prop(ctx, cfb, dir, 0x3701)?.unwrap_or_default();
+    Ok(super::attachment_item(name, &data, size))
 }
 
 /// A string property: Unicode (001F) or 8-bit (001E).
@@ -144,6 +170,7 @@ fn message(ctx: Ctx<'_>, cfb: &mut Cfb<'_>, dir: &str, level: usize) -> Result<S
         },
     }
     let mut parts = Vec::new();
+    let mut listed = Vec::new();
     for adir in attach_dirs {
         ctx.check_time()?;
         let name = match string_prop(&ctx, cfb, &adir, 0x3707)? {
@@ -160,6 +187,14 @@ fn message(ctx: Ctx<'_>, cfb: &mut Cfb<'_>, dir: &str, level: usize) -> Result<S
         );
         // An attached message is a storage of its own (PR_ATTACH_DATA_OBJ, type 000D).
         let embedded = format!("{adir}/__substg1.0_3701000D");
+        if !ctx.convert_attachments() {
+            listed.push(if cfb.is_storage(&embedded) {
+                format!("- {} (msg)", md::escape_inline(&name))
+            } else {
+                listed_file(&ctx, cfb, &adir, &name)?
+            });
+            continue;
+        }
         if cfb.is_storage(&embedded) {
             let converted = ctx
                 .nested()
@@ -200,6 +235,13 @@ fn message(ctx: Ctx<'_>, cfb: &mut Cfb<'_>, dir: &str, level: usize) -> Result<S
                 None => blocks.push(heading.clone()),
             },
         }
+    }
+    if !listed.is_empty() {
+        blocks.push(format!(
+            "{} Attachments\n\n{}",
+            "#".repeat(sub),
+            listed.join("\n")
+        ));
     }
     Ok(md::join_blocks(blocks))
 }

@@ -11,13 +11,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{DefaultBodyLimit, Multipart, State};
+use axum::extract::{DefaultBodyLimit, Multipart, RawQuery, State};
 use axum::http::{HeaderValue, Method, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use chrono::{DateTime, SecondsFormat, Utc};
-use hearth_markdown::{Converter, Error as ConvertError, Limits};
+use hearth_markdown::{Attachments, Converter, Error as ConvertError, Limits};
 use serde_json::json;
 use tokio::sync::Semaphore;
 use tower_http::cors::{AllowOrigin, CorsLayer};
@@ -78,7 +78,7 @@ pub fn router(state: AppState) -> Router {
         ..Limits::default()
     };
     let service = MarkdownState {
-        converter: Converter::new(limits),
+        converter: Converter::new(limits).with_attachments(md.attachments),
         slots: Arc::new(Semaphore::new(md.max_concurrency)),
         time_limit: md.time_limit,
         max_upload_bytes: md.max_upload_bytes,
@@ -174,8 +174,12 @@ async fn health(State(state): State<MarkdownState>) -> Response {
             "supported_methods": {
                 "GET": "Health and usage information (this document).",
                 "POST": format!(
-                    "multipart/form-data with a part named 'file' (at most {} bytes); answers {{\"markdown\", \"original_filename\"}}.",
-                    state.max_upload_bytes
+                    "multipart/form-data with a part named 'file' (at most {} bytes); answers {{\"markdown\", \"original_filename\"}}. {}",
+                    state.max_upload_bytes,
+                    match state.converter.attachments() {
+                        Attachments::List => "E-mail attachments are listed; ?attachments=convert converts them.",
+                        Attachments::Convert => "E-mail attachments are converted; ?attachments=list only lists them.",
+                    }
                 ),
             },
         },
@@ -188,11 +192,30 @@ async fn health(State(state): State<MarkdownState>) -> Response {
     (status, Json(body)).into_response()
 }
 
+/// `?attachments=list|convert` overrides the configured handling of e-mail attachments.
+fn requested_attachments(query: Option<&str>) -> Result<Option<Attachments>, MdError> {
+    let Some(query) = query else { return Ok(None) };
+    for pair in query.split('&') {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if key == "attachments" {
+            return Attachments::parse(value).map(Some).ok_or_else(|| {
+                MdError(
+                    StatusCode::BAD_REQUEST,
+                    format!("attachments must be \"list\" or \"convert\", not {value:?}"),
+                )
+            });
+        }
+    }
+    Ok(None)
+}
+
 #[instrument(skip_all, fields(file, bytes, format))]
 async fn convert(
     State(state): State<MarkdownState>,
+    RawQuery(query): RawQuery,
     mut multipart: Multipart,
 ) -> Result<Response, MdError> {
+    let attachments = requested_attachments(query.as_deref())?;
     let too_large = |limit: usize| {
         MdError(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -260,7 +283,10 @@ async fn convert(
                 "The converter is shutting down".into(),
             )
         })?;
-    let converter = state.converter.clone();
+    let mut converter = state.converter.clone();
+    if let Some(a) = attachments {
+        converter = converter.with_attachments(a);
+    }
     let file_name = name.clone();
     let job = tokio::task::spawn_blocking(move || {
         let result = converter.convert(&data, Some(&file_name));
