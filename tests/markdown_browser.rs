@@ -41,11 +41,18 @@ HTMLAnchorElement.prototype.click = function () {
 };
 "#;
 
-async fn markdown_app() -> TestApp {
-    TestApp::builder()
+/// Starts the markdown service and opens its upload page; the app lives as long as the result.
+async fn open_upload_page(browser: &Browser) -> TestApp {
+    let app = TestApp::builder()
         .services(&[Service::Markdown])
         .spawn()
+        .await;
+    browser
+        .client
+        .goto(&format!("{}/ui", app.url(Service::Markdown)))
         .await
+        .unwrap();
+    app
 }
 
 /// Waits until the status line contains `needle`, returning it.
@@ -77,16 +84,10 @@ async fn picked_file_is_shown_rendered_and_raw_and_copy_and_download_carry_the_m
     let Some(browser) = Browser::start().await else {
         return;
     };
-    let app = markdown_app().await;
+    let _app = open_upload_page(&browser).await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("report.html");
     std::fs::write(&file, REPORT).unwrap();
-
-    browser
-        .client
-        .goto(&format!("{}/ui", app.url(Service::Markdown)))
-        .await
-        .unwrap();
     browser.client.execute(SPIES, vec![]).await.unwrap();
     // Before any upload there is nothing to copy or download.
     assert_eq!(
@@ -180,12 +181,7 @@ async fn dropped_file_converts_and_a_refused_file_shows_the_service_message() {
     let Some(browser) = Browser::start().await else {
         return;
     };
-    let app = markdown_app().await;
-    browser
-        .client
-        .goto(&format!("{}/ui", app.url(Service::Markdown)))
-        .await
-        .unwrap();
+    let _app = open_upload_page(&browser).await;
 
     // Drag and drop: a File dropped on the drop zone, as a browser delivers one.
     browser
@@ -242,12 +238,7 @@ async fn the_attachments_box_converts_e_mail_attachments() {
     let Some(browser) = Browser::start().await else {
         return;
     };
-    let app = markdown_app().await;
-    browser
-        .client
-        .goto(&format!("{}/ui", app.url(Service::Markdown)))
-        .await
-        .unwrap();
+    let _app = open_upload_page(&browser).await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("figures.eml");
     std::fs::write(

@@ -40,7 +40,8 @@ fn listed_file(ctx: &Ctx<'_>, cfb: &mut Cfb<'_>, dir: &str, name: &str) -> Resul
     const HEAD: u64 = 64 * 1024;
     let path = format!("{dir}/__substg1.0_37010102");
     if !cfb.is_stream(&path) {
-        return Ok(super::attachment_item(name, &[], 0));
+        // Attached by reference, or its data lives elsewhere: the name is all there is.
+        return Ok(format!("- {}", md::escape_inline(name)));
     }
     let mut s = cfb
         .open_stream(&path)
