@@ -1,9 +1,9 @@
 //! KV caches of ended sequences, kept for the next requests.
 //!
 //! A fresh KV cache is memory the process has not touched yet: every page of it faults on first
-//! write, and on a VM whose host reclaims freed guest memory that costs several milliseconds per
-//! sequence (15 ms for SmolLM2's 5 MB cache on the development VM). Paid at admission, it held a
-//! burst of requests behind one another. Like llama.cpp and vLLM, which allocate their caches
+//! write, which on the development VM cost 5-35 ms for SmolLM2's 5 MB cache (most likely its
+//! host reclaims freed guest memory). Paid at admission, it held a burst of requests behind one
+//! another. Like llama.cpp and vLLM, which allocate their caches
 //! once, the engine keeps the caches it has allocated and hands them to new sequences of about
 //! the same size. Kept caches count against the KV budget: they are dropped (oldest first) when
 //! a new allocation needs their room.
