@@ -560,10 +560,11 @@ impl Batch {
     }
 
     /// Waits while the rest of a burst arrives: until no request has come for `gather_window`
-    /// and none is announced (being prepared by its caller), or `GATHER_MAX_WINDOWS` windows
-    /// have passed.
+    /// and none is announced (being prepared by its caller), or the first step is full (more
+    /// requests could not join it), or `GATHER_MAX_WINDOWS` windows have passed.
     fn gather(&self) {
-        let window = self.shared.config.gather_window;
+        let config = &self.shared.config;
+        let window = config.gather_window;
         if window.is_zero() {
             return;
         }
@@ -573,6 +574,21 @@ impl Batch {
             let seen = queue.waiting.len();
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() || !matches!(queue.state, RunState::Running) {
+                return;
+            }
+            // What the first step would prefill: a chunk of each prompt, in arrival order, while
+            // the token budget and the slots last (as `plan` and `admit` will take them).
+            let chunks = self
+                .active
+                .iter()
+                .map(|a| a.prompt_len)
+                .chain(queue.waiting.iter().map(|p| p.prompt.len()));
+            let mut tokens = 0;
+            let full = chunks.enumerate().any(|(i, len)| {
+                tokens += len.min(config.prefill_chunk);
+                i + 1 >= config.max_active || tokens >= config.max_step_tokens
+            });
+            if full {
                 return;
             }
             queue = match self.shared.wake.wait_timeout(queue, window.min(left)) {

@@ -249,6 +249,40 @@ async fn an_announced_request_joins_the_first_step_of_a_burst() {
     }
 }
 
+/// Once the waiting prompts fill the first step's token budget, later requests could not join
+/// that step anyway: the engine starts at once instead of waiting for announced ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_first_step_starts_without_waiting_for_announced_requests() {
+    let sched = tiny(SchedulerConfig {
+        name: "full".into(),
+        // 25 windows of 1 s: a gather that waited for the announcement would take 25 s.
+        gather_window: Duration::from_secs(1),
+        ..config("full")
+    });
+    let ids = prompt(&sched, "Say something.");
+    assert!(ids.len() >= 8, "each prompt fills a prefill chunk of 8");
+    let _announced = sched.announce();
+    // Three chunks of 8 tokens fill the 24-token step.
+    let mut tasks = Vec::new();
+    for i in 0..3 {
+        let (s, ids) = (sched.clone(), ids.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = s
+                .submit(long(ids, 2, &format!("f{i}")))
+                .await
+                .expect("submit");
+            g.collect().await.usage.completion_tokens
+        }));
+    }
+    for t in tasks {
+        let tokens = tokio::time::timeout(Duration::from_secs(5), t)
+            .await
+            .expect("the engine waited for the announced request")
+            .expect("stream task");
+        assert_eq!(tokens, 2);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_by_handle_frees_the_slot_and_leaves_others_unchanged() {
     let sched = tiny(SchedulerConfig {
