@@ -70,6 +70,21 @@ async fn run(sched: &SchedulerHandle, ids: Vec<u32>, params: SamplingParams, id:
         .await
 }
 
+/// Submits `long(ids, max_tokens, id)` from a task of its own (`submit` returns only once the
+/// request is admitted) and reads it to the end; the task yields the tokens generated.
+fn spawn_long(
+    sched: &SchedulerHandle,
+    ids: Vec<u32>,
+    max_tokens: usize,
+    id: String,
+) -> tokio::task::JoinHandle<usize> {
+    let s = sched.clone();
+    tokio::spawn(async move {
+        let g = s.submit(long(ids, max_tokens, &id)).await.expect("submit");
+        g.collect().await.usage.completion_tokens
+    })
+}
+
 /// Reads events until `n` tokens have arrived (or the stream ended).
 async fn read_tokens(generation: &mut Generation, n: usize) -> String {
     let mut text = String::new();
@@ -196,14 +211,7 @@ async fn requests_arriving_together_at_an_idle_engine_start_in_one_step() {
     // step of the tiny model, so without the gather window the first would run alone.
     let mut tasks = Vec::new();
     for i in 0..4 {
-        let (s, ids) = (sched.clone(), ids.clone());
-        tasks.push(tokio::spawn(async move {
-            let g = s
-                .submit(long(ids, 3, &format!("g{i}")))
-                .await
-                .expect("submit");
-            g.collect().await.usage.completion_tokens
-        }));
+        tasks.push(spawn_long(&sched, ids.clone(), 3, format!("g{i}")));
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     for t in tasks {
@@ -228,11 +236,7 @@ async fn an_announced_request_joins_the_first_step_of_a_burst() {
         });
         let ids = prompt(&sched, "Say something.");
         let announced = announce.then(|| sched.announce());
-        let (s, first_ids) = (sched.clone(), ids.clone());
-        let first = tokio::spawn(async move {
-            let g = s.submit(long(first_ids, 3, "first")).await.expect("submit");
-            g.collect().await.usage.completion_tokens
-        });
+        let first = spawn_long(&sched, ids.clone(), 3, "first".into());
         // Four gather windows later: well past the window, well within the gather limit.
         tokio::time::sleep(Duration::from_millis(20)).await;
         drop(announced);
@@ -263,17 +267,9 @@ async fn a_full_first_step_starts_without_waiting_for_announced_requests() {
     assert!(ids.len() >= 8, "each prompt fills a prefill chunk of 8");
     let _announced = sched.announce();
     // Three chunks of 8 tokens fill the 24-token step.
-    let mut tasks = Vec::new();
-    for i in 0..3 {
-        let (s, ids) = (sched.clone(), ids.clone());
-        tasks.push(tokio::spawn(async move {
-            let g = s
-                .submit(long(ids, 2, &format!("f{i}")))
-                .await
-                .expect("submit");
-            g.collect().await.usage.completion_tokens
-        }));
-    }
+    let tasks: Vec<_> = (0..3)
+        .map(|i| spawn_long(&sched, ids.clone(), 2, format!("f{i}")))
+        .collect();
     for t in tasks {
         let tokens = tokio::time::timeout(Duration::from_secs(5), t)
             .await
