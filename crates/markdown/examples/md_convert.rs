@@ -24,8 +24,8 @@ fn main() {
             out_dir = args.next().map(PathBuf::from);
         } else if a == "--attachments" {
             let value = args.next().unwrap_or_default();
-            attachments = Attachments::parse(&value).unwrap_or_else(|| {
-                eprintln!("--attachments: list or convert, not {value:?}");
+            attachments = value.parse().unwrap_or_else(|e| {
+                eprintln!("--attachments: {e}");
                 std::process::exit(2)
             });
         } else {

@@ -52,20 +52,16 @@ pub enum Attachments {
     Convert,
 }
 
-impl Attachments {
-    /// `"list"` or `"convert"`.
-    pub fn parse(s: &str) -> Option<Attachments> {
+impl std::str::FromStr for Attachments {
+    type Err = String;
+    /// Parses `list` or `convert`.
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
         match s {
-            "list" => Some(Attachments::List),
-            "convert" => Some(Attachments::Convert),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Attachments::List => "list",
-            Attachments::Convert => "convert",
+            "list" => Ok(Attachments::List),
+            "convert" => Ok(Attachments::Convert),
+            other => Err(format!(
+                "attachments must be \"list\" or \"convert\", not {other:?}"
+            )),
         }
     }
 }

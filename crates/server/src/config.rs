@@ -485,9 +485,7 @@ impl RawConfig {
                 },
                 attachments: match self.markdown.attachments.as_deref() {
                     None => hearth_markdown::Attachments::default(),
-                    Some(s) => hearth_markdown::Attachments::parse(s).ok_or_else(|| {
-                        invalid("markdown.attachments", "must be \"list\" or \"convert\"")
-                    })?,
+                    Some(s) => s.parse().map_err(|e| invalid("markdown.attachments", e))?,
                 },
             },
             imagine: ImagineConfig {

@@ -831,6 +831,26 @@ impl Tap for NoTap {
 }
 
 /// ggml's RMSNorm of each `e`-wide row of `x` with weight `w`, into `out` (resized).
+/// `v` emptied and refilled with `len` zeros (its allocation kept).
+fn zeroed(v: &mut Vec<f32>, len: usize) {
+    v.clear();
+    v.resize(len, 0.0);
+}
+
+/// The buffer `v` holds, taken out of it and zeroed to `len` (the caller gives it back).
+fn take_zeroed(v: &mut Vec<f32>, len: usize) -> Vec<f32> {
+    let mut out = std::mem::take(v);
+    zeroed(&mut out, len);
+    out
+}
+
+/// The residual connection: `x += y`, element by element.
+fn add_into(x: &mut [f32], y: &[f32]) {
+    for (xv, &yv) in x.iter_mut().zip(y) {
+        *xv += yv;
+    }
+}
+
 fn norm_rows(x: &[f32], w: &[f32], eps: f32, e: usize, out: &mut Vec<f32>) {
     out.clear();
     out.resize(x.len(), 0.0);
@@ -989,16 +1009,10 @@ impl GgmlModel {
         let e = hp.n_embd;
         norm_rows(&b.x, &l.attn_norm, hp.rms_eps, e, &mut b.h);
         tap.tap("attn_norm", Some(il), &b.h);
-        let take = |v: &mut Vec<f32>, len: usize| {
-            let mut out = std::mem::take(v);
-            out.clear();
-            out.resize(len, 0.0);
-            out
-        };
         let (mut q, mut k, mut v) = (
-            take(&mut b.q, n * hp.n_head * hp.head_dim),
-            take(&mut b.k, n * hp.kv_dim()),
-            take(&mut b.v, n * hp.kv_dim()),
+            take_zeroed(&mut b.q, n * hp.n_head * hp.head_dim),
+            take_zeroed(&mut b.k, n * hp.kv_dim()),
+            take_zeroed(&mut b.v, n * hp.kv_dim()),
         );
         let h = std::mem::take(&mut b.h);
         self.matmul(&l.wq, &h, n, b, &mut q);
@@ -1006,6 +1020,29 @@ impl GgmlModel {
         self.matmul(&l.wv, &h, n, b, &mut v);
         b.h = h;
         (q, k, v)
+    }
+
+    /// The attention output projection of `b.att` for `n` tokens, in a buffer taken from
+    /// `b.proj` (the caller gives it back).
+    fn attn_out(&self, l: &Layer, n: usize, b: &mut Bufs) -> Vec<f32> {
+        let att = std::mem::take(&mut b.att);
+        let mut proj = take_zeroed(&mut b.proj, n * self.hp.n_embd);
+        self.matmul(&l.wo, &att, n, b, &mut proj);
+        b.att = att;
+        proj
+    }
+
+    /// The MLP's gate and up projections of `b.h` for `rows` tokens, in buffers taken from
+    /// `b.gate` and `b.up` (the caller gives them back).
+    fn gate_up(&self, l: &Layer, rows: usize, b: &mut Bufs) -> (Vec<f32>, Vec<f32>) {
+        let ff = self.hp.n_ff;
+        let h = std::mem::take(&mut b.h);
+        let mut gate = take_zeroed(&mut b.gate, rows * ff);
+        let mut up = take_zeroed(&mut b.up, rows * ff);
+        self.matmul(&l.gate, &h, rows, b, &mut gate);
+        self.matmul(&l.up, &h, rows, b, &mut up);
+        b.h = h;
+        (gate, up)
     }
 
     /// RoPE on the new tokens' Q and K (positions `p0..`, cos/sin from ggml's per-position
@@ -1048,14 +1085,14 @@ impl GgmlModel {
     ) -> Result<(), Error> {
         let hp = &self.hp;
         let (e, hd, nh, nkv, eps) = (hp.n_embd, hp.head_dim, hp.n_head, hp.n_head_kv, hp.rms_eps);
-        let (kvd, ff) = (hp.kv_dim(), hp.n_ff);
-        let group = nh / nkv;
+        let dims = AttnDims {
+            nh,
+            group: nh / nkv,
+            hd,
+            kvd: hp.kv_dim(),
+        };
         let n = tokens.len();
         let p0 = seq.len + start;
-        let resize = |v: &mut Vec<f32>, len: usize| {
-            v.clear();
-            v.resize(len, 0.0);
-        };
 
         self.embed(tokens, &mut b.x)?;
         tap.tap("embd", None, &b.x);
@@ -1074,7 +1111,6 @@ impl GgmlModel {
             tap.tap("Vcur", Some(il), &v);
 
             // Attention, per token and head.
-            let dims = AttnDims { nh, group, hd, kvd };
             attend(
                 &seq.k[il],
                 &seq.v[il],
@@ -1086,34 +1122,20 @@ impl GgmlModel {
                 &mut b.att,
             );
             tap.tap("kqv_out", Some(il), &b.att);
-            let att = std::mem::take(&mut b.att);
-            let mut proj = std::mem::take(&mut b.proj);
-            resize(&mut proj, n * e);
-            self.matmul(&l.wo, &att, n, b, &mut proj);
-            b.att = att;
-            for (xv, &pv) in b.x.iter_mut().zip(&proj) {
-                *xv += pv;
-            }
+            let mut proj = self.attn_out(l, n, b);
+            add_into(&mut b.x, &proj);
             tap.tap("ffn_inp", Some(il), &b.x);
 
             // MLP.
             norm_rows(&b.x, &l.ffn_norm, eps, e, &mut b.h);
             tap.tap("ffn_norm", Some(il), &b.h);
-            let h = std::mem::take(&mut b.h);
-            let (mut gate, mut up) = (std::mem::take(&mut b.gate), std::mem::take(&mut b.up));
-            resize(&mut gate, n * ff);
-            resize(&mut up, n * ff);
-            self.matmul(&l.gate, &h, n, b, &mut gate);
-            self.matmul(&l.up, &h, n, b, &mut up);
-            b.h = h;
+            let (mut gate, up) = self.gate_up(l, n, b);
             for (g, &u) in gate.iter_mut().zip(&up) {
                 *g = v_silu(*g) * u;
             }
             tap.tap("ffn_swiglu", Some(il), &gate);
             self.matmul(&l.down, &gate, n, b, &mut proj);
-            for (xv, &pv) in b.x.iter_mut().zip(&proj) {
-                *xv += pv;
-            }
+            add_into(&mut b.x, &proj);
             tap.tap("l_out", Some(il), &b.x);
             (b.q, b.k, b.v, b.proj, b.gate, b.up) = (q, k, v, proj, gate, up);
         }
@@ -1136,14 +1158,14 @@ impl GgmlModel {
     ) -> Result<(), Error> {
         let hp = &self.hp;
         let (e, hd, nh, nkv, eps) = (hp.n_embd, hp.head_dim, hp.n_head, hp.n_head_kv, hp.rms_eps);
-        let (kvd, ff) = (hp.kv_dim(), hp.n_ff);
-        let group = nh / nkv;
+        let dims = AttnDims {
+            nh,
+            group: nh / nkv,
+            hd,
+            kvd: hp.kv_dim(),
+        };
         let n = tokens.len();
         let p0 = seq.len + start;
-        let resize = |v: &mut Vec<f32>, len: usize| {
-            v.clear();
-            v.resize(len, 0.0);
-        };
         let gelu = gelu_table();
 
         self.embed(tokens, &mut b.x)?;
@@ -1185,7 +1207,6 @@ impl GgmlModel {
                 *x *= q_scale;
             }
 
-            let dims = AttnDims { nh, group, hd, kvd };
             // LLAMA_SWA_TYPE_STANDARD: position p is masked when pos - p >= n_swa.
             let first = |pos: usize| match (sliding, hp.sliding_window) {
                 (true, Some(win)) => (pos + 1).saturating_sub(win),
@@ -1202,11 +1223,7 @@ impl GgmlModel {
                 &mut b.att,
             );
             tap.tap("kqv_out", Some(il), &b.att);
-            let att = std::mem::take(&mut b.att);
-            let mut proj = std::mem::take(&mut b.proj);
-            resize(&mut proj, n * e);
-            self.matmul(&l.wo, &att, n, b, &mut proj);
-            b.att = att;
+            let mut proj = self.attn_out(l, n, b);
             if il + 1 == self.layers.len() && rows > 1 {
                 // get_rows(inp_out_ids): only the last token's row goes on.
                 b.x.drain(..(rows - 1) * e);
@@ -1215,34 +1232,24 @@ impl GgmlModel {
             }
             norm_rows(&proj, &g.post_attn, eps, e, &mut b.h);
             tap.tap("attn_post_norm", Some(il), &b.h);
-            for (xv, &hv) in b.x.iter_mut().zip(&b.h) {
-                *xv += hv;
-            }
+            add_into(&mut b.x, &b.h);
             tap.tap("sa_out", Some(il), &b.x);
 
             norm_rows(&b.x, &l.ffn_norm, eps, e, &mut b.h);
             tap.tap("ffn_norm", Some(il), &b.h);
-            let h = std::mem::take(&mut b.h);
-            let (mut gate, mut up) = (std::mem::take(&mut b.gate), std::mem::take(&mut b.up));
-            resize(&mut gate, rows * ff);
-            resize(&mut up, rows * ff);
-            self.matmul(&l.up, &h, rows, b, &mut up);
-            self.matmul(&l.gate, &h, rows, b, &mut gate);
-            b.h = h;
+            let (mut gate, up) = self.gate_up(l, rows, b);
             tap.tap("ffn_up", Some(il), &up);
             tap.tap("ffn_gate", Some(il), &gate);
             for (gv, &uv) in gate.iter_mut().zip(&up) {
                 *gv = geglu(*gv, uv, gelu);
             }
             tap.tap("ffn_geglu", Some(il), &gate);
-            resize(&mut proj, rows * e);
+            zeroed(&mut proj, rows * e);
             self.matmul(&l.down, &gate, rows, b, &mut proj);
             tap.tap("ffn_out", Some(il), &proj);
             norm_rows(&proj, &g.post_ffw, eps, e, &mut b.h);
             tap.tap("ffn_post_norm", Some(il), &b.h);
-            for (xv, &hv) in b.x.iter_mut().zip(&b.h) {
-                *xv += hv;
-            }
+            add_into(&mut b.x, &b.h);
             tap.tap("l_out", Some(il), &b.x);
             (b.q, b.k, b.v, b.proj, b.gate, b.up) = (q, k, v, proj, gate, up);
         }

@@ -98,9 +98,7 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
             )),
         }
     }
-    if !listed.is_empty() {
-        blocks.push(format!("## Attachments\n\n{}", listed.join("\n")));
-    }
+    blocks.extend(super::attachment_list(2, &listed));
     Ok(md::join_blocks(blocks))
 }
 

@@ -70,6 +70,13 @@ pub(crate) fn attachment_item(name: &str, data: &[u8], size: usize) -> String {
     )
 }
 
+/// The `Attachments` section of a message whose attachments are listed (`items` from
+/// [`attachment_item`]), its heading at `level`; none when nothing is attached.
+pub(crate) fn attachment_list(level: usize, items: &[String]) -> Option<String> {
+    (!items.is_empty())
+        .then(|| format!("{} Attachments\n\n{}", "#".repeat(level), items.join("\n")))
+}
+
 /// Whether the start of a file is enough to tell its format: not for containers (zip, OLE),
 /// whose members decide.
 pub(crate) fn head_tells_format(head: &[u8]) -> bool {

@@ -181,11 +181,6 @@ fn message(ctx: Ctx<'_>, cfb: &mut Cfb<'_>, dir: &str, level: usize) -> Result<S
                 .or(string_prop(&ctx, cfb, &adir, 0x3001)?)
                 .unwrap_or_else(|| "attachment".into()),
         };
-        let heading = format!(
-            "{} Attachment: {}",
-            "#".repeat(sub),
-            md::escape_inline(&name)
-        );
         // An attached message is a storage of its own (PR_ATTACH_DATA_OBJ, type 000D).
         let embedded = format!("{adir}/__substg1.0_3701000D");
         if !ctx.convert_attachments() {
@@ -196,6 +191,11 @@ fn message(ctx: Ctx<'_>, cfb: &mut Cfb<'_>, dir: &str, level: usize) -> Result<S
             });
             continue;
         }
+        let heading = format!(
+            "{} Attachment: {}",
+            "#".repeat(sub),
+            md::escape_inline(&name)
+        );
         if cfb.is_storage(&embedded) {
             let converted = ctx
                 .nested()
@@ -237,13 +237,7 @@ fn message(ctx: Ctx<'_>, cfb: &mut Cfb<'_>, dir: &str, level: usize) -> Result<S
             },
         }
     }
-    if !listed.is_empty() {
-        blocks.push(format!(
-            "{} Attachments\n\n{}",
-            "#".repeat(sub),
-            listed.join("\n")
-        ));
-    }
+    blocks.extend(super::attachment_list(sub, &listed));
     Ok(md::join_blocks(blocks))
 }
 

@@ -198,12 +198,10 @@ fn requested_attachments(query: Option<&str>) -> Result<Option<Attachments>, MdE
     for pair in query.split('&') {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         if key == "attachments" {
-            return Attachments::parse(value).map(Some).ok_or_else(|| {
-                MdError(
-                    StatusCode::BAD_REQUEST,
-                    format!("attachments must be \"list\" or \"convert\", not {value:?}"),
-                )
-            });
+            return value
+                .parse()
+                .map(Some)
+                .map_err(|e| MdError(StatusCode::BAD_REQUEST, e));
         }
     }
     Ok(None)

@@ -303,32 +303,30 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("hearth-kv-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("models.toml");
-        std::fs::write(&path, table("kv_precision = \"f16\"")).unwrap();
-        let entry = load(&path).unwrap();
+        // The alpha-3.3 row with `keys` added, as loaded from a file.
+        let load_with = |keys: &str| {
+            std::fs::write(&path, table(keys)).unwrap();
+            load(&path).map(|c| c.entry("alpha-3.3").unwrap().load.clone())
+        };
+        let error = |keys: &str| load_with(keys).unwrap_err().to_string();
         assert_eq!(
-            entry.entry("alpha-3.3").unwrap().load.kv_precision,
+            load_with("kv_precision = \"f16\"").unwrap().kv_precision,
             hearth_infer::KvPrecision::F16
         );
-        std::fs::write(&path, table("")).unwrap();
-        let entry = load(&path).unwrap();
         assert_eq!(
-            entry.entry("alpha-3.3").unwrap().load.kv_precision,
+            load_with("").unwrap().kv_precision,
             hearth_infer::KvPrecision::F32
         );
-        std::fs::write(&path, table("numerics = \"ggml\"")).unwrap();
-        let entry = load(&path).unwrap();
         assert_eq!(
-            entry.entry("alpha-3.3").unwrap().load.numerics,
+            load_with("numerics = \"ggml\"").unwrap().numerics,
             hearth_infer::Numerics::Ggml
         );
-        std::fs::write(&path, table("numerics = \"exact\"")).unwrap();
-        let err = load(&path).unwrap_err().to_string();
+        let err = error("numerics = \"exact\"");
         assert!(
             err.contains("numerics") && err.contains("alpha-3.3"),
             "{err}"
         );
-        std::fs::write(&path, table("kv_precision = \"q8\"")).unwrap();
-        let err = load(&path).unwrap_err().to_string();
+        let err = error("kv_precision = \"q8\"");
         assert!(
             err.contains("kv_precision") && err.contains("alpha-3.3"),
             "{err}"
