@@ -868,6 +868,17 @@ struct AttnDims {
     kvd: usize,
 }
 
+impl AttnDims {
+    fn of(hp: &Hparams) -> AttnDims {
+        AttnDims {
+            nh: hp.n_head,
+            group: hp.n_head / hp.n_head_kv,
+            hd: hp.head_dim,
+            kvd: hp.kv_dim(),
+        }
+    }
+}
+
 /// Attention of the tokens of `q` (positions `p0..`) over one layer's cache, per token and head,
 /// in llama.cpp's orders: K·Q by `vec_dot_f32`, softmax over the live positions, V·softmax over
 /// the KV length padded to `KV_PAD` (tinyBLAS for two or more tokens, `vec_dot_f32` for one).
@@ -1084,13 +1095,7 @@ impl GgmlModel {
         tap: &mut T,
     ) -> Result<(), Error> {
         let hp = &self.hp;
-        let (e, hd, nh, nkv, eps) = (hp.n_embd, hp.head_dim, hp.n_head, hp.n_head_kv, hp.rms_eps);
-        let dims = AttnDims {
-            nh,
-            group: nh / nkv,
-            hd,
-            kvd: hp.kv_dim(),
-        };
+        let (e, eps, dims) = (hp.n_embd, hp.rms_eps, AttnDims::of(hp));
         let n = tokens.len();
         let p0 = seq.len + start;
 
@@ -1157,13 +1162,8 @@ impl GgmlModel {
         tap: &mut T,
     ) -> Result<(), Error> {
         let hp = &self.hp;
-        let (e, hd, nh, nkv, eps) = (hp.n_embd, hp.head_dim, hp.n_head, hp.n_head_kv, hp.rms_eps);
-        let dims = AttnDims {
-            nh,
-            group: nh / nkv,
-            hd,
-            kvd: hp.kv_dim(),
-        };
+        let (e, eps, dims) = (hp.n_embd, hp.rms_eps, AttnDims::of(hp));
+        let hd = dims.hd;
         let n = tokens.len();
         let p0 = seq.len + start;
         let gelu = gelu_table();
