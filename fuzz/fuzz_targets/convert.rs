@@ -5,5 +5,5 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let converter = hearth_markdown::Converter::default();
-    let _ = converter.convert(data, None);
+    let _ = converter.convert(data.to_vec(), None);
 });

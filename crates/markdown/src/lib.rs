@@ -3,8 +3,8 @@
 //! This crate owns format detection ([`detect`]), one converter module per format under
 //! `formats/`, and the limits that keep hostile files harmless ([`Limits`]: input size, bytes
 //! unpacked from archives, archive members, nesting depth, a time budget, output size). Every
-//! conversion runs on its own thread with a large stack, and a panic inside a third-party parser
-//! is caught and returned as [`Error::Crashed`]. It deliberately knows nothing of HTTP, JSON
+//! conversion runs on a thread with a large stack (kept for reuse), and a panic inside a
+//! third-party parser is caught and returned as [`Error::Crashed`]. It deliberately knows nothing of HTTP, JSON
 //! wire shapes, concurrency limits or async runtimes: the server crate wraps it.
 
 mod detect;
@@ -13,9 +13,13 @@ mod formats;
 mod limits;
 mod md;
 mod text;
+mod workers;
 mod xml;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+pub use bytes::Bytes;
 
 pub use detect::{detect, Detected, Format};
 pub use error::{Error, Result};
@@ -23,6 +27,7 @@ pub use limits::Limits;
 pub use text::decode as decode_text;
 
 use limits::{Budget, Ctx};
+use workers::Workers;
 
 /// The compiler that built this library (`rustc 1.95.0 (...)`), for health reports.
 pub const RUSTC_VERSION: &str = env!("HEARTH_MARKDOWN_RUSTC_VERSION");
@@ -66,19 +71,30 @@ impl std::str::FromStr for Attachments {
     }
 }
 
-/// Converts documents under a fixed set of [`Limits`]. Cheap to clone; holds no other state.
-#[derive(Debug, Clone, Default)]
+/// Converts documents under a fixed set of [`Limits`], on conversion threads it keeps for reuse.
+/// Cheap to clone: clones share those threads.
+#[derive(Debug, Clone)]
 pub struct Converter {
     limits: Limits,
     attachments: Attachments,
+    workers: Arc<Workers>,
+}
+
+impl Default for Converter {
+    fn default() -> Self {
+        Converter::new(Limits::default())
+    }
 }
 
 impl Converter {
-    /// A converter enforcing `limits` that lists e-mail attachments.
+    /// A converter enforcing `limits` that lists e-mail attachments. It keeps as many idle
+    /// conversion threads as the machine has cores.
     pub fn new(limits: Limits) -> Self {
+        let keep = std::thread::available_parallelism().map_or(1, |n| n.get());
         Converter {
             limits,
             attachments: Attachments::default(),
+            workers: Arc::new(Workers::new(keep)),
         }
     }
 
@@ -100,8 +116,11 @@ impl Converter {
 
     /// Converts `bytes`; `filename` (if known) breaks ties the content leaves open.
     ///
-    /// Runs on a fresh thread with a large stack; blocks the caller until done.
-    pub fn convert(&self, bytes: &[u8], filename: Option<&str>) -> Result<Conversion> {
+    /// Runs on one of the converter's threads, which have a large stack; blocks the caller until
+    /// done. `bytes` is owned (a `Vec<u8>` or `Bytes` moves in without a copy) because that
+    /// thread outlives the call.
+    pub fn convert(&self, bytes: impl Into<Bytes>, filename: Option<&str>) -> Result<Conversion> {
+        let bytes: Bytes = bytes.into();
         if bytes.len() as u64 > self.limits.max_input_bytes {
             return Err(Error::TooLarge {
                 size: bytes.len() as u64,
@@ -112,24 +131,17 @@ impl Converter {
             return Err(Error::Empty);
         }
         let (limits, attachments) = (self.limits.clone(), self.attachments);
-        std::thread::scope(|scope| {
-            let worker = std::thread::Builder::new()
-                .name("hearth-markdown".into())
-                .stack_size(CONVERSION_STACK_BYTES)
-                .spawn_scoped(scope, move || {
-                    convert_here(limits, attachments, bytes, filename)
-                });
-            match worker {
-                Ok(handle) => handle.join().unwrap_or_else(|panic| {
-                    Err(Error::Crashed {
-                        format: Format::Text,
-                        message: panic_message(panic.as_ref()),
-                    })
-                }),
-                // No thread to be had: convert on the caller's own thread instead.
-                Err(_) => convert_here(self.limits.clone(), attachments, bytes, filename),
-            }
-        })
+        let filename = filename.map(str::to_owned);
+        let job = move || convert_here(limits, attachments, &bytes, filename.as_deref());
+        match self.workers.run(job) {
+            Ok(Some(result)) => result,
+            Ok(None) => Err(Error::Crashed {
+                format: Format::Text,
+                message: "the conversion thread panicked".into(),
+            }),
+            // No thread to be had: convert on the caller's own thread instead.
+            Err(job) => job(),
+        }
     }
 
     /// Converts built-in samples of several formats and checks the output: the health check's

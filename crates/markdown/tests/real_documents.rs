@@ -43,7 +43,7 @@ fn convert_with(rel: &str, attachments: Attachments) -> (Format, String) {
         .map(str::to_string);
     let out = Converter::default()
         .with_attachments(attachments)
-        .convert(&bytes, name.as_deref())
+        .convert(bytes, name.as_deref())
         .unwrap_or_else(|e| panic!("{rel}: {e}"));
     (out.format, out.markdown)
 }
@@ -136,7 +136,7 @@ fn spreadsheets_have_a_section_per_sheet_and_dates_as_displayed() {
 fn password_protected_workbook_is_refused_clearly() {
     let bytes = std::fs::read(corpus().join("python-calamine/password.xlsx")).expect("read");
     let err = Converter::default()
-        .convert(&bytes, Some("password.xlsx"))
+        .convert(bytes, Some("password.xlsx"))
         .unwrap_err();
     assert!(matches!(err, Error::Unsupported { .. }), "{err}");
     assert!(err.to_string().contains("password"), "{err}");

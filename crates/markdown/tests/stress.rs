@@ -164,7 +164,7 @@ fn whole_pipeline_answers_every_mutated_input_with_a_result_or_a_typed_error() {
     for round in 0..400 {
         let seed = &seeds[round % seeds.len()];
         let input = mutate(&mut rng, seed);
-        match converter.convert(&input, None) {
+        match converter.convert(input, None) {
             Ok(_) => {}
             Err(Error::TimedOut { .. }) => panic!("mutated input {round} ran into the time limit"),
             Err(_) => {}
@@ -192,7 +192,7 @@ fn zip_bomb_is_stopped_by_the_unpack_limit() {
         max_unpacked_bytes: 4 << 20,
         ..Limits::default()
     });
-    let err = converter.convert(&bomb, Some("bomb.zip")).unwrap_err();
+    let err = converter.convert(bomb, Some("bomb.zip")).unwrap_err();
     assert!(matches!(err, Error::ExpandsTooMuch { .. }), "{err}");
 }
 
@@ -214,7 +214,7 @@ fn nested_archives_stop_at_the_depth_limit() {
         inner = buf.into_inner();
     }
     let out = Converter::default()
-        .convert(&inner, Some("nested.zip"))
+        .convert(inner, Some("nested.zip"))
         .expect("partial result");
     assert!(
         out.markdown
@@ -244,7 +244,7 @@ fn too_many_members_are_refused() {
         ..Limits::default()
     });
     let err = converter
-        .convert(&buf.into_inner(), Some("many.zip"))
+        .convert(buf.into_inner(), Some("many.zip"))
         .unwrap_err();
     assert!(
         matches!(
@@ -267,12 +267,12 @@ fn deeply_nested_html_and_json_do_not_overflow_the_stack() {
         "</span></div>".repeat(10)
     );
     let out = converter
-        .convert(html.as_bytes(), Some("deep.html"))
+        .convert(html.into_bytes(), Some("deep.html"))
         .expect("converts");
     assert!(out.markdown.contains("deep"));
     let json = format!("{}1{}", "[".repeat(500_000), "]".repeat(500_000));
     assert!(converter
-        .convert(json.as_bytes(), Some("deep.json"))
+        .convert(json.into_bytes(), Some("deep.json"))
         .is_err());
 }
 
@@ -283,7 +283,7 @@ fn oversized_input_is_refused_before_parsing() {
         ..Limits::default()
     });
     let err = converter
-        .convert(b"01234567890123", Some("a.txt"))
+        .convert(&b"01234567890123"[..], Some("a.txt"))
         .unwrap_err();
     assert!(
         matches!(

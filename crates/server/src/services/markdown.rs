@@ -11,8 +11,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Multipart, RawQuery, State};
-use axum::http::{HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -207,10 +208,21 @@ fn requested_attachments(query: Option<&str>) -> Result<Option<Attachments>, MdE
     Ok(None)
 }
 
+/// The room to reserve for an upload: the request's declared length (the file is most of a
+/// multipart body), at most the upload limit.
+fn upload_size_hint(headers: &HeaderMap, max_upload_bytes: usize) -> usize {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+        .unwrap_or(0)
+        .min(max_upload_bytes)
+}
+
 #[instrument(skip_all, fields(file, bytes, format))]
 async fn convert(
     State(state): State<MarkdownState>,
     RawQuery(query): RawQuery,
+    headers: HeaderMap,
     mut multipart: Multipart,
 ) -> Result<Response, MdError> {
     let attachments = requested_attachments(query.as_deref())?;
@@ -220,9 +232,9 @@ async fn convert(
             format!("File too large: the limit is {limit} bytes"),
         )
     };
-    let mut upload: Option<(String, Vec<u8>)> = None;
+    let mut upload: Option<(String, Bytes)> = None;
     loop {
-        let field = match multipart.next_field().await {
+        let mut field = match multipart.next_field().await {
             Ok(Some(f)) => f,
             Ok(None) => break,
             Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
@@ -239,19 +251,25 @@ async fn convert(
             continue;
         }
         let name = field.file_name().unwrap_or_default().to_string();
-        let data = match field.bytes().await {
-            Ok(d) => d,
-            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                return Err(too_large(state.max_upload_bytes))
+        // Read into one buffer sized from the request's length: growing it chunk by chunk
+        // copied a large upload several times over, into fresh memory each time.
+        let mut data = Vec::with_capacity(upload_size_hint(&headers, state.max_upload_bytes));
+        loop {
+            match field.chunk().await {
+                Ok(Some(chunk)) => data.extend_from_slice(&chunk),
+                Ok(None) => break,
+                Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                    return Err(too_large(state.max_upload_bytes))
+                }
+                Err(e) => {
+                    return Err(MdError(
+                        StatusCode::BAD_REQUEST,
+                        format!("Malformed multipart body: {}", e.body_text()),
+                    ))
+                }
             }
-            Err(e) => {
-                return Err(MdError(
-                    StatusCode::BAD_REQUEST,
-                    format!("Malformed multipart body: {}", e.body_text()),
-                ))
-            }
-        };
-        upload = Some((name, data.to_vec()));
+        }
+        upload = Some((name, Bytes::from(data)));
         break;
     }
     let Some((name, data)) = upload else {
@@ -287,7 +305,7 @@ async fn convert(
     }
     let file_name = name.clone();
     let job = tokio::task::spawn_blocking(move || {
-        let result = converter.convert(&data, Some(&file_name));
+        let result = converter.convert(data, Some(&file_name));
         drop(permit);
         result
     });
