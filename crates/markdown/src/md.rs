@@ -134,12 +134,14 @@ pub fn tidy(text: &str) -> String {
         out.push_str(line);
         out.push('\n');
     }
-    let trimmed = out.trim_matches('\n');
-    if trimmed.is_empty() {
-        String::new()
-    } else {
-        format!("{trimmed}\n")
+    // Blank lines off both ends, then one final newline; in place, as the text can be large.
+    out.truncate(out.trim_end_matches('\n').len());
+    let lead = out.len() - out.trim_start_matches('\n').len();
+    out.drain(..lead);
+    if !out.is_empty() {
+        out.push('\n');
     }
+    out
 }
 
 #[cfg(test)]
@@ -164,5 +166,7 @@ mod tests {
     #[test]
     fn tidy_collapses_blank_runs() {
         assert_eq!(tidy("a\n\n\n\nb  \n"), "a\n\nb\n");
+        assert_eq!(tidy("\n\n  \na\n\n"), "a\n");
+        assert_eq!(tidy("\n \n\n"), "");
     }
 }

@@ -90,12 +90,12 @@ fn nesting_depth(html: &str) -> usize {
             i += 1;
             continue;
         }
-        let name = html[name_start..j].to_ascii_lowercase();
+        let name = &html[name_start..j];
         let end = html[j..].find('>').map(|p| j + p).unwrap_or(b.len());
         let self_closing = end > 0 && b.get(end - 1) == Some(&b'/');
         if closing {
             depth = depth.saturating_sub(1);
-        } else if !self_closing && !VOID.contains(&name.as_str()) {
+        } else if !self_closing && !VOID.iter().any(|v| v.eq_ignore_ascii_case(name)) {
             depth += 1;
             max = max.max(depth);
         }

@@ -42,61 +42,61 @@ impl Default for State {
 }
 
 /// Destinations whose text is not document content.
-const SKIP_DESTINATIONS: &[&str] = &[
-    "fonttbl",
-    "colortbl",
-    "stylesheet",
-    "info",
-    "pict",
-    "object",
-    "objdata",
-    "themedata",
-    "colorschememapping",
-    "datastore",
-    "latentstyles",
-    "listtable",
-    "listoverridetable",
-    "rsidtbl",
-    "generator",
-    "xmlnstbl",
-    "mmathPr",
-    "filetbl",
-    "revtbl",
-    "pgdsctbl",
-    "header",
-    "headerl",
-    "headerr",
-    "headerf",
-    "footer",
-    "footerl",
-    "footerr",
-    "footerf",
-    "bkmkstart",
-    "bkmkend",
-    "fldtype",
-    "wgrffmtfilter",
-    "xe",
-    "tc",
-    "private",
-    "nonshppict",
-    "blipuid",
-    "passwordhash",
-    "protusertbl",
-    "defchp",
-    "defpap",
-    "pnseclvl",
-    "panose",
-    "falt",
-    "leveltext",
-    "levelnumbers",
-    "fchars",
-    "lchars",
-    "docvar",
-    "atrfstart",
-    "atrfend",
-    "annotation",
-    "atnid",
-    "atnauthor",
+const SKIP_DESTINATIONS: &[&[u8]] = &[
+    b"fonttbl",
+    b"colortbl",
+    b"stylesheet",
+    b"info",
+    b"pict",
+    b"object",
+    b"objdata",
+    b"themedata",
+    b"colorschememapping",
+    b"datastore",
+    b"latentstyles",
+    b"listtable",
+    b"listoverridetable",
+    b"rsidtbl",
+    b"generator",
+    b"xmlnstbl",
+    b"mmathPr",
+    b"filetbl",
+    b"revtbl",
+    b"pgdsctbl",
+    b"header",
+    b"headerl",
+    b"headerr",
+    b"headerf",
+    b"footer",
+    b"footerl",
+    b"footerr",
+    b"footerf",
+    b"bkmkstart",
+    b"bkmkend",
+    b"fldtype",
+    b"wgrffmtfilter",
+    b"xe",
+    b"tc",
+    b"private",
+    b"nonshppict",
+    b"blipuid",
+    b"passwordhash",
+    b"protusertbl",
+    b"defchp",
+    b"defpap",
+    b"pnseclvl",
+    b"panose",
+    b"falt",
+    b"leveltext",
+    b"levelnumbers",
+    b"fchars",
+    b"lchars",
+    b"docvar",
+    b"atrfstart",
+    b"atrfend",
+    b"annotation",
+    b"atnid",
+    b"atnauthor",
 ];
 
 struct Writer {
@@ -141,6 +141,17 @@ impl Writer {
             }
             return;
         }
+        // A run of the same style as the last one joins it (as inline::render would merge them):
+        // text arrives in many small pieces between control words.
+        if let Some(last) = self.runs.last_mut() {
+            if !last.raw
+                && (last.bold, last.italic, last.strike) == (st.bold, st.italic, st.strike)
+                && last.link == self.link
+            {
+                last.text.push_str(s);
+                return;
+            }
+        }
         let run = Run {
             text: s.to_string(),
             bold: st.bold,
@@ -174,9 +185,6 @@ impl Writer {
         let text = self.paragraph_text();
         if self.in_table {
             // A paragraph mark inside a cell: keep the cell's lines together.
-            if let Some(last) = self.row.last_mut() {
-                let _ = last;
-            }
             if !text.is_empty() {
                 self.runs.push(Run::raw(format!("{text}<br>")));
             }
@@ -306,7 +314,7 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
                     while i < b.len() && b[i].is_ascii_alphabetic() && i - start < 32 {
                         i += 1;
                     }
-                    let word = std::str::from_utf8(&b[start..i]).unwrap_or("");
+                    let word = &b[start..i];
                     // The optional numeric parameter: `-`? digits, at most 11 bytes in all;
                     // one that does not fit an i32 counts as absent.
                     let num_start = i;
@@ -326,14 +334,12 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
                     if i < b.len() && b[i] == b' ' {
                         i += 1;
                     }
-                    if word != "'" {
-                        w.flush_bytes(stack.last().expect("stack never empty"));
-                    }
+                    w.flush_bytes(stack.last().expect("stack never empty"));
                     let was_group_start = group_start;
                     group_start = false;
                     let st = stack.last_mut().expect("stack never empty");
                     if was_group_start && (star || SKIP_DESTINATIONS.contains(&word)) {
-                        if word == "fldinst" {
+                        if word == b"fldinst" {
                             st.field_inst = true;
                         } else {
                             st.skip = true;
@@ -342,80 +348,82 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
                         continue;
                     }
                     star = false;
-                    if skip_chars > 0 && !matches!(word, "u") {
+                    if skip_chars > 0 && word != b"u" {
                         skip_chars = 0;
                     }
                     match word {
-                        "fldinst" => st.field_inst = true,
-                        "fldrslt" => {
+                        b"fldinst" => st.field_inst = true,
+                        b"fldrslt" => {
                             st.field_inst = false;
                             st.field_result = true;
                         }
-                        "listtext" | "pntext" => st.list_text = true,
-                        "ansicpg" => w.encoding = codepage(param.unwrap_or(1252)),
-                        "mac" => w.encoding = codepage(10000),
-                        "uc" => st.uc = param.unwrap_or(1).clamp(0, 10) as usize,
-                        "u" => {
+                        b"listtext" | b"pntext" => st.list_text = true,
+                        b"ansicpg" => w.encoding = codepage(param.unwrap_or(1252)),
+                        b"mac" => w.encoding = codepage(10000),
+                        b"uc" => st.uc = param.unwrap_or(1).clamp(0, 10) as usize,
+                        b"u" => {
                             if let Some(p) = param {
                                 let code = if p < 0 { p + 65536 } else { p } as u32;
-                                let s = char::from_u32(code).map(String::from).unwrap_or_default();
+                                let mut utf8 = [0u8; 4];
+                                let s =
+                                    char::from_u32(code).map_or("", |c| c.encode_utf8(&mut utf8));
                                 let st = *st;
-                                w.text(&st, &s);
+                                w.text(&st, s);
                                 skip_chars = st.uc;
                             }
                         }
-                        "b" => st.bold = param != Some(0),
-                        "i" => st.italic = param != Some(0),
-                        "strike" | "striked" => st.strike = param != Some(0),
-                        "plain" => {
+                        b"b" => st.bold = param != Some(0),
+                        b"i" => st.italic = param != Some(0),
+                        b"strike" | b"striked" => st.strike = param != Some(0),
+                        b"plain" => {
                             st.bold = false;
                             st.italic = false;
                             st.strike = false;
                         }
-                        "pard" => {
+                        b"pard" => {
                             w.heading = None;
                         }
-                        "outlinelevel" => w.heading = param.map(|l| (l.clamp(0, 5) + 1) as usize),
-                        "par" | "sect" | "page" if !st_skip => {
+                        b"outlinelevel" => w.heading = param.map(|l| (l.clamp(0, 5) + 1) as usize),
+                        b"par" | b"sect" | b"page" if !st_skip => {
                             w.end_paragraph();
                             w.link = None;
                         }
-                        "line" if !st_skip => w.runs.push(Run::raw("  \n")),
-                        "tab" if !st_skip => {
+                        b"line" if !st_skip => w.runs.push(Run::raw("  \n")),
+                        b"tab" if !st_skip => {
                             let st = *st;
                             w.text(&st, " ");
                         }
-                        "cell" | "nestcell" if !st_skip => w.end_cell(),
-                        "row" | "nestrow" if !st_skip => w.end_row(),
-                        "emdash" => {
+                        b"cell" | b"nestcell" if !st_skip => w.end_cell(),
+                        b"row" | b"nestrow" if !st_skip => w.end_row(),
+                        b"emdash" => {
                             let st = *st;
                             w.text(&st, "—");
                         }
-                        "endash" => {
+                        b"endash" => {
                             let st = *st;
                             w.text(&st, "–");
                         }
-                        "bullet" => {
+                        b"bullet" => {
                             let st = *st;
                             w.text(&st, "•");
                         }
-                        "lquote" => {
+                        b"lquote" => {
                             let st = *st;
                             w.text(&st, "‘");
                         }
-                        "rquote" => {
+                        b"rquote" => {
                             let st = *st;
                             w.text(&st, "’");
                         }
-                        "ldblquote" => {
+                        b"ldblquote" => {
                             let st = *st;
                             w.text(&st, "“");
                         }
-                        "rdblquote" => {
+                        b"rdblquote" => {
                             let st = *st;
                             w.text(&st, "”");
                         }
-                        "bin" => {
+                        b"bin" => {
                             // Raw binary data of the given length follows.
                             let len = param.unwrap_or(0).max(0) as usize;
                             i = i.saturating_add(len).min(b.len());
