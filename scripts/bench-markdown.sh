@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Benchmark: markitdown (PyPI, in a git-ignored venv) against Hearth's markdown converter, on the
 # same corpus (scripts/fetch-test-docs.sh), in one run. Hearth is measured twice: the library
-# (release build of the md_convert example, in-process timing per file) and the service over
+# (release build of the md_convert example, in-process timing per file, best of N) and the service over
 # HTTP (the hearth binary's markdown listener, one keep-alive connection, timing per request).
 # markitdown is timed in-process too, after its imports, so neither side pays start-up costs.
 # Prints per-format and total times with ratios, and a content check per document: word counts
@@ -108,15 +108,14 @@ for path in open(f"{work}/files.txt").read().split("\n"):
             out.write(f"{path}\t{ms:.3f}\t{words}\n")
 PY
 
-# Hearth library, best of N per file; then the e-mails again, converting their attachments.
+# Hearth library, in-process, best of N per file (as markitdown above); then the e-mails again,
+# converting their attachments.
 MD_CONVERT="$CARGO_TARGET_DIR/${BENCH_DIR:-release}/examples/md_convert"
 EMAILS=()
 for f in "${FILES[@]}"; do case "$f" in *.msg|*.eml) EMAILS+=("$f") ;; esac; done
-for i in $(seq "$REPEAT"); do
-  "$MD_CONVERT" --out "$WORK/out-hearth" "${FILES[@]}" > "$WORK/hearth-lib.$i.tsv"
-  "$MD_CONVERT" --attachments convert --out "$WORK/out-hearth-attachments" "${EMAILS[@]}" \
-    > "$WORK/hearth-lib-attachments.$i.tsv"
-done
+"$MD_CONVERT" --repeat "$REPEAT" --out "$WORK/out-hearth" "${FILES[@]}" > "$WORK/hearth-lib.tsv"
+"$MD_CONVERT" --repeat "$REPEAT" --attachments convert --out "$WORK/out-hearth-attachments" \
+  "${EMAILS[@]}" > "$WORK/hearth-lib-attachments.tsv"
 
 # Hearth service over HTTP.
 if [ "$SERVICE" = 1 ]; then
@@ -162,7 +161,7 @@ def load(path, cols):
         rows[parts[0]] = dict(zip(cols, parts[1:]))
     return rows
 mk = load(f"{work}/markitdown.tsv", ["ms", "words", "status"])
-libs = [load(f"{work}/hearth-lib.{i}.tsv", ["format", "bytes", "ms", "words", "status"]) for i in range(1, repeat + 1)]
+libs = [load(f"{work}/hearth-lib.tsv", ["format", "bytes", "ms", "words", "status"])]
 http = load(f"{work}/hearth-http.tsv", ["ms", "words", "status"]) if service else {}
 def ext(p):
     e = os.path.splitext(p)[1].lower().lstrip(".")
@@ -248,8 +247,7 @@ n, m, l, h = tot
 print(f"{'TOTAL':8} {n:5} {m:14.1f} {l:14.2f} {m / max(l, 1e-3):9.1f}x {h:15.2f} {(m / h if h else float('nan')):10.1f}x")
 # The same corpus with Hearth converting e-mail attachments, against markitdown converting the
 # same attachment files on their own.
-conv = [load(f"{work}/hearth-lib-attachments.{i}.tsv", ["format", "bytes", "ms", "words", "status"])
-        for i in range(1, repeat + 1)]
+conv = [load(f"{work}/hearth-lib-attachments.tsv", ["format", "bytes", "ms", "words", "status"])]
 att = load(f"{work}/attachments.tsv", ["ms", "words"])
 if conv and conv[0]:
     listed = sum(min(float(x[p]["ms"]) for x in libs) for p in conv[0])
