@@ -4,8 +4,9 @@
 //! `formats/`, and the limits that keep hostile files harmless ([`Limits`]: input size, bytes
 //! unpacked from archives, archive members, nesting depth, a time budget, output size). Every
 //! conversion runs on a thread with a large stack (kept for reuse), and a panic inside a
-//! third-party parser is caught and returned as [`Error::Crashed`]. It deliberately knows nothing of HTTP, JSON
-//! wire shapes, concurrency limits or async runtimes: the server crate wraps it.
+//! third-party parser is caught and returned as [`Error::Crashed`]. It deliberately knows
+//! nothing of HTTP, JSON wire shapes, concurrency limits or async runtimes: the server crate
+//! wraps it.
 
 mod detect;
 mod error;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
+use axum::extract::multipart::MultipartError;
 use axum::extract::{DefaultBodyLimit, Multipart, RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
@@ -232,21 +233,18 @@ async fn convert(
             format!("File too large: the limit is {limit} bytes"),
         )
     };
+    let multipart_error = |e: MultipartError| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            too_large(state.max_upload_bytes)
+        } else {
+            MdError(
+                StatusCode::BAD_REQUEST,
+                format!("Malformed multipart body: {}", e.body_text()),
+            )
+        }
+    };
     let mut upload: Option<(String, Bytes)> = None;
-    loop {
-        let mut field = match multipart.next_field().await {
-            Ok(Some(f)) => f,
-            Ok(None) => break,
-            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                return Err(too_large(state.max_upload_bytes))
-            }
-            Err(e) => {
-                return Err(MdError(
-                    StatusCode::BAD_REQUEST,
-                    format!("Malformed multipart body: {}", e.body_text()),
-                ))
-            }
-        };
+    while let Some(mut field) = multipart.next_field().await.map_err(multipart_error)? {
         if field.name() != Some("file") {
             continue;
         }
@@ -254,20 +252,8 @@ async fn convert(
         // Read into one buffer sized from the request's length: growing it chunk by chunk
         // copied a large upload several times over, into fresh memory each time.
         let mut data = Vec::with_capacity(upload_size_hint(&headers, state.max_upload_bytes));
-        loop {
-            match field.chunk().await {
-                Ok(Some(chunk)) => data.extend_from_slice(&chunk),
-                Ok(None) => break,
-                Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                    return Err(too_large(state.max_upload_bytes))
-                }
-                Err(e) => {
-                    return Err(MdError(
-                        StatusCode::BAD_REQUEST,
-                        format!("Malformed multipart body: {}", e.body_text()),
-                    ))
-                }
-            }
+        while let Some(chunk) = field.chunk().await.map_err(multipart_error)? {
+            data.extend_from_slice(&chunk);
         }
         upload = Some((name, Bytes::from(data)));
         break;
