@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Benchmark: markitdown (PyPI, in a git-ignored venv) against Hearth's markdown converter, on the
 # same corpus (scripts/fetch-test-docs.sh), in one run. Hearth is measured twice: the library
-# (release build of the md_convert example, in-process timing per file, best of N) and the service over
-# HTTP (the hearth binary's markdown listener, one keep-alive connection, timing per request).
+# (release build of the md_convert example, in-process timing per file, best of N) and the
+# service over HTTP (the hearth binary's markdown listener, one keep-alive connection, timing per
+# request).
 # markitdown is timed in-process too, after its imports, so neither side pays start-up costs.
 # Prints per-format and total times with ratios, and a content check per document: word counts
 # and the share of markitdown's distinct words that Hearth's output also contains (words of
@@ -151,9 +152,9 @@ for path in open(f"{work}/files.txt").read().split("\n"):
 PY
 fi
 
-python3 - "$WORK" "$REPEAT" "$SERVICE" <<'PY'
+python3 - "$WORK" "$SERVICE" <<'PY'
 import os, re, sys, collections
-work, repeat, service = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+work, service = sys.argv[1], sys.argv[2] == "1"
 def load(path, cols):
     rows = {}
     for line in open(path):
@@ -161,7 +162,7 @@ def load(path, cols):
         rows[parts[0]] = dict(zip(cols, parts[1:]))
     return rows
 mk = load(f"{work}/markitdown.tsv", ["ms", "words", "status"])
-libs = [load(f"{work}/hearth-lib.tsv", ["format", "bytes", "ms", "words", "status"])]
+lib = load(f"{work}/hearth-lib.tsv", ["format", "bytes", "ms", "words", "status"])
 http = load(f"{work}/hearth-http.tsv", ["ms", "words", "status"]) if service else {}
 def ext(p):
     e = os.path.splitext(p)[1].lower().lstrip(".")
@@ -221,7 +222,7 @@ per = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])
 worse = []
 print(f"{'document':44} {'fmt':6} {'markitdown ms':>13} {'hearth ms':>10} {'http ms':>9} {'ratio':>7} {'mk words':>9} {'h words':>8} {'kept':>6}")
 for path in mk:
-    lib_ms = min(float(l[path]["ms"]) for l in libs)
+    lib_ms = float(lib[path]["ms"])
     m_ms = float(mk[path]["ms"])
     h_ms = float(http[path]["ms"]) if path in http else float("nan")
     f = ext(path)
@@ -247,19 +248,18 @@ n, m, l, h = tot
 print(f"{'TOTAL':8} {n:5} {m:14.1f} {l:14.2f} {m / max(l, 1e-3):9.1f}x {h:15.2f} {(m / h if h else float('nan')):10.1f}x")
 # The same corpus with Hearth converting e-mail attachments, against markitdown converting the
 # same attachment files on their own.
-conv = [load(f"{work}/hearth-lib-attachments.tsv", ["format", "bytes", "ms", "words", "status"])]
+conv = load(f"{work}/hearth-lib-attachments.tsv", ["format", "bytes", "ms", "words", "status"])
 att = load(f"{work}/attachments.tsv", ["ms", "words"])
-if conv and conv[0]:
-    listed = sum(min(float(x[p]["ms"]) for x in libs) for p in conv[0])
-    converted = sum(min(float(x[p]["ms"]) for x in conv) for p in conv[0])
+if conv:
+    listed = sum(float(lib[p]["ms"]) for p in conv)
+    converted = sum(float(c["ms"]) for c in conv.values())
     am = sum(float(a["ms"]) for a in att.values())
     la = l - listed + converted
     print(f"{'ATTACHED':8} {n:5} {m + am:14.1f} {la:14.2f} {(m + am) / max(la, 1e-3):9.1f}x"
           "   (Hearth converting e-mail attachments; markitdown also given the attachment files)")
-    for p in conv[0]:
-        words_c = max(int(x[p]["words"]) for x in conv)
-        print(f"  {os.path.basename(p)}: Hearth with attachments {min(float(x[p]['ms']) for x in conv):.1f} ms,"
-              f" {words_c} words" + (f"; markitdown on its file attachments, one run: {float(att[p]['ms']):.1f} ms,"
+    for p, c in conv.items():
+        print(f"  {os.path.basename(p)}: Hearth with attachments {float(c['ms']):.1f} ms,"
+              f" {c['words']} words" + (f"; markitdown on its file attachments, one run: {float(att[p]['ms']):.1f} ms,"
               f" {att[p]['words']} words" if p in att else ""))
 print()
 if worse:
