@@ -1,0 +1,44 @@
+//! Document conversions in warm worker processes, so that a crash, abort, stack overflow,
+//! allocation failure or runaway of a third-party parser costs one upload, never the host.
+//!
+//! This crate owns both ends of that arrangement: the worker loop ([`worker_main`], which the
+//! `hearth` binary runs as `hearth convert-worker`; the worker limits itself with `setrlimit`)
+//! and the [`Pool`] in the host, which keeps workers warm, hands each conversion to one as an
+//! owned lease, enforces the wall-clock limit, reads a dead worker's exit status and stderr
+//! into a [`CrashCause`], and replaces workers that die or grow. It deliberately knows nothing
+//! of HTTP, statuses or wire DTOs (the server maps [`Error`] to those), nor of formats and
+//! parsing (that is `hearth-markdown`, whose public API is all it uses).
+//!
+//! # Protocol
+//!
+//! The pool starts `program args...` with stdin, stdout and stderr piped, and the worker's
+//! configuration (memory limit, largest request) as JSON in `HEARTH_CONVERT_WORKER`. The worker
+//! points its file descriptor 1 at stderr (keeping a duplicate for the protocol, so a parser's
+//! stray `println!` cannot corrupt a frame), sets `RLIMIT_AS` to what it maps at startup plus
+//! the memory limit, turns core files off, and answers a `Ready` frame.
+//!
+//! Each frame is `b"HIW1"`, the header length (u32 LE), the body length (u64 LE), a JSON
+//! header, then the raw body. Both lengths are checked against the reader's maximum before
+//! anything is allocated. A request's header carries the file name, the attachment mode, the
+//! converter's limits and the job's CPU budget; its body is the document. Before each job the
+//! worker moves its `RLIMIT_CPU` soft limit to the CPU used so far plus that budget. The answer's
+//! header is `converted` (format, warnings) with the Markdown as body, or `failed` (the
+//! converter's error kind and message) with an empty body; both report the worker's peak RSS
+//! and CPU time. One job at a time per worker; the worker exits when stdin closes.
+//!
+//! # Defaults
+//!
+//! See [`PoolConfig::new`]; the numbers and their measurements are in the crate's README.
+
+mod error;
+mod pool;
+mod process;
+mod protocol;
+mod worker;
+
+pub use error::{ConvertErrorKind, CrashCause, Error};
+pub use pool::{Health, Pool, PoolConfig};
+pub use worker::{serve_with, worker_main};
+
+pub use bytes::Bytes;
+pub use hearth_markdown::{Attachments, Conversion, Converter, Limits};
