@@ -28,7 +28,8 @@
 //!
 //! # Defaults
 //!
-//! See [`PoolConfig::new`]; the numbers and their measurements are in the crate's README.
+//! [`PoolConfig::new`] lists them with the measurements behind them;
+//! `cargo test -p hearth-isolate --test pool -- --measure` measures again.
 
 mod error;
 mod pool;
@@ -37,7 +38,7 @@ mod protocol;
 mod worker;
 
 pub use error::{ConvertErrorKind, CrashCause, Error};
-pub use pool::{Health, Pool, PoolConfig};
+pub use pool::{Health, Pool, PoolConfig, MIN_MEMORY_LIMIT_BYTES};
 pub use worker::{serve_with, worker_main};
 
 pub use bytes::Bytes;

@@ -37,10 +37,13 @@ pub struct PoolConfig {
     /// Wall-clock limit of one conversion, and the longest a request waits for a free worker.
     /// The converter's own cooperative limit (`limits.time_limit`) is held to it as well.
     pub time_limit: Duration,
-    /// Address space a worker may add to what it maps at startup (`RLIMIT_AS`).
+    /// Address space a worker may add to what it maps at startup (`RLIMIT_AS`); at least
+    /// [`MIN_MEMORY_LIMIT_BYTES`] is given.
     pub memory_limit_bytes: u64,
     /// CPU time one job may use (`RLIMIT_CPU`, moved before each job). A backstop behind the
-    /// wall clock: it still ends a runaway whose host process has died.
+    /// wall clock: it still ends a runaway whose host process has died. Counts every thread,
+    /// and PDF parsing runs on all cores, so it should not be below `time_limit` times the
+    /// cores a worker may use.
     pub cpu_time_limit: Duration,
     /// A worker whose peak RSS has passed this after a job is retired and replaced, so that
     /// one large document does not leave its memory held.
@@ -49,8 +52,26 @@ pub struct PoolConfig {
     pub limits: Limits,
 }
 
+/// The least address space a worker gets past what it maps at startup: below about 96 MiB the
+/// converter cannot start its 64 MiB-stack conversion thread and falls back to converting on
+/// the worker's main thread (8 MiB of stack), so deep documents would overflow sooner.
+pub const MIN_MEMORY_LIMIT_BYTES: u64 = 256 * 1024 * 1024;
+
 impl PoolConfig {
-    /// The defaults for `program`: see the crate documentation for why these numbers.
+    /// The defaults for `program`.
+    ///
+    /// - `workers`: the cores, at most 4 (each may grow to the memory limit).
+    /// - `time_limit`: the converter's own (30 s), which it checks cooperatively; the pool's
+    ///   kill half a second later is for parsers that never return to check it.
+    /// - `memory_limit_bytes`: 2 GiB past startup. A job may legitimately hold a 50 MiB input,
+    ///   up to 512 MiB unpacked from archives, a 64 MiB output and parser trees several times
+    ///   their input, plus the 64 MiB conversion-thread stack and PDF parsing's thread per core.
+    ///   Measured with mimalloc: a worker maps about 1 GiB at startup (mimalloc's arena
+    ///   reservation, barely resident: 10 MiB RSS idle), which is why the limit counts from
+    ///   there; it needs about 96 MiB more to convert at all, and a 5 MB CSV peaks at 67 MiB RSS.
+    /// - `cpu_time_limit`: `time_limit` times the cores, the most a job can burn in its wall
+    ///   time, so that it never fires first in a live pool.
+    /// - `retire_rss_bytes`: 1 GiB peak RSS, some 15 times what ordinary documents need.
     pub fn new(program: impl Into<PathBuf>) -> Self {
         let limits = Limits::default();
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -60,7 +81,7 @@ impl PoolConfig {
             workers: cores.min(4),
             time_limit: limits.time_limit,
             memory_limit_bytes: 2 * 1024 * 1024 * 1024,
-            cpu_time_limit: limits.time_limit * 2,
+            cpu_time_limit: limits.time_limit * u32::try_from(cores).unwrap_or(u32::MAX),
             retire_rss_bytes: 1024 * 1024 * 1024,
             limits,
         }
@@ -179,6 +200,14 @@ impl Pool {
     /// Must be called within a tokio runtime (with I/O and time enabled).
     pub async fn start(config: PoolConfig) -> Pool {
         let workers = config.workers.max(1);
+        if config.memory_limit_bytes < MIN_MEMORY_LIMIT_BYTES {
+            tracing::warn!(
+                configured = config.memory_limit_bytes,
+                used = MIN_MEMORY_LIMIT_BYTES,
+                "conversion worker memory limit raised to the minimum"
+            );
+        }
+        let memory_limit_bytes = config.memory_limit_bytes.max(MIN_MEMORY_LIMIT_BYTES);
         let limits = Limits {
             time_limit: config.limits.time_limit.min(config.time_limit),
             ..config.limits.clone()
@@ -187,12 +216,16 @@ impl Pool {
             program: config.program.clone(),
             args: config.args.clone(),
             config: WorkerConfig {
-                memory_limit_bytes: config.memory_limit_bytes,
+                memory_limit_bytes,
                 max_request_bytes: config.limits.max_input_bytes,
             },
         };
         let shared = Arc::new(Shared {
-            config: PoolConfig { workers, ..config },
+            config: PoolConfig {
+                workers,
+                memory_limit_bytes,
+                ..config
+            },
             launch,
             wire_limits: WireLimits::from(&limits),
             idle: Mutex::new(Vec::with_capacity(workers)),

@@ -22,7 +22,7 @@ use hearth_isolate::{
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const MEMORY_LIMIT: u64 = 512 * 1024 * 1024;
+const MEMORY_LIMIT: u64 = 256 * 1024 * 1024;
 const CSV: &[u8] = b"name,qty\napple,3\npear,5\n";
 
 fn main() -> ExitCode {
@@ -68,10 +68,12 @@ fn misbehave(
             converter.convert(bytes, Some("print.csv"))
         }
         Some("status.hook") => {
-            let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+            // What the worker maps and holds after converting, and the limit it set itself.
             let converted = converter.convert(bytes, Some("status.csv"))?;
+            let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+            let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
             Ok(Conversion {
-                markdown: status,
+                markdown: format!("{status}{limits}"),
                 ..converted
             })
         }
@@ -511,46 +513,80 @@ async fn workers_whose_memory_grew_are_retired(exe: PathBuf) {
     wait_full(&retire).await;
 }
 
-/// Prints what a worker maps and holds when idle and after conversions, and the smallest
-/// memory limit under which it still converts.
+/// Prints what a worker maps and holds after conversions under a few memory limits, and
+/// whether it converted on its 64 MiB-stack conversion thread (a worker that cannot start that
+/// thread converts on its main thread, 8 MiB of stack: Threads then stays at 1; that happened
+/// below 96 MiB, before the pool's minimum of 256 MiB).
 async fn measure_worker(exe: PathBuf) {
-    let pool = Pool::start(PoolConfig {
-        memory_limit_bytes: 2048 * 1024 * 1024,
-        ..config(&exe, 1, Duration::from_secs(10))
-    })
-    .await;
-    let status = convert(&pool, CSV, "status.hook")
-        .await
-        .expect("status")
-        .markdown;
+    let rows: String = (0..200_000)
+        .map(|i| format!("{i},item {i},{}\n", i * 7))
+        .collect();
+    let big = Bytes::from(format!("id,name,value\n{rows}"));
+    let html: String = (0..20_000)
+        .map(|i| format!("<p>para <b>{i}</b></p>"))
+        .collect();
+    let html = Bytes::from(format!("<html><body>{html}</body></html>"));
     let pick = |s: &str, key: &str| {
         s.lines()
             .find(|l| l.starts_with(key))
-            .map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_owned())
+            .map(|l| {
+                l[key.len()..]
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or("?")
+                    .to_owned()
+            })
             .unwrap_or_default()
     };
-    println!(
-        "  after one small conversion: VmSize {} kB, VmRSS {} kB, VmHWM {} kB, threads {}",
-        pick(&status, "VmSize:"),
-        pick(&status, "VmRSS:"),
-        pick(&status, "VmHWM:"),
-        pick(&status, "Threads:")
-    );
-    for mib in [32u64, 64, 96, 128, 192, 256, 384] {
+    for mib in [256u64, 512, 2048] {
         let pool = Pool::start(PoolConfig {
             memory_limit_bytes: mib * 1024 * 1024,
-            ..config(&exe, 1, Duration::from_secs(10))
+            ..config(&exe, 1, Duration::from_secs(20))
         })
         .await;
-        let health = pool.health();
-        let result = convert(&pool, CSV, "m.csv").await;
+        let big = pool
+            .convert(big.clone(), Some("big.csv".into()), Attachments::List)
+            .await;
+        let html = pool
+            .convert(html.clone(), Some("big.html".into()), Attachments::List)
+            .await;
+        let status = pool
+            .convert(
+                Bytes::from_static(CSV),
+                Some("status.hook".into()),
+                Attachments::List,
+            )
+            .await
+            .map(|c| c.markdown)
+            .unwrap_or_else(|e| e.to_string());
+        let outcome = |r: &Result<Conversion, Error>| match r {
+            Ok(c) => format!("ok ({} kB out)", c.markdown.len() / 1024),
+            Err(e) => e.to_string(),
+        };
         println!(
-            "  memory limit {mib} MiB: started {}, small CSV {}",
-            health.live == 1,
-            match result {
-                Ok(_) => "ok".to_string(),
-                Err(e) => e.to_string(),
-            }
+            "  limit {mib} MiB: {}-byte CSV {}, {}-byte HTML {}; after: VmSize {} kB, VmHWM {} kB, threads {}, RLIMIT_AS {}",
+            pool_input_len(200_000),
+            outcome(&big),
+            html_len(20_000),
+            outcome(&html),
+            pick(&status, "VmSize:"),
+            pick(&status, "VmHWM:"),
+            pick(&status, "Threads:"),
+            pick(&status, "Max address space"),
         );
     }
+}
+
+fn pool_input_len(rows: usize) -> usize {
+    "id,name,value\n".len()
+        + (0..rows)
+            .map(|i| format!("{i},item {i},{}\n", i * 7).len())
+            .sum::<usize>()
+}
+
+fn html_len(paras: usize) -> usize {
+    "<html><body></body></html>".len()
+        + (0..paras)
+            .map(|i| format!("<p>para <b>{i}</b></p>").len())
+            .sum::<usize>()
 }
