@@ -185,6 +185,10 @@ fn run_cases(measure: bool) -> ExitCode {
             Box::pin(workers_whose_memory_grew_are_retired(exe.clone())),
         ),
     ];
+    cases.push((
+        "an_idle_worker_killed_from_outside_is_replaced",
+        Box::pin(an_idle_worker_killed_from_outside_is_replaced(exe.clone())),
+    ));
     if measure {
         cases.push(("measure", Box::pin(measure_worker(exe.clone()))));
     }
@@ -511,6 +515,26 @@ async fn workers_whose_memory_grew_are_retired(exe: PathBuf) {
         "a grown worker is retired"
     );
     wait_full(&retire).await;
+}
+
+async fn an_idle_worker_killed_from_outside_is_replaced(exe: PathBuf) {
+    use nix::sys::signal::{kill, Signal};
+    let pool = Pool::start(config(&exe, 1, Duration::from_secs(5))).await;
+    let first = convert(&pool, CSV, "pid.hook").await.expect("pid").markdown;
+    let pid = nix::unistd::Pid::from_raw(first.parse().expect("a pid"));
+    kill(pid, Signal::SIGKILL).expect("kill the idle worker");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Health notices the dead idle worker and has it replaced.
+    let health = pool.health();
+    assert_eq!(health.live, 0, "{health:?}");
+    wait_full(&pool).await;
+    let second = convert(&pool, CSV, "pid.hook").await.expect("pid").markdown;
+    assert_ne!(first, second);
+    // Killed again, and this time no health check runs: the checkout notices instead.
+    let pid = nix::unistd::Pid::from_raw(second.parse().expect("a pid"));
+    kill(pid, Signal::SIGKILL).expect("kill the idle worker");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(convert(&pool, CSV, "after.csv").await.is_ok());
 }
 
 /// Prints what a worker maps and holds after conversions under a few memory limits, and
