@@ -4,7 +4,7 @@
 //! name: `abort.hook`, `overflow.hook`, ...) and converts for real otherwise; run as
 //! `pool garbage-worker KIND` it answers `Ready` and then breaks the protocol; run as
 //! `pool mute-worker` it exits at once. Run without those, it runs the cases below against
-//! pools of itself (`--measure` also prints the worker's memory figures).
+//! pools of itself (`--measure [FILE...]` also prints the worker's memory figures).
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -32,13 +32,18 @@ fn main() -> ExitCode {
         Some("convert-worker") => hearth_isolate::serve_with(hooks::misbehave),
         Some("garbage-worker") => hooks::garbage_worker(args.get(2).map_or("", String::as_str)),
         Some("mute-worker") => ExitCode::from(7),
-        _ => run_cases(args.iter().any(|a| a == "--measure")),
+        _ => {
+            let measure = args.iter().position(|a| a == "--measure");
+            let files = measure.map(|i| args[i + 1..].iter().map(PathBuf::from).collect());
+            run_cases(files)
+        }
     }
 }
 
 type Case = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-fn run_cases(measure: bool) -> ExitCode {
+/// Runs every case; with `measure`, the measurement too (over those extra files).
+fn run_cases(measure: Option<Vec<PathBuf>>) -> ExitCode {
     let exe = std::env::current_exe().expect("the test binary's path");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -86,8 +91,8 @@ fn run_cases(measure: bool) -> ExitCode {
         "an_idle_worker_killed_from_outside_is_replaced",
         Box::pin(an_idle_worker_killed_from_outside_is_replaced(exe.clone())),
     ));
-    if measure {
-        cases.push(("measure", Box::pin(measure_worker(exe.clone()))));
+    if let Some(files) = measure {
+        cases.push(("measure", Box::pin(measure_worker(exe.clone(), files))));
     }
     let (mut passed, mut failed) = (0, 0);
     for (name, case) in cases {
@@ -434,19 +439,33 @@ async fn an_idle_worker_killed_from_outside_is_replaced(exe: PathBuf) {
     assert!(convert(&pool, CSV, "after.csv").await.is_ok());
 }
 
-/// Prints what a worker maps and holds after conversions under a few memory limits, and
-/// whether it converted on its 64 MiB-stack conversion thread (a worker that cannot start that
-/// thread converts on its main thread, 8 MiB of stack: Threads then stays at 1; that happened
-/// below 96 MiB, before the pool's minimum of 256 MiB).
-async fn measure_worker(exe: PathBuf) {
+/// Prints, for each document under a few memory limits, whether a fresh worker converts it and
+/// what the worker then maps and holds: a generated 5 MB CSV and 470 kB HTML, plus the files
+/// named after `--measure`. Threads 1 afterwards would mean the converter could not start its
+/// 64 MiB-stack thread and converted on the main thread (8 MiB of stack): that happened below
+/// 96 MiB, before the pool's minimum of 256 MiB.
+async fn measure_worker(exe: PathBuf, files: Vec<PathBuf>) {
     let rows: String = (0..200_000)
         .map(|i| format!("{i},item {i},{}\n", i * 7))
         .collect();
-    let big = Bytes::from(format!("id,name,value\n{rows}"));
     let html: String = (0..20_000)
         .map(|i| format!("<p>para <b>{i}</b></p>"))
         .collect();
-    let html = Bytes::from(format!("<html><body>{html}</body></html>"));
+    let mut docs = vec![
+        (
+            "big.csv".to_owned(),
+            Bytes::from(format!("id,name,value\n{rows}")),
+        ),
+        (
+            "big.html".to_owned(),
+            Bytes::from(format!("<html><body>{html}</body></html>")),
+        ),
+    ];
+    for file in files {
+        let name = file.file_name().map(|n| n.to_string_lossy().into_owned());
+        let bytes = std::fs::read(&file).expect("a file to measure");
+        docs.push((name.unwrap_or_default(), Bytes::from(bytes)));
+    }
     let pick = |s: &str, key: &str| {
         s.lines()
             .find(|l| l.starts_with(key))
@@ -460,54 +479,26 @@ async fn measure_worker(exe: PathBuf) {
             .unwrap_or_default()
     };
     for mib in [256u64, 512, 2048] {
-        let pool = Pool::start(PoolConfig {
-            memory_limit_bytes: mib * 1024 * 1024,
-            ..config(&exe, 1, Duration::from_secs(20))
-        })
-        .await;
-        let big = pool
-            .convert(big.clone(), Some("big.csv".into()), Attachments::List)
+        for (name, bytes) in &docs {
+            let pool = Pool::start(PoolConfig {
+                memory_limit_bytes: mib * 1024 * 1024,
+                ..config(&exe, 1, Duration::from_secs(30))
+            })
             .await;
-        let html = pool
-            .convert(html.clone(), Some("big.html".into()), Attachments::List)
-            .await;
-        let status = pool
-            .convert(
-                Bytes::from_static(CSV),
-                Some("status.hook".into()),
-                Attachments::List,
-            )
-            .await
-            .map(|c| c.markdown)
-            .unwrap_or_else(|e| e.to_string());
-        let outcome = |r: &Result<Conversion, Error>| match r {
-            Ok(c) => format!("ok ({} kB out)", c.markdown.len() / 1024),
-            Err(e) => e.to_string(),
-        };
-        println!(
-            "  limit {mib} MiB: {}-byte CSV {}, {}-byte HTML {}; after: VmSize {} kB, VmHWM {} kB, threads {}, RLIMIT_AS {}",
-            pool_input_len(200_000),
-            outcome(&big),
-            html_len(20_000),
-            outcome(&html),
-            pick(&status, "VmSize:"),
-            pick(&status, "VmHWM:"),
-            pick(&status, "Threads:"),
-            pick(&status, "Max address space"),
-        );
+            let size = bytes.len();
+            let result = pool.convert(bytes.clone(), Some(name.clone()), Attachments::List);
+            let outcome = match result.await {
+                Ok(c) => format!("ok, {} kB of {}", c.markdown.len() / 1024, c.format),
+                Err(e) => e.to_string(),
+            };
+            let status = convert(&pool, CSV, "status.hook").await;
+            let status = status.map(|c| c.markdown).unwrap_or_else(|e| e.to_string());
+            println!(
+                "  limit {mib} MiB, {name} ({size} B): {outcome}; VmSize {} kB, VmHWM {} kB, threads {}",
+                pick(&status, "VmSize:"),
+                pick(&status, "VmHWM:"),
+                pick(&status, "Threads:"),
+            );
+        }
     }
-}
-
-fn pool_input_len(rows: usize) -> usize {
-    "id,name,value\n".len()
-        + (0..rows)
-            .map(|i| format!("{i},item {i},{}\n", i * 7).len())
-            .sum::<usize>()
-}
-
-fn html_len(paras: usize) -> usize {
-    "<html><body></body></html>".len()
-        + (0..paras)
-            .map(|i| format!("<p>para <b>{i}</b></p>").len())
-            .sum::<usize>()
 }
