@@ -68,7 +68,9 @@ impl PoolConfig {
     ///   their input, plus the 64 MiB conversion-thread stack and PDF parsing's thread per core.
     ///   Measured with mimalloc: a worker maps about 1 GiB at startup (mimalloc's arena
     ///   reservation, barely resident: 10 MiB RSS idle), which is why the limit counts from
-    ///   there; it needs about 96 MiB more to convert at all, and a 5 MB CSV peaks at 67 MiB RSS.
+    ///   there; it needs about 96 MiB more to convert at all. A 5 MB CSV peaks at 58 MiB RSS; a
+    ///   360 kB PDF at 60 MiB RSS but maps up to 300 MiB more (a thread and mimalloc heap per
+    ///   core on this 2-core machine: hosts with more cores map more).
     /// - `cpu_time_limit`: `time_limit` times the cores, the most a job can burn in its wall
     ///   time, so that it never fires first in a live pool.
     /// - `retire_rss_bytes`: 1 GiB peak RSS, some 15 times what ordinary documents need.
