@@ -37,7 +37,7 @@ sed -e "s|^weights = \"weights/|weights = \"$ROOT/weights/|" -e "s|^threads = .*
     models.toml >"$DATA/models.toml"
 # Credit the benchmark user before the server opens the store (the CLI writes it directly).
 "$HEARTH" balance credit bench 1000000 --data-dir "$DATA" >/dev/null
-"$HEARTH" serve --data-dir "$DATA" --services auth,completion --models "$DATA/models.toml" \
+HEARTH_COMPLETION_MAX_CONCURRENT_PER_USER=0 "$HEARTH" serve --data-dir "$DATA" --services auth,completion --models "$DATA/models.toml" \
     --auth-addr "127.0.0.1:$AUTH_PORT" --completion-addr "127.0.0.1:$COMPLETION_PORT" \
     >"$OUT/hearth-serve.log" 2>&1 &
 PID=$!

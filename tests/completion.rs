@@ -69,19 +69,40 @@ output_price_per_million = "15.00"
 }
 
 /// The auth and completion services on the shared harness, with the table above.
-struct App {
-    app: TestApp,
-    url: String,
-    http: reqwest::Client,
+pub(crate) struct App {
+    pub(crate) app: TestApp,
+    pub(crate) url: String,
+    pub(crate) http: reqwest::Client,
     _models: tempfile::TempDir,
 }
 
+/// The tests in this file are about one user's many concurrent requests meeting the engine and
+/// the store, so the per-user cap is off here; `tests/holds.rs` tests the cap itself.
 async fn spawn_completion() -> App {
+    spawn_completion_with("", |raw| raw.completion.max_concurrent_per_user = Some(0)).await
+}
+
+/// The same with `extra` appended to the alpha-3.3 row and settings changed by `configure`.
+pub(crate) async fn spawn_completion_with(
+    extra: &str,
+    configure: impl FnOnce(&mut hearth_server::config::RawConfig),
+) -> App {
     let models = tempfile::tempdir().unwrap();
     let table = models_toml(models.path());
+    if !extra.is_empty() {
+        let text = std::fs::read_to_string(&table).unwrap().replacen(
+            "shutdown_grace_ms = 500",
+            &format!("shutdown_grace_ms = 500\n{extra}"),
+            1,
+        );
+        std::fs::write(&table, text).unwrap();
+    }
     let app = TestApp::builder()
         .services(&[Service::Auth, Service::Completion])
-        .configure(|raw| raw.models = Some(table))
+        .configure(|raw| {
+            raw.models = Some(table);
+            configure(raw);
+        })
         .spawn()
         .await;
     let url = app.url(Service::Completion);
@@ -93,12 +114,12 @@ async fn spawn_completion() -> App {
     }
 }
 
-fn dec(s: &str) -> Decimal {
+pub(crate) fn dec(s: &str) -> Decimal {
     Decimal::from_str(s).unwrap()
 }
 
 impl App {
-    fn store(&self) -> &Store {
+    pub(crate) fn store(&self) -> &Store {
         &self.app.running().state.store
     }
 
@@ -107,7 +128,7 @@ impl App {
     }
 
     /// Signs `user` in for real and sets their balance to exactly `balance`.
-    async fn user(&self, user: &str, balance: &str) -> String {
+    pub(crate) async fn user(&self, user: &str, balance: &str) -> String {
         let token = self.app.token(user).await;
         let now = self.store().balance(user).unwrap();
         let want = dec(balance);
@@ -120,7 +141,7 @@ impl App {
         token
     }
 
-    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+    pub(crate) async fn post(&self, path: &str, body: Value) -> (u16, Value) {
         let r = self
             .http
             .post(format!("{}{path}", self.url))
@@ -132,7 +153,7 @@ impl App {
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
-    async fn stream(&self, body: Value) -> reqwest::Response {
+    pub(crate) async fn stream(&self, body: Value) -> reqwest::Response {
         self.http
             .post(format!("{}/stream", self.url))
             .json(&body)
@@ -142,7 +163,7 @@ impl App {
     }
 }
 
-fn request(token: &str, content: &str, max: u64) -> Value {
+pub(crate) fn request(token: &str, content: &str, max: u64) -> Value {
     json!({
         "serviceToken": token,
         "model": "alpha-3.3",
@@ -153,7 +174,7 @@ fn request(token: &str, content: &str, max: u64) -> Value {
 }
 
 /// Reads SSE `data:` payloads until the body ends.
-async fn events(response: reqwest::Response) -> Vec<Value> {
+pub(crate) async fn events(response: reqwest::Response) -> Vec<Value> {
     let mut out = Vec::new();
     let mut body = response.bytes_stream();
     let mut buf = String::new();
@@ -175,7 +196,7 @@ fn concat_tokens(events: &[Value]) -> String {
     events.iter().filter_map(|e| e["token"].as_str()).collect()
 }
 
-fn cost_of(response: &Value) -> Decimal {
+pub(crate) fn cost_of(response: &Value) -> Decimal {
     dec(response["usage"]["inputCost"].as_str().unwrap())
         + dec(response["usage"]["outputCost"].as_str().unwrap())
 }

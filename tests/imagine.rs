@@ -23,6 +23,15 @@ impl ImagineApp {
     /// `initial_balance` is what every new user starts with (margin 0 by default); `extra` is
     /// appended to the `[image."xl-lightning"]` entry of the model table.
     pub async fn start(initial_balance: &str, extra: &str) -> ImagineApp {
+        Self::start_with(initial_balance, extra, |_| {}).await
+    }
+
+    /// [`ImagineApp::start`] with settings changed by `configure`.
+    pub async fn start_with(
+        initial_balance: &str,
+        extra: &str,
+        configure: impl FnOnce(&mut hearth_server::config::RawConfig) + Send + 'static,
+    ) -> ImagineApp {
         let models = tempfile::tempdir().unwrap();
         hearth_imagine::write_tiny_sdxl(
             &models.path().join("tiny-sdxl"),
@@ -44,6 +53,7 @@ impl ImagineApp {
                 raw.models = Some(table);
                 raw.billing.initial_balance = Some(balance);
                 raw.billing.default_margin_percent = Some("0".into());
+                configure(raw);
             })
             .spawn()
             .await;
@@ -337,7 +347,11 @@ async fn health_is_500_when_the_model_cannot_load() {
 #[tokio::test]
 async fn a_full_queue_answers_overloaded_and_abandoned_requests_cost_nothing() {
     // One image at a time plus one waiting: of four concurrent large requests, some are refused.
-    let img = ImagineApp::start("100", "max_queued = 1").await;
+    // All four are one user's, so the per-user cap is off (it has a test of its own below).
+    let img = ImagineApp::start_with("100", "max_queued = 1", |raw| {
+        raw.imagine.max_concurrent_per_user = Some(0)
+    })
+    .await;
     let token = img.app.token("frank").await;
     let body = json!({"serviceToken": token, "prompt": "x", "width": 1024, "height": 1024, "steps": 8, "seed": 1});
     let url = format!("{}/", img.app.url(Service::Imagine));
@@ -380,4 +394,53 @@ async fn a_full_queue_answers_overloaded_and_abandoned_requests_cost_nothing() {
     }
     assert_eq!(holds, 0, "holds of abandoned requests are released");
     assert_eq!(img.balance_now("frank"), d("100"));
+}
+
+#[tokio::test]
+async fn a_user_past_the_cap_gets_429_rate_limited_and_the_refusal_holds_nothing() {
+    let img = ImagineApp::start_with("100", "", |raw| {
+        raw.imagine.max_concurrent_per_user = Some(1)
+    })
+    .await;
+    let token = img.app.token("gail").await;
+    let other = img.app.token("hugo").await;
+    let big = json!({"serviceToken": token, "prompt": "x", "width": 1024, "height": 1024, "steps": 8, "seed": 1});
+    let url = format!("{}/", img.app.url(Service::Imagine));
+    let first = tokio::spawn(img.app.client.post(&url).json(&big).send());
+    let store = img.app.running().state.store.clone();
+    for _ in 0..500 {
+        if !store.holds("gail").unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        store.holds("gail").unwrap().len(),
+        1,
+        "the first image is under way"
+    );
+    let small =
+        json!({"serviceToken": token, "prompt": "x", "width": 256, "height": 256, "steps": 1});
+    let refused = img.app.client.post(&url).json(&small).send().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let body: Value = refused.json().await.unwrap();
+    assert_error(&body, "RateLimited");
+    assert_eq!(
+        store.holds("gail").unwrap().len(),
+        1,
+        "the refusal placed no hold"
+    );
+    // Another user is not held back by gail's cap.
+    let (status, body) = img
+        .imagine(
+            json!({"serviceToken": other, "prompt": "x", "width": 256, "height": 256, "steps": 1}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // Once the first image is done, gail may ask again.
+    let done = first.await.unwrap().unwrap();
+    assert_eq!(done.status(), StatusCode::OK);
+    let (status, body) = img.imagine(small).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
 }

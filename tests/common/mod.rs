@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test module uses a different part
 
 pub mod browser;
+pub mod process;
 
 use hearth_server::app::paths;
 use hearth_server::config::RawConfig;
@@ -56,6 +57,10 @@ impl AppBuilder {
         raw.imagine.addr = Some("127.0.0.1:0".into());
         if raw.models.is_none() {
             raw.models = Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("models.toml"));
+        }
+        // The server runs in this test process: its conversion workers are the built binary.
+        if raw.markdown.worker_program.is_none() {
+            raw.markdown.worker_program = Some(PathBuf::from(env!("CARGO_BIN_EXE_hearth")));
         }
         let config = raw.resolve().expect("test configuration resolves");
         let running = start_retrying(config).await;

@@ -71,6 +71,94 @@ pub struct Charge {
     pub balance_after: Decimal,
 }
 
+/// Funds reserved for one request: an owned hold that is settled with the real cost
+/// ([`HeldFunds::settle`]) or, on every other path (an error, a cancelled future, a client gone,
+/// a panic), released when dropped. So no path strands money: what `hold` placed always ends.
+#[must_use = "dropping the funds releases the hold"]
+pub struct HeldFunds {
+    store: Store,
+    /// `Some` until settled or released.
+    hold: Option<Hold>,
+}
+
+impl HeldFunds {
+    /// The amount held.
+    pub fn amount(&self) -> Decimal {
+        self.hold.as_ref().map_or(Decimal::ZERO, |h| h.amount)
+    }
+
+    /// Whose funds these are.
+    pub fn user_id(&self) -> &str {
+        self.hold.as_ref().map_or("", |h| h.user_id.as_str())
+    }
+
+    /// Settles with the real cost (at most the held amount); `balanceBefore` is the balance
+    /// before the hold was placed. If the store refuses, the hold is released (the user is not
+    /// charged) and the error returned.
+    pub async fn settle(mut self, cost: Decimal) -> Result<Charge, ApiError> {
+        let Some(hold) = self.hold.take() else {
+            return Err(ApiError::internal("a hold was settled twice"));
+        };
+        let store = self.store.clone();
+        let id = hold.id;
+        let settled = blocking(move || store.settle_hold(id, cost)).await;
+        match settled {
+            Ok(change) => Ok(Charge {
+                cost,
+                balance_before: change.before,
+                balance_after: change.after,
+            }),
+            Err(e) => {
+                // Put it back so that dropping `self` releases it.
+                self.hold = Some(hold);
+                Err(e)
+            }
+        }
+    }
+
+    /// Gives the hold back untouched and waits until the store has done so.
+    pub async fn release(mut self) -> Result<(), ApiError> {
+        let Some(hold) = self.hold.take() else {
+            return Ok(());
+        };
+        let store = self.store.clone();
+        blocking(move || store.release_hold(hold.id))
+            .await
+            .map(|_| ())
+    }
+}
+
+impl Drop for HeldFunds {
+    fn drop(&mut self) {
+        let Some(hold) = self.hold.take() else { return };
+        let store = self.store.clone();
+        let release = move || match store.release_hold(hold.id) {
+            Ok(_) => {
+                tracing::info!(hold = %hold.id, user = %hold.user_id, amount = %hold.amount, "hold released: the request ended without settling")
+            }
+            // Still in the store: `release_stale_holds` gives it back at the next start.
+            Err(e) => {
+                tracing::warn!(hold = %hold.id, error = %e, "releasing a dropped hold failed")
+            }
+        };
+        // The store flushes to disk: off the async workers when there are any.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn_blocking(release);
+            }
+            Err(_) => release(),
+        }
+    }
+}
+
+impl std::fmt::Debug for HeldFunds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldFunds")
+            .field("hold", &self.hold.as_ref().map(|h| h.id))
+            .finish()
+    }
+}
+
 /// Charging on top of the store, with errors already in API shape.
 #[derive(Clone)]
 pub struct Billing {
@@ -120,32 +208,26 @@ impl Billing {
     }
 
     /// Reserves `amount` for a request; `InsufficientFunds` (402) when the balance is short.
+    ///
+    /// The hold comes back as [`HeldFunds`], which releases it when dropped. It is wrapped on the
+    /// blocking thread that placed it, so a caller that goes away while the hold is being placed
+    /// (its future dropped mid-await) releases it too: the value is dropped with the task's
+    /// unread output.
     pub async fn hold(
         &self,
         user_id: &str,
         amount: Decimal,
         meta: LedgerMeta,
-    ) -> Result<Hold, ApiError> {
+    ) -> Result<HeldFunds, ApiError> {
         let (store, user) = (self.store.clone(), user_id.to_string());
-        blocking(move || store.place_hold(&user, amount, &meta)).await
-    }
-
-    /// Settles a hold with the real cost (at most the held amount); `balanceBefore` is the
-    /// balance before the hold was placed.
-    pub async fn settle(&self, hold: &Hold, cost: Decimal) -> Result<Charge, ApiError> {
-        let (store, id) = (self.store.clone(), hold.id);
-        let change = blocking(move || store.settle_hold(id, cost)).await?;
-        Ok(Charge {
-            cost,
-            balance_before: change.before,
-            balance_after: change.after,
+        blocking(move || {
+            let hold = store.place_hold(&user, amount, &meta)?;
+            Ok(HeldFunds {
+                store,
+                hold: Some(hold),
+            })
         })
-    }
-
-    /// Gives a hold back untouched (the request failed before costing anything).
-    pub async fn release(&self, hold: &Hold) -> Result<(), ApiError> {
-        let (store, id) = (self.store.clone(), hold.id);
-        blocking(move || store.release_hold(id)).await.map(|_| ())
+        .await
     }
 
     /// Debits `cost` at once (one ledger row), refusing with `InsufficientFunds`.
@@ -245,6 +327,70 @@ mod tests {
         assert_eq!(money(d("10")), "10.000000");
         assert_eq!(money(d("0.0000005")), "0.000001");
         assert_eq!(money(d("-1.5")), "-1.500000");
+    }
+
+    fn store_with(user: &str, balance: &str) -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), Default::default()).unwrap();
+        store.ensure_user(user, false).unwrap();
+        store
+            .credit(user, d(balance), &LedgerMeta::reason("test funds"))
+            .unwrap();
+        (dir, store)
+    }
+
+    /// Waits (up to 5 s) until `user` has no open hold.
+    async fn holds_end(store: &Store, user: &str) -> bool {
+        for _ in 0..500 {
+            if store.holds(user).unwrap().is_empty() {
+                return true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    #[tokio::test]
+    async fn a_hold_whose_caller_goes_away_while_it_is_being_placed_is_released() {
+        let (_dir, store) = store_with("ann", "10");
+        let billing = Billing::new(store.clone(), d("0"));
+        // Poll the placement once (it is then on its blocking thread) and drop it: the caller
+        // went away mid-await, as a handler does when its client disconnects.
+        let mut placing = Box::pin(billing.hold("ann", d("3"), LedgerMeta::reason("test")));
+        let first = futures::poll!(placing.as_mut());
+        assert!(
+            first.is_pending(),
+            "the placement finished before it could be cut"
+        );
+        drop(placing);
+        assert!(holds_end(&store, "ann").await, "the hold was stranded");
+        assert_eq!(store.balance("ann").unwrap(), d("10"));
+    }
+
+    #[tokio::test]
+    async fn held_funds_settle_once_and_are_released_when_dropped() {
+        let (_dir, store) = store_with("bob", "10");
+        let billing = Billing::new(store.clone(), d("0"));
+        let meta = || LedgerMeta::reason("test");
+        let held = billing.hold("bob", d("4"), meta()).await.unwrap();
+        assert_eq!(held.amount(), d("4"));
+        assert_eq!(store.balance("bob").unwrap(), d("6"));
+        let charge = held.settle(d("1.5")).await.unwrap();
+        assert_eq!(
+            (charge.balance_before, charge.balance_after),
+            (d("10"), d("8.5"))
+        );
+        assert!(store.holds("bob").unwrap().is_empty());
+
+        let dropped = billing.hold("bob", d("8"), meta()).await.unwrap();
+        assert_eq!(store.balance("bob").unwrap(), d("0.5"));
+        drop(dropped);
+        assert!(holds_end(&store, "bob").await, "a dropped hold stayed");
+        assert_eq!(store.balance("bob").unwrap(), d("8.5"));
+        // The refusal of a hold beyond the balance places nothing.
+        let refused = billing.hold("bob", d("9"), meta()).await.unwrap_err();
+        assert_eq!(refused.kind, crate::error::ErrorKind::InsufficientFunds);
+        assert!(store.holds("bob").unwrap().is_empty());
     }
 
     #[test]

@@ -85,45 +85,14 @@ pub struct RawConfig {
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawAuthConfig {
-    pub addr: Option<String>,
-    pub public_url: Option<String>,
-    /// `shared-secret` (default) or `oidc`.
-    pub identity_provider: Option<String>,
-    pub token_lifetime_default_secs: Option<i64>,
-    pub token_lifetime_min_secs: Option<i64>,
-    pub token_lifetime_max_secs: Option<i64>,
-    /// `iss` of issued service tokens.
-    pub issuer: Option<String>,
-    /// `aud` of issued service tokens.
-    pub audience: Option<String>,
-    /// Origins `/ui?callback=` may redirect to, besides Hearth's own services and `allowed_origins`.
-    #[serde(default, deserialize_with = "string_or_list")]
-    pub callback_origins: Option<Vec<String>>,
-    #[serde(default)]
-    pub oidc: RawOidcConfig,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawOidcConfig {
-    pub issuer: Option<String>,
-    pub audience: Option<String>,
-    pub jwks_file: Option<PathBuf>,
-    pub jwks_url: Option<String>,
-    #[serde(default, deserialize_with = "string_or_list")]
-    pub algorithms: Option<Vec<String>>,
-    pub marketing_claim: Option<String>,
-    pub cache_ttl_secs: Option<u64>,
-    pub refetch_min_interval_secs: Option<u64>,
-    pub leeway_secs: Option<u64>,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawCompletionConfig {
     pub addr: Option<String>,
     pub public_url: Option<String>,
+    /// Completions one user may run at once (default 4; 0 = no cap).
+    pub max_concurrent_per_user: Option<usize>,
+    /// Seconds a stream may wait on a client that reads nothing before it is aborted and
+    /// settled (default 30).
+    pub client_stall_timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -139,6 +108,12 @@ pub struct RawMarkdownConfig {
     pub time_limit_secs: Option<u64>,
     /// E-mail attachments: `list` (default) or `convert`; a request may ask otherwise.
     pub attachments: Option<String>,
+    /// The program run as `PROGRAM convert-worker` for each conversion worker (default: this
+    /// `hearth` executable).
+    pub worker_program: Option<PathBuf>,
+    /// Memory each conversion worker may map beyond what it maps at startup, in MiB (default
+    /// 2048, at least 256).
+    pub worker_memory_mb: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -146,6 +121,8 @@ pub struct RawMarkdownConfig {
 pub struct RawImagineConfig {
     pub addr: Option<String>,
     pub public_url: Option<String>,
+    /// Image requests one user may have queued or running at once (default 2; 0 = no cap).
+    pub max_concurrent_per_user: Option<usize>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -320,30 +297,11 @@ pub struct Config {
 }
 
 #[derive(Debug, Clone)]
-pub struct AuthConfig {
-    pub addr: SocketAddr,
-    /// Base URL others use to reach this service; `None`: `http://` + the bound address.
-    pub public_url: Option<String>,
-    pub identity_provider: IdpChoice,
-    pub token_lifetime_default_secs: i64,
-    pub token_lifetime_min_secs: i64,
-    pub token_lifetime_max_secs: i64,
-    pub issuer: String,
-    pub audience: String,
-    pub callback_origins: Vec<String>,
-}
-
-/// Which identity provider verifies `idpToken`.
-#[derive(Debug, Clone)]
-pub enum IdpChoice {
-    SharedSecret,
-    Oidc(hearth_auth::OidcConfig),
-}
-
-#[derive(Debug, Clone)]
 pub struct CompletionConfig {
     pub addr: SocketAddr,
     pub public_url: Option<String>,
+    pub max_concurrent_per_user: usize,
+    pub client_stall_timeout: std::time::Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -354,12 +312,16 @@ pub struct MarkdownConfig {
     pub max_concurrency: usize,
     pub time_limit: std::time::Duration,
     pub attachments: hearth_markdown::Attachments,
+    /// `None`: the running executable.
+    pub worker_program: Option<PathBuf>,
+    pub worker_memory_bytes: u64,
 }
 
 #[derive(Debug, Clone)]
 pub struct ImagineConfig {
     pub addr: SocketAddr,
     pub public_url: Option<String>,
+    pub max_concurrent_per_user: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -462,6 +424,17 @@ impl RawConfig {
             completion: CompletionConfig {
                 addr: addr("completion.addr", &self.completion.addr, "127.0.0.1:8082")?,
                 public_url: public_url("completion.public_url", &self.completion.public_url)?,
+                max_concurrent_per_user: self.completion.max_concurrent_per_user.unwrap_or(4),
+                client_stall_timeout: match self.completion.client_stall_timeout_secs.unwrap_or(30)
+                {
+                    0 => {
+                        return Err(invalid(
+                            "completion.client_stall_timeout_secs",
+                            "must be at least 1",
+                        ))
+                    }
+                    n => std::time::Duration::from_secs(n),
+                },
             },
             markdown: MarkdownConfig {
                 addr: addr("markdown.addr", &self.markdown.addr, "127.0.0.1:8083")?,
@@ -487,131 +460,20 @@ impl RawConfig {
                     None => hearth_markdown::Attachments::default(),
                     Some(s) => s.parse().map_err(|e| invalid("markdown.attachments", e))?,
                 },
+                worker_program: self.markdown.worker_program.clone(),
+                worker_memory_bytes: match self.markdown.worker_memory_mb.unwrap_or(2048) {
+                    n if n < 256 => {
+                        return Err(invalid("markdown.worker_memory_mb", "must be at least 256"))
+                    }
+                    n => n * 1024 * 1024,
+                },
             },
             imagine: ImagineConfig {
                 addr: addr("imagine.addr", &self.imagine.addr, "127.0.0.1:8084")?,
                 public_url: public_url("imagine.public_url", &self.imagine.public_url)?,
+                max_concurrent_per_user: self.imagine.max_concurrent_per_user.unwrap_or(2),
             },
             billing: self.billing.resolve()?,
-        })
-    }
-}
-
-impl RawAuthConfig {
-    fn resolve(&self) -> Result<AuthConfig, ConfigError> {
-        let min = self.token_lifetime_min_secs.unwrap_or(60);
-        let max = self.token_lifetime_max_secs.unwrap_or(30 * 24 * 3600);
-        let default = self.token_lifetime_default_secs.unwrap_or(3600);
-        if min < 1 || min > max {
-            return Err(invalid(
-                "auth.token_lifetime_min_secs",
-                "must be at least 1 and at most the maximum",
-            ));
-        }
-        if !(min..=max).contains(&default) {
-            return Err(invalid(
-                "auth.token_lifetime_default_secs",
-                format!("must lie within {min}..={max}"),
-            ));
-        }
-        let callback_origins = self.callback_origins.clone().unwrap_or_default();
-        for o in &callback_origins {
-            if origin_of(o).is_none() {
-                return Err(invalid(
-                    "auth.callback_origins",
-                    format!("{o:?} is not an origin like https://app.example.com"),
-                ));
-            }
-        }
-        let identity_provider = match self.identity_provider.as_deref().unwrap_or("shared-secret") {
-            "shared-secret" => IdpChoice::SharedSecret,
-            "oidc" => IdpChoice::Oidc(self.oidc.resolve()?),
-            other => {
-                return Err(invalid(
-                    "auth.identity_provider",
-                    format!("{other:?}: expected \"shared-secret\" or \"oidc\""),
-                ))
-            }
-        };
-        Ok(AuthConfig {
-            addr: addr("auth.addr", &self.addr, "127.0.0.1:8081")?,
-            public_url: public_url("auth.public_url", &self.public_url)?,
-            identity_provider,
-            token_lifetime_default_secs: default,
-            token_lifetime_min_secs: min,
-            token_lifetime_max_secs: max,
-            issuer: self.issuer.clone().unwrap_or_else(|| "hearth".into()),
-            audience: self
-                .audience
-                .clone()
-                .unwrap_or_else(|| "hearth-services".into()),
-            callback_origins,
-        })
-    }
-}
-
-impl RawOidcConfig {
-    fn resolve(&self) -> Result<hearth_auth::OidcConfig, ConfigError> {
-        use hearth_auth::{Algorithm, JwksSource};
-        let issuer = self.issuer.clone().ok_or_else(|| {
-            invalid(
-                "auth.oidc.issuer",
-                "required with identity_provider = \"oidc\"",
-            )
-        })?;
-        let audience = self.audience.clone().ok_or_else(|| {
-            invalid(
-                "auth.oidc.audience",
-                "required with identity_provider = \"oidc\"",
-            )
-        })?;
-        let jwks = match (&self.jwks_file, &self.jwks_url) {
-            (Some(f), None) => JwksSource::File(f.clone()),
-            (None, Some(u)) => {
-                url::Url::parse(u).map_err(|e| invalid("auth.oidc.jwks_url", e))?;
-                JwksSource::Url(u.clone())
-            }
-            _ => {
-                return Err(invalid(
-                    "auth.oidc",
-                    "set exactly one of jwks_file and jwks_url",
-                ))
-            }
-        };
-        let names = self
-            .algorithms
-            .clone()
-            .unwrap_or_else(|| vec!["RS256".into(), "ES256".into(), "EdDSA".into()]);
-        let mut algorithms = Vec::new();
-        for name in &names {
-            let alg = Algorithm::from_str(name).map_err(|_| {
-                invalid(
-                    "auth.oidc.algorithms",
-                    format!("unknown algorithm {name:?}"),
-                )
-            })?;
-            if matches!(alg, Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512) {
-                return Err(invalid(
-                    "auth.oidc.algorithms",
-                    format!("{name} is symmetric; only public-key algorithms are allowed"),
-                ));
-            }
-            algorithms.push(alg);
-        }
-        Ok(hearth_auth::OidcConfig {
-            issuer,
-            audience,
-            jwks,
-            algorithms,
-            marketing_claim: self
-                .marketing_claim
-                .clone()
-                .unwrap_or_else(|| "marketing".into()),
-            cache_ttl: std::time::Duration::from_secs(self.cache_ttl_secs.unwrap_or(3600)),
-            refetch_min_interval: std::time::Duration::from_secs(
-                self.refetch_min_interval_secs.unwrap_or(30),
-            ),
-            leeway_secs: self.leeway_secs.unwrap_or(30),
         })
     }
 }
@@ -640,100 +502,8 @@ impl RawBillingConfig {
     }
 }
 
+mod auth;
+pub use auth::{AuthConfig, IdpChoice, RawAuthConfig, RawOidcConfig};
+
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    #[test]
-    fn defaults_resolve_to_the_documented_addresses() {
-        let c = RawConfig::default().resolve().unwrap();
-        assert_eq!(c.auth.addr.to_string(), "127.0.0.1:8081");
-        assert_eq!(c.completion.addr.to_string(), "127.0.0.1:8082");
-        assert_eq!(c.markdown.addr.to_string(), "127.0.0.1:8083");
-        assert_eq!(c.imagine.addr.to_string(), "127.0.0.1:8084");
-        assert_eq!(c.auth.token_lifetime_default_secs, 3600);
-        assert!(matches!(c.auth.identity_provider, IdpChoice::SharedSecret));
-    }
-
-    #[test]
-    fn later_layers_win_file_then_env_then_flags() {
-        let file = "env = \"staging\"\nregion = \"file\"\n[auth]\naddr = \"127.0.0.1:9000\"\npublic_url = \"https://auth.example\"\n";
-        let (layers, unknown) = Layers::new()
-            .toml("hearth.toml", file)
-            .unwrap()
-            .env(env(&[
-                ("HEARTH_REGION", "eu-1"),
-                ("HEARTH_AUTH_ADDR", "127.0.0.1:9001"),
-                ("HEARTH_AUTH_OIDC_LEEWAY_SECS", "5"),
-                ("HEARTH_MAX_BODY_BYTES", "4096"),
-                (
-                    "HEARTH_ALLOWED_ORIGINS",
-                    "https://a.example, https://b.example",
-                ),
-                ("HEARTH_BROWSER_TESTS", "1"),
-                ("PATH", "/bin"),
-            ]))
-            .unwrap();
-        let flags = RawConfig {
-            auth: RawAuthConfig {
-                addr: Some("127.0.0.1:0".into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let raw = layers.raw(&flags).build().unwrap();
-        assert_eq!(unknown, vec!["HEARTH_BROWSER_TESTS".to_string()]);
-        let c = raw.resolve().unwrap();
-        assert_eq!(c.env, "staging");
-        assert_eq!(c.region, "eu-1");
-        assert_eq!(c.auth.addr.to_string(), "127.0.0.1:0");
-        assert_eq!(c.auth.public_url.as_deref(), Some("https://auth.example"));
-        assert_eq!(c.max_body_bytes, 4096);
-        assert_eq!(
-            c.allowed_origins,
-            vec!["https://a.example", "https://b.example"]
-        );
-        assert_eq!(raw.auth.oidc.leeway_secs, Some(5));
-    }
-
-    #[test]
-    fn a_misspelt_key_is_reported_with_its_place() {
-        let err = Layers::new()
-            .toml("hearth.toml", "[auth]\nadress = \"x\"\n")
-            .unwrap_err();
-        assert!(err.to_string().contains("hearth.toml"), "{err}");
-        assert!(err.to_string().contains("adress"), "{err}");
-    }
-
-    #[test]
-    fn bad_values_are_refused_naming_the_key() {
-        let raw: RawConfig = toml::from_str("[billing]\ndefault_margin_percent = \"100\"").unwrap();
-        assert!(raw
-            .resolve()
-            .unwrap_err()
-            .to_string()
-            .starts_with("billing.default_margin_percent"));
-        let raw: RawConfig = toml::from_str("services = [\"auth\", \"teleport\"]").unwrap();
-        assert!(raw
-            .resolve()
-            .unwrap_err()
-            .to_string()
-            .starts_with("services"));
-        let raw: RawConfig = toml::from_str("[auth]\nidentity_provider = \"oidc\"\n[auth.oidc]\nissuer = \"i\"\naudience = \"a\"\njwks_file = \"k.json\"\nalgorithms = [\"HS256\"]").unwrap();
-        assert!(raw.resolve().unwrap_err().to_string().contains("symmetric"));
-    }
-
-    #[test]
-    fn the_shipped_example_config_parses_and_resolves() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../hearth.example.toml");
-        let raw = Layers::new().file(&path).unwrap().build().unwrap();
-        raw.resolve().unwrap();
-    }
-}
+mod tests;

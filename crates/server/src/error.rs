@@ -17,6 +17,8 @@ pub enum ErrorKind {
     GatewayError,
     /// Too much work queued; retry later.
     Overloaded,
+    /// The user already runs as many requests of this service as one user may (429).
+    RateLimited,
     NotFound,
     /// A body over the configured limit; reported with type `InvalidRequest`.
     PayloadTooLarge,
@@ -32,6 +34,7 @@ impl ErrorKind {
             ErrorKind::InsufficientFunds => StatusCode::PAYMENT_REQUIRED,
             ErrorKind::GatewayError => StatusCode::BAD_GATEWAY,
             ErrorKind::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::InternalError => StatusCode::INTERNAL_SERVER_ERROR,
@@ -47,6 +50,7 @@ impl ErrorKind {
             ErrorKind::InsufficientFunds => "InsufficientFunds",
             ErrorKind::GatewayError => "GatewayError",
             ErrorKind::Overloaded => "Overloaded",
+            ErrorKind::RateLimited => "RateLimited",
             ErrorKind::NotFound => "NotFound",
             ErrorKind::InternalError => "InternalError",
         }
@@ -129,6 +133,12 @@ impl ApiError {
             .with_details(json!({ "retryAfterSeconds": RETRY_AFTER_SECS }))
     }
 
+    /// Too many of this user's requests already running (a per-user cap); retry shortly.
+    pub fn rate_limited(e: crate::user_slots::SlotsFull) -> Self {
+        Self::new(ErrorKind::RateLimited, e.to_string())
+            .with_details(json!({ "limit": e.limit, "retryAfterSeconds": RETRY_AFTER_SECS }))
+    }
+
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::NotFound, message)
     }
@@ -154,7 +164,7 @@ impl IntoResponse for ApiError {
             "error": { "type": self.kind.type_name(), "message": self.message, "details": self.details }
         });
         let mut resp = (self.kind.status(), axum::Json(body)).into_response();
-        if self.kind == ErrorKind::Overloaded {
+        if matches!(self.kind, ErrorKind::Overloaded | ErrorKind::RateLimited) {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
         }
@@ -323,6 +333,10 @@ mod tests {
         assert_eq!(ErrorKind::PayloadTooLarge.type_name(), "InvalidRequest");
         let resp = ApiError::overloaded("busy").into_response();
         assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+        let resp =
+            ApiError::rate_limited(crate::user_slots::SlotsFull { limit: 2 }).into_response();
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
     }
 }

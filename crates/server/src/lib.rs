@@ -13,6 +13,7 @@ pub mod config;
 pub mod error;
 pub mod pages;
 pub mod services;
+pub mod user_slots;
 
 pub use app::{start, AppState, Running, Session};
 pub use config::{Config, RawConfig};

@@ -25,7 +25,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use hearth_infer::SamplingParams;
 use hearth_scheduler::{Generation, Request};
-use hearth_store::{Hold, LedgerMeta};
+use hearth_store::LedgerMeta;
 use hearth_types::{AbortReason, TokenEvent, Usage};
 use rust_decimal::Decimal;
 use serde::Deserialize;
@@ -34,10 +34,11 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, instrument, warn, Instrument, Span};
 
 use crate::app::{json_fallbacks, AppState, Session};
-use crate::billing::money;
+use crate::billing::{money, HeldFunds};
 use crate::error::{ApiError, AppJson, ErrorKind};
 use crate::pages;
 use crate::services::{Service, ServiceInitError};
+use crate::user_slots::{UserSlot, UserSlots};
 
 pub use catalog::{Catalog, TextModelSpec};
 use validate::{FieldError, RawCompletionRequest};
@@ -61,6 +62,10 @@ pub struct CompletionState {
 struct Core {
     catalog: Catalog,
     engines: engines::Engines,
+    /// Each user's running completions, against `completion.max_concurrent_per_user`.
+    user_slots: UserSlots,
+    /// How long a stream waits on a client that reads nothing before it is aborted.
+    client_stall_timeout: Duration,
     /// Live streams: id -> the final response once settled (for `/stream/shutdown` to return).
     streams: Mutex<HashMap<String, watch::Receiver<Option<Value>>>>,
 }
@@ -85,6 +90,8 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
     let core = Arc::new(Core {
         catalog,
         engines,
+        user_slots: UserSlots::new(state.config.completion.max_concurrent_per_user),
+        client_stall_timeout: state.config.completion.client_stall_timeout,
         streams: Mutex::new(HashMap::new()),
     });
     let (token, drain) = (state.shutdown.clone(), Arc::clone(&core));
@@ -173,10 +180,12 @@ async fn ui(State(cs): State<CompletionState>) -> Html<String> {
 // ---------------------------------------------------------------------------------------------
 // Starting a generation
 
-/// A validated, paid-for (held), admitted generation.
+/// A validated, paid-for (held), admitted generation. Its hold and its user slot are owned
+/// values: whatever ends the generation, dropping them releases both.
 struct Started {
     generation: Generation,
-    hold: Hold,
+    hold: HeldFunds,
+    _slot: UserSlot,
     model: String,
     spec: TextModelSpec,
     margin: Decimal,
@@ -223,6 +232,11 @@ async fn start(cs: &CompletionState, raw: RawCompletionRequest) -> Result<Starte
         ApiError::internal(format!("validated model {} left the catalog", valid.model))
     })?;
     let margin = cs.app.billing.margin(valid.margin_percent)?;
+    let slot = cs
+        .core
+        .user_slots
+        .take(&session.user_id)
+        .map_err(ApiError::rate_limited)?;
     let engine =
         cs.core.engines.get(&valid.model).await.map_err(|why| {
             ApiError::gateway(format!("model {} is unavailable: {why}", valid.model))
@@ -288,13 +302,14 @@ async fn start(cs: &CompletionState, raw: RawCompletionRequest) -> Result<Starte
         Ok(generation) => Ok(Started {
             generation,
             hold,
+            _slot: slot,
             model: valid.model,
             spec,
             margin,
             input_cost,
         }),
         Err(e) => {
-            if let Err(release) = billing.release(&hold).await {
+            if let Err(release) = hold.release().await {
                 warn!(error = %release, "releasing the hold of a refused request failed");
             }
             Err(scheduler_error(e))
@@ -324,12 +339,14 @@ async fn drive(
     let Started {
         mut generation,
         hold,
+        _slot,
         model,
         spec,
         margin,
         input_cost,
     } = started;
     let stream_id = generation.stream_id().to_string();
+    let stall = cs.core.client_stall_timeout;
     let mut output = String::new();
     let mut listening = true;
     let (usage, abort) = loop {
@@ -344,7 +361,7 @@ async fn drive(
         match event {
             Some(TokenEvent::Token { text, .. }) => {
                 output.push_str(&text);
-                if listening && out.send(Piece::Token(text)).await.is_err() {
+                if listening && !forward(&out, Piece::Token(text), stall, &stream_id).await {
                     listening = false;
                     generation.cancel();
                 }
@@ -382,17 +399,14 @@ async fn drive(
             margin,
         )
         .unwrap_or(Decimal::ZERO);
-    let (balance_before, balance_after) = match billing
-        .settle(&hold, input_cost + output_cost)
-        .await
-    {
+    let user = hold.user_id().to_string();
+    let (balance_before, balance_after) = match hold.settle(input_cost + output_cost).await {
         Ok(charge) => (money(charge.balance_before), money(charge.balance_after)),
         Err(e) => {
-            warn!(error = %e, %stream_id, "settling a completion failed; the hold stays for release at start-up");
-            (
-                money(hold.balance_before),
-                money(hold.balance_before - hold.amount),
-            )
+            // The hold was released instead: report the balance as the store has it.
+            warn!(error = %e, %stream_id, "settling a completion failed; its hold was released");
+            let now = billing.balance(&user).map(money).unwrap_or_default();
+            (now.clone(), now)
         }
     };
     let response = json!({
@@ -416,7 +430,25 @@ async fn drive(
         Some(_) => Err(response),
     };
     if listening {
-        let _ = out.send(Piece::End(end, abort)).await;
+        forward(&out, Piece::End(end, abort), stall, &stream_id).await;
+    }
+}
+
+/// Hands `piece` to the HTTP side; false when the client is gone or has read nothing for
+/// `stall` (its connection is full), after which nobody waits on it any more.
+async fn forward(
+    out: &mpsc::Sender<Piece>,
+    piece: Piece,
+    stall: Duration,
+    stream_id: &str,
+) -> bool {
+    match tokio::time::timeout(stall, out.send(piece)).await {
+        Ok(Ok(())) => true,
+        Ok(Err(_)) => false,
+        Err(_) => {
+            warn!(%stream_id, stall_secs = stall.as_secs(), "the client read nothing for too long; aborting its stream");
+            false
+        }
     }
 }
 
@@ -533,5 +565,38 @@ async fn shutdown_stream(
             "stream {id} did not stop within {}s",
             SHUTDOWN_WAIT.as_secs()
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Over HTTP a client that stops reading is only seen once its connection's buffers are full
+    // (about 3 MB on loopback: more than a test generation makes), so the stall rule is tested
+    // here on the channel between the driver and the response body, where it applies.
+    #[tokio::test]
+    async fn a_client_that_reads_nothing_is_given_up_after_the_stall_timeout() {
+        let stall = Duration::from_millis(300);
+        let (out, mut body) = mpsc::channel(1);
+        assert!(forward(&out, Piece::Token("a".into()), stall, "s").await);
+        // The buffer is full and nobody reads: the next piece waits out the stall, then gives up.
+        let started = std::time::Instant::now();
+        assert!(!forward(&out, Piece::Token("b".into()), stall, "s").await);
+        assert!(started.elapsed() >= stall);
+        // A reader that takes a piece within the stall keeps the stream going.
+        let reader = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let first = body.recv().await;
+            (first.is_some(), body)
+        });
+        assert!(forward(&out, Piece::Token("c".into()), stall, "s").await);
+        let (read, body) = reader.await.unwrap();
+        assert!(read);
+        // A client gone altogether is seen at once.
+        drop(body);
+        let started = std::time::Instant::now();
+        assert!(!forward(&out, Piece::Token("d".into()), stall, "s").await);
+        assert!(started.elapsed() < stall);
     }
 }

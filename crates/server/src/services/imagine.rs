@@ -32,6 +32,7 @@ use crate::billing::{money, Charge};
 use crate::error::{ApiError, AppJson};
 use crate::pages;
 use crate::services::{Service, ServiceInitError};
+use crate::user_slots::UserSlots;
 
 pub use catalog::{ImageModelEntry, Limits, REFERENCE_PIXELS, REFERENCE_STEPS};
 use validate::RawImageRequest;
@@ -55,6 +56,8 @@ pub struct ImagineState {
     app: AppState,
     entry: Arc<ImageModelEntry>,
     model: watch::Receiver<ModelState>,
+    /// Each user's queued or running images, against `imagine.max_concurrent_per_user`.
+    user_slots: UserSlots,
 }
 
 /// Builds the image router: reads the model table, loads the model in the background (requests
@@ -109,6 +112,7 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
         .instrument(Span::current()),
     );
     let st = ImagineState {
+        user_slots: UserSlots::new(state.config.imagine.max_concurrent_per_user),
         app: state,
         entry,
         model: rx,
@@ -255,6 +259,10 @@ async fn generate(
         valid.steps,
         margin,
     )?;
+    let slot = st
+        .user_slots
+        .take(&session.user_id)
+        .map_err(ApiError::rate_limited)?;
     let model = ready_model(&st).await?;
     let seed = valid.seed.unwrap_or_else(|| rand::random::<u32>() as u64);
     Span::current().record("seed", seed);
@@ -278,21 +286,22 @@ async fn generate(
     };
 
     // Generation and settlement outlive this handler if the client leaves: see the module docs.
+    // The task owns the hold and the user's slot: however it ends, dropping them gives both back.
     let (mut tx, rx) = oneshot::channel::<Result<(GeneratedImage, Charge), ApiError>>();
-    let task_billing = billing.clone();
     tokio::spawn(
         async move {
+            let _slot = slot;
             let outcome = tokio::select! {
                 r = model.worker.generate(params) => Some(r),
                 _ = tx.closed() => None,
             };
             let answer = match outcome {
-                Some(Ok(image)) => match task_billing.settle(&hold, cost).await {
+                Some(Ok(image)) => match hold.settle(cost).await {
                     Ok(charge) => Ok((image, charge)),
                     Err(e) => Err(e),
                 },
                 other => {
-                    if let Err(e) = task_billing.release(&hold).await {
+                    if let Err(e) = hold.release().await {
                         warn!(error = %e, "releasing the hold of an unfinished image failed");
                     }
                     match other {

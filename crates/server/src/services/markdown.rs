@@ -1,14 +1,12 @@
 //! The markdown conversion service (spec sections 2.2, 2.5, 4.3, 7): `POST /` converts an
-//! uploaded file with `hearth-markdown`; `GET /` health with a live self-test of the converter;
-//! `GET /ui` an upload page.
+//! uploaded file with `hearth-markdown`; `GET /` health with the state of the conversion
+//! workers; `GET /ui` an upload page.
 //!
 //! Unlike the other services, errors are `{"error": "<message>"}` (spec section 7), built here.
-//! Conversions run on blocking threads, at most `max_concurrency` at once (a semaphore; a
-//! request waits for a slot at most `time_limit`, then gets 503), each bounded by the library's
-//! own time limit and, as a backstop, a timer here. A conversion that outlives the timer keeps
-//! its slot until its thread ends, so runaway work can never exceed the concurrency limit.
-
-use std::sync::Arc;
+//! Parsers never run in this process: each conversion goes to one of `max_concurrency` warm
+//! worker processes (`hearth-isolate`, `hearth convert-worker`) under memory and CPU limits,
+//! killed at the time limit and replaced when they die, so a hostile upload costs that upload
+//! alone. A request waits for a free worker at most `time_limit`, then gets 503.
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -19,9 +17,10 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use chrono::{DateTime, SecondsFormat, Utc};
-use hearth_markdown::{Attachments, Converter, Error as ConvertError, Limits};
+use hearth_isolate::{
+    Attachments, ConvertErrorKind, Error as IsolateError, Limits, Pool, PoolConfig,
+};
 use serde_json::json;
-use tokio::sync::Semaphore;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tracing::{info, instrument, warn};
 
@@ -34,9 +33,9 @@ const CARGO_LOCK: &str = include_str!("../../../../Cargo.lock");
 /// State of the markdown service.
 #[derive(Clone)]
 pub struct MarkdownState {
-    converter: Converter,
-    slots: Arc<Semaphore>,
-    time_limit: Duration,
+    pool: Pool,
+    /// What the e-mail converters do with attachments unless a request says otherwise.
+    attachments: Attachments,
     max_upload_bytes: usize,
     started: DateTime<Utc>,
     region: String,
@@ -70,8 +69,8 @@ fn locked_version(package: &str) -> Option<String> {
     None
 }
 
-/// Builds the markdown router.
-pub fn router(state: AppState) -> Router {
+/// Builds the markdown router and starts its conversion workers.
+pub async fn router(state: AppState) -> Router {
     let config = &state.config;
     let md = &config.markdown;
     let limits = Limits {
@@ -79,10 +78,19 @@ pub fn router(state: AppState) -> Router {
         time_limit: md.time_limit,
         ..Limits::default()
     };
+    let program = md
+        .worker_program
+        .clone()
+        .or_else(|| std::env::current_exe().ok())
+        .unwrap_or_else(|| "hearth".into());
+    let mut workers = PoolConfig::new(program);
+    workers.workers = md.max_concurrency;
+    workers.time_limit = md.time_limit;
+    workers.memory_limit_bytes = md.worker_memory_bytes;
+    workers.limits = limits;
     let service = MarkdownState {
-        converter: Converter::new(limits).with_attachments(md.attachments),
-        slots: Arc::new(Semaphore::new(md.max_concurrency)),
-        time_limit: md.time_limit,
+        pool: Pool::start(workers).await,
+        attachments: md.attachments,
         max_upload_bytes: md.max_upload_bytes,
         started: Utc::now(),
         region: config.region.clone(),
@@ -97,8 +105,7 @@ pub fn router(state: AppState) -> Router {
         .iter()
         .filter_map(|o| HeaderValue::from_str(o.trim_end_matches('/')).ok())
         .collect();
-    // Multipart framing on top of the file itself.
-    let body_limit = md.max_upload_bytes + 64 * 1024;
+
     let router = Router::new()
         .route("/", get(health).post(convert))
         .route("/ui", get(page))
@@ -109,7 +116,7 @@ pub fn router(state: AppState) -> Router {
                 "Method not allowed on this endpoint".into(),
             )
         })
-        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(DefaultBodyLimit::max(body_limit(md.max_upload_bytes)))
         .with_state(service);
     if origins.is_empty() {
         router
@@ -132,26 +139,14 @@ async fn page() -> Html<&'static str> {
     Html(PAGE)
 }
 
-/// Runs the converter's self-test on a blocking thread.
-async fn converter_works(state: &MarkdownState) -> bool {
-    let converter = state.converter.clone();
-    match tokio::time::timeout(
-        Duration::from_secs(10),
-        tokio::task::spawn_blocking(move || converter.self_test()),
-    )
-    .await
-    {
-        Ok(Ok(Ok(()))) => true,
-        Ok(Ok(Err(e))) => {
-            warn!(error = %e, "markdown self-test failed");
-            false
-        }
-        _ => false,
-    }
-}
-
+/// `healthy` (200) while conversion workers run or can be started; `degraded` (503) only when
+/// no worker can be started (`components.workers` says why).
 async fn health(State(state): State<MarkdownState>) -> Response {
-    let up = converter_works(&state).await;
+    let workers = state.pool.health();
+    let up = !workers.is_degraded();
+    if !up {
+        warn!(error = ?workers.start_error, "markdown health: no conversion worker can be started");
+    }
     let base = if state.public_url.is_empty() {
         "http://127.0.0.1:8083".to_string()
     } else {
@@ -164,7 +159,10 @@ async fn health(State(state): State<MarkdownState>) -> Response {
             "rust": hearth_markdown::RUSTC_VERSION,
             "axum": state.axum_version,
         },
-        "components": { "converter": if up { "up" } else { "down" } },
+        "components": {
+            "converter": if up { "up" } else { "down" },
+            "workers": workers,
+        },
         "server_time": Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
         "deployment_time": state.started.to_rfc3339_opts(SecondsFormat::Millis, true),
         "region": state.region,
@@ -178,7 +176,7 @@ async fn health(State(state): State<MarkdownState>) -> Response {
                 "POST": format!(
                     "multipart/form-data with a part named 'file' (at most {} bytes); answers {{\"markdown\", \"original_filename\"}}. {}",
                     state.max_upload_bytes,
-                    match state.converter.attachments() {
+                    match state.attachments {
                         Attachments::List => "E-mail attachments are listed; ?attachments=convert converts them.",
                         Attachments::Convert => "E-mail attachments are converted; ?attachments=list only lists them.",
                     }
@@ -212,11 +210,7 @@ fn requested_attachments(query: Option<&str>) -> Result<Option<Attachments>, MdE
 /// The room to reserve for an upload: the request's declared length (the file is most of a
 /// multipart body), at most the upload limit.
 fn upload_size_hint(headers: &HeaderMap, max_upload_bytes: usize) -> usize {
-    headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
-        .unwrap_or(0)
-        .min(max_upload_bytes)
+    declared_length(headers).unwrap_or(0).min(max_upload_bytes)
 }
 
 #[instrument(skip_all, fields(file, bytes, format))]
@@ -233,6 +227,10 @@ async fn convert(
             format!("File too large: the limit is {limit} bytes"),
         )
     };
+    // Refused from its declared length, before a byte of the body is read.
+    if declared_length(&headers).is_some_and(|n| n > body_limit(state.max_upload_bytes)) {
+        return Err(too_large(state.max_upload_bytes));
+    }
     let multipart_error = |e: MultipartError| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             too_large(state.max_upload_bytes)
@@ -271,51 +269,13 @@ async fn convert(
         .record("file", name.as_str())
         .record("bytes", data.len());
 
-    let permit = tokio::time::timeout(state.time_limit, state.slots.clone().acquire_owned())
-        .await
-        .map_err(|_| {
-            MdError(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "The converter is busy; try again shortly".into(),
-            )
-        })?
-        .map_err(|_| {
-            MdError(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "The converter is shutting down".into(),
-            )
-        })?;
-    let mut converter = state.converter.clone();
-    if let Some(a) = attachments {
-        converter = converter.with_attachments(a);
-    }
-    let file_name = name.clone();
-    let job = tokio::task::spawn_blocking(move || {
-        let result = converter.convert(data, Some(&file_name));
-        drop(permit);
-        result
-    });
     let started = std::time::Instant::now();
-    let outcome = tokio::time::timeout(state.time_limit + Duration::from_secs(2), job).await;
-    let result = match outcome {
-        Err(_) => {
-            return Err(MdError(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!(
-                    "Conversion failed: it took longer than the limit of {} s",
-                    state.time_limit.as_secs()
-                ),
-            ))
-        }
-        Ok(Err(join)) => {
-            return Err(MdError(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("Conversion failed: {join}"),
-            ))
-        }
-        Ok(Ok(r)) => r,
-    };
-    match result {
+    let attachments = attachments.unwrap_or(state.attachments);
+    match state
+        .pool
+        .convert(data, Some(name.clone()), attachments)
+        .await
+    {
         Ok(conversion) => {
             tracing::Span::current().record("format", conversion.format.name());
             info!(
@@ -329,18 +289,57 @@ async fn convert(
             )
         }
         Err(e) => {
-            let status = match e {
-                ConvertError::Unsupported { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                ConvertError::Empty => StatusCode::BAD_REQUEST,
-                ConvertError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-                _ => StatusCode::INTERNAL_SERVER_ERROR,
-            };
-            warn!(error = %e, "conversion failed");
-            let message = match &e {
-                ConvertError::Unsupported { what } => format!("Unsupported file type: {what}"),
-                _ => format!("Conversion failed: {e}"),
-            };
-            Err(MdError(status, message))
+            warn!(error = %e, ms = started.elapsed().as_millis() as u64, "conversion failed");
+            Err(conversion_error(&e))
         }
     }
+}
+
+/// The status and message of every way a conversion can fail; the one place this service
+/// chooses them.
+fn conversion_error(e: &IsolateError) -> MdError {
+    let (status, message) = match e {
+        IsolateError::Convert { kind, message } => match kind {
+            ConvertErrorKind::Unsupported { what } => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!("Unsupported file type: {what}"),
+            ),
+            ConvertErrorKind::Empty => (
+                StatusCode::BAD_REQUEST,
+                format!("Conversion failed: {message}"),
+            ),
+            ConvertErrorKind::TooLarge => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("Conversion failed: {message}"),
+            ),
+            _ => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("Conversion failed: {message}"),
+            ),
+        },
+        IsolateError::Crashed { cause } => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("Conversion failed: {cause}"),
+        ),
+        IsolateError::Busy { .. } | IsolateError::Unavailable { .. } => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("The converter is unavailable: {e}"),
+        ),
+    };
+    MdError(status, message)
+}
+
+/// The request's `Content-Length`, if it declares one.
+fn declared_length(headers: &HeaderMap) -> Option<usize> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// The largest request body: the file plus room for the multipart framing around it.
+fn body_limit(max_upload_bytes: usize) -> usize {
+    max_upload_bytes + 64 * 1024
 }

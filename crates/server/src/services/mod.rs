@@ -98,6 +98,6 @@ pub async fn router(service: Service, state: AppState) -> Result<Router, Service
         Service::Auth => Ok(auth::router(state.clone()).merge(admin::router(state))),
         Service::Completion => completion::router(state).await,
         Service::Imagine => imagine::router(state).await,
-        Service::Markdown => Ok(markdown::router(state)),
+        Service::Markdown => Ok(markdown::router(state).await),
     }
 }

@@ -1,0 +1,98 @@
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn defaults_resolve_to_the_documented_addresses() {
+    let c = RawConfig::default().resolve().unwrap();
+    assert_eq!(c.auth.addr.to_string(), "127.0.0.1:8081");
+    assert_eq!(c.completion.addr.to_string(), "127.0.0.1:8082");
+    assert_eq!(c.markdown.addr.to_string(), "127.0.0.1:8083");
+    assert_eq!(c.imagine.addr.to_string(), "127.0.0.1:8084");
+    assert_eq!(c.auth.token_lifetime_default_secs, 3600);
+    assert!(matches!(c.auth.identity_provider, IdpChoice::SharedSecret));
+    // The per-user caps and the stalled-client limit README documents.
+    assert_eq!(c.completion.max_concurrent_per_user, 4);
+    assert_eq!(c.imagine.max_concurrent_per_user, 2);
+    assert_eq!(c.completion.client_stall_timeout.as_secs(), 30);
+}
+
+#[test]
+fn later_layers_win_file_then_env_then_flags() {
+    let file = "env = \"staging\"\nregion = \"file\"\n[auth]\naddr = \"127.0.0.1:9000\"\npublic_url = \"https://auth.example\"\n";
+    let (layers, unknown) = Layers::new()
+        .toml("hearth.toml", file)
+        .unwrap()
+        .env(env(&[
+            ("HEARTH_REGION", "eu-1"),
+            ("HEARTH_AUTH_ADDR", "127.0.0.1:9001"),
+            ("HEARTH_AUTH_OIDC_LEEWAY_SECS", "5"),
+            ("HEARTH_MAX_BODY_BYTES", "4096"),
+            (
+                "HEARTH_ALLOWED_ORIGINS",
+                "https://a.example, https://b.example",
+            ),
+            ("HEARTH_BROWSER_TESTS", "1"),
+            ("PATH", "/bin"),
+        ]))
+        .unwrap();
+    let flags = RawConfig {
+        auth: RawAuthConfig {
+            addr: Some("127.0.0.1:0".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let raw = layers.raw(&flags).build().unwrap();
+    assert_eq!(unknown, vec!["HEARTH_BROWSER_TESTS".to_string()]);
+    let c = raw.resolve().unwrap();
+    assert_eq!(c.env, "staging");
+    assert_eq!(c.region, "eu-1");
+    assert_eq!(c.auth.addr.to_string(), "127.0.0.1:0");
+    assert_eq!(c.auth.public_url.as_deref(), Some("https://auth.example"));
+    assert_eq!(c.max_body_bytes, 4096);
+    assert_eq!(
+        c.allowed_origins,
+        vec!["https://a.example", "https://b.example"]
+    );
+    assert_eq!(raw.auth.oidc.leeway_secs, Some(5));
+}
+
+#[test]
+fn a_misspelt_key_is_reported_with_its_place() {
+    let err = Layers::new()
+        .toml("hearth.toml", "[auth]\nadress = \"x\"\n")
+        .unwrap_err();
+    assert!(err.to_string().contains("hearth.toml"), "{err}");
+    assert!(err.to_string().contains("adress"), "{err}");
+}
+
+#[test]
+fn bad_values_are_refused_naming_the_key() {
+    let raw: RawConfig = toml::from_str("[billing]\ndefault_margin_percent = \"100\"").unwrap();
+    assert!(raw
+        .resolve()
+        .unwrap_err()
+        .to_string()
+        .starts_with("billing.default_margin_percent"));
+    let raw: RawConfig = toml::from_str("services = [\"auth\", \"teleport\"]").unwrap();
+    assert!(raw
+        .resolve()
+        .unwrap_err()
+        .to_string()
+        .starts_with("services"));
+    let raw: RawConfig = toml::from_str("[auth]\nidentity_provider = \"oidc\"\n[auth.oidc]\nissuer = \"i\"\naudience = \"a\"\njwks_file = \"k.json\"\nalgorithms = [\"HS256\"]").unwrap();
+    assert!(raw.resolve().unwrap_err().to_string().contains("symmetric"));
+}
+
+#[test]
+fn the_shipped_example_config_parses_and_resolves() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../hearth.example.toml");
+    let raw = Layers::new().file(&path).unwrap().build().unwrap();
+    raw.resolve().unwrap();
+}

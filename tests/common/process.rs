@@ -1,0 +1,122 @@
+//! The `hearth` executable started the way a user starts it (`hearth serve`), for tests that
+//! need the real process: its memory, its child processes, whether it is still alive.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use tempfile::TempDir;
+
+/// A running `hearth serve`, killed when dropped.
+pub struct ServerProcess {
+    child: Child,
+    urls: HashMap<String, String>,
+    _dir: TempDir,
+}
+
+impl ServerProcess {
+    /// Starts `hearth serve` for `services` on ephemeral ports with a fresh data dir and the
+    /// model table `models`, `env` added to its environment; returns once every service listens.
+    pub fn start(services: &[&str], models: &Path, env: &[(&str, &str)]) -> ServerProcess {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hearth"));
+        cmd.arg("serve")
+            .arg("--data-dir")
+            .arg(dir.path())
+            .arg("--models")
+            .arg(models)
+            .arg("--services")
+            .arg(services.join(","));
+        for s in services {
+            cmd.arg(format!("--{s}-addr")).arg("127.0.0.1:0");
+        }
+        cmd.env("RUST_LOG", "hearth=info")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("hearth serve starts");
+        let stderr = child.stderr.take().expect("piped stderr");
+        // Read the log on a thread of its own for the whole run, so the server never blocks on
+        // a full pipe; hand over `listening` lines.
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("listening") {
+                    let _ = tx.send(line);
+                }
+            }
+        });
+        let mut urls = HashMap::new();
+        while urls.len() < services.len() {
+            let line = rx
+                .recv_timeout(Duration::from_secs(120))
+                .expect("hearth serve listens within 120 s");
+            let field = |key: &str| {
+                let rest = &line[line.find(&format!("{key}="))? + key.len() + 1..];
+                Some(rest.split_whitespace().next()?.to_string())
+            };
+            if let (Some(service), Some(addr)) = (field("service"), field("addr")) {
+                urls.insert(service, format!("http://{addr}"));
+            }
+        }
+        ServerProcess {
+            child,
+            urls,
+            _dir: dir,
+        }
+    }
+
+    /// The base URL of `service` (`auth`, `completion`, `markdown`, `imagine`).
+    pub fn url(&self, service: &str) -> &str {
+        &self.urls[service]
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// True while the process runs.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// The process's peak resident memory so far (`VmHWM`), in bytes.
+    pub fn peak_rss_bytes(&self) -> u64 {
+        proc_status_kib(self.pid(), "VmHWM:") * 1024
+    }
+
+    /// The pids of the process's direct children (its conversion workers).
+    pub fn children(&self) -> Vec<u32> {
+        let tasks = format!("/proc/{}/task", self.pid());
+        let mut pids = Vec::new();
+        for task in std::fs::read_dir(tasks).into_iter().flatten().flatten() {
+            let text = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            pids.extend(
+                text.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            );
+        }
+        pids
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A `kB` field of `/proc/PID/status`, 0 when unreadable.
+pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}

@@ -1,0 +1,129 @@
+//! Holds that always end, and the per-user cap on concurrent requests: the completion service
+//! over HTTP on the real server with the real SmolLM2 weights. A client that gives up while its
+//! request waits in the engine's queue is charged nothing and its hold is released; one user past
+//! the cap is answered 429 `RateLimited` while other users are served.
+//! (Cancelled hold placement: `billing.rs` unit tests; mid-stream disconnects and stream
+//! shutdown: `tests/completion.rs`; images: `tests/imagine.rs`.)
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::Value;
+
+use crate::completion::{dec, request, spawn_completion_with, App};
+
+/// A prompt SmolLM2 answers at length, so a stream of it is still running seconds later.
+const LONG: &str = "Count from 1 to 1000, separated by commas.";
+
+/// Waits up to 10 s for `user`'s open holds to number `n`.
+async fn holds_become(app: &App, user: &str, n: usize) -> bool {
+    for _ in 0..1000 {
+        if app.store().holds(user).unwrap().len() == n {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+/// The `data:` payload of the next SSE event of `body`.
+async fn next_event(
+    body: &mut (impl futures::Stream<Item = reqwest::Result<axum::body::Bytes>> + Unpin),
+) -> Option<Value> {
+    let mut buf = String::new();
+    loop {
+        if let Some(end) = buf.find("\n\n") {
+            let data = buf[..end].lines().find_map(|l| l.strip_prefix("data:"))?;
+            return serde_json::from_str(data.trim_start()).ok();
+        }
+        buf.push_str(std::str::from_utf8(&body.next().await?.ok()?).ok()?);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_gives_up_while_queued_is_charged_nothing_and_its_hold_is_released() {
+    // One running stream at a time: a second request waits in the engine's queue.
+    let app = spawn_completion_with("max_active = 1", |raw| {
+        raw.completion.max_concurrent_per_user = Some(0)
+    })
+    .await;
+    let runner = app.user("runner", "10").await;
+    let waiter = app.user("waiter", "10").await;
+    let running = app.stream(request(&runner, LONG, 2000)).await;
+    assert_eq!(running.status(), 200);
+    let mut body = running.bytes_stream();
+    assert!(next_event(&mut body).await.unwrap()["token"].is_string());
+
+    let ledger_before = app.store().ledger("waiter").unwrap().len();
+    let (http, url, req) = (
+        app.http.clone(),
+        app.url.clone(),
+        request(&waiter, "Hi", 20),
+    );
+    let queued =
+        tokio::spawn(async move { http.post(format!("{url}/stream")).json(&req).send().await });
+    // Its hold is placed once it is priced, before it is queued; then the client gives up.
+    assert!(
+        holds_become(&app, "waiter", 1).await,
+        "the request never got as far as its hold"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    queued.abort();
+    let _ = queued.await;
+    // The runner is still generating, so the waiter never left the queue.
+    assert!(next_event(&mut body).await.unwrap()["token"].is_string());
+
+    assert!(
+        holds_become(&app, "waiter", 0).await,
+        "the queued request's hold was stranded"
+    );
+    assert_eq!(app.store().balance("waiter").unwrap(), dec("10"));
+    assert_eq!(
+        app.store().ledger("waiter").unwrap().len(),
+        ledger_before,
+        "nothing was charged"
+    );
+    drop(body);
+    assert!(
+        holds_become(&app, "runner", 0).await,
+        "the runner's hold was never settled"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_user_past_the_cap_gets_429_rate_limited_while_other_users_are_served() {
+    let app =
+        spawn_completion_with("", |raw| raw.completion.max_concurrent_per_user = Some(1)).await;
+    let ann = app.user("ann", "10").await;
+    let bob = app.user("bob", "10").await;
+    let running = app.stream(request(&ann, LONG, 2000)).await;
+    assert_eq!(running.status(), 200);
+    let mut body = running.bytes_stream();
+    assert!(next_event(&mut body).await.unwrap()["token"].is_string());
+
+    let refused = app
+        .http
+        .post(format!("{}/", app.url))
+        .json(&request(&ann, "Hi", 5))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 429);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let error: Value = refused.json().await.unwrap();
+    assert_eq!(error["error"]["type"], "RateLimited", "{error}");
+    assert_eq!(error["error"]["details"]["limit"], 1);
+    // The refusal held nothing: only the running stream's hold is open.
+    assert_eq!(app.store().holds("ann").unwrap().len(), 1);
+
+    let (status, served) = app.post("/", request(&bob, "Hi", 5)).await;
+    assert_eq!(status, 200, "another user is served: {served}");
+
+    drop(body);
+    assert!(holds_become(&app, "ann", 0).await);
+    let (status, again) = app.post("/", request(&ann, "Hi", 5)).await;
+    assert_eq!(
+        status, 200,
+        "the slot is free once the stream ends: {again}"
+    );
+}
