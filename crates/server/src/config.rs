@@ -81,6 +81,8 @@ pub struct RawConfig {
     pub imagine: RawImagineConfig,
     #[serde(default)]
     pub billing: RawBillingConfig,
+    #[serde(default)]
+    pub server: crate::serve::RawServerConfig,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -317,6 +319,7 @@ pub struct Config {
     pub markdown: MarkdownConfig,
     pub imagine: ImagineConfig,
     pub billing: BillingConfig,
+    pub server: crate::serve::ServerConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -493,6 +496,7 @@ impl RawConfig {
                 public_url: public_url("imagine.public_url", &self.imagine.public_url)?,
             },
             billing: self.billing.resolve()?,
+            server: self.server.resolve()?,
         })
     }
 }
