@@ -9,6 +9,7 @@ mod auth_oidc;
 mod browser_auth;
 mod completion;
 mod completion_browser;
+mod connections;
 mod holds;
 mod imagine;
 mod imagine_browser;

@@ -3,7 +3,7 @@
 //! [`Running::shutdown`]. `hearth serve` and the integration tests both go through [`start`].
 
 use axum::extract::FromRef;
-use axum::serve::ListenerExt;
+use axum::response::IntoResponse;
 use axum::Router;
 use chrono::{DateTime, Utc};
 use hearth_auth::{IdentityProvider, OidcIdp, ServiceTokens, SharedSecretIdp};
@@ -21,7 +21,8 @@ use tracing::Level;
 
 use crate::billing::Billing;
 use crate::config::{Config, IdpChoice};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorKind};
+use crate::serve::{self, BodyTimeout};
 use crate::services::{self, Service, ServiceInitError};
 
 /// Where things live in the data dir.
@@ -178,13 +179,16 @@ impl Running {
         self.shutdown.clone()
     }
 
-    /// Stops accepting, lets requests in flight finish, and waits for every service to end.
+    /// Stops accepting, lets requests in flight finish, and waits for every service to end:
+    /// connections still open `server.shutdown_timeout` after the call are dropped, so this
+    /// returns within about that deadline whatever the clients do.
     pub async fn shutdown(self) {
         self.shutdown.cancel();
         self.wait().await;
     }
 
-    /// Waits until the server stops (after the shutdown token is cancelled).
+    /// Waits until the server stops: at most `server.shutdown_timeout` after the shutdown token
+    /// is cancelled.
     pub async fn wait(self) {
         for t in self.tasks {
             let _ = t.await;
@@ -287,21 +291,13 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         );
         let addr = addrs[&service];
         tracing::info!(service = %service, addr = %addr, "listening");
-        let token = shutdown.clone();
-        tasks.push(tokio::spawn(async move {
-            // Token events are small writes: without TCP_NODELAY, Nagle's algorithm holds a
-            // stream's first event back until the client's delayed ACK (~20-40 ms of TTFT).
-            let listener = listener.tap_io(|tcp| {
-                if let Err(e) = tcp.set_nodelay(true) {
-                    tracing::warn!(error = %e, "cannot set TCP_NODELAY on a connection");
-                }
-            });
-            let serve =
-                axum::serve(listener, router).with_graceful_shutdown(token.cancelled_owned());
-            if let Err(e) = serve.await {
-                tracing::error!(service = %service, error = %e, "server stopped with an error");
-            }
-        }));
+        let listener = serve::Listener {
+            tcp: listener,
+            router,
+            config: state.config.server.clone(),
+            on_body_timeout: body_timeout_response(service),
+        };
+        tasks.push(tokio::spawn(serve::serve(listener, shutdown.clone())));
     }
     tasks.push(tokio::spawn(purge_loop(
         state.store.clone(),
@@ -330,6 +326,22 @@ fn configured_public_url(config: &Config, service: Service) -> Option<String> {
         Service::Completion => config.completion.public_url.clone(),
         Service::Markdown => config.markdown.public_url.clone(),
         Service::Imagine => config.imagine.public_url.clone(),
+    }
+}
+
+/// The 408 a request whose body timed out gets, in its service's error shape (markdown answers
+/// `{"error": "..."}`, the others [`ApiError`]).
+fn body_timeout_response(service: Service) -> serve::TimeoutResponse {
+    match service {
+        Service::Markdown => |timeout: &BodyTimeout| {
+            let body = serde_json::json!({ "error": format!("body: {timeout}") });
+            (axum::http::StatusCode::REQUEST_TIMEOUT, axum::Json(body)).into_response()
+        },
+        Service::Auth | Service::Completion | Service::Imagine => |timeout: &BodyTimeout| {
+            ApiError::new(ErrorKind::RequestTimeout, format!("body: {timeout}"))
+                .with_details(serde_json::json!({ "field": "body" }))
+                .into_response()
+        },
     }
 }
 

@@ -342,31 +342,78 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     tracing::info!(data_dir = %app::absolute(&config.data_dir).display(), env = %config.env, region = %config.region, "starting");
     let running = app::start(config).await?;
     let token = running.shutdown_token();
+    let grace = running.state.config.server.shutdown_timeout;
+    let mut signals = Signals::new();
     tokio::spawn(async move {
-        shutdown_signal().await;
-        tracing::info!("shutting down");
+        signals.next().await;
+        tracing::info!(
+            deadline_secs = grace.as_secs(),
+            "shutting down; a second Ctrl-C or SIGTERM exits at once"
+        );
         token.cancel();
+        signals.next().await;
+        tracing::warn!("second signal: exiting without waiting for requests in flight");
+        std::process::exit(EXIT_ON_SECOND_SIGNAL);
     });
     running.wait().await;
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Exit status of `hearth serve` when a second signal cuts its shutdown short (128 + SIGINT, as
+/// shells report an interrupted command).
+pub const EXIT_ON_SECOND_SIGNAL: i32 = 130;
+
+/// Ctrl-C and SIGTERM, listened to from the start, so that none is missed between two waits.
+struct Signals {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    interrupt: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn new() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let listen = |kind| match signal(kind) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot listen for a signal");
+                    None
+                }
+            };
+            Self {
+                interrupt: listen(SignalKind::interrupt()),
+                terminate: listen(SignalKind::terminate()),
             }
-            Err(_) => std::future::pending::<()>().await,
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    /// Waits for the next Ctrl-C or SIGTERM.
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+                match s {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            }
+            tokio::select! {
+                _ = recv(&mut self.interrupt) => {},
+                _ = recv(&mut self.terminate) => {},
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }
 
 /// Runs an admin operation on the store directly when no server holds it, or through the

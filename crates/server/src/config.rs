@@ -81,6 +81,8 @@ pub struct RawConfig {
     pub imagine: RawImagineConfig,
     #[serde(default)]
     pub billing: RawBillingConfig,
+    #[serde(default)]
+    pub server: crate::serve::RawServerConfig,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -294,6 +296,7 @@ pub struct Config {
     pub markdown: MarkdownConfig,
     pub imagine: ImagineConfig,
     pub billing: BillingConfig,
+    pub server: crate::serve::ServerConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -474,6 +477,7 @@ impl RawConfig {
                 max_concurrent_per_user: self.imagine.max_concurrent_per_user.unwrap_or(2),
             },
             billing: self.billing.resolve()?,
+            server: self.server.resolve()?,
         })
     }
 }

@@ -22,6 +22,8 @@ pub enum ErrorKind {
     NotFound,
     /// A body over the configured limit; reported with type `InvalidRequest`.
     PayloadTooLarge,
+    /// A body that stalled or trickled (`serve::BodyTimeout`); reported with type `InvalidRequest`.
+    RequestTimeout,
     InternalError,
 }
 
@@ -37,6 +39,7 @@ impl ErrorKind {
             ErrorKind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorKind::InternalError => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -45,6 +48,7 @@ impl ErrorKind {
     pub fn type_name(self) -> &'static str {
         match self {
             ErrorKind::InvalidRequest | ErrorKind::PayloadTooLarge => "InvalidRequest",
+            ErrorKind::RequestTimeout => "InvalidRequest",
             ErrorKind::InvalidCredentials => "InvalidCredentials",
             ErrorKind::SessionExpired => "SessionExpired",
             ErrorKind::InsufficientFunds => "InsufficientFunds",

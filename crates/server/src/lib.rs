@@ -1,5 +1,6 @@
 //! The `hearth` binary's library and the only crate that knows HTTP and JSON wire shapes: the
 //! CLI ([`cli`]), layered configuration ([`config`]), process state and startup ([`app`]), the
+//! accept loop that holds every connection to its limits ([`serve`]), the
 //! error shape every JSON service answers with ([`error`]), prices and charging ([`billing`]),
 //! one axum router per service ([`services`]) and the web pages ([`pages`]).
 //!
@@ -12,6 +13,7 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod pages;
+pub mod serve;
 pub mod services;
 pub mod user_slots;
 
