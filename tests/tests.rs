@@ -15,3 +15,4 @@ mod imagine;
 mod imagine_browser;
 mod markdown;
 mod markdown_browser;
+mod markdown_hostile;

@@ -339,7 +339,7 @@ async fn drive(
     let Started {
         mut generation,
         hold,
-        _slot,
+        _slot: slot,
         model,
         spec,
         margin,
@@ -409,6 +409,8 @@ async fn drive(
             (now.clone(), now)
         }
     };
+    // Settled: the user's slot is free before they can see the answer and ask again.
+    drop(slot);
     let response = json!({
         "model": model,
         "output": output,

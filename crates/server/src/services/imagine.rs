@@ -290,7 +290,6 @@ async fn generate(
     let (mut tx, rx) = oneshot::channel::<Result<(GeneratedImage, Charge), ApiError>>();
     tokio::spawn(
         async move {
-            let _slot = slot;
             let outcome = tokio::select! {
                 r = model.worker.generate(params) => Some(r),
                 _ = tx.closed() => None,
@@ -313,6 +312,8 @@ async fn generate(
                     }
                 }
             };
+            // Settled or released: the slot is free before the user sees the answer.
+            drop(slot);
             let _ = tx.send(answer);
         }
         .instrument(Span::current()),
