@@ -43,6 +43,12 @@ fn convert_bounded(html: &str) -> (String, bool) {
             ..Default::default()
         })
         .build();
+    // html5ever's tree builder checks scopes by walking its stack of open elements: on deep
+    // input that is quadratic (100,000 unclosed `<div>`s took two minutes) and cannot be
+    // stopped from outside. So the depth is estimated from the tags first.
+    if nesting_estimate(html) > MAX_TAG_DEPTH {
+        return (strip_tags(html), true);
+    }
     let Ok(tree) = converter.html_to_tree(html) else {
         return (strip_tags(html), false);
     };
@@ -79,6 +85,66 @@ fn main_content(html: &str) -> Option<&str> {
     let open_end = start + lower[start..].find('>')? + 1;
     let close = lower.rfind("</main")?;
     (close > open_end).then(|| &html[open_end..close])
+}
+
+/// How deep the parser's stack of open elements may grow, from one scan of the tags (stopping
+/// once past [`MAX_TAG_DEPTH`]): a start tag opens an element, an end tag closes the nearest
+/// open element of its name and is ignored when there is none (as the parser ignores `</br>`
+/// after `<span>`). Void elements and those the parser closes implicitly (`p`, `li`, `td`..)
+/// open nothing; comments and the text of raw-text elements (`script`, `style`..) are skipped.
+fn nesting_estimate(html: &str) -> usize {
+    const OPEN_NOTHING: [&str; 29] = [
+        "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
+        "track", "wbr", "param", "keygen", "p", "li", "option", "optgroup", "dt", "dd", "td", "th",
+        "tr", "tbody", "thead", "tfoot", "colgroup", "caption",
+    ];
+    const RAW_TEXT: [&str; 6] = ["script", "style", "textarea", "title", "xmp", "plaintext"];
+    let b = html.as_bytes();
+    let mut open: Vec<&str> = Vec::new();
+    let mut i = 0;
+    while i < b.len() && open.len() <= MAX_TAG_DEPTH {
+        let Some(lt) = memchr(b'<', &b[i..]).map(|p| i + p) else {
+            break;
+        };
+        if b[lt..].starts_with(b"<!--") {
+            i = html[lt..].find("-->").map_or(b.len(), |p| lt + p + 3);
+            continue;
+        }
+        let closing = b.get(lt + 1) == Some(&b'/');
+        let name_start = lt + 1 + usize::from(closing);
+        let mut j = name_start;
+        while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'-') {
+            j += 1;
+        }
+        if j == name_start {
+            i = lt + 1;
+            continue;
+        }
+        let name = &html[name_start..j];
+        let end = memchr(b'>', &b[j..]).map_or(b.len(), |p| j + p);
+        i = end + 1;
+        if closing {
+            if let Some(at) = open.iter().rposition(|o| o.eq_ignore_ascii_case(name)) {
+                open.truncate(at);
+            }
+        } else if let Some(raw) = RAW_TEXT.iter().find(|r| r.eq_ignore_ascii_case(name)) {
+            // Its text runs to its end tag (searched in ASCII lower case).
+            let close = format!("</{raw}");
+            i = b[i.min(b.len())..]
+                .windows(close.len())
+                .position(|w| w.eq_ignore_ascii_case(close.as_bytes()))
+                .map_or(b.len(), |p| i + p);
+        } else if b[end.saturating_sub(1)] != b'/'
+            && !OPEN_NOTHING.iter().any(|v| v.eq_ignore_ascii_case(name))
+        {
+            open.push(name);
+        }
+    }
+    open.len()
+}
+
+fn memchr(needle: u8, hay: &[u8]) -> Option<usize> {
+    hay.iter().position(|&b| b == needle)
 }
 
 /// Text of an HTML document with tags removed: the fallback for pathological nesting.

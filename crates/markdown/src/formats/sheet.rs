@@ -188,13 +188,16 @@ const MAX_SHEET_CELLS: usize = 2_000_000;
 /// keeps only the columns that hold something.
 const MAX_DENSE_COLUMNS: u32 = 1024;
 
+/// A sheet's rows, and whether rows were cut.
+type LaidOut = (Vec<Vec<String>>, bool);
+
 /// Rows of a sheet read cell by cell from `next` (position and value), memory bounded by the
 /// cells that hold something; and whether rows were cut.
 fn sparse_rows<'a>(
     ctx: &Ctx<'_>,
     max_rows: usize,
     mut next: impl FnMut() -> std::result::Result<Option<Cell<DataRef<'a>>>, String>,
-) -> Result<std::result::Result<(Vec<Vec<String>>, bool), String>> {
+) -> Result<std::result::Result<LaidOut, String>> {
     let mut cells: Vec<(u32, u32, String)> = Vec::new();
     let mut cut = false;
     for i in 0u64.. {
@@ -219,13 +222,6 @@ fn sparse_rows<'a>(
     }
     cells.sort_by_key(|&(r, c, _)| (r, c));
     cells.dedup_by_key(|&mut (r, c, _)| (r, c));
-    let mut row_ids: Vec<u32> = cells.iter().map(|&(r, _, _)| r).collect();
-    row_ids.dedup();
-    if row_ids.len() > max_rows {
-        cut = true;
-        let last = row_ids[max_rows - 1];
-        cells.retain(|&(r, _, _)| r <= last);
-    }
     let mut cols: Vec<u32> = cells.iter().map(|&(_, c, _)| c).collect();
     cols.sort_unstable();
     cols.dedup();
@@ -239,6 +235,15 @@ fn sparse_rows<'a>(
     } else {
         cols.len()
     };
+    // Rows are laid out `width` cells wide: as many as fit in the dense-cell budget.
+    let max_rows = max_rows.min((MAX_DENSE_CELLS as usize / width.max(1)).max(1));
+    let mut row_ids: Vec<u32> = cells.iter().map(|&(r, _, _)| r).collect();
+    row_ids.dedup();
+    if row_ids.len() > max_rows {
+        cut = true;
+        let last = row_ids[max_rows - 1];
+        cells.retain(|&(r, _, _)| r <= last);
+    }
     let mut rows: Vec<Vec<String>> = Vec::new();
     let mut current = None;
     for (r, c, text) in cells {

@@ -1,9 +1,14 @@
 //! The hostile cases, each built only when its turn comes (some are tens of megabytes).
+//!
+//! Shared: the HTTP-level suite in the root `tests/` includes this file and `gen.rs` through
+//! `#[path]` modules inside one of its own modules, beside its own `Case` and `Check`. So
+//! siblings are named through `super::` only, never `crate::`, and the samples are read with
+//! `include_bytes!` (relative to this file), not from the includer's manifest directory.
 
 use hearth_markdown::{Conversion, Error};
 
-use crate::gen::{self, one_page, stream, text, Pdf};
-use crate::Case;
+use super::gen::{self, one_page, stream, text, Pdf};
+use super::{Case, Check};
 
 type Outcome<'a> = &'a Result<Conversion, Error>;
 
@@ -44,7 +49,7 @@ fn too_deep_or_ok(r: Outcome<'_>) -> Result<(), String> {
     }
 }
 
-fn case(name: &'static str, filename: &'static str, bytes: Vec<u8>, check: crate::Check) -> Case {
+fn case(name: &'static str, filename: &'static str, bytes: Vec<u8>, check: Check) -> Case {
     Case {
         name,
         filename,
@@ -527,13 +532,6 @@ fn zip_nested_10_deep() -> Case {
 
 /// Valid samples of every format, for cutting short.
 pub fn samples() -> Vec<(&'static str, Vec<u8>)> {
-    let corpus = |name: &str| {
-        std::fs::read(format!(
-            "{}/../../fuzz/corpus/convert/{name}",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .unwrap()
-    };
     vec![
         ("sample.pdf", one_page(|_| (String::new(), text("Hello world")), None)),
         (
@@ -550,14 +548,49 @@ pub fn samples() -> Vec<(&'static str, Vec<u8>)> {
         ),
         ("sample.docx", gen::docx(&gen::docx_body("Hello world"))),
         ("sample.pptx", gen::pptx(br#"<p:sld xmlns:p="http://schemas.openxmlformats.org/presentationml/2006/main" xmlns:a="http://schemas.openxmlformats.org/drawingml/2006/main"><p:cSld><p:spTree><p:sp><p:txBody><a:p><a:r><a:t>Hello</a:t></a:r></a:p></p:txBody></p:sp></p:spTree></p:cSld></p:sld>"#)),
-        ("seed-tiny.docx", corpus("seed-tiny.docx")),
-        ("seed-bundle.zip", corpus("seed-bundle.zip")),
-        ("seed-page.html", corpus("seed-page.html")),
-        ("seed-mail.eml", corpus("seed-mail.eml")),
-        ("seed-nb.ipynb", corpus("seed-nb.ipynb")),
-        ("seed-styles.rtf", corpus("seed-styles.rtf")),
-        ("seed-data.json", corpus("seed-data.json")),
-        ("seed-semicolon.csv", corpus("seed-semicolon.csv")),
+        ("seed-tiny.docx", include_bytes!("../../../../fuzz/corpus/convert/seed-tiny.docx").to_vec()),
+        ("seed-bundle.zip", include_bytes!("../../../../fuzz/corpus/convert/seed-bundle.zip").to_vec()),
+        ("seed-page.html", include_bytes!("../../../../fuzz/corpus/convert/seed-page.html").to_vec()),
+        ("seed-mail.eml", include_bytes!("../../../../fuzz/corpus/convert/seed-mail.eml").to_vec()),
+        ("seed-nb.ipynb", include_bytes!("../../../../fuzz/corpus/convert/seed-nb.ipynb").to_vec()),
+        ("seed-styles.rtf", include_bytes!("../../../../fuzz/corpus/convert/seed-styles.rtf").to_vec()),
+        ("seed-data.json", include_bytes!("../../../../fuzz/corpus/convert/seed-data.json").to_vec()),
+        ("seed-semicolon.csv", include_bytes!("../../../../fuzz/corpus/convert/seed-semicolon.csv").to_vec()),
         ("sample.xml", b"<?xml version=\"1.0\"?><a><b>text</b></a>".to_vec()),
     ]
+}
+
+/// Where each sample is cut: the first bytes only, then fractions, then all but the last byte.
+pub fn cuts(len: usize) -> Vec<usize> {
+    let mut cuts: Vec<usize> = [1, 2, 7, len / 4, len / 3, len / 2, 2 * len / 3, len - 1]
+        .into_iter()
+        .filter(|&c| c > 0 && c < len)
+        .collect();
+    cuts.dedup();
+    cuts
+}
+
+/// Every sample cut short at every [`cuts`] point, as cases: any answer but a crash will do
+/// (and the runner's time limit). Named `"<sample> cut at <n>"` (leaked: test-only strings).
+pub fn truncated() -> Vec<Case> {
+    let mut out = Vec::new();
+    for (filename, sample) in samples() {
+        for cut in cuts(sample.len()) {
+            let name = format!("{filename} cut at {cut}");
+            out.push(case(
+                Box::leak(name.into_boxed_str()),
+                filename,
+                sample[..cut].to_vec(),
+                not_crashed,
+            ));
+        }
+    }
+    out
+}
+
+fn not_crashed(r: Outcome<'_>) -> Result<(), String> {
+    match r {
+        Err(Error::Crashed { message, .. }) => Err(format!("crashed: {message}")),
+        _ => Ok(()),
+    }
 }

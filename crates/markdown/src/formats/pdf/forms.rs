@@ -46,8 +46,8 @@ impl Bad {
 }
 
 /// Checks every page; the pages that fail lose their content (and, for a looping page tree,
-/// their parent) so that pdf-extract reads them as empty. Returns how many did.
-pub(super) fn check_pages(ctx: &Ctx<'_>, doc: &mut Document) -> Result<usize> {
+/// their parent) so that pdf-extract reads them as empty.
+pub(super) fn check_pages(ctx: &Ctx<'_>, doc: &mut Document) -> Result<()> {
     let mut walk = Walk {
         doc,
         memo: HashMap::new(),
@@ -60,7 +60,6 @@ pub(super) fn check_pages(ctx: &Ctx<'_>, doc: &mut Document) -> Result<usize> {
             bad.push((n, page, why));
         }
     }
-    let left_out = bad.len();
     for (n, page, why) in bad {
         ctx.warn(format!("page {n}: left out, {}", why.describe()));
         if let Ok(Object::Dictionary(dict)) = doc.get_object_mut(page) {
@@ -74,7 +73,7 @@ pub(super) fn check_pages(ctx: &Ctx<'_>, doc: &mut Document) -> Result<usize> {
             }
         }
     }
-    Ok(left_out)
+    Ok(())
 }
 
 struct Walk<'d> {

@@ -1,7 +1,7 @@
 //! PDF: text in content-stream (reading) order per page through pdf-extract's glyph callbacks,
 //! with our own layout pass: lines and paragraphs from positions, headings from font size,
 //! grid-aligned runs of lines as tables, hyphenation joined, double-printed glyphs dropped.
-//! pdf_oxide is the fallback when pdf-extract cannot open the file.
+//! pdf_oxide is the fallback when lopdf cannot load the file.
 
 mod forms;
 mod layout;
@@ -94,48 +94,37 @@ impl OutputDev for Collector {
 }
 
 pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
-    let (pages, pruned) = match catch_unwind(AssertUnwindSafe(|| extract(&ctx, bytes))) {
-        Ok(Ok((pages, pruned))) => (pages, pruned),
-        Ok(Err(
-            e @ (Error::Encrypted { .. } | Error::TimedOut { .. } | Error::ExpandsTooMuch { .. }),
-        )) => return Err(e),
-        Ok(Err(primary)) => return fallback(&ctx, bytes, primary),
+    unpack::precheck(&ctx, bytes, true)?;
+    // pdf_oxide, the fallback, cannot be bounded from outside (it concatenates and inflates
+    // what a page names, however often): it reads only files lopdf cannot load at all, never
+    // one our checks have seen (and perhaps pruned).
+    let loaded = catch_unwind(AssertUnwindSafe(|| pdf_extract::Document::load_mem(bytes)));
+    let doc = match loaded {
+        Ok(Ok(doc)) => doc,
+        Ok(Err(e)) => return fallback(&ctx, bytes, Error::malformed(Format::Pdf, e)),
         Err(_) => {
-            return fallback(
-                &ctx,
-                bytes,
-                Error::malformed(Format::Pdf, "pdf-extract failed on this file"),
-            )
+            let primary = Error::malformed(Format::Pdf, "the PDF reader failed on this file");
+            return fallback(&ctx, bytes, primary);
         }
     };
-    if pages
-        .iter()
-        .all(|p| p.iter().all(|l| l.text().trim().is_empty()))
-        && !pages.is_empty()
-        // pdf_oxide reads the original bytes: not when our checks took something out of them.
-        && !pruned
-    {
-        // No text at all: maybe a font pdf-extract cannot decode; see whether pdf_oxide can.
-        if let Ok(text) = fallback(&ctx, bytes, Error::malformed(Format::Pdf, "no text")) {
-            if !text.trim().is_empty() && !text.contains("has no text layer") {
-                return Ok(text);
-            }
-        }
+    match catch_unwind(AssertUnwindSafe(|| extract(&ctx, doc))) {
+        Ok(pages) => Ok(render(&ctx, pages?)),
+        Err(_) => Err(Error::malformed(
+            Format::Pdf,
+            "pdf-extract failed on this file",
+        )),
     }
-    Ok(render(&ctx, pages))
 }
 
-/// The pages' lines, and whether the checks took anything out of the document.
-fn extract(ctx: &Ctx<'_>, bytes: &[u8]) -> Result<(Vec<Vec<Line>>, bool)> {
-    unpack::precheck(ctx, bytes, true)?;
-    let mut doc =
-        pdf_extract::Document::load_mem(bytes).map_err(|e| Error::malformed(Format::Pdf, e))?;
+/// The pages' lines (pages our checks took out come back empty, with a warning).
+fn extract(ctx: &Ctx<'_>, mut doc: pdf_extract::Document) -> Result<Vec<Vec<Line>>> {
     if doc.is_encrypted() && doc.decrypt("").is_err() {
         return Err(Error::Encrypted {
             format: Format::Pdf,
         });
     }
-    let pruned = unpack::unpack_streams(ctx, &mut doc)? + forms::check_pages(ctx, &mut doc)? > 0;
+    unpack::unpack_streams(ctx, &mut doc)?;
+    forms::check_pages(ctx, &mut doc)?;
     let numbers: Vec<u32> = doc.get_pages().keys().copied().collect();
     let deadline = ctx.deadline();
     // Long documents are read in page ranges on several threads (pdf-extract keeps no state
@@ -183,7 +172,7 @@ fn extract(ctx: &Ctx<'_>, bytes: &[u8]) -> Result<(Vec<Vec<Line>>, bool)> {
         }
         out.extend(part.pages);
     }
-    Ok((out, pruned))
+    Ok(out)
 }
 
 /// Most threads one PDF is read on, and the fewest pages worth a thread of their own. A page
@@ -278,7 +267,8 @@ fn read_pages(
     read
 }
 
-/// pdf_oxide, for files pdf-extract cannot open.
+/// pdf_oxide, for files lopdf cannot load: only after [`unpack::precheck`] has found its
+/// input's streams within the budget and the page contents it would join within bounds.
 fn fallback(ctx: &Ctx<'_>, bytes: &[u8], primary: Error) -> Result<String> {
     let result = catch_unwind(AssertUnwindSafe(|| -> Result<String> {
         unpack::precheck(ctx, bytes, false)?;

@@ -127,3 +127,18 @@ fn a_font_program_inflating_past_the_unpack_limit_is_refused() {
         Err(Error::ExpandsTooMuch { .. })
     ));
 }
+
+#[test]
+fn the_fallback_is_refused_an_array_naming_one_stream_twice() {
+    let budget = crate::limits::Budget::new(crate::Limits::default());
+    let ctx = Ctx {
+        budget: &budget,
+        depth: 0,
+    };
+    let repeated = b"1 0 obj << /Type /Page /Contents [4 0 R 5 0 R 4 0 R] >> endobj";
+    assert!(unpack::precheck(&ctx, repeated, false).is_err());
+    let distinct = b"1 0 obj << /Contents [4 0 R 5 0 R] /MediaBox [0 0 612 792] >> endobj";
+    assert!(unpack::precheck(&ctx, distinct, false).is_ok());
+    // lopdf's own load is not guarded by it (it never joins contents).
+    assert!(unpack::precheck(&ctx, repeated, true).is_ok());
+}

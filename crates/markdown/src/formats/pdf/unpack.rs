@@ -6,11 +6,13 @@
 //! [`crate::Limits::max_unpacked_bytes`] as it comes, and put back in place as plain bytes, so
 //! the third-party code after us only ever copies bytes already counted.
 
+use std::collections::HashSet;
 use std::io::Read;
 
 use pdf_extract::{Document, Object, ObjectId, Stream};
 
-use crate::error::Result;
+use crate::detect::Format;
+use crate::error::{Error, Result};
 use crate::limits::Ctx;
 
 /// Largest single decoded stream kept. pdf-extract turns a content stream into a list of
@@ -25,10 +27,14 @@ const LZW_RATIO: u64 = 4096;
 /// Before a third-party parser reads the file: its streams are found by a scan of the bytes,
 /// inflated here (counting only) and charged, and a file that expands past the budget is
 /// refused before the parser starts. With `object_streams_only`, only those lopdf inflates
-/// while loading (`/Type /ObjStm`); else all (pdf_oxide, the fallback, inflates what it likes).
+/// while loading (`/Type /ObjStm`); else all (pdf_oxide, the fallback, inflates what it likes),
+/// and the arrays of references in the file and in its object streams are checked too (see
+/// [`repeated_reference`]).
 pub(super) fn precheck(ctx: &Ctx<'_>, bytes: &[u8], object_streams_only: bool) -> Result<()> {
     let mut from = 0;
+    let mut object_streams = Vec::new();
     while let Some(at) = find(&bytes[from..], b"stream").map(|p| from + p) {
+        ctx.check_time()?;
         from = at + 6;
         if at >= 3 && &bytes[at - 3..at] == b"end" {
             continue;
@@ -40,7 +46,8 @@ pub(super) fn precheck(ctx: &Ctx<'_>, bytes: &[u8], object_streams_only: bool) -
             None => &bytes[window_start..at],
         };
         let head = unescape(head);
-        if object_streams_only && find(&head, b"ObjStm").is_none() {
+        let object_stream = find(&head, b"ObjStm").is_some();
+        if object_streams_only && !object_stream {
             continue;
         }
         let mut start = from;
@@ -57,17 +64,71 @@ pub(super) fn precheck(ctx: &Ctx<'_>, bytes: &[u8], object_streams_only: bool) -
             ctx.charge(raw_len.saturating_mul(LZW_RATIO))?;
         }
         if find(&head, b"Fl").is_some() {
-            let _ = ctx.drain_charged(flate2::read::ZlibDecoder::new(data), |_| {})?;
+            let keep = object_stream && !object_streams_only;
+            let _ = ctx.drain_charged(flate2::read::ZlibDecoder::new(data), |chunk| {
+                if keep && (object_streams.len() as u64) < MAX_STREAM_BYTES {
+                    object_streams.extend_from_slice(chunk);
+                }
+            })?;
         }
+    }
+    if !object_streams_only
+        && (object_streams.len() as u64 >= MAX_STREAM_BYTES
+            || repeated_reference(ctx, bytes)?
+            || repeated_reference(ctx, &object_streams)?)
+    {
+        return Err(Error::malformed(
+            Format::Pdf,
+            "an array names one object twice, or the object streams are too large to check",
+        ));
     }
     Ok(())
 }
 
+/// Whether some array of references (`[4 0 R 5 0 R ...]`) names one object twice. pdf_oxide
+/// joins the streams a page's `Contents` names, as often as it names them: one stream of a
+/// megabyte listed 100,000 times asked it for a hundred gigabytes. No real document repeats a
+/// reference within an array, so a file that does is not handed to it.
+fn repeated_reference(ctx: &Ctx<'_>, bytes: &[u8]) -> Result<bool> {
+    let mut seen = HashSet::new();
+    let mut i = 0;
+    while let Some(open) = bytes[i..].iter().position(|&b| b == b'[').map(|p| i + p) {
+        ctx.check_time()?;
+        seen.clear();
+        // Tokens after `[`: integers and `R`, every third token closing a reference.
+        let mut tokens: Vec<&[u8]> = Vec::new();
+        let mut j = open + 1;
+        loop {
+            while j < bytes.len() && (bytes[j].is_ascii_whitespace() || bytes[j] == 0) {
+                j += 1;
+            }
+            let start = j;
+            while j < bytes.len() && (bytes[j].is_ascii_digit() || bytes[j] == b'R') {
+                j += 1;
+            }
+            if start == j {
+                break;
+            }
+            tokens.push(&bytes[start..j]);
+            if tokens.len() == 3 {
+                if tokens[2] != b"R" || !seen.insert((tokens[0], tokens[1])) {
+                    if tokens[2] == b"R" {
+                        return Ok(true);
+                    }
+                    break;
+                }
+                tokens.clear();
+            }
+        }
+        i = j.max(open + 1);
+    }
+    Ok(false)
+}
+
 /// After loading: decodes every stream in place within the budget. Image streams are emptied
 /// (pdf-extract has no use for pixels, yet runs a drawn image through its content parser).
-/// Returns how many other streams were left out (too large to decode).
-pub(super) fn unpack_streams(ctx: &Ctx<'_>, doc: &mut Document) -> Result<usize> {
-    let mut left_out = 0;
+/// Streams too large to decode are emptied, with a warning.
+pub(super) fn unpack_streams(ctx: &Ctx<'_>, doc: &mut Document) -> Result<()> {
     let ids: Vec<ObjectId> = doc.objects.keys().copied().collect();
     for id in ids {
         ctx.check_time()?;
@@ -79,11 +140,10 @@ pub(super) fn unpack_streams(ctx: &Ctx<'_>, doc: &mut Document) -> Result<usize>
             continue;
         }
         if let Some(plain) = decode(ctx, id, stream)? {
-            left_out += usize::from(plain.is_empty() && !stream.content.is_empty());
             stream.set_plain_content(plain);
         }
     }
-    Ok(left_out)
+    Ok(())
 }
 
 fn is_image(stream: &Stream) -> bool {
