@@ -272,4 +272,50 @@ pub mod fuzzing {
     pub fn detect(data: &[u8]) -> crate::Detected {
         crate::detect(data, None)
     }
+
+    /// Limits of the whole-converter entry points below: small enough that a bomb the fuzzer
+    /// finds shows as an error long before the fuzzer's own memory limit.
+    fn converter_limits() -> Limits {
+        Limits {
+            max_unpacked_bytes: 64 * 1024 * 1024,
+            time_limit: std::time::Duration::from_secs(10),
+            max_table_rows: 10_000,
+            ..Limits::default()
+        }
+    }
+
+    /// Runs one format's converter on a thread with the conversion stack, as
+    /// [`crate::Converter`] does; panics are not contained (the fuzzer should see them).
+    fn convert_as(format: crate::Format, data: &[u8]) -> Result<String> {
+        std::thread::scope(|scope| {
+            let job = std::thread::Builder::new()
+                .stack_size(crate::CONVERSION_STACK_BYTES)
+                .spawn_scoped(scope, || {
+                    let budget = Budget::new(converter_limits());
+                    let ctx = Ctx {
+                        budget: &budget,
+                        depth: 0,
+                    };
+                    crate::formats::convert(ctx, format, data, None)
+                })
+                .expect("a conversion thread");
+            job.join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    }
+
+    /// The PDF converter (our stream unpacking and page checks, then pdf-extract).
+    pub fn pdf(data: &[u8]) -> Result<String> {
+        convert_as(crate::Format::Pdf, data)
+    }
+
+    /// The spreadsheet converter (xlsx, xlsb, xls, ods: calamine sniffs which).
+    pub fn sheet(data: &[u8]) -> Result<String> {
+        convert_as(crate::Format::Xlsx, data)
+    }
+
+    /// The HTML converter (tree depth check, then htmd).
+    pub fn html(data: &[u8]) -> Result<String> {
+        convert_as(crate::Format::Html, data)
+    }
 }

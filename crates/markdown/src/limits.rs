@@ -1,5 +1,6 @@
 //! Resource limits and the per-conversion context that enforces them.
 
+use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -43,6 +44,9 @@ impl Default for Limits {
         }
     }
 }
+
+/// How much [`Ctx::read_charged`] reads (and charges) at a time.
+const READ_CHUNK_BYTES: usize = 64 * 1024;
 
 /// Counters shared by every level of one conversion (and by the threads it may use).
 #[derive(Debug)]
@@ -134,6 +138,39 @@ impl<'a> Ctx<'a> {
             })
         } else {
             Ok(())
+        }
+    }
+
+    /// Reads `reader` (a decompressor) to its end into `out`, a chunk at a time, charging each
+    /// chunk against the unpack budget and checking the deadline between chunks, so that a bomb
+    /// stops at the budget instead of after inflating. Budget and time errors come back as the
+    /// outer error; the reader's own failure (corrupt data) as the inner one, with what was read
+    /// before it left in `out`.
+    pub fn read_charged(
+        &self,
+        reader: impl Read,
+        out: &mut Vec<u8>,
+    ) -> Result<std::io::Result<()>> {
+        self.drain_charged(reader, |chunk| out.extend_from_slice(chunk))
+    }
+
+    /// As [`Ctx::read_charged`], handing each chunk to `keep` (which may drop it: counting).
+    pub fn drain_charged(
+        &self,
+        mut reader: impl Read,
+        mut keep: impl FnMut(&[u8]),
+    ) -> Result<std::io::Result<()>> {
+        let mut chunk = vec![0u8; READ_CHUNK_BYTES];
+        loop {
+            self.check_time()?;
+            let n = match reader.read(&mut chunk) {
+                Ok(0) => return Ok(Ok(())),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Ok(Err(e)),
+            };
+            self.charge(n as u64)?;
+            keep(&chunk[..n]);
         }
     }
 

@@ -1,6 +1,6 @@
 //! Bounded reading of zip archives (DOCX, PPTX, EPUB, ODF, plain zip).
 
-use std::io::{Cursor, Read};
+use std::io::Cursor;
 
 use zip::ZipArchive;
 
@@ -76,11 +76,11 @@ impl<'a> Archive<'a> {
                 limit: ctx.limits().max_unpacked_bytes,
             });
         }
+        // Read a chunk at a time and charged as it comes: a member whose declared size lies
+        // stops at the budget, and nothing is reserved past what the header claims.
         let mut out = Vec::with_capacity(file.size().min(allowance).min(64 << 20) as usize);
-        file.take(allowance.saturating_add(1))
-            .read_to_end(&mut out)
+        ctx.read_charged(file, &mut out)?
             .map_err(|e| Error::malformed(format, e))?;
-        ctx.charge(out.len() as u64)?;
         Ok(out)
     }
 

@@ -1,5 +1,7 @@
 //! HTML: the main content (or the body) through htmd, without scripts, styles or forms.
 
+use std::rc::Rc;
+
 use crate::error::Result;
 use crate::limits::Ctx;
 
@@ -14,23 +16,23 @@ const SKIPPED: [&str; 9] = [
 pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
     let text = crate::text::decode(bytes);
     let html = main_content(&text).unwrap_or(&text);
-    if nesting_depth(html) > MAX_TAG_DEPTH {
+    let (markdown, flattened) = convert_bounded(html);
+    if flattened {
         ctx.warn("HTML nests too deeply for structure; only its text was kept");
-        return Ok(strip_tags(html));
     }
-    Ok(through_htmd(html))
+    Ok(markdown)
 }
 
 /// Converts an HTML fragment or document to Markdown.
 pub fn html_to_markdown(html: &str) -> String {
-    if nesting_depth(html) > MAX_TAG_DEPTH {
-        return strip_tags(html);
-    }
-    through_htmd(html)
+    convert_bounded(html).0
 }
 
-/// htmd's conversion, for HTML whose nesting was already checked.
-fn through_htmd(html: &str) -> String {
+/// htmd's conversion when the tree the HTML parser builds is shallow enough for htmd's
+/// recursive walk; else the text alone (and `true`). The depth is measured on the parsed tree,
+/// not the tags: the parser's error recovery nests elements the markup never opened inside
+/// each other (`<span></br>` repeated is a chain of spans a million deep).
+fn convert_bounded(html: &str) -> (String, bool) {
     let converter = htmd::HtmlToMarkdown::builder()
         .skip_tags(SKIPPED.to_vec())
         .options(htmd::options::Options {
@@ -41,10 +43,36 @@ fn through_htmd(html: &str) -> String {
             ..Default::default()
         })
         .build();
-    match converter.convert(html) {
-        Ok(md) => md,
-        Err(_) => strip_tags(html),
+    // html5ever's tree builder checks scopes by walking its stack of open elements: on deep
+    // input that is quadratic (100,000 unclosed `<div>`s took two minutes) and cannot be
+    // stopped from outside. So the depth is estimated from the tags first.
+    if nesting_estimate(html) > MAX_TAG_DEPTH {
+        return (strip_tags(html), true);
     }
+    let Ok(tree) = converter.html_to_tree(html) else {
+        return (strip_tags(html), false);
+    };
+    if tree_depth(&tree) > MAX_TAG_DEPTH {
+        return (strip_tags(html), true);
+    }
+    (converter.tree_to_markdown(&tree), false)
+}
+
+/// The depth of a parsed tree, walked with a stack of our own (the tree may be deeper than
+/// any thread's stack).
+fn tree_depth(root: &Rc<htmd::Node>) -> usize {
+    let mut max = 0;
+    let mut stack = vec![(Rc::clone(root), 0usize)];
+    while let Some((node, depth)) = stack.pop() {
+        max = max.max(depth);
+        if max > MAX_TAG_DEPTH {
+            break;
+        }
+        for child in node.children.borrow().iter() {
+            stack.push((Rc::clone(child), depth + 1));
+        }
+    }
+    max
 }
 
 /// The inside of the page's single `<main>` element, when there is exactly one.
@@ -59,49 +87,64 @@ fn main_content(html: &str) -> Option<&str> {
     (close > open_end).then(|| &html[open_end..close])
 }
 
-/// An upper estimate of element nesting, from a linear scan of the tags.
-fn nesting_depth(html: &str) -> usize {
-    const VOID: [&str; 16] = [
+/// How deep the parser's stack of open elements may grow, from one scan of the tags (stopping
+/// once past [`MAX_TAG_DEPTH`]): a start tag opens an element, an end tag closes the nearest
+/// open element of its name and is ignored when there is none (as the parser ignores `</br>`
+/// after `<span>`). Void elements and those the parser closes implicitly (`p`, `li`, `td`..)
+/// open nothing; comments and the text of raw-text elements (`script`, `style`..) are skipped.
+fn nesting_estimate(html: &str) -> usize {
+    const OPEN_NOTHING: [&str; 29] = [
         "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
-        "track", "wbr", "p", "li", "option",
+        "track", "wbr", "param", "keygen", "p", "li", "option", "optgroup", "dt", "dd", "td", "th",
+        "tr", "tbody", "thead", "tfoot", "colgroup", "caption",
     ];
+    const RAW_TEXT: [&str; 6] = ["script", "style", "textarea", "title", "xmp", "plaintext"];
     let b = html.as_bytes();
-    let (mut depth, mut max) = (0usize, 0usize);
+    let mut open: Vec<&str> = Vec::new();
     let mut i = 0;
-    while i < b.len() {
-        if b[i] != b'<' {
-            i += 1;
+    while i < b.len() && open.len() <= MAX_TAG_DEPTH {
+        let Some(lt) = memchr(b'<', &b[i..]).map(|p| i + p) else {
+            break;
+        };
+        if b[lt..].starts_with(b"<!--") {
+            i = html[lt..].find("-->").map_or(b.len(), |p| lt + p + 3);
             continue;
         }
-        if b[i..].starts_with(b"<!--") {
-            i = match html[i..].find("-->") {
-                Some(p) => i + p + 3,
-                None => b.len(),
-            };
-            continue;
-        }
-        let closing = b.get(i + 1) == Some(&b'/');
-        let name_start = if closing { i + 2 } else { i + 1 };
+        let closing = b.get(lt + 1) == Some(&b'/');
+        let name_start = lt + 1 + usize::from(closing);
         let mut j = name_start;
-        while j < b.len() && b[j].is_ascii_alphanumeric() {
+        while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'-') {
             j += 1;
         }
         if j == name_start {
-            i += 1;
+            i = lt + 1;
             continue;
         }
         let name = &html[name_start..j];
-        let end = html[j..].find('>').map(|p| j + p).unwrap_or(b.len());
-        let self_closing = end > 0 && b.get(end - 1) == Some(&b'/');
+        let end = memchr(b'>', &b[j..]).map_or(b.len(), |p| j + p);
+        i = end + 1;
         if closing {
-            depth = depth.saturating_sub(1);
-        } else if !self_closing && !VOID.iter().any(|v| v.eq_ignore_ascii_case(name)) {
-            depth += 1;
-            max = max.max(depth);
+            if let Some(at) = open.iter().rposition(|o| o.eq_ignore_ascii_case(name)) {
+                open.truncate(at);
+            }
+        } else if let Some(raw) = RAW_TEXT.iter().find(|r| r.eq_ignore_ascii_case(name)) {
+            // Its text runs to its end tag (searched in ASCII lower case).
+            let close = format!("</{raw}");
+            i = b[i.min(b.len())..]
+                .windows(close.len())
+                .position(|w| w.eq_ignore_ascii_case(close.as_bytes()))
+                .map_or(b.len(), |p| i + p);
+        } else if b[end.saturating_sub(1)] != b'/'
+            && !OPEN_NOTHING.iter().any(|v| v.eq_ignore_ascii_case(name))
+        {
+            open.push(name);
         }
-        i = end.max(i + 1);
     }
-    max
+    open.len()
+}
+
+fn memchr(needle: u8, hay: &[u8]) -> Option<usize> {
+    hay.iter().position(|&b| b == needle)
 }
 
 /// Text of an HTML document with tags removed: the fallback for pathological nesting.
@@ -162,6 +205,12 @@ mod tests {
             "</div>".repeat(50_000)
         );
         assert_eq!(run(&html).trim(), "deep text");
+    }
+
+    #[test]
+    fn unbalanced_markup_that_parses_deep_keeps_the_text() {
+        let html = format!("{}end", "<span></br>".repeat(20_000));
+        assert_eq!(run(&html).trim(), "end");
     }
 
     #[test]
