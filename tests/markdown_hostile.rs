@@ -1,11 +1,20 @@
-//! Hostile uploads against the real `hearth serve` process: a conversion worker killed
-//! mid-document costs that upload alone (the host and the other three services stay up, and the
-//! next upload converts), and an upload declared over the limit is refused before its body is
-//! read.
+//! Hostile uploads against the real `hearth serve` process: every class of hostile document the
+//! library's own suite builds (self-drawing PDF forms, inflate bombs in every stream kind, huge
+//! and sparse sheets, deep and unbalanced HTML and XML, entity expansion, nested and high-ratio
+//! archives, truncated files of every format) is answered within the time limit plus a second
+//! while the other three services answer health and the host's memory stays bounded; a
+//! conversion worker killed mid-document costs that upload alone; an upload declared over the
+//! limit is refused before its body is read.
+
+// The library's hostile-document builders, shared with `crates/markdown/tests/hostile.rs`.
+#[path = "../crates/markdown/tests/hostile/cases.rs"]
+mod cases;
+#[path = "../crates/markdown/tests/hostile/gen.rs"]
+mod gen;
 
 use std::io::{Read, Write};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hearth_server::Service;
 use reqwest::multipart::{Form, Part};
@@ -14,6 +23,25 @@ use serde_json::Value;
 
 use crate::common::process::ServerProcess;
 use crate::common::TestApp;
+
+/// One hostile document as the library suite builds it. Its `check` is the library-level
+/// expectation; over HTTP any answer in the service's shape within the limit will do.
+pub struct Case {
+    pub name: &'static str,
+    pub filename: &'static str,
+    pub bytes: Vec<u8>,
+    #[allow(dead_code)]
+    pub check: Check,
+}
+
+pub type Check =
+    fn(&Result<hearth_markdown::Conversion, hearth_markdown::Error>) -> Result<(), String>;
+
+/// The conversion time limit of these servers.
+const TIME_LIMIT: Duration = Duration::from_secs(5);
+
+/// The host parses nothing: its peak memory is uploads, buffers and the models it serves.
+const HOST_PEAK_RSS_BYTES: u64 = 1024 * 1024 * 1024;
 
 /// A model table with SmolLM2 as the text models and the tiny SDXL-shaped image model.
 fn models(dir: &Path) -> std::path::PathBuf {
@@ -36,9 +64,19 @@ fn all_four(dir: &Path) -> ServerProcess {
     )
 }
 
-async fn upload(http: &reqwest::Client, url: &str, name: &str, bytes: Vec<u8>) -> (StatusCode, Value) {
+async fn upload(
+    http: &reqwest::Client,
+    url: &str,
+    name: &str,
+    bytes: Vec<u8>,
+) -> (StatusCode, Value) {
     let form = Form::new().part("file", Part::bytes(bytes).file_name(name.to_string()));
-    let resp = http.post(format!("{url}/")).multipart(form).send().await.expect("an answer");
+    let resp = http
+        .post(format!("{url}/"))
+        .multipart(form)
+        .send()
+        .await
+        .expect("an answer");
     let status = resp.status();
     (status, resp.json().await.unwrap_or(Value::Null))
 }
@@ -56,6 +94,51 @@ async fn all_healthy(http: &reqwest::Client, server: &ServerProcess, when: &str)
     }
 }
 
+/// Every 4xx/5xx answer of this service is `{"error": "<message>"}`.
+fn assert_error_shape(name: &str, status: StatusCode, body: &Value) {
+    if !status.is_success() {
+        assert!(
+            body["error"].as_str().is_some_and(|m| !m.is_empty()),
+            "{name}: {status} without an error message: {body}"
+        );
+    } else {
+        assert!(
+            body["markdown"].is_string(),
+            "{name}: 200 without markdown: {body}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_hostile_document_is_answered_in_time_and_the_host_stays_up_and_small() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = all_four(dir.path());
+    let http = reqwest::Client::new();
+    let url = server.url("markdown").to_string();
+    all_healthy(&http, &server, "at the start").await;
+    let mut documents: Vec<Case> = cases::all().collect();
+    documents.extend(cases::truncated());
+    assert!(documents.len() > 30, "the suite lost its cases");
+    for case in documents {
+        let started = Instant::now();
+        let (status, body) = upload(&http, &url, case.filename, case.bytes).await;
+        let took = started.elapsed();
+        assert!(
+            took <= TIME_LIMIT + Duration::from_secs(1),
+            "{}: answered {status} after {took:?}",
+            case.name
+        );
+        assert_error_shape(case.name, status, &body);
+        assert!(server.is_running(), "{}: the host process died", case.name);
+        all_healthy(&http, &server, &format!("after {}", case.name)).await;
+    }
+    let peak = server.peak_rss_bytes();
+    assert!(
+        peak < HOST_PEAK_RSS_BYTES,
+        "the host's peak RSS reached {} MiB",
+        peak >> 20
+    );
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_mid_conversion_costs_that_upload_alone() {
@@ -66,7 +149,11 @@ async fn a_worker_killed_mid_conversion_costs_that_upload_alone() {
     // A document that keeps a worker busy for a while: a big CSV.
     let mut csv = String::from("id,name,amount,note\n");
     for i in 0..400_000 {
-        csv.push_str(&format!("{i},name {i},{}.{:02},a note about row {i}\n", i * 7, i % 100));
+        csv.push_str(&format!(
+            "{i},name {i},{}.{:02},a note about row {i}\n",
+            i * 7,
+            i % 100
+        ));
     }
     let job = tokio::spawn({
         let (http, url) = (http.clone(), url.clone());
@@ -75,11 +162,21 @@ async fn a_worker_killed_mid_conversion_costs_that_upload_alone() {
     // Once a worker is busy, kill every worker process from outside.
     let mut killed = false;
     for _ in 0..500 {
-        let health: Value = http.get(format!("{url}/")).send().await.unwrap().json().await.unwrap();
+        let health: Value = http
+            .get(format!("{url}/"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
         let workers = &health["components"]["workers"];
         if workers["idle"].as_u64() < workers["live"].as_u64() {
             for pid in server.children() {
-                let _ = std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status();
+                let _ = std::process::Command::new("kill")
+                    .arg("-9")
+                    .arg(pid.to_string())
+                    .status();
             }
             killed = true;
             break;
@@ -95,7 +192,10 @@ async fn a_worker_killed_mid_conversion_costs_that_upload_alone() {
         assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
         let message = body["error"].as_str().unwrap();
         assert!(message.starts_with("Conversion failed: "), "{message}");
-        assert!(message.contains("signal 9"), "the cause is named: {message}");
+        assert!(
+            message.contains("signal 9"),
+            "the cause is named: {message}"
+        );
     }
     assert!(server.is_running(), "the host process died with its worker");
     // Replacement workers take the next upload.
@@ -111,7 +211,10 @@ async fn an_upload_declared_over_the_limit_is_refused_before_its_body_is_read() 
         .configure(|raw| raw.markdown.max_upload_bytes = Some(1024 * 1024))
         .spawn()
         .await;
-    let addr = app.url(Service::Markdown).trim_start_matches("http://").to_string();
+    let addr = app
+        .url(Service::Markdown)
+        .trim_start_matches("http://")
+        .to_string();
     // Headers only: a 10 GB body is announced and never sent.
     let answer = tokio::task::spawn_blocking(move || {
         let mut tcp = std::net::TcpStream::connect(addr).unwrap();
