@@ -198,6 +198,25 @@ async fn a_worker_killed_mid_conversion_costs_that_upload_alone() {
         );
     }
     assert!(server.is_running(), "the host process died with its worker");
+    // The idle workers were killed too; health notices them and the pool replaces every one.
+    let mut back = false;
+    for _ in 0..200 {
+        let health: Value = http
+            .get(format!("{url}/"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let workers = &health["components"]["workers"];
+        if workers["live"] == workers["workers"] && workers["idle"] == workers["workers"] {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(back, "the pool did not get back to full strength");
     // Replacement workers take the next upload.
     let (status, body) = upload(&http, &url, "small.csv", b"a,b\n1,2\n".to_vec()).await;
     assert_eq!(status, StatusCode::OK, "{body}");
