@@ -140,6 +140,19 @@ async fn every_hostile_document_is_answered_in_time_and_the_host_stays_up_and_sm
     );
 }
 
+/// The markdown health's report of its worker pool.
+async fn pool_state(http: &reqwest::Client, url: &str) -> Value {
+    let health: Value = http
+        .get(format!("{url}/"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    health["components"]["workers"].clone()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_mid_conversion_costs_that_upload_alone() {
     let dir = tempfile::tempdir().unwrap();
@@ -162,15 +175,7 @@ async fn a_worker_killed_mid_conversion_costs_that_upload_alone() {
     // Once a worker is busy, kill every worker process from outside.
     let mut killed = false;
     for _ in 0..500 {
-        let health: Value = http
-            .get(format!("{url}/"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let workers = &health["components"]["workers"];
+        let workers = pool_state(&http, &url).await;
         if workers["idle"].as_u64() < workers["live"].as_u64() {
             for pid in server.children() {
                 let _ = std::process::Command::new("kill")
@@ -201,15 +206,7 @@ async fn a_worker_killed_mid_conversion_costs_that_upload_alone() {
     // The idle workers were killed too; health notices them and the pool replaces every one.
     let mut back = false;
     for _ in 0..200 {
-        let health: Value = http
-            .get(format!("{url}/"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let workers = &health["components"]["workers"];
+        let workers = pool_state(&http, &url).await;
         if workers["live"] == workers["workers"] && workers["idle"] == workers["workers"] {
             back = true;
             break;
