@@ -403,3 +403,83 @@ async fn shutdown_lets_a_request_in_flight_finish_and_closes_its_connection() {
         .expect("shutdown ends once no request is left, well before its deadline")
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_markdown_upload_that_stalls_is_answered_408_in_the_markdown_error_shape() {
+    let app = TestApp::builder()
+        .services(&[Service::Markdown])
+        .configure(|raw| {
+            raw.server = RawServerConfig {
+                body_read_timeout_secs: secs(2),
+                ..Default::default()
+            }
+        })
+        .spawn()
+        .await;
+    let addr = app
+        .running()
+        .addr(Service::Markdown)
+        .expect("markdown runs");
+    let mut raw = Raw::connect(addr).await;
+    let part = "--XX\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.txt\"\r\nContent-Type: text/plain\r\n\r\nhello";
+    let head = format!(
+        "POST / HTTP/1.1\r\nHost: hearth\r\nContent-Type: multipart/form-data; boundary=XX\r\nContent-Length: {}\r\n\r\n",
+        part.len() + 1000
+    );
+    assert!(raw.send(head.as_bytes()).await);
+    assert!(raw.send(part.as_bytes()).await);
+    let started = Instant::now();
+    let response = timeout(Duration::from_secs(10), raw.response())
+        .await
+        .expect("an answer within the body timeout")
+        .expect("an answer rather than a closed connection");
+    let answered_after = started.elapsed();
+    assert_eq!(response.status, 408, "{response:?}");
+    let body = response.json();
+    let message = body["error"]
+        .as_str()
+        .expect("markdown's {\"error\": \"...\"}");
+    assert!(message.contains("no data arrived"), "{body}");
+    assert!(
+        answered_after >= Duration::from_millis(1500) && answered_after <= Duration::from_secs(4),
+        "answered after {answered_after:?}, the body timeout is 2 s"
+    );
+}
+
+#[test]
+fn a_second_signal_ends_a_waiting_shutdown_at_once_with_status_130() {
+    use crate::common::process::ServerProcess;
+    use std::io::Write;
+
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models.toml");
+    std::fs::write(&models, "").unwrap();
+    let mut server = ServerProcess::start(
+        &["auth"],
+        &models,
+        &[
+            ("HEARTH_SERVER_SHUTDOWN_TIMEOUT_SECS", "60"),
+            ("HEARTH_SERVER_BODY_READ_TIMEOUT_SECS", "600"),
+        ],
+    );
+    // A request in flight that never completes its body keeps a graceful shutdown waiting.
+    let addr = server.url("auth").trim_start_matches("http://").to_string();
+    let mut client = std::net::TcpStream::connect(&addr).unwrap();
+    let (head, _) = validate_request("", 1000);
+    client.write_all(head.as_bytes()).unwrap();
+    client.write_all(b"{").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+
+    server.signal("TERM");
+    assert!(
+        server.exit_within(Duration::from_secs(2)).is_none(),
+        "the first signal waits for the request in flight"
+    );
+    let started = Instant::now();
+    server.signal("INT");
+    let status = server
+        .exit_within(Duration::from_secs(5))
+        .expect("the second signal ends the process at once");
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+}

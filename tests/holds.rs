@@ -1,9 +1,14 @@
 //! Holds that always end, and the per-user cap on concurrent requests: the completion service
 //! over HTTP on the real server with the real SmolLM2 weights. A client that gives up while its
 //! request waits in the engine's queue is charged nothing and its hold is released; one user past
-//! the cap is answered 429 `RateLimited` while other users are served.
-//! (Cancelled hold placement: `billing.rs` unit tests; mid-stream disconnects and stream
-//! shutdown: `tests/completion.rs`; images: `tests/imagine.rs`.)
+//! the cap is answered 429 `RateLimited` while other users are served; a client that gives up
+//! while its model is still loading holds nothing and frees its slot.
+//! Elsewhere: cancelled hold placement, and a client that stops reading (aborted at
+//! `client_stall_timeout_secs` and charged for what was made): `billing.rs` and `completion.rs`
+//! unit tests (over loopback the kernel buffers a megabyte of an unread stream, tens of thousands
+//! of events, before the server sees a full socket); mid-stream disconnects and stream shutdown:
+//! `tests/completion.rs`; images, queued and mid-generation: `tests/imagine.rs`. Tokenizing runs
+//! before the hold is placed, so a client gone then has nothing to release.
 
 use std::time::Duration;
 
@@ -135,4 +140,62 @@ async fn one_user_past_the_cap_gets_429_rate_limited_while_other_users_are_serve
         status, 200,
         "the slot is free once the stream ends: {again}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_gives_up_while_its_model_loads_holds_nothing_and_frees_its_slot() {
+    // A model whose weights file is a pipe nobody writes to yet: its load waits on the open.
+    let dir = tempfile::tempdir().unwrap();
+    let pipe = dir.path().join("slow.gguf");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&pipe)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let entry = format!(
+        "\n[text.\"slow-1\"]\nweights = \"{}\"\ntemperature_max = 1.0\nmax_output_tokens = 64\nmax_input_tokens = 1000\ninput_price_per_million = \"1\"\noutput_price_per_million = \"1\"\n",
+        pipe.display()
+    );
+    let app = spawn_completion_with("", |raw| {
+        let table = raw.models.clone().unwrap();
+        let mut text = std::fs::read_to_string(&table).unwrap();
+        text.push_str(&entry);
+        std::fs::write(&table, text).unwrap();
+        raw.completion.max_concurrent_per_user = Some(1);
+    })
+    .await;
+    let token = app.user("early", "10").await;
+    let ledger_before = app.store().ledger("early").unwrap().len();
+    let mut req = request(&token, "Hi", 8);
+    req["model"] = "slow-1".into();
+    let (http, url) = (app.http.clone(), app.url.clone());
+    let waiting = tokio::spawn(async move { http.post(format!("{url}/")).json(&req).send().await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the request should wait for the load"
+    );
+    waiting.abort();
+    let _ = waiting.await;
+
+    // Nothing held or charged, and the slot is free for the user's next request.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(app.store().holds("early").unwrap().is_empty());
+    assert_eq!(app.store().balance("early").unwrap(), dec("10"));
+    assert_eq!(app.store().ledger("early").unwrap().len(), ledger_before);
+    let (status, body) = app.post("/", request(&token, "Hi", 4)).await;
+    assert_eq!(
+        status, 200,
+        "the abandoned request kept the user's slot: {body}"
+    );
+
+    // Let the load finish (it fails: the pipe is empty) so no thread waits past the test. Opened
+    // for reading and writing, a pipe never blocks the opener on Linux.
+    let unblock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&pipe)
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(unblock);
 }

@@ -84,6 +84,30 @@ impl ServerProcess {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// Sends the signal named `name` (`TERM`, `INT`, ...) to the process.
+    pub fn signal(&self, name: &str) {
+        let sent = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("kill runs");
+        assert!(sent.success(), "kill -{name} failed");
+    }
+
+    /// The process's exit status if it ends within `limit`.
+    pub fn exit_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The process's peak resident memory so far (`VmHWM`), in bytes.
     pub fn peak_rss_bytes(&self) -> u64 {
         proc_status_kib(self.pid(), "VmHWM:") * 1024

@@ -18,6 +18,7 @@ use rust_decimal::Decimal;
 use sled::transaction::{abort, ConflictableTransactionError, TransactionError, TransactionalTree};
 use sled::Transactional;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -170,20 +171,24 @@ impl Store {
     }
 
     /// Checks the store can still be used: the database folder is still on disk, and a write,
-    /// a flush and a read-back of a marker record succeed.
+    /// a flush and a read-back of a marker record succeed. Each call writes its own marker, so
+    /// checks running at the same time cannot see each other's.
     pub fn health_check(&self) -> Result<()> {
+        static CHECKS: AtomicU64 = AtomicU64::new(0);
         let conf = self.inner.path.join("conf");
         std::fs::metadata(&conf).map_err(|source| Error::Io { path: conf, source })?;
+        let n = CHECKS.fetch_add(1, Ordering::Relaxed);
+        let key = [b"health/".as_slice(), &n.to_be_bytes()].concat();
         let stamp = Utc::now()
             .timestamp_nanos_opt()
             .unwrap_or_default()
             .to_be_bytes();
-        self.inner
-            .meta
-            .insert(b"health", &stamp)
-            .map_err(Error::Storage)?;
+        let meta = &self.inner.meta;
+        meta.insert(&key, &stamp).map_err(Error::Storage)?;
         self.flush()?;
-        match self.inner.meta.get(b"health").map_err(Error::Storage)? {
+        let read = meta.get(&key).map_err(Error::Storage)?;
+        meta.remove(&key).map_err(Error::Storage)?;
+        match read {
             Some(v) if v.as_ref() == stamp => Ok(()),
             _ => Err(Error::HealthMismatch),
         }

@@ -216,3 +216,19 @@ fn health_check_fails_once_the_data_folder_is_gone() {
     std::fs::remove_dir_all(&path).unwrap();
     assert!(store.health_check().is_err());
 }
+
+#[test]
+fn health_checks_running_at_the_same_time_all_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir.path().join("db"), "0");
+    let failures: usize = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..8)
+            .map(|_| {
+                let store = store.clone();
+                s.spawn(move || (0..50).filter(|_| store.health_check().is_err()).count())
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).sum()
+    });
+    assert_eq!(failures, 0);
+}
