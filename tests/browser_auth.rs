@@ -149,3 +149,43 @@ fn urlencode(s: &str) -> String {
         })
         .collect()
 }
+
+#[tokio::test]
+async fn after_sign_in_the_page_links_on_to_the_running_services_signed_in() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let models = tempfile::tempdir().unwrap();
+    let table = crate::completion::models_toml(models.path());
+    let app = crate::common::TestApp::builder()
+        .services(&[Service::Auth, Service::Completion, Service::Markdown])
+        .configure(|raw| raw.models = Some(table))
+        .spawn()
+        .await;
+    browser
+        .client
+        .goto(&format!("{}/ui", app.url(Service::Auth)))
+        .await
+        .unwrap();
+    browser.fill("#userId", "jo").await;
+    browser.fill("#idpToken", &app.idp_token("jo")).await;
+    browser.click("#submit").await;
+    assert_eq!(browser.visible_text("#session-user").await, "jo");
+    // One link per running service page; the image service is not running here.
+    let onward = browser.visible_text("#onward").await;
+    assert!(
+        onward.contains("Chat") && onward.contains("Convert documents"),
+        "{onward}"
+    );
+    assert!(!onward.contains("Make images"), "{onward}");
+    browser.click("#onward a[data-service=completion]").await;
+    let landed = browser
+        .wait_for_url(|u| u.starts_with(&app.url(Service::Completion)))
+        .await;
+    assert!(
+        landed.ends_with("/ui"),
+        "the token left the address bar: {landed}"
+    );
+    assert_eq!(browser.visible_text("#who").await, "signed in as jo");
+    browser.close().await;
+}

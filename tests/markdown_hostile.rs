@@ -44,7 +44,7 @@ const TIME_LIMIT: Duration = Duration::from_secs(5);
 const HOST_PEAK_RSS_BYTES: u64 = 1024 * 1024 * 1024;
 
 /// A model table with SmolLM2 as the text models and the tiny SDXL-shaped image model.
-fn models(dir: &Path) -> std::path::PathBuf {
+pub(crate) fn models(dir: &Path) -> std::path::PathBuf {
     let table = crate::completion::models_toml(dir);
     hearth_imagine::write_tiny_sdxl(&dir.join("tiny-sdxl"), hearth_imagine::tiny::TINY_SEED)
         .unwrap();

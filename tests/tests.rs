@@ -16,3 +16,4 @@ mod imagine_browser;
 mod markdown;
 mod markdown_browser;
 mod markdown_hostile;
+mod quickstart;

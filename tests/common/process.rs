@@ -75,6 +75,11 @@ impl ServerProcess {
         &self.urls[service]
     }
 
+    /// The server's data dir (its database, secrets and admin key).
+    pub fn data_dir(&self) -> &Path {
+        self._dir.path()
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

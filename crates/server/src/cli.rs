@@ -21,7 +21,7 @@ use crate::services::admin::{self, BalanceResponse, CreditResponse, UsersRespons
     version,
     about = "Hearth: a self-hosted inference host (authentication, completion, markdown conversion and image generation services).",
     long_about = None,
-    after_help = "Configuration is layered: built-in defaults < hearth.toml (or --config) < HEARTH_* environment variables < flags.\nSee README.md for every key."
+    after_help = "Configuration is layered: built-in defaults < hearth.toml (or --config) < HEARTH_* environment variables < flags;\nhearth.example.toml lists every key. Run every command with the server's data dir (default ./data).\n\nStart here:\n  hearth serve                      # all four services on 127.0.0.1:8081-8084\n  hearth idp mint alice             # an identity token to sign in with at http://127.0.0.1:8081/ui"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -31,6 +31,12 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Start the chosen services, each on its own listener, until Ctrl-C or SIGTERM.
+    ///
+    /// Every service has a web page at /ui: sign-in (auth), chat (completion), upload (markdown)
+    /// and images (imagine). A second Ctrl-C or SIGTERM stops at once.
+    #[command(
+        after_help = "Examples:\n  hearth serve\n  hearth serve --services auth,markdown --markdown-addr 0.0.0.0:8083\n  HEARTH_BILLING_INITIAL_BALANCE=100 hearth serve --data-dir /var/lib/hearth"
+    )]
     Serve(ServeArgs),
     /// The built-in shared-secret identity provider.
     #[command(subcommand)]
@@ -49,6 +55,7 @@ enum Command {
 #[derive(Debug, Subcommand)]
 enum DevCommand {
     /// Write the tiny SDXL-shaped test model (seeded random weights, diffusers layout) into DIR.
+    #[command(after_help = "Example:\n  hearth dev tiny-sdxl /tmp/tiny-sdxl")]
     TinySdxl {
         /// Folder to write (created if missing; files in it are overwritten).
         dir: PathBuf,
@@ -101,6 +108,13 @@ struct ServeArgs {
 #[derive(Debug, Subcommand)]
 enum IdpCommand {
     /// Print an identity token for USER, accepted by the shared-secret provider at POST /token.
+    ///
+    /// The token is signed with <data dir>/idp.secret, so mint it against the server's data dir
+    /// (run it from the server's folder, or pass the same --data-dir); a token minted elsewhere
+    /// is refused with InvalidCredentials.
+    #[command(
+        after_help = "Examples:\n  hearth idp mint alice\n  hearth idp mint alice --data-dir /var/lib/hearth   # the data dir the server was started with"
+    )]
     Mint {
         /// The user id the token speaks for.
         user: String,
@@ -118,6 +132,7 @@ enum IdpCommand {
 #[derive(Debug, Subcommand)]
 enum UsersCommand {
     /// List users with their balances.
+    #[command(after_help = "Example:\n  hearth users list")]
     List {
         #[command(flatten)]
         common: Common,
@@ -127,13 +142,19 @@ enum UsersCommand {
 #[derive(Debug, Subcommand)]
 enum BalanceCommand {
     /// Print a user's spendable balance.
+    #[command(after_help = "Example:\n  hearth balance show alice")]
     Show {
         user: String,
         #[command(flatten)]
         common: Common,
     },
     /// Add AMOUNT (a decimal string, at most 6 decimal places) to a user's balance.
-    /// A user not seen before is created first.
+    ///
+    /// A user not seen before is created first. With the server running this goes through its
+    /// admin API (the key is read from the data dir), otherwise to the database directly.
+    #[command(
+        after_help = "Examples:\n  hearth balance credit alice 25 --note \"first top-up\"\n  hearth balance credit alice 5 --debit"
+    )]
     Credit {
         user: String,
         /// Decimal amount, e.g. 25 or 0.50; negative only together with --debit.
@@ -216,7 +237,12 @@ fn load_config(common: &Common, flags: RawConfig) -> Result<Config, CliError> {
     }
     let (layers, unknown) = layers.env(std::env::vars())?;
     for name in unknown {
-        tracing::debug!(variable = %name, "HEARTH_ variable matches no configuration key");
+        match crate::config::closest_env_name(&name) {
+            Some(near) => eprintln!(
+                "warning: {name} matches no configuration key and is ignored; the closest is {near}"
+            ),
+            None => eprintln!("warning: {name} matches no configuration key and is ignored"),
+        }
     }
     let mut flags = flags;
     if let Some(dir) = &common.data_dir {

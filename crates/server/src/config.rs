@@ -58,7 +58,7 @@ fn string_or_list<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>
 // ---------------------------------------------------------------------------------------------
 // Raw layer
 
-/// Everything that can be set, all optional; see README.md "Configuration" for each key.
+/// Everything that can be set, all optional; see hearth.example.toml for each key.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
@@ -266,6 +266,66 @@ fn key_path(schema: &Value, name: &str) -> Option<Vec<String>> {
         }
     }
     None
+}
+
+/// Every configuration key, as dotted paths (`auth.oidc.jwks_url`), in declaration order.
+pub fn keys() -> Vec<String> {
+    fn walk(value: &Value, prefix: &str, out: &mut Vec<String>) {
+        let Some(obj) = value.as_object() else {
+            return;
+        };
+        for (k, v) in obj {
+            let path = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            if v.is_object() {
+                walk(v, &path, out);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(
+        &serde_json::to_value(RawConfig::default()).unwrap_or_default(),
+        "",
+        &mut out,
+    );
+    out
+}
+
+/// The `HEARTH_*` variable that sets `key` (`auth.oidc.jwks_url` -> `HEARTH_AUTH_OIDC_JWKS_URL`).
+pub fn env_name(key: &str) -> String {
+    format!("HEARTH_{}", key.replace('.', "_").to_ascii_uppercase())
+}
+
+/// The variable of the configuration key closest to the unknown variable `name` (by edit
+/// distance), to suggest in the warning about it.
+pub fn closest_env_name(name: &str) -> Option<String> {
+    keys()
+        .iter()
+        .map(|k| env_name(k))
+        .min_by_key(|candidate| edit_distance(name, candidate))
+}
+
+/// Levenshtein distance over bytes (names are ASCII).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, &x) in a.iter().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &y) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(x != y));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
 }
 
 fn env_value(text: &str) -> Value {

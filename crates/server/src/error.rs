@@ -28,7 +28,7 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    /// HTTP status for each kind; README.md documents this table.
+    /// HTTP status for each kind; README.md "Errors" documents this table.
     pub fn status(self) -> StatusCode {
         match self {
             ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,

@@ -18,7 +18,6 @@ use rust_decimal::Decimal;
 use sled::transaction::{abort, ConflictableTransactionError, TransactionError, TransactionalTree};
 use sled::Transactional;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -174,10 +173,9 @@ impl Store {
     /// a flush and a read-back of a marker record succeed. Each call writes its own marker, so
     /// checks running at the same time cannot see each other's.
     pub fn health_check(&self) -> Result<()> {
-        static CHECKS: AtomicU64 = AtomicU64::new(0);
         let conf = self.inner.path.join("conf");
         std::fs::metadata(&conf).map_err(|source| Error::Io { path: conf, source })?;
-        let n = CHECKS.fetch_add(1, Ordering::Relaxed);
+        let n = self.inner.db.generate_id().map_err(Error::Storage)?;
         let key = [b"health/".as_slice(), &n.to_be_bytes()].concat();
         let stamp = Utc::now()
             .timestamp_nanos_opt()

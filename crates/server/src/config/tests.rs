@@ -96,3 +96,52 @@ fn the_shipped_example_config_parses_and_resolves() {
     let raw = Layers::new().file(&path).unwrap().build().unwrap();
     raw.resolve().unwrap();
 }
+
+#[test]
+fn an_unknown_variable_is_matched_to_the_closest_key() {
+    assert_eq!(
+        closest_env_name("HEARTH_AUTH_ADR").as_deref(),
+        Some("HEARTH_AUTH_ADDR")
+    );
+    assert_eq!(
+        closest_env_name("HEARTH_BILLING_INITAL_BALANCE").as_deref(),
+        Some("HEARTH_BILLING_INITIAL_BALANCE")
+    );
+    assert_eq!(
+        closest_env_name("HEARTH_SERVER_SHUTDOWN_TIMEOUT").as_deref(),
+        Some("HEARTH_SERVER_SHUTDOWN_TIMEOUT_SECS")
+    );
+}
+
+/// `hearth.example.toml` is the full list of keys README promises: every key the configuration
+/// knows appears in it (set, or commented out as `# key = ...`), and everything it sets parses.
+#[test]
+fn the_example_file_lists_every_key_and_parses() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../hearth.example.toml");
+    let text = std::fs::read_to_string(path).unwrap();
+    Layers::new().toml("hearth.example.toml", &text).unwrap();
+    let mut section = String::new();
+    let mut listed = std::collections::HashSet::new();
+    for line in text.lines() {
+        let line = line.trim_start_matches('#').trim();
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.split(']').next()) {
+            section = name.to_string();
+            continue;
+        }
+        if let Some((key, _)) = line.split_once('=') {
+            let key = key.trim();
+            if !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                listed.insert(if section.is_empty() {
+                    key.to_string()
+                } else {
+                    format!("{section}.{key}")
+                });
+            }
+        }
+    }
+    let missing: Vec<String> = keys().into_iter().filter(|k| !listed.contains(k)).collect();
+    assert!(
+        missing.is_empty(),
+        "hearth.example.toml does not list {missing:?}"
+    );
+}

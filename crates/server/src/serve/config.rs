@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::config::ConfigError;
 
-/// `[server]` as written; see README.md "Connections" for each key.
+/// `[server]` as written; see docs/decisions.md "Connections" for each key.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawServerConfig {

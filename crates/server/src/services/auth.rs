@@ -306,8 +306,19 @@ async fn ui(State(state): State<AppState>, Query(q): Query<UiQuery>) -> Html<Str
         },
     };
     let auth = &state.config.auth;
+    // Where a signed-in user goes next: the pages of the other services this server runs.
+    let onward: Vec<_> = [
+        (Service::Completion, "Chat"),
+        (Service::Markdown, "Convert documents"),
+        (Service::Imagine, "Make images"),
+    ]
+    .into_iter()
+    .filter(|(s, _)| state.config.services.contains(s))
+    .map(|(s, name)| json!({ "service": s.name(), "name": name, "url": state.urls.ui(s) }))
+    .collect();
     let page_config = json!({
         "callback": accepted,
+        "onward": onward,
         "lifetimeDefault": auth.token_lifetime_default_secs,
         "lifetimeMin": auth.token_lifetime_min_secs,
         "lifetimeMax": auth.token_lifetime_max_secs,

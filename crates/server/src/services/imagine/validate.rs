@@ -1,7 +1,7 @@
 //! Parse, don't validate: the wire image request (spec 2.6, every field raw JSON) becomes a
 //! [`ValidImageRequest`] or an [`ApiError`] of type `InvalidRequest` naming the field.
 //!
-//! Bounds (README "Image"): `prompt` a non-empty string of at most 4,000 characters (CLIP reads
+//! Bounds (docs/decisions.md "Image generation"): `prompt` a non-empty string of at most 4,000 characters (CLIP reads
 //! the first 75 tokens); `negativePrompt` a string of at most 4,000 characters; `seed` an integer
 //! 0..=4294967295, random when absent; `steps` an integer 1..=max_steps (8), default 4; `width`
 //! and `height` multiples of 64 from 256 to 2048, default 1024, with width x height at most
