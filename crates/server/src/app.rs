@@ -7,6 +7,7 @@ use axum::response::IntoResponse;
 use axum::Router;
 use chrono::{DateTime, Utc};
 use hearth_auth::{IdentityProvider, OidcIdp, ServiceTokens, SharedSecretIdp};
+use hearth_billing::Meter;
 use hearth_store::{Store, StoreOptions};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -19,7 +20,6 @@ use tokio_util::sync::CancellationToken;
 use tower_http::trace::{DefaultMakeSpan, TraceLayer};
 use tracing::Level;
 
-use crate::billing::Billing;
 use crate::config::{Config, IdpChoice};
 use crate::error::{ApiError, ErrorKind};
 use crate::serve::{self, BodyTimeout};
@@ -57,7 +57,7 @@ pub struct AppState {
     pub idp: Arc<IdentityProvider>,
     pub admin_key: AdminKey,
     pub urls: Arc<ServiceUrls>,
-    pub billing: Billing,
+    pub billing: Meter,
     /// Cancelled when the server shuts down; long-lived tasks watch it.
     pub shutdown: CancellationToken,
 }
@@ -273,7 +273,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
 
     let shutdown = CancellationToken::new();
     let state = AppState {
-        billing: Billing::new(store.clone(), config.billing.default_margin_percent),
+        billing: Meter::new(store.clone(), config.billing.default_margin),
         config: Arc::new(config),
         store,
         tokens: Arc::new(tokens),

@@ -7,6 +7,7 @@
 //! field in its resolved section, and one line in that section's `resolve`. The environment
 //! mapping (`HEARTH_<SECTION>_<KEY>`) follows from the struct, nothing else to touch.
 
+use hearth_billing::Margin;
 use rust_decimal::Decimal;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
@@ -390,7 +391,7 @@ pub struct ImagineConfig {
 #[derive(Debug, Clone)]
 pub struct BillingConfig {
     pub initial_balance: Decimal,
-    pub default_margin_percent: Decimal,
+    pub default_margin: Margin,
 }
 
 fn addr(key: &str, raw: &Option<String>, default: &str) -> Result<SocketAddr, ConfigError> {
@@ -548,20 +549,12 @@ impl RawBillingConfig {
         if initial_balance < Decimal::ZERO {
             return Err(invalid("billing.initial_balance", "must not be negative"));
         }
-        let margin = decimal(
-            "billing.default_margin_percent",
-            &self.default_margin_percent,
-            "0",
-        )?;
-        if margin < Decimal::ZERO || margin > Decimal::from(99) {
-            return Err(invalid(
-                "billing.default_margin_percent",
-                "must lie within 0 to 99",
-            ));
-        }
+        const MARGIN: &str = "billing.default_margin_percent";
+        let percent = decimal(MARGIN, &self.default_margin_percent, "0")?;
+        let default_margin = Margin::percent(percent).map_err(|e| invalid(MARGIN, e))?;
         Ok(BillingConfig {
             initial_balance,
-            default_margin_percent: margin,
+            default_margin,
         })
     }
 }

@@ -4,6 +4,7 @@
 use axum::extract::{FromRequest, Request};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use hearth_billing::money;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
@@ -180,16 +181,34 @@ impl From<hearth_store::Error> for ApiError {
     fn from(e: hearth_store::Error) -> Self {
         use hearth_store::Error as E;
         match e {
-            E::InsufficientFunds { needed, available } => ApiError::insufficient_funds(
-                crate::billing::money(needed),
-                crate::billing::money(available),
-            ),
+            E::InsufficientFunds { needed, available } => {
+                ApiError::insufficient_funds(money(needed), money(available))
+            }
             E::UnknownUser(u) => ApiError::not_found(format!("unknown user {u:?}")),
             E::InvalidUserId(why) => ApiError::invalid_request("userId", why),
             E::NonPositiveAmount(a) => {
                 ApiError::invalid_request("amount", format!("must be positive, got {a}"))
             }
             other => ApiError::internal(other),
+        }
+    }
+}
+
+impl From<hearth_billing::Error> for ApiError {
+    fn from(e: hearth_billing::Error) -> Self {
+        use hearth_billing::Error as E;
+        match e {
+            E::InsufficientFunds { needed, available } => {
+                ApiError::insufficient_funds(money(needed), money(available))
+            }
+            // A signed-in user always has an account; without one the token outlived the data.
+            E::UnknownUser(u) => {
+                ApiError::invalid_credentials(format!("user {u:?} has no account; sign in again"))
+                    .with_details(json!({ "userId": u }))
+            }
+            E::Store(e) => e.into(),
+            // Margins are parsed at validation and prices at load: these are Hearth's faults.
+            E::Margin(_) | E::Price(_) | E::Overflow | E::Task(_) => ApiError::internal(e),
         }
     }
 }

@@ -1,14 +1,13 @@
 //! The `hearth` binary's library and the only crate that knows HTTP and JSON wire shapes: the
 //! CLI ([`cli`]), layered configuration ([`config`]), process state and startup ([`app`]), the
 //! accept loop that holds every connection to its limits ([`serve`]), the
-//! error shape every JSON service answers with ([`error`]), prices and charging ([`billing`]),
-//! one axum router per service ([`services`]) and the web pages ([`pages`]).
+//! error shape every JSON service answers with ([`error`]), one axum router per service ([`services`]) and the web pages ([`pages`]).
 //!
 //! It deliberately holds no business logic of its own beyond request validation: tokens are
-//! `hearth-auth`'s, money and revocations `hearth-store`'s, models the inference crates'.
+//! `hearth-auth`'s, prices and holds `hearth-billing`'s, money and revocations `hearth-store`'s,
+//! models the inference crates'.
 
 pub mod app;
-pub mod billing;
 pub mod cli;
 pub mod config;
 pub mod error;

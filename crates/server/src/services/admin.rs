@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use std::str::FromStr;
 
 use crate::app::AppState;
-use crate::billing::{money, MONEY_SCALE};
 use crate::error::{ApiError, AppJson};
+use hearth_billing::{money, MONEY_SCALE};
 
 pub fn router(state: AppState) -> Router {
     Router::new()

@@ -34,11 +34,11 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, instrument, warn, Instrument, Span};
 
 use crate::app::{json_fallbacks, AppState, Session};
-use crate::billing::{money, HeldFunds};
 use crate::error::{ApiError, AppJson, ErrorKind};
 use crate::pages;
 use crate::services::{Service, ServiceInitError};
 use crate::user_slots::{UserSlot, UserSlots};
+use hearth_billing::{money, HeldFunds, Margin};
 
 pub use catalog::{Catalog, TextModelSpec};
 use validate::{FieldError, RawCompletionRequest};
@@ -158,8 +158,8 @@ async fn ui(State(cs): State<CompletionState>) -> Html<String> {
                 "defaultTemperature": s.default_temperature,
                 "maxOutputTokens": s.max_output_tokens,
                 "defaultMaxOutputTokens": s.default_max_output_tokens,
-                "inputPrice": s.input_price_per_million.to_string(),
-                "outputPrice": s.output_price_per_million.to_string(),
+                "inputPrice": s.input_price_per_million.amount().to_string(),
+                "outputPrice": s.output_price_per_million.amount().to_string(),
             })
         })
         .collect();
@@ -188,7 +188,7 @@ struct Started {
     _slot: UserSlot,
     model: String,
     spec: TextModelSpec,
-    margin: Decimal,
+    margin: Margin,
     input_cost: Decimal,
 }
 
@@ -231,7 +231,7 @@ async fn start(cs: &CompletionState, raw: RawCompletionRequest) -> Result<Starte
     let spec = cs.core.catalog.get(&valid.model).cloned().ok_or_else(|| {
         ApiError::internal(format!("validated model {} left the catalog", valid.model))
     })?;
-    let margin = cs.app.billing.margin(valid.margin_percent)?;
+    let margin = cs.app.billing.margin(valid.margin);
     let slot = cs
         .core
         .user_slots
@@ -260,26 +260,20 @@ async fn start(cs: &CompletionState, raw: RawCompletionRequest) -> Result<Starte
     validate::check_prompt_length(prompt_ids.len(), valid.max_output_tokens, &spec, context)
         .map_err(field_error)?;
 
-    let million = Decimal::from(1_000_000);
-    let billing = &cs.app.billing;
-    let input_cost = billing.cost(
-        Decimal::from(prompt_ids.len()),
-        spec.input_price_per_million,
-        million,
-        margin,
-    )?;
-    let worst_output = billing.cost(
-        Decimal::from(valid.max_output_tokens),
-        spec.output_price_per_million,
-        million,
-        margin,
-    )?;
+    let input_cost = spec
+        .input_price_per_million
+        .cost(prompt_ids.len() as u64, margin)?;
+    let worst_output = spec
+        .output_price_per_million
+        .cost(valid.max_output_tokens as u64, margin)?;
     let meta = LedgerMeta {
         reason: format!("completion {}", valid.model),
         developer_id: valid.developer_id.clone(),
         application_id: valid.application_id.clone(),
     };
-    let hold = billing
+    let hold = cs
+        .app
+        .billing
         .hold(&session.user_id, input_cost + worst_output, meta)
         .await?;
 
@@ -390,14 +384,10 @@ async fn drive(
     };
 
     let billing = &cs.app.billing;
-    let million = Decimal::from(1_000_000);
-    let output_cost = billing
-        .cost(
-            Decimal::from(usage.completion_tokens),
-            spec.output_price_per_million,
-            million,
-            margin,
-        )
+    // At most the worst case that was held, so it cannot overflow where that did not.
+    let output_cost = spec
+        .output_price_per_million
+        .cost(usage.completion_tokens as u64, margin)
         .unwrap_or(Decimal::ZERO);
     let user = hold.user_id().to_string();
     let (balance_before, balance_after) = match hold.settle(input_cost + output_cost).await {
@@ -405,7 +395,7 @@ async fn drive(
         Err(e) => {
             // The hold was released instead: report the balance as the store has it.
             warn!(error = %e, %stream_id, "settling a completion failed; its hold was released");
-            let now = billing.balance(&user).map(money).unwrap_or_default();
+            let now = billing.balance(&user).await.map(money).unwrap_or_default();
             (now.clone(), now)
         }
     };

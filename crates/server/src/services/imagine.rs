@@ -28,11 +28,11 @@ use tokio::sync::{oneshot, watch};
 use tracing::{info, instrument, warn, Instrument, Span};
 
 use crate::app::{json_fallbacks, AppState};
-use crate::billing::{money, Charge};
 use crate::error::{ApiError, AppJson};
 use crate::pages;
 use crate::services::{Service, ServiceInitError};
 use crate::user_slots::UserSlots;
+use hearth_billing::{money, Charge, Margin};
 
 pub use catalog::{ImageModelEntry, Limits, REFERENCE_PIXELS, REFERENCE_STEPS};
 use validate::RawImageRequest;
@@ -189,7 +189,7 @@ async fn ui(State(st): State<ImagineState>) -> Html<String> {
         "minSize": l.min_size, "maxSize": l.max_size, "defaultSize": l.default_size,
         "maxPixels": l.max_pixels, "maxSteps": l.max_steps, "defaultSteps": l.default_steps,
         "sizeMultiple": catalog::SIZE_MULTIPLE, "maxSeed": validate::MAX_SEED,
-        "pricePerImage": st.entry.price_per_image.to_string(),
+        "pricePerImage": st.entry.price_per_image.amount().to_string(),
         "authUi": st.app.urls.ui(Service::Auth),
     });
     Html(
@@ -198,19 +198,17 @@ async fn ui(State(st): State<ImagineState>) -> Html<String> {
     )
 }
 
-/// The price of one image: `price_per_image × (w·h / 1024²) ×
-/// (steps / 4)`, divided by `1 − margin/100`, rounded once to 6 decimals.
+/// The price of one image: `price_per_image × (w·h / 1024²) × (steps / 4)`, divided by
+/// `1 − margin/100`, rounded once to 6 decimals.
 pub fn image_cost(
-    billing: &crate::billing::Billing,
     entry: &ImageModelEntry,
     width: usize,
     height: usize,
     steps: usize,
-    margin: Decimal,
+    margin: Margin,
 ) -> Result<Decimal, ApiError> {
-    let units = Decimal::from(width as u64 * height as u64 * steps as u64);
-    let divisor = Decimal::from(REFERENCE_PIXELS * REFERENCE_STEPS);
-    billing.cost(units, entry.price_per_image, divisor, margin)
+    let pixel_steps = width as u64 * height as u64 * steps as u64;
+    Ok(entry.price_per_image.cost(pixel_steps, margin)?)
 }
 
 fn imagine_error(e: hearth_imagine::Error) -> ApiError {
@@ -250,15 +248,8 @@ async fn generate(
     Span::current().record("user", session.user_id.as_str());
     let valid = validate::validate(&raw, &st.entry.limits, &st.entry.id)?;
     let billing = st.app.billing.clone();
-    let margin = billing.margin(valid.margin_percent)?;
-    let cost = image_cost(
-        &billing,
-        &st.entry,
-        valid.width,
-        valid.height,
-        valid.steps,
-        margin,
-    )?;
+    let margin = billing.margin(valid.margin);
+    let cost = image_cost(&st.entry, valid.width, valid.height, valid.steps, margin)?;
     let slot = st
         .user_slots
         .take(&session.user_id)
@@ -295,10 +286,11 @@ async fn generate(
                 _ = tx.closed() => None,
             };
             let answer = match outcome {
-                Some(Ok(image)) => match hold.settle(cost).await {
-                    Ok(charge) => Ok((image, charge)),
-                    Err(e) => Err(e),
-                },
+                Some(Ok(image)) => hold
+                    .settle(cost)
+                    .await
+                    .map(|charge| (image, charge))
+                    .map_err(ApiError::from),
                 other => {
                     if let Err(e) = hold.release().await {
                         warn!(error = %e, "releasing the hold of an unfinished image failed");

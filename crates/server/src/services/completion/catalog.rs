@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use hearth_billing::Price;
 use hearth_infer::{DeviceSpec, TextModelConfig, WeightSource};
 use hearth_scheduler::SchedulerConfig;
 use rust_decimal::Decimal;
@@ -28,8 +29,8 @@ pub struct TextModelSpec {
     pub max_input_tokens: usize,
     /// Caps the loaded model's context length (e.g. to bound KV memory); `None` = the model's.
     pub context_length: Option<usize>,
-    pub input_price_per_million: Decimal,
-    pub output_price_per_million: Decimal,
+    pub input_price_per_million: Price,
+    pub output_price_per_million: Price,
 }
 
 /// One model id fully resolved.
@@ -176,16 +177,13 @@ fn resolve(
         id: id.to_string(),
         message,
     };
-    let price = |key: &str, v: Option<String>| -> Result<Decimal, CatalogError> {
+    let price = |key: &str, v: Option<String>| -> Result<Price, CatalogError> {
         let v = v.ok_or_else(|| invalid(format!("{key} is required (a decimal string)")))?;
         let d: Decimal = v
             .trim()
             .parse()
             .map_err(|e| invalid(format!("{key} = {v:?}: {e}")))?;
-        if d.is_sign_negative() {
-            return Err(invalid(format!("{key} must not be negative")));
-        }
-        Ok(d)
+        Price::per_million(d).map_err(|e| invalid(format!("{key} = {v:?}: {e}")))
     };
     let source = match (m.weights, m.hf) {
         (Some(w), None) => WeightSource::Local { path: base.join(w) },
@@ -359,7 +357,7 @@ mod tests {
         assert_eq!(beta.temperature_max, 2.0);
         assert_eq!(beta.max_output_tokens, 16384);
         assert_eq!(
-            beta.input_price_per_million,
+            beta.input_price_per_million.amount(),
             "0.15".parse::<Decimal>().unwrap()
         );
         let gamma = catalog.entry("gamma-3.5-sonnet").unwrap();

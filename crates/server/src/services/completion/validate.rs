@@ -7,6 +7,7 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use hearth_billing::Margin;
 use hearth_types::{ChatMessage, Role};
 
 use super::catalog::{Catalog, TextModelSpec};
@@ -34,7 +35,7 @@ pub struct ValidRequest {
     pub temperature: f32,
     pub max_output_tokens: usize,
     /// `None`: the configured default margin applies.
-    pub margin_percent: Option<f64>,
+    pub margin: Option<Margin>,
     pub developer_id: Option<String>,
     pub application_id: Option<String>,
 }
@@ -111,19 +112,15 @@ pub fn validate(raw: &RawCompletionRequest, catalog: &Catalog) -> Result<ValidRe
     let messages = messages(&raw.messages)?;
     let temperature = temperature(&raw.temperature, spec)?;
     let max_output_tokens = max_output_tokens(&raw.max_output_tokens, spec)?;
-    let margin_percent = match &raw.override_gross_margin_percent {
+    let margin = match &raw.override_gross_margin_percent {
         None | Some(Value::Null) => None,
         Some(v) => {
             let field = "overrideGrossMarginPercent";
-            let m = number(v, field)?;
-            if !(0.0..=99.0).contains(&m) {
-                return Err(FieldError::new(
-                    field,
-                    format!("{field} must be between 0 and 99, got {m}"),
-                )
-                .with("min", json!(0))
-                .with("max", json!(99)));
-            }
+            let m = Margin::from_f64(number(v, field)?).map_err(|e| {
+                FieldError::new(field, format!("{field} {e}"))
+                    .with("min", json!(0))
+                    .with("max", json!(99))
+            })?;
             Some(m)
         }
     };
@@ -132,7 +129,7 @@ pub fn validate(raw: &RawCompletionRequest, catalog: &Catalog) -> Result<ValidRe
         messages,
         temperature,
         max_output_tokens,
-        margin_percent,
+        margin,
         developer_id: optional_string(&raw.developer_id, "developerId")?,
         application_id: optional_string(&raw.application_id, "applicationId")?,
     })
@@ -314,7 +311,7 @@ output_price_per_million = "15.00"
         let v = validate(&raw(ok()), &catalog()).unwrap();
         assert_eq!(v.max_output_tokens, DEFAULT_MAX_OUTPUT_TOKENS);
         assert_eq!(v.temperature, DEFAULT_TEMPERATURE);
-        assert_eq!(v.margin_percent, None);
+        assert_eq!(v.margin, None);
         assert_eq!(v.messages, vec![ChatMessage::new(Role::User, "hi")]);
     }
 

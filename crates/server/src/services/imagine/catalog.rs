@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use hearth_billing::Price;
 use hearth_imagine::{HubSource, ImageModelSource};
 use rust_decimal::Decimal;
 use serde::Deserialize;
@@ -42,7 +43,8 @@ pub struct ImageModelEntry {
     pub id: String,
     pub source: ImageModelSource,
     pub tiny_dir: PathBuf,
-    pub price_per_image: Decimal,
+    /// `price_per_image` for [`REFERENCE_PIXELS`] × [`REFERENCE_STEPS`] pixel-steps.
+    pub price_per_image: Price,
     pub guidance_scale: f64,
     pub limits: Limits,
     pub max_queued: usize,
@@ -136,11 +138,10 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<ImageModelEntry>, CatalogErr
             id: id.clone(),
             message,
         };
-        let price_per_image = Decimal::from_str(&m.price_per_image)
+        let amount = Decimal::from_str(&m.price_per_image)
             .map_err(|e| bad(format!("price_per_image {:?}: {e}", m.price_per_image)))?;
-        if price_per_image < Decimal::ZERO {
-            return Err(bad("price_per_image must not be negative".into()));
-        }
+        let price_per_image = Price::new(amount, Decimal::from(REFERENCE_PIXELS * REFERENCE_STEPS))
+            .map_err(|e| bad(format!("price_per_image {:?}: {e}", m.price_per_image)))?;
         let limits = Limits {
             min_size: m.min_size.unwrap_or(256),
             max_size: m.max_size.unwrap_or(2048),
@@ -212,7 +213,10 @@ mod tests {
             .iter()
             .find(|e| e.id == "xl-lightning")
             .expect("xl-lightning entry");
-        assert_eq!(e.price_per_image, Decimal::from_str("0.040").unwrap());
+        assert_eq!(
+            e.price_per_image.amount(),
+            Decimal::from_str("0.040").unwrap()
+        );
         assert_eq!(e.limits.default_steps, 4);
         assert_eq!(e.limits.default_size, 1024);
         assert!(e

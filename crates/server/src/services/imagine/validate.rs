@@ -7,6 +7,7 @@
 //! and `height` multiples of 64 from 256 to 2048, default 1024, with width x height at most
 //! 1,048,576 pixels; `overrideGrossMarginPercent` 0..=99.
 
+use hearth_billing::Margin;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -44,7 +45,8 @@ pub struct ValidImageRequest {
     pub steps: usize,
     pub width: usize,
     pub height: usize,
-    pub margin_percent: Option<f64>,
+    /// `None`: the configured default margin applies.
+    pub margin: Option<Margin>,
     pub developer_id: Option<String>,
     pub application_id: Option<String>,
 }
@@ -159,15 +161,17 @@ pub fn validate(
         )
         .with_details(json!({ "maxPixels": limits.max_pixels })));
     }
-    let margin_percent = match &raw.override_gross_margin_percent {
+    const MARGIN: &str = "overrideGrossMarginPercent";
+    let margin = match &raw.override_gross_margin_percent {
         None | Some(Value::Null) => None,
-        Some(Value::Number(n)) => n.as_f64(),
-        Some(_) => {
-            return Err(ApiError::invalid_request(
-                "overrideGrossMarginPercent",
-                "must be a number",
-            ))
+        Some(Value::Number(n)) => {
+            let percent = n.as_f64().unwrap_or(f64::NAN);
+            let margin = Margin::from_f64(percent).map_err(|e| {
+                ApiError::invalid_request(MARGIN, e).with_details(json!({ "min": 0, "max": 99 }))
+            })?;
+            Some(margin)
         }
+        Some(_) => return Err(ApiError::invalid_request(MARGIN, "must be a number")),
     };
     Ok(ValidImageRequest {
         prompt,
@@ -176,7 +180,7 @@ pub fn validate(
         steps,
         width,
         height,
-        margin_percent,
+        margin,
         developer_id,
         application_id,
     })

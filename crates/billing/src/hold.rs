@@ -1,0 +1,276 @@
+//! Holds: funds reserved before a request's work starts, settled with its real cost or
+//! released, exactly once, on every path.
+
+use hearth_store::{Hold, LedgerMeta, Store};
+use rust_decimal::Decimal;
+
+use crate::{Margin, Result};
+
+/// What settling did to the balance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Charge {
+    pub cost: Decimal,
+    /// The spendable balance before the hold was placed.
+    pub balance_before: Decimal,
+    pub balance_after: Decimal,
+}
+
+/// Metering on top of the store: the default margin, balances and holds.
+#[derive(Clone)]
+pub struct Meter {
+    store: Store,
+    default_margin: Margin,
+}
+
+impl Meter {
+    pub fn new(store: Store, default_margin: Margin) -> Self {
+        Self {
+            store,
+            default_margin,
+        }
+    }
+
+    /// The margin a request pays: its own override, else the configured default.
+    pub fn margin(&self, requested: Option<Margin>) -> Margin {
+        requested.unwrap_or(self.default_margin)
+    }
+
+    /// The user's spendable balance.
+    pub async fn balance(&self, user_id: &str) -> Result<Decimal> {
+        let (store, user) = (self.store.clone(), user_id.to_string());
+        blocking(move || store.balance(&user)).await
+    }
+
+    /// Reserves `amount` for a request; [`Error::InsufficientFunds`] when the balance is short
+    /// (nothing is held then).
+    ///
+    /// The hold comes back as [`HeldFunds`], which releases it when dropped. It is wrapped on
+    /// the blocking thread that placed it, so a caller that goes away while the hold is being
+    /// placed (its future dropped mid-await) releases it too: the value is dropped with the
+    /// task's unread output.
+    pub async fn hold(
+        &self,
+        user_id: &str,
+        amount: Decimal,
+        meta: LedgerMeta,
+    ) -> Result<HeldFunds> {
+        let (store, user) = (self.store.clone(), user_id.to_string());
+        blocking(move || {
+            let hold = store.place_hold(&user, amount, &meta)?;
+            Ok(HeldFunds {
+                store,
+                hold: Some(hold),
+            })
+        })
+        .await
+    }
+}
+
+/// Funds reserved for one request: an owned hold that is settled with the real cost
+/// ([`HeldFunds::settle`]) or, on every other path (an error, a cancelled future, a client gone,
+/// a panic), released when dropped. So no path strands money: what [`Meter::hold`] placed always
+/// ends.
+#[must_use = "dropping the funds releases the hold"]
+pub struct HeldFunds {
+    store: Store,
+    /// `Some` until settled or released.
+    hold: Option<Hold>,
+}
+
+impl HeldFunds {
+    /// The amount held.
+    pub fn amount(&self) -> Decimal {
+        self.hold.as_ref().map_or(Decimal::ZERO, |h| h.amount)
+    }
+
+    /// Whose funds these are.
+    pub fn user_id(&self) -> &str {
+        self.hold.as_ref().map_or("", |h| h.user_id.as_str())
+    }
+
+    /// Settles with the real cost (at most the held amount). If the store refuses, the hold is
+    /// released (the user is not charged) before the error is returned, so a balance read
+    /// afterwards already has the funds back.
+    pub async fn settle(mut self, cost: Decimal) -> Result<Charge> {
+        let Some(hold) = self.hold.take() else {
+            unreachable!("a HeldFunds holds its hold until it is consumed");
+        };
+        let store = self.store.clone();
+        let id = hold.id;
+        match blocking(move || store.settle_hold(id, cost)).await {
+            Ok(change) => Ok(Charge {
+                cost,
+                balance_before: change.before,
+                balance_after: change.after,
+            }),
+            Err(e) => {
+                // Put it back so that if this future is dropped now, dropping `self` releases it.
+                self.hold = Some(hold);
+                if let Err(release) = self.release_now().await {
+                    tracing::warn!(error = %release, "releasing a hold whose settlement failed failed too");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Gives the hold back untouched and waits until the store has done so.
+    pub async fn release(mut self) -> Result<()> {
+        self.release_now().await
+    }
+
+    async fn release_now(&mut self) -> Result<()> {
+        let Some(id) = self.hold.as_ref().map(|h| h.id) else {
+            return Ok(());
+        };
+        let store = self.store.clone();
+        // Taken only once released, so a drop mid-await still releases it.
+        blocking(move || store.release_hold(id)).await?;
+        self.hold = None;
+        Ok(())
+    }
+}
+
+impl Drop for HeldFunds {
+    fn drop(&mut self) {
+        let Some(hold) = self.hold.take() else { return };
+        let store = self.store.clone();
+        let release = move || match store.release_hold(hold.id) {
+            Ok(_) => {
+                tracing::info!(hold = %hold.id, user = %hold.user_id, amount = %hold.amount, "hold released: the request ended without settling")
+            }
+            // Still in the store: `release_stale_holds` gives it back at the next start.
+            Err(e) => {
+                tracing::warn!(hold = %hold.id, error = %e, "releasing a dropped hold failed")
+            }
+        };
+        // The store flushes to disk: off the async workers when there are any.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn_blocking(release);
+            }
+            Err(_) => release(),
+        }
+    }
+}
+
+impl std::fmt::Debug for HeldFunds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldFunds")
+            .field("hold", &self.hold.as_ref().map(|h| h.id))
+            .finish()
+    }
+}
+
+/// Store calls flush to disk: keep them off the async workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, hearth_store::Error> + Send + 'static,
+) -> Result<T> {
+    Ok(tokio::task::spawn_blocking(f).await??)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Error;
+    use std::str::FromStr;
+
+    fn d(s: &str) -> Decimal {
+        Decimal::from_str(s).unwrap()
+    }
+
+    fn store_with(user: &str, balance: &str) -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), Default::default()).unwrap();
+        store.ensure_user(user, false).unwrap();
+        store
+            .credit(user, d(balance), &LedgerMeta::reason("test funds"))
+            .unwrap();
+        (dir, store)
+    }
+
+    /// Waits (up to 5 s) until `user` has no open hold.
+    async fn holds_end(store: &Store, user: &str) -> bool {
+        for _ in 0..500 {
+            if store.holds(user).unwrap().is_empty() {
+                return true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    #[tokio::test]
+    async fn a_hold_whose_caller_goes_away_while_it_is_being_placed_is_released() {
+        let (_dir, store) = store_with("ann", "10");
+        let meter = Meter::new(store.clone(), Margin::ZERO);
+        // Poll the placement once (it is then on its blocking thread) and drop it: the caller
+        // went away mid-await, as a handler does when its client disconnects.
+        let mut placing = Box::pin(meter.hold("ann", d("3"), LedgerMeta::reason("test")));
+        let first = futures::poll!(placing.as_mut());
+        assert!(
+            first.is_pending(),
+            "the placement finished before it could be cut"
+        );
+        drop(placing);
+        assert!(holds_end(&store, "ann").await, "the hold was stranded");
+        assert_eq!(store.balance("ann").unwrap(), d("10"));
+    }
+
+    #[tokio::test]
+    async fn held_funds_settle_once_and_are_released_when_dropped() {
+        let (_dir, store) = store_with("bob", "10");
+        let meter = Meter::new(store.clone(), Margin::ZERO);
+        let meta = || LedgerMeta::reason("test");
+        let held = meter.hold("bob", d("4"), meta()).await.unwrap();
+        assert_eq!(held.amount(), d("4"));
+        assert_eq!(store.balance("bob").unwrap(), d("6"));
+        let charge = held.settle(d("1.5")).await.unwrap();
+        assert_eq!(
+            (charge.balance_before, charge.balance_after),
+            (d("10"), d("8.5"))
+        );
+        assert!(store.holds("bob").unwrap().is_empty());
+
+        let dropped = meter.hold("bob", d("8"), meta()).await.unwrap();
+        assert_eq!(store.balance("bob").unwrap(), d("0.5"));
+        drop(dropped);
+        assert!(holds_end(&store, "bob").await, "a dropped hold stayed");
+        assert_eq!(meter.balance("bob").await.unwrap(), d("8.5"));
+        // A hold beyond the balance is refused and places nothing.
+        let refused = meter.hold("bob", d("9"), meta()).await.unwrap_err();
+        assert!(
+            matches!(refused, Error::InsufficientFunds { needed, available } if needed == d("9") && available == d("8.5")),
+            "{refused:?}"
+        );
+        assert!(store.holds("bob").unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_settlement_the_store_refuses_releases_the_hold() {
+        let (_dir, store) = store_with("cy", "10");
+        let meter = Meter::new(store.clone(), Margin::ZERO);
+        let held = meter
+            .hold("cy", d("2"), LedgerMeta::reason("test"))
+            .await
+            .unwrap();
+        // More than was held: the store refuses the settlement, and the hold is back at once.
+        assert!(held.settle(d("3")).await.is_err());
+        assert!(
+            store.holds("cy").unwrap().is_empty(),
+            "the refused settlement kept its hold"
+        );
+        assert_eq!(store.balance("cy").unwrap(), d("10"));
+    }
+
+    #[test]
+    fn the_request_margin_wins_over_the_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), Default::default()).unwrap();
+        let five = Margin::percent(d("5")).unwrap();
+        let meter = Meter::new(store, five);
+        assert_eq!(meter.margin(None), five);
+        let twelve = Margin::from_f64(12.5).unwrap();
+        assert_eq!(meter.margin(Some(twelve)), twelve);
+    }
+}

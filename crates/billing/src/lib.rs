@@ -1,0 +1,59 @@
+//! Metering, shared by the completion and image services: what a request costs and the funds
+//! held for it.
+//!
+//! - [`Margin`]: a gross margin, 0 to 99 percent, checked once where it enters (a request field
+//!   or the configuration) and trusted everywhere after.
+//! - [`Price`]: credits per a number of units (per million tokens, per reference image); its
+//!   [`Price::cost`] is `units × amount / per / (1 − margin/100)`, computed exactly and rounded
+//!   **once**, at the end, to [`MONEY_SCALE`] (6) decimal places, half away from zero.
+//! - [`Meter`] places holds on the store; a hold comes back as [`HeldFunds`], an owned value
+//!   that settles with the real cost or is released when dropped, on every path.
+//!
+//! Errors are [`Error`]; the HTTP edge maps them once.
+
+mod hold;
+mod price;
+
+pub use hold::{Charge, HeldFunds, Meter};
+pub use price::{money, Margin, Price, MONEY_SCALE};
+
+use rust_decimal::Decimal;
+
+/// Why metering failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The balance cannot cover the amount asked for; nothing was held.
+    #[error("insufficient funds: {needed} needed, {available} available")]
+    InsufficientFunds { needed: Decimal, available: Decimal },
+    /// The user has no account in the store.
+    #[error("user {0:?} has no account")]
+    UnknownUser(String),
+    /// A margin outside 0 to 99 percent (or not a finite number).
+    #[error("must be between 0 and 99, got {0}")]
+    Margin(String),
+    /// A price with a negative amount or a non-positive unit count.
+    #[error("invalid price: {0}")]
+    Price(&'static str),
+    /// A cost too large for the decimal type.
+    #[error("the cost overflows")]
+    Overflow,
+    #[error(transparent)]
+    Store(hearth_store::Error),
+    /// The blocking task that ran a store call failed (it panicked or the runtime is gone).
+    #[error("the store call did not complete: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+impl From<hearth_store::Error> for Error {
+    fn from(e: hearth_store::Error) -> Self {
+        match e {
+            hearth_store::Error::InsufficientFunds { needed, available } => {
+                Error::InsufficientFunds { needed, available }
+            }
+            hearth_store::Error::UnknownUser(user) => Error::UnknownUser(user),
+            other => Error::Store(other),
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
