@@ -14,6 +14,7 @@
 # adds markitdown's time on the same attachment files (saved from the .msg with olefile).
 #
 # Usage: scripts/bench-markdown.sh [--no-service] [--repeat N]
+# (HEARTH_BIN=path/to/release/hearth measures that binary instead of building one.)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -55,7 +56,11 @@ fi
 
 echo "building hearth (release)..." >&2
 cargo build --quiet ${BENCH_PROFILE:---release} -p hearth-markdown --example md_convert
-if [ "$SERVICE" = 1 ]; then cargo build --quiet --release --bin hearth; fi
+# HEARTH_BIN: an already built release `hearth` to measure (skips building it).
+HEARTH_BIN="${HEARTH_BIN:-$CARGO_TARGET_DIR/release/hearth}"
+if [ "$SERVICE" = 1 ] && [ "$HEARTH_BIN" = "$CARGO_TARGET_DIR/release/hearth" ]; then
+  cargo build --quiet --release --bin hearth
+fi
 
 printf '%s\n' "${FILES[@]}" > "$WORK/files.txt"
 
@@ -121,7 +126,7 @@ for f in "${FILES[@]}"; do case "$f" in *.msg|*.eml) EMAILS+=("$f") ;; esac; don
 # Hearth service over HTTP.
 if [ "$SERVICE" = 1 ]; then
   PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  "$CARGO_TARGET_DIR/release/hearth" serve --services markdown --data-dir "$WORK/data" \
+  "$HEARTH_BIN" serve --services markdown --data-dir "$WORK/data" \
     --markdown-addr "127.0.0.1:$PORT" > "$WORK/service.log" 2>&1 &
   SERVER_PID=$!
   trap 'kill $SERVER_PID 2>/dev/null || true' EXIT

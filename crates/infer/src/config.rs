@@ -108,7 +108,9 @@ pub enum Numerics {
     /// A scalar emulation of llama.cpp's CPU arithmetic (ggml-cpu on x86-64 with AVX-512, f32
     /// KV cache, no flash attention), bit for bit, for parity checks against llama.cpp; slow.
     /// Llama-family GGUF files with Q4_1 layer matrices and Q8_0 embeddings, and Gemma 3 files
-    /// with Q5_0/Q8_0/Q4_K/Q6_K ones, only, with `kv_precision` f32 (src/fast/ggml_exact.rs).
+    /// with Q5_0/Q8_0/Q4_K/Q6_K ones, only, with `kv_precision` f32 (src/fast/ggml_exact/).
+    /// Only in builds with the `parity` feature: serving builds cannot select it.
+    #[cfg(feature = "parity")]
     Ggml,
 }
 
@@ -118,7 +120,14 @@ impl std::str::FromStr for Numerics {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim() {
             "fast" => Ok(Numerics::Fast),
+            #[cfg(feature = "parity")]
             "ggml" => Ok(Numerics::Ggml),
+            #[cfg(not(feature = "parity"))]
+            "ggml" => Err(
+                "numerics \"ggml\" (the llama.cpp parity emulator) exists only in builds \
+                 with the `parity` cargo feature, for parity checks; serving builds use \"fast\""
+                    .into(),
+            ),
             other => Err(format!("numerics {other:?}: expected fast or ggml")),
         }
     }
@@ -194,7 +203,10 @@ mod tests {
 
     #[test]
     fn numerics_parse_and_default_to_fast() {
+        #[cfg(feature = "parity")]
         assert_eq!("ggml".parse::<Numerics>().unwrap(), Numerics::Ggml);
+        #[cfg(not(feature = "parity"))]
+        assert!("ggml".parse::<Numerics>().unwrap_err().contains("parity"));
         assert_eq!(" fast ".parse::<Numerics>().unwrap(), Numerics::Fast);
         assert!("exact".parse::<Numerics>().is_err());
         assert_eq!(TextModelConfig::local("m.gguf").numerics, Numerics::Fast);

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 
-use crate::config::{BackendChoice, KvPrecision, Numerics, TextModelConfig, WeightSource};
+use crate::config::{BackendChoice, KvPrecision, TextModelConfig, WeightSource};
 use crate::gguf::{Arch, GgufFile, Hparams};
 use crate::model::{device_for, resolve_backend, Backend, TextModel};
 use crate::Error;
@@ -51,9 +51,12 @@ fn load_path(
             hint: FETCH_HINT.to_string(),
         });
     }
-    // llama.cpp's arithmetic, bit for bit (src/fast/ggml_exact.rs), exists for GGUF files on
+    // llama.cpp's arithmetic, bit for bit (src/fast/ggml_exact/, `parity` feature), exists for GGUF files on
     // the fast CPU backend with an f32 KV cache only.
-    let ggml = cfg.numerics == Numerics::Ggml;
+    #[cfg(feature = "parity")]
+    let ggml = cfg.numerics == crate::config::Numerics::Ggml;
+    #[cfg(not(feature = "parity"))]
+    let ggml = false;
     if ggml
         && (path.is_dir() || backend != BackendChoice::Fast || cfg.kv_precision != KvPrecision::F32)
     {
@@ -72,6 +75,7 @@ fn load_path(
         None => crate::tokenizer::from_gguf(&file.content, cfg.chat_template.as_deref())?,
     };
     // Asked for explicitly: a file the emulation cannot run is an error, not a fallback.
+    #[cfg(feature = "parity")]
     if ggml {
         let m = crate::fast::ggml_exact::from_gguf(path, &file.content, hp.clone(), cfg.threads)?;
         let weights_bytes = file.file_bytes;

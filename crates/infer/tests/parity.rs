@@ -2,7 +2,8 @@
 //! (fixtures made by scripts/reference-tokens.sh with an f32 KV cache), and batched == alone on
 //! 8 sequences. Greedy ids are checked teacher-forced at every step where llama.cpp's choice is
 //! decisive (default numerics); exact free-running ids with `Numerics::Ggml` for SmolLM2 and
-//! Gemma 3 (scripts/parity/README.md).
+//! Gemma 3 (scripts/parity/README.md), built with the `parity` feature only (scripts/test.sh runs
+//! `cargo test -p hearth-infer --features parity`).
 //! They need `weights/` (scripts/fetch-weights.sh); without it they fail and say so.
 
 use std::path::{Path, PathBuf};
@@ -146,6 +147,7 @@ fn check_prompts(model: &TextModel, fx: &serde_json::Value) -> Vec<Vec<u32>> {
 
 /// Greedy ids of every case against all of llama.cpp's (up to its end of generation or 80).
 /// Every case runs before the verdict, which lists each case's first difference.
+#[cfg(feature = "parity")]
 fn check_greedy(model: &mut TextModel, fx: &serde_json::Value) {
     let prompts = check_prompts(model, fx);
     let mut report = Vec::new();
@@ -284,8 +286,9 @@ fn gemma3_picks_llama_cpps_token_at_every_decisive_step_of_its_greedy_path() {
     check_decisive_steps(&mut model, &fixture(GEMMA3_FX));
 }
 
-/// With `Numerics::Ggml` (llama.cpp's CPU arithmetic emulated bit for bit, src/fast/ggml_exact.rs)
+/// With `Numerics::Ggml` (llama.cpp's CPU arithmetic emulated bit for bit, src/fast/ggml_exact/)
 /// every greedy id equals llama.cpp's, all 80 (or up to its end of generation) of every case.
+#[cfg(feature = "parity")]
 #[test]
 fn smollm2_matches_llama_cpp_token_for_token() {
     let mut model = load_with(SMOLLM2, None, Numerics::Ggml);
@@ -294,6 +297,7 @@ fn smollm2_matches_llama_cpp_token_for_token() {
 
 /// `Numerics::Ggml` refuses what it does not emulate (here an f16 KV cache) instead of running
 /// something else.
+#[cfg(feature = "parity")]
 #[test]
 fn ggml_numerics_refuse_an_f16_kv_cache() {
     for weights in [SMOLLM2, GEMMA3] {
@@ -307,6 +311,7 @@ fn ggml_numerics_refuse_an_f16_kv_cache() {
 
 /// With `Numerics::Ggml` (Gemma 3's Q5_0/Q8_0/Q4_K/Q6_K products, GELU table, Q/K norms and
 /// NeoX RoPE emulated bit for bit) every greedy id equals llama.cpp's, as for SmolLM2.
+#[cfg(feature = "parity")]
 #[test]
 fn gemma3_matches_llama_cpp_token_for_token() {
     let mut model = load_with(GEMMA3, Some("gamma-3.5-sonnet"), Numerics::Ggml);

@@ -34,6 +34,7 @@ use crate::gguf::{Arch, Hparams};
 use crate::model::{Backend, Step};
 use crate::Error;
 
+#[cfg(feature = "parity")]
 pub(crate) mod ggml_exact;
 #[cfg(test)]
 mod tests;
