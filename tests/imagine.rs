@@ -331,7 +331,7 @@ async fn health_is_500_when_the_model_cannot_load() {
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
     assert_eq!(body["status"], "failing");
     assert_eq!(body["model"]["status"], "failed");
-    // Requests answer InternalError rather than hang.
+    // Requests answer at once, as a failed model backend (GatewayError), rather than hang.
     let token = app.token("gus").await;
     let (status, body) = app
         .post(
@@ -340,8 +340,8 @@ async fn health_is_500_when_the_model_cannot_load() {
             json!({"prompt": "x", "serviceToken": token, "width": 256, "height": 256}),
         )
         .await;
-    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
-    assert_error(&body, "InternalError");
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert_error(&body, "GatewayError");
 }
 
 #[tokio::test]

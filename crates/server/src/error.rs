@@ -213,6 +213,17 @@ impl From<hearth_billing::Error> for ApiError {
     }
 }
 
+impl From<crate::models::ModelError> for ApiError {
+    fn from(e: crate::models::ModelError) -> Self {
+        use crate::models::ModelError as E;
+        match e {
+            // Requests name validated ids: an id the registry lacks is Hearth's fault.
+            E::Unknown(_) => ApiError::internal(e),
+            E::StillLoading(_) | E::Unavailable { .. } => ApiError::gateway(e.to_string()),
+        }
+    }
+}
+
 /// JSON body extractor whose every rejection is an [`ApiError`] of type `InvalidRequest` naming
 /// the field (or `body`), never axum's plain text. The body size limit is the router's
 /// `DefaultBodyLimit`; exceeding it answers 413 with type `InvalidRequest`.

@@ -11,6 +11,7 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod models;
 pub mod pages;
 pub mod serve;
 pub mod services;

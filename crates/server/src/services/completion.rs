@@ -237,10 +237,7 @@ async fn start(cs: &CompletionState, raw: RawCompletionRequest) -> Result<Starte
         .user_slots
         .take(&session.user_id)
         .map_err(ApiError::rate_limited)?;
-    let engine =
-        cs.core.engines.get(&valid.model).await.map_err(|why| {
-            ApiError::gateway(format!("model {} is unavailable: {why}", valid.model))
-        })?;
+    let engine = cs.core.engines.get(&valid.model).await?;
     // From here until the submit, an idle engine gathering a burst waits for this request.
     let announced = engine.announce();
 

@@ -24,11 +24,12 @@ use hearth_imagine::{GeneratedImage, ImageParams, ImageWorker, LoadOptions, Prov
 use hearth_store::LedgerMeta;
 use rust_decimal::Decimal;
 use serde_json::{json, Value};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 use tracing::{info, instrument, warn, Instrument, Span};
 
 use crate::app::{json_fallbacks, AppState};
 use crate::error::{ApiError, AppJson};
+use crate::models::{Availability, Models, Served};
 use crate::pages;
 use crate::services::{Service, ServiceInitError};
 use crate::user_slots::UserSlots;
@@ -37,17 +38,16 @@ use hearth_billing::{money, Charge, Margin};
 pub use catalog::{ImageModelEntry, Limits, REFERENCE_PIXELS, REFERENCE_STEPS};
 use validate::RawImageRequest;
 
-/// The served model's lifecycle.
-#[derive(Clone)]
-enum ModelState {
-    Loading,
-    Ready(Arc<Ready>),
-    Failed(String),
-}
-
+/// A loaded image model: its worker thread and where its weights came from.
 struct Ready {
     worker: ImageWorker,
     provenance: Provenance,
+}
+
+impl Served for Arc<Ready> {
+    fn unavailable(&self) -> Option<String> {
+        (!self.worker.is_alive()).then(|| "the image worker stopped".to_string())
+    }
 }
 
 /// The service's own state beside the shared [`AppState`].
@@ -55,7 +55,8 @@ struct Ready {
 pub struct ImagineState {
     app: AppState,
     entry: Arc<ImageModelEntry>,
-    model: watch::Receiver<ModelState>,
+    /// The served model, under `entry.id`.
+    models: Arc<Models<Arc<Ready>>>,
     /// Each user's queued or running images, against `imagine.max_concurrent_per_user`.
     user_slots: UserSlots,
 }
@@ -73,49 +74,34 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
         .cloned()
         .ok_or_else(|| ServiceInitError::new(Service::Imagine, "no image model configured"))?;
     let entry = Arc::new(entry);
-    let (tx, rx) = watch::channel(ModelState::Loading);
-    let load_entry = Arc::clone(&entry);
-    tokio::spawn(
-        async move {
-            let e = Arc::clone(&load_entry);
-            let loaded = tokio::task::spawn_blocking(move || {
-                let opts = LoadOptions {
-                    device: e.device.clone(),
-                    dtype: e.dtype.clone(),
-                    tiny_dir: e.tiny_dir.clone(),
-                    hub_cache: None,
-                };
-                let loaded = hearth_imagine::load_model(&e.source, &opts)?;
-                let worker = ImageWorker::spawn(loaded.pipeline, e.max_queued, &e.id)?;
-                Ok::<_, hearth_imagine::Error>(Ready { worker, provenance: loaded.provenance })
-            })
-            .await;
-            let state = match loaded {
-                Ok(Ok(ready)) => {
-                    match &ready.provenance {
-                        Provenance::Tiny(dir) => warn!(
-                            model = %load_entry.id, dir = %dir.display(),
-                            "serving the tiny SDXL-shaped TEST model: images are noise-like, not real pictures"
-                        ),
-                        other => info!(model = %load_entry.id, source = ?other, "image model ready"),
-                    }
-                    ModelState::Ready(Arc::new(ready))
-                }
-                Ok(Err(e)) => {
-                    warn!(model = %load_entry.id, error = %e, "image model failed to load");
-                    ModelState::Failed(e.to_string())
-                }
-                Err(e) => ModelState::Failed(format!("loader task failed: {e}")),
-            };
-            let _ = tx.send(state);
+    let mut models = Models::default();
+    let e = Arc::clone(&entry);
+    models.load(std::slice::from_ref(&entry.id), move || {
+        let opts = LoadOptions {
+            device: e.device.clone(),
+            dtype: e.dtype.clone(),
+            tiny_dir: e.tiny_dir.clone(),
+            hub_cache: None,
+        };
+        let loaded = hearth_imagine::load_model(&e.source, &opts).map_err(|e| e.to_string())?;
+        let worker =
+            ImageWorker::spawn(loaded.pipeline, e.max_queued, &e.id).map_err(|e| e.to_string())?;
+        if let Provenance::Tiny(dir) = &loaded.provenance {
+            warn!(
+                model = %e.id, dir = %dir.display(),
+                "serving the tiny SDXL-shaped TEST model: images are noise-like, not real pictures"
+            );
         }
-        .instrument(Span::current()),
-    );
+        Ok(Arc::new(Ready {
+            worker,
+            provenance: loaded.provenance,
+        }))
+    });
     let st = ImagineState {
         user_slots: UserSlots::new(state.config.imagine.max_concurrent_per_user),
         app: state,
         entry,
-        model: rx,
+        models: Arc::new(models),
     };
     Ok(json_fallbacks(
         Router::new()
@@ -144,23 +130,24 @@ async fn health(State(st): State<ImagineState>) -> Response {
         Ok(Err(e)) => Some(format!("database check failed: {e}")),
         Err(e) => Some(format!("database check failed: {e}")),
     };
-    let model = match &*st.model.borrow() {
-        ModelState::Loading => json!({ "id": st.entry.id, "status": "loading" }),
-        ModelState::Failed(why) => {
+    let id = &st.entry.id;
+    let availability = st.models.status().remove(id);
+    let model = match (availability, st.models.loaded(id)) {
+        (Some(Availability::Ready), Some(r)) => json!({
+            "id": id,
+            "status": "ready",
+            "weights": weights_kind(&r.provenance),
+            "testModel": r.provenance.is_tiny(),
+            "queued": r.worker.waiting(),
+        }),
+        (Some(Availability::Loading), _) => json!({ "id": id, "status": "loading" }),
+        (other, _) => {
+            let why = match other {
+                Some(Availability::Unavailable(why)) => why,
+                _ => "not loaded".to_string(),
+            };
             failure.get_or_insert_with(|| format!("image model unusable: {why}"));
-            json!({ "id": st.entry.id, "status": "failed", "error": why })
-        }
-        ModelState::Ready(r) => {
-            if !r.worker.is_alive() {
-                failure.get_or_insert_with(|| "image worker stopped".to_string());
-            }
-            json!({
-                "id": st.entry.id,
-                "status": if r.worker.is_alive() { "ready" } else { "failed" },
-                "weights": weights_kind(&r.provenance),
-                "testModel": r.provenance.is_tiny(),
-                "queued": r.worker.waiting(),
-            })
+            json!({ "id": id, "status": "failed", "error": why })
         }
     };
     let mut body = json!({
@@ -222,20 +209,6 @@ fn imagine_error(e: hearth_imagine::Error) -> ApiError {
     }
 }
 
-async fn ready_model(st: &ImagineState) -> Result<Arc<Ready>, ApiError> {
-    let mut rx = st.model.clone();
-    let state = rx
-        .wait_for(|s| !matches!(s, ModelState::Loading))
-        .await
-        .map_err(|_| ApiError::internal("image model loader vanished"))?
-        .clone();
-    match state {
-        ModelState::Ready(r) => Ok(r),
-        ModelState::Failed(why) => Err(ApiError::internal(format!("image model unusable: {why}"))),
-        ModelState::Loading => Err(ApiError::internal("image model still loading")),
-    }
-}
-
 /// `POST /`: one image, as a PNG data URL, with the seed used and the cost.
 #[instrument(skip_all, fields(user, seed))]
 async fn generate(
@@ -254,7 +227,7 @@ async fn generate(
         .user_slots
         .take(&session.user_id)
         .map_err(ApiError::rate_limited)?;
-    let model = ready_model(&st).await?;
+    let model = st.models.get(&st.entry.id).await?;
     let seed = valid.seed.unwrap_or_else(|| rand::random::<u32>() as u64);
     Span::current().record("seed", seed);
     let meta = LedgerMeta {
@@ -339,5 +312,7 @@ async fn generate(
 }
 
 fn model_is_tiny(st: &ImagineState) -> bool {
-    matches!(&*st.model.borrow(), ModelState::Ready(r) if r.provenance.is_tiny())
+    st.models
+        .loaded(&st.entry.id)
+        .is_some_and(|r| r.provenance.is_tiny())
 }
