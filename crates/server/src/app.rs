@@ -334,8 +334,7 @@ fn configured_public_url(config: &Config, service: Service) -> Option<String> {
 fn body_timeout_response(service: Service) -> serve::TimeoutResponse {
     match service {
         Service::Markdown => |timeout: &BodyTimeout| {
-            let body = serde_json::json!({ "error": format!("body: {timeout}") });
-            (axum::http::StatusCode::REQUEST_TIMEOUT, axum::Json(body)).into_response()
+            crate::error::MarkdownError::BodyTimeout(timeout.to_string()).into_response()
         },
         Service::Auth | Service::Completion | Service::Imagine => |timeout: &BodyTimeout| {
             ApiError::new(ErrorKind::RequestTimeout, format!("body: {timeout}"))

@@ -163,8 +163,8 @@ impl Conn {
         match tripped.get() {
             // The handler failed because the body timed out, whatever it made of that.
             Some(timeout) if !response.status().is_success() => {
+                // Its status (408) comes from the service's error, like every other.
                 let mut response = (self.on_body_timeout)(timeout);
-                *response.status_mut() = axum::http::StatusCode::REQUEST_TIMEOUT;
                 response
                     .headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));

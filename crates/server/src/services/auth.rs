@@ -2,7 +2,6 @@
 //! `GET /` and the sign-in page at `GET /ui`.
 
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -13,7 +12,7 @@ use tracing::instrument;
 
 use crate::app::{auth_error, json_fallbacks, AppState};
 use crate::config::origin_of;
-use crate::error::{ApiError, AppJson};
+use crate::error::{health_status, ApiError, AppJson};
 use crate::pages;
 use crate::services::Service;
 
@@ -49,26 +48,23 @@ async fn health(State(state): State<AppState>) -> Response {
     };
     let ui = state.urls.ui(Service::Auth);
     let env = state.config.env.clone();
-    match problem {
-        None => Json(Health {
-            status: "healthy",
-            env,
-            ui,
-        })
-        .into_response(),
-        Some(why) => {
-            tracing::error!(problem = %why, "auth service unhealthy");
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Json(Health {
-                    status: "unhealthy",
-                    env,
-                    ui,
-                }),
-            )
-                .into_response()
-        }
+    if let Some(why) = &problem {
+        tracing::error!(problem = %why, "auth service unhealthy");
     }
+    let health = Health {
+        status: if problem.is_none() {
+            "healthy"
+        } else {
+            "unhealthy"
+        },
+        env,
+        ui,
+    };
+    (
+        health_status(Service::Auth, problem.is_none()),
+        Json(health),
+    )
+        .into_response()
 }
 
 #[derive(Debug, Deserialize)]

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::HeaderValue;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
@@ -34,7 +34,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, instrument, warn, Instrument, Span};
 
 use crate::app::{json_fallbacks, AppState, Session};
-use crate::error::{ApiError, AppJson, ErrorKind};
+use crate::error::{health_status, ApiError, AppJson, ErrorKind};
 use crate::pages;
 use crate::services::{Service, ServiceInitError};
 use crate::user_slots::{UserSlot, UserSlots};
@@ -132,14 +132,13 @@ async fn health(State(cs): State<CompletionState>) -> Response {
         "ui": cs.app.urls.ui(Service::Completion),
         "models": cs.core.engines.status(),
     });
-    match failure {
-        None => (StatusCode::OK, Json(body)).into_response(),
-        Some(why) => {
-            warn!(error = %why, "health check: the store failed its round trip");
-            body["error"] = json!({ "type": "InternalError", "message": "database check failed", "details": {} });
-            (StatusCode::INTERNAL_SERVER_ERROR, Json(body)).into_response()
-        }
+    if let Some(why) = &failure {
+        warn!(error = %why, "health check: the store failed its round trip");
+        body["error"] =
+            json!({ "type": "InternalError", "message": "database check failed", "details": {} });
     }
+    let status = health_status(Service::Completion, failure.is_none());
+    (status, Json(body)).into_response()
 }
 
 const CHAT_PAGE: &str = include_str!("completion/chat.html");
@@ -194,25 +193,6 @@ struct Started {
 
 fn field_error(e: FieldError) -> ApiError {
     ApiError::new(ErrorKind::InvalidRequest, e.message).with_details(e.details)
-}
-
-fn scheduler_error(e: hearth_scheduler::Error) -> ApiError {
-    use hearth_scheduler::Error as E;
-    match e {
-        E::Overloaded { .. } | E::QueueTimeout { .. } | E::ShuttingDown => {
-            ApiError::overloaded(e.to_string())
-        }
-        E::EngineUnavailable(why) => {
-            ApiError::gateway(format!("the model's engine is unavailable: {why}"))
-        }
-        E::PromptTooLong { .. } | E::EmptyPrompt | E::InvalidToken { .. } => {
-            ApiError::invalid_request("messages", e)
-        }
-        E::ExceedsKvBudget { .. } | E::ZeroMaxTokens => {
-            ApiError::invalid_request("maxOutputTokens", e)
-        }
-        other => ApiError::internal(other),
-    }
 }
 
 #[instrument(skip_all, fields(model, user))]
@@ -303,7 +283,7 @@ async fn start(cs: &CompletionState, raw: RawCompletionRequest) -> Result<Starte
             if let Err(release) = hold.release().await {
                 warn!(error = %release, "releasing the hold of a refused request failed");
             }
-            Err(scheduler_error(e))
+            Err(e.into())
         }
     }
 }

@@ -15,7 +15,6 @@ mod validate;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -28,7 +27,7 @@ use tokio::sync::oneshot;
 use tracing::{info, instrument, warn, Instrument, Span};
 
 use crate::app::{json_fallbacks, AppState};
-use crate::error::{ApiError, AppJson};
+use crate::error::{health_status, ApiError, AppJson};
 use crate::models::{Availability, Models, Served};
 use crate::pages;
 use crate::services::{Service, ServiceInitError};
@@ -156,14 +155,12 @@ async fn health(State(st): State<ImagineState>) -> Response {
         "ui": st.app.urls.ui(Service::Imagine),
         "model": model,
     });
-    match failure {
-        None => (StatusCode::OK, Json(body)).into_response(),
-        Some(why) => {
-            warn!(error = %why, "image health check failing");
-            body["error"] = json!({ "type": "InternalError", "message": why, "details": {} });
-            (StatusCode::INTERNAL_SERVER_ERROR, Json(body)).into_response()
-        }
+    if let Some(why) = &failure {
+        warn!(error = %why, "image health check failing");
+        body["error"] = json!({ "type": "InternalError", "message": why, "details": {} });
     }
+    let status = health_status(Service::Imagine, failure.is_none());
+    (status, Json(body)).into_response()
 }
 
 const PAGE: &str = include_str!("imagine/imagine.html");
@@ -196,17 +193,6 @@ pub fn image_cost(
 ) -> Result<Decimal, ApiError> {
     let pixel_steps = width as u64 * height as u64 * steps as u64;
     Ok(entry.price_per_image.cost(pixel_steps, margin)?)
-}
-
-fn imagine_error(e: hearth_imagine::Error) -> ApiError {
-    use hearth_imagine::Error as E;
-    match e {
-        E::Overloaded { waiting } => ApiError::overloaded(format!(
-            "the image queue is full ({waiting} waiting); retry shortly"
-        )),
-        E::InvalidParams { field, message } => ApiError::invalid_request(field, message),
-        other => ApiError::internal(other),
-    }
 }
 
 /// `POST /`: one image, as a PNG data URL, with the seed used and the cost.
@@ -269,7 +255,7 @@ async fn generate(
                         warn!(error = %e, "releasing the hold of an unfinished image failed");
                     }
                     match other {
-                        Some(Err(e)) => Err(imagine_error(e)),
+                        Some(Err(e)) => Err(e.into()),
                         _ => {
                             info!("client disconnected: image request dropped, hold released");
                             return;

@@ -17,14 +17,13 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use chrono::{DateTime, SecondsFormat, Utc};
-use hearth_isolate::{
-    Attachments, ConvertErrorKind, Error as IsolateError, Limits, Pool, PoolConfig,
-};
+use hearth_isolate::{Attachments, Limits, Pool, PoolConfig};
 use serde_json::json;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tracing::{info, instrument, warn};
 
 use crate::app::AppState;
+use crate::error::{health_status, MarkdownError};
 use crate::services::Service;
 
 const PAGE: &str = include_str!("markdown/markdown.html");
@@ -42,15 +41,6 @@ pub struct MarkdownState {
     allowed_origins: Vec<String>,
     public_url: String,
     axum_version: String,
-}
-
-/// The `{"error": "..."}` answer of this service.
-struct MdError(StatusCode, String);
-
-impl IntoResponse for MdError {
-    fn into_response(self) -> Response {
-        (self.0, Json(json!({ "error": self.1 }))).into_response()
-    }
 }
 
 /// The version of a package as resolved in the workspace's lock file.
@@ -109,13 +99,8 @@ pub async fn router(state: AppState) -> Router {
     let router = Router::new()
         .route("/", get(health).post(convert))
         .route("/ui", get(page))
-        .fallback(|| async { MdError(StatusCode::NOT_FOUND, "No such endpoint".into()) })
-        .method_not_allowed_fallback(|| async {
-            MdError(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "Method not allowed on this endpoint".into(),
-            )
-        })
+        .fallback(|| async { MarkdownError::NotFound })
+        .method_not_allowed_fallback(|| async { MarkdownError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(body_limit(md.max_upload_bytes)))
         .with_state(service);
     if origins.is_empty() {
@@ -184,24 +169,16 @@ async fn health(State(state): State<MarkdownState>) -> Response {
             },
         },
     });
-    let status = if up {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (status, Json(body)).into_response()
+    (health_status(Service::Markdown, up), Json(body)).into_response()
 }
 
 /// `?attachments=list|convert` overrides the configured handling of e-mail attachments.
-fn requested_attachments(query: Option<&str>) -> Result<Option<Attachments>, MdError> {
+fn requested_attachments(query: Option<&str>) -> Result<Option<Attachments>, MarkdownError> {
     let Some(query) = query else { return Ok(None) };
     for pair in query.split('&') {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         if key == "attachments" {
-            return value
-                .parse()
-                .map(Some)
-                .map_err(|e| MdError(StatusCode::BAD_REQUEST, e));
+            return value.parse().map(Some).map_err(MarkdownError::BadQuery);
         }
     }
     Ok(None)
@@ -219,14 +196,9 @@ async fn convert(
     RawQuery(query): RawQuery,
     headers: HeaderMap,
     mut multipart: Multipart,
-) -> Result<Response, MdError> {
+) -> Result<Response, MarkdownError> {
     let attachments = requested_attachments(query.as_deref())?;
-    let too_large = |limit: usize| {
-        MdError(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("File too large: the limit is {limit} bytes"),
-        )
-    };
+    let too_large = |limit: usize| MarkdownError::TooLarge { limit };
     // Refused from its declared length, before a byte of the body is read.
     if declared_length(&headers).is_some_and(|n| n > body_limit(state.max_upload_bytes)) {
         return Err(too_large(state.max_upload_bytes));
@@ -235,10 +207,7 @@ async fn convert(
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             too_large(state.max_upload_bytes)
         } else {
-            MdError(
-                StatusCode::BAD_REQUEST,
-                format!("Malformed multipart body: {}", e.body_text()),
-            )
+            MarkdownError::Malformed(e.body_text())
         }
     };
     let mut upload: Option<(String, Bytes)> = None;
@@ -257,10 +226,10 @@ async fn convert(
         break;
     }
     let Some((name, data)) = upload else {
-        return Err(MdError(StatusCode::BAD_REQUEST, "No file provided".into()));
+        return Err(MarkdownError::NoFile);
     };
     if name.trim().is_empty() {
-        return Err(MdError(StatusCode::BAD_REQUEST, "No file selected".into()));
+        return Err(MarkdownError::NoFileSelected);
     }
     if data.len() > state.max_upload_bytes {
         return Err(too_large(state.max_upload_bytes));
@@ -290,43 +259,9 @@ async fn convert(
         }
         Err(e) => {
             warn!(error = %e, ms = started.elapsed().as_millis() as u64, "conversion failed");
-            Err(conversion_error(&e))
+            Err(MarkdownError::from(&e))
         }
     }
-}
-
-/// The status and message of every way a conversion can fail; the one place this service
-/// chooses them.
-fn conversion_error(e: &IsolateError) -> MdError {
-    let (status, message) = match e {
-        IsolateError::Convert { kind, message } => match kind {
-            ConvertErrorKind::Unsupported { what } => (
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                format!("Unsupported file type: {what}"),
-            ),
-            ConvertErrorKind::Empty => (
-                StatusCode::BAD_REQUEST,
-                format!("Conversion failed: {message}"),
-            ),
-            ConvertErrorKind::TooLarge => (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("Conversion failed: {message}"),
-            ),
-            _ => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("Conversion failed: {message}"),
-            ),
-        },
-        IsolateError::Crashed { cause } => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("Conversion failed: {cause}"),
-        ),
-        IsolateError::Busy { .. } | IsolateError::Unavailable { .. } => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("The converter is unavailable: {e}"),
-        ),
-    };
-    MdError(status, message)
 }
 
 /// The request's `Content-Length`, if it declares one.

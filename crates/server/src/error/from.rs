@@ -1,0 +1,88 @@
+//! The typed errors of the crates below the server, mapped to [`ApiError`] once.
+
+use serde_json::json;
+
+use super::ApiError;
+use hearth_billing::money;
+
+impl From<hearth_store::Error> for ApiError {
+    fn from(e: hearth_store::Error) -> Self {
+        use hearth_store::Error as E;
+        match e {
+            E::InsufficientFunds { needed, available } => {
+                ApiError::insufficient_funds(money(needed), money(available))
+            }
+            E::UnknownUser(u) => ApiError::not_found(format!("unknown user {u:?}")),
+            E::InvalidUserId(why) => ApiError::invalid_request("userId", why),
+            E::NonPositiveAmount(a) => {
+                ApiError::invalid_request("amount", format!("must be positive, got {a}"))
+            }
+            other => ApiError::internal(other),
+        }
+    }
+}
+
+impl From<hearth_billing::Error> for ApiError {
+    fn from(e: hearth_billing::Error) -> Self {
+        use hearth_billing::Error as E;
+        match e {
+            E::InsufficientFunds { needed, available } => {
+                ApiError::insufficient_funds(money(needed), money(available))
+            }
+            // A signed-in user always has an account; without one the token outlived the data.
+            E::UnknownUser(u) => {
+                ApiError::invalid_credentials(format!("user {u:?} has no account; sign in again"))
+                    .with_details(json!({ "userId": u }))
+            }
+            E::Store(e) => e.into(),
+            // Margins are parsed at validation and prices at load: these are Hearth's faults.
+            E::Margin(_) | E::Price(_) | E::Overflow | E::Task(_) => ApiError::internal(e),
+        }
+    }
+}
+
+impl From<crate::models::ModelError> for ApiError {
+    fn from(e: crate::models::ModelError) -> Self {
+        use crate::models::ModelError as E;
+        match e {
+            // Requests name validated ids: an id the registry lacks is Hearth's fault.
+            E::Unknown(_) => ApiError::internal(e),
+            E::StillLoading(_) | E::Unavailable { .. } => ApiError::gateway(e.to_string()),
+        }
+    }
+}
+
+impl From<hearth_scheduler::Error> for ApiError {
+    fn from(e: hearth_scheduler::Error) -> Self {
+        use hearth_scheduler::Error as E;
+        match e {
+            E::Overloaded { retry_after, .. } | E::QueueTimeout { retry_after, .. } => {
+                ApiError::overloaded_after(e.to_string(), retry_after)
+            }
+            E::ShuttingDown => ApiError::overloaded(e.to_string()),
+            E::EngineUnavailable(why) => {
+                ApiError::gateway(format!("the model's engine is unavailable: {why}"))
+            }
+            E::PromptTooLong { .. } | E::EmptyPrompt | E::InvalidToken { .. } => {
+                ApiError::invalid_request("messages", e)
+            }
+            E::ExceedsKvBudget { .. } | E::ZeroMaxTokens => {
+                ApiError::invalid_request("maxOutputTokens", e)
+            }
+            other => ApiError::internal(other),
+        }
+    }
+}
+
+impl From<hearth_imagine::Error> for ApiError {
+    fn from(e: hearth_imagine::Error) -> Self {
+        use hearth_imagine::Error as E;
+        match e {
+            E::Overloaded { waiting } => ApiError::overloaded(format!(
+                "the image queue is full ({waiting} waiting); retry shortly"
+            )),
+            E::InvalidParams { field, message } => ApiError::invalid_request(field, message),
+            other => ApiError::internal(other),
+        }
+    }
+}

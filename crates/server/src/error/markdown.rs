@@ -1,0 +1,162 @@
+//! The markdown service's errors. Spec section 7 gives this service its own body shape,
+//! `{"error": "<message>"}`; the statuses come from the same table as every other error
+//! ([`ErrorKind::status`]).
+
+use axum::http::{header, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use hearth_isolate::{ConvertErrorKind, Error as IsolateError};
+use serde_json::json;
+
+use super::{ErrorKind, RETRY_AFTER_SECS};
+
+/// Every way a markdown request can fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MarkdownError {
+    /// The multipart body has no `file` part.
+    NoFile,
+    /// The `file` part has an empty file name (a form submitted with nothing chosen).
+    NoFileSelected,
+    /// The upload is over `max_upload_bytes`, declared or read.
+    TooLarge {
+        limit: usize,
+    },
+    /// The multipart framing is broken.
+    Malformed(String),
+    /// A query parameter with a value the service does not know.
+    BadQuery(String),
+    /// A document of a kind that is not converted (executables, legacy Office, encrypted).
+    Unsupported(String),
+    /// A document with nothing in it.
+    Empty(String),
+    /// A document whose content unpacks past the limits.
+    ContentTooLarge(String),
+    /// The conversion failed: a malformed file, the time limit, a worker that died.
+    Failed(String),
+    /// No worker came free in time, or none can start.
+    Unavailable(String),
+    /// The body stalled or trickled (`serve::BodyTimeout`).
+    BodyTimeout(String),
+    NotFound,
+    MethodNotAllowed,
+}
+
+impl MarkdownError {
+    /// Its row in the one status table.
+    pub fn kind(&self) -> ErrorKind {
+        use MarkdownError as M;
+        match self {
+            M::NoFile | M::NoFileSelected | M::Malformed(_) | M::BadQuery(_) | M::Empty(_) => {
+                ErrorKind::InvalidRequest
+            }
+            M::TooLarge { .. } | M::ContentTooLarge(_) => ErrorKind::PayloadTooLarge,
+            M::Unsupported(_) => ErrorKind::UnsupportedMediaType,
+            M::Failed(_) => ErrorKind::InternalError,
+            M::Unavailable(_) => ErrorKind::Overloaded,
+            M::BodyTimeout(_) => ErrorKind::RequestTimeout,
+            M::NotFound => ErrorKind::NotFound,
+            M::MethodNotAllowed => ErrorKind::MethodNotAllowed,
+        }
+    }
+
+    /// The `error` string.
+    pub fn message(&self) -> String {
+        use MarkdownError as M;
+        match self {
+            M::NoFile => "No file provided".into(),
+            M::NoFileSelected => "No file selected".into(),
+            M::TooLarge { limit } => format!("File too large: the limit is {limit} bytes"),
+            M::Malformed(why) => format!("Malformed multipart body: {why}"),
+            M::BadQuery(why) => why.clone(),
+            M::Unsupported(what) => format!("Unsupported file type: {what}"),
+            M::Empty(why) | M::ContentTooLarge(why) | M::Failed(why) => {
+                format!("Conversion failed: {why}")
+            }
+            M::Unavailable(why) => format!("The converter is unavailable: {why}"),
+            M::BodyTimeout(why) => format!("body: {why}"),
+            M::NotFound => "No such endpoint".into(),
+            M::MethodNotAllowed => "Method not allowed on this endpoint".into(),
+        }
+    }
+}
+
+impl IntoResponse for MarkdownError {
+    fn into_response(self) -> Response {
+        let kind = self.kind();
+        let mut resp = (kind.status(), Json(json!({ "error": self.message() }))).into_response();
+        if kind == ErrorKind::Overloaded {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+        }
+        resp
+    }
+}
+
+impl From<&IsolateError> for MarkdownError {
+    fn from(e: &IsolateError) -> Self {
+        match e {
+            IsolateError::Convert { kind, message } => match kind {
+                ConvertErrorKind::Unsupported { what } => MarkdownError::Unsupported(what.clone()),
+                ConvertErrorKind::Empty => MarkdownError::Empty(message.clone()),
+                ConvertErrorKind::TooLarge => MarkdownError::ContentTooLarge(message.clone()),
+                _ => MarkdownError::Failed(message.clone()),
+            },
+            IsolateError::Crashed { cause } => MarkdownError::Failed(cause.to_string()),
+            IsolateError::Busy { .. } | IsolateError::Unavailable { .. } => {
+                MarkdownError::Unavailable(e.to_string())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::StatusCode;
+
+    #[test]
+    fn each_failure_has_its_status_and_the_spec_shape() {
+        let cases = [
+            (
+                MarkdownError::NoFile,
+                StatusCode::BAD_REQUEST,
+                "No file provided",
+            ),
+            (
+                MarkdownError::TooLarge { limit: 5 },
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "File too large",
+            ),
+            (
+                MarkdownError::Unsupported("an executable".into()),
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "Unsupported file type",
+            ),
+            (
+                MarkdownError::Failed("truncated".into()),
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "Conversion failed",
+            ),
+            (
+                MarkdownError::Unavailable("busy".into()),
+                StatusCode::SERVICE_UNAVAILABLE,
+                "The converter is unavailable",
+            ),
+            (
+                MarkdownError::BodyTimeout("no data arrived for 2 s".into()),
+                StatusCode::REQUEST_TIMEOUT,
+                "body: no data arrived",
+            ),
+            (
+                MarkdownError::MethodNotAllowed,
+                StatusCode::METHOD_NOT_ALLOWED,
+                "Method not allowed",
+            ),
+        ];
+        for (error, status, starts) in cases {
+            assert_eq!(error.kind().status(), status, "{error:?}");
+            assert!(error.message().starts_with(starts), "{error:?}");
+            assert_eq!(error.into_response().status(), status);
+        }
+    }
+}

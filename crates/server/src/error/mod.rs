@@ -1,0 +1,220 @@
+//! The one place that chooses HTTP statuses. Every failure the authentication, completion and
+//! image services answer is an [`ApiError`], rendered as `{"error": {"type", "message",
+//! "details"}}`; every failure of the markdown service is a [`MarkdownError`], rendered as
+//! `{"error": "<message>"}` (spec section 7). Both take their status from one table,
+//! [`ErrorKind::status`], and so does every health answer ([`health_status`]). The typed errors
+//! of the crates below are mapped here once (`from.rs`).
+
+mod from;
+mod json;
+mod markdown;
+
+pub use json::{parse_json, AppJson};
+pub use markdown::MarkdownError;
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+/// The error types of the spec's section 7, plus the few Hearth adds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    InvalidRequest,
+    InvalidCredentials,
+    SessionExpired,
+    InsufficientFunds,
+    GatewayError,
+    /// Too much work queued; retry later.
+    Overloaded,
+    /// The user already runs as many requests of this service as one user may (429).
+    RateLimited,
+    NotFound,
+    /// A body over the configured limit; reported with type `InvalidRequest`.
+    PayloadTooLarge,
+    /// A body that stalled or trickled (`serve::BodyTimeout`); reported with type `InvalidRequest`.
+    RequestTimeout,
+    /// A document of a kind the markdown service does not convert (415).
+    UnsupportedMediaType,
+    /// A path that exists, asked with another method (405, the markdown service).
+    MethodNotAllowed,
+    InternalError,
+}
+
+impl ErrorKind {
+    /// HTTP status for each kind; README.md "Errors" documents this table.
+    pub fn status(self) -> StatusCode {
+        match self {
+            ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
+            ErrorKind::InvalidCredentials | ErrorKind::SessionExpired => StatusCode::UNAUTHORIZED,
+            ErrorKind::InsufficientFunds => StatusCode::PAYMENT_REQUIRED,
+            ErrorKind::GatewayError => StatusCode::BAD_GATEWAY,
+            ErrorKind::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            ErrorKind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ErrorKind::InternalError => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The `error.type` string on the wire.
+    pub fn type_name(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidRequest | ErrorKind::PayloadTooLarge => "InvalidRequest",
+            ErrorKind::RequestTimeout
+            | ErrorKind::UnsupportedMediaType
+            | ErrorKind::MethodNotAllowed => "InvalidRequest",
+            ErrorKind::InvalidCredentials => "InvalidCredentials",
+            ErrorKind::SessionExpired => "SessionExpired",
+            ErrorKind::InsufficientFunds => "InsufficientFunds",
+            ErrorKind::GatewayError => "GatewayError",
+            ErrorKind::Overloaded => "Overloaded",
+            ErrorKind::RateLimited => "RateLimited",
+            ErrorKind::NotFound => "NotFound",
+            ErrorKind::InternalError => "InternalError",
+        }
+    }
+}
+
+/// Seconds a client is told to wait after `Overloaded` or `RateLimited`, unless the error
+/// carries its own figure (`details.retryAfterSeconds`, e.g. the scheduler's).
+pub const RETRY_AFTER_SECS: u64 = 1;
+
+/// The status of a health answer (spec 3.3): 200 when healthy; otherwise 503 for the
+/// authentication service (`unhealthy`) and the markdown service (`degraded`), 500 for the
+/// completion and image services (`failing`).
+pub fn health_status(service: crate::Service, healthy: bool) -> StatusCode {
+    use crate::Service;
+    match (healthy, service) {
+        (true, _) => StatusCode::OK,
+        (false, Service::Auth | Service::Markdown) => StatusCode::SERVICE_UNAVAILABLE,
+        (false, Service::Completion | Service::Imagine) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// An error as a JSON service answers it.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub kind: ErrorKind,
+    pub message: String,
+    pub details: Value,
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.kind.type_name(), self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+impl ApiError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            details: json!({}),
+        }
+    }
+
+    /// Adds context to `details` (must be a JSON object to merge; anything else replaces).
+    pub fn with_details(mut self, details: Value) -> Self {
+        match (&mut self.details, details) {
+            (Value::Object(into), Value::Object(from)) => into.extend(from),
+            (slot, other) => *slot = other,
+        }
+        self
+    }
+
+    /// A client error about one field, named in the message and in `details.field`.
+    pub fn invalid_request(field: &str, message: impl std::fmt::Display) -> Self {
+        Self::new(ErrorKind::InvalidRequest, format!("{field}: {message}"))
+            .with_details(json!({ "field": field }))
+    }
+
+    /// A client error not tied to one field.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidRequest, message)
+    }
+
+    pub fn invalid_credentials(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidCredentials, message)
+    }
+
+    pub fn session_expired() -> Self {
+        Self::new(ErrorKind::SessionExpired, "the service token has expired")
+    }
+
+    pub fn insufficient_funds(
+        needed: impl std::fmt::Display,
+        available: impl std::fmt::Display,
+    ) -> Self {
+        Self::new(
+            ErrorKind::InsufficientFunds,
+            format!("insufficient funds: {needed} needed, {available} available"),
+        )
+        .with_details(json!({ "needed": needed.to_string(), "available": available.to_string() }))
+    }
+
+    pub fn gateway(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::GatewayError, message)
+    }
+
+    pub fn overloaded(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Overloaded, message)
+            .with_details(json!({ "retryAfterSeconds": RETRY_AFTER_SECS }))
+    }
+
+    /// `Overloaded`, retry after `after` (rounded up to whole seconds, at least one): the figure
+    /// goes in `details.retryAfterSeconds` and the `Retry-After` header.
+    pub fn overloaded_after(message: impl Into<String>, after: std::time::Duration) -> Self {
+        let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+        Self::new(ErrorKind::Overloaded, message)
+            .with_details(json!({ "retryAfterSeconds": secs.max(1) }))
+    }
+
+    /// Too many of this user's requests already running (a per-user cap); retry shortly.
+    pub fn rate_limited(e: crate::user_slots::SlotsFull) -> Self {
+        Self::new(ErrorKind::RateLimited, e.to_string())
+            .with_details(json!({ "limit": e.limit, "retryAfterSeconds": RETRY_AFTER_SECS }))
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotFound, message)
+    }
+
+    pub fn payload_too_large(limit: usize) -> Self {
+        Self::new(
+            ErrorKind::PayloadTooLarge,
+            format!("body: larger than the {limit}-byte limit"),
+        )
+        .with_details(json!({ "field": "body", "limitBytes": limit }))
+    }
+
+    /// An internal failure: the cause is logged here, once; the client gets a plain message.
+    pub fn internal(cause: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %cause, "internal error");
+        Self::new(ErrorKind::InternalError, "internal error")
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({
+            "error": { "type": self.kind.type_name(), "message": self.message, "details": self.details }
+        });
+        let retry_after = self.details["retryAfterSeconds"].as_u64();
+        let mut resp = (self.kind.status(), axum::Json(body)).into_response();
+        if matches!(self.kind, ErrorKind::Overloaded | ErrorKind::RateLimited) {
+            let secs = retry_after.unwrap_or(RETRY_AFTER_SECS);
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests;
