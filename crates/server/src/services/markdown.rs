@@ -27,7 +27,8 @@ use crate::error::{health_status, MarkdownError};
 use crate::services::Service;
 
 const PAGE: &str = include_str!("markdown/markdown.html");
-const CARGO_LOCK: &str = include_str!("../../../../Cargo.lock");
+/// The axum this build links, as its health check reports it (recorded by `build.rs`).
+const AXUM_VERSION: &str = concat!("axum ", env!("HEARTH_AXUM_VERSION"));
 
 /// State of the markdown service.
 #[derive(Clone)]
@@ -40,23 +41,6 @@ pub struct MarkdownState {
     region: String,
     allowed_origins: Vec<String>,
     public_url: String,
-    axum_version: String,
-}
-
-/// The version of a package as resolved in the workspace's lock file.
-fn locked_version(package: &str) -> Option<String> {
-    let mut lines = CARGO_LOCK.lines();
-    while let Some(line) = lines.next() {
-        if line.trim() == format!("name = \"{package}\"") {
-            let v = lines
-                .next()?
-                .trim()
-                .strip_prefix("version = \"")?
-                .trim_end_matches('"');
-            return Some(v.to_string());
-        }
-    }
-    None
 }
 
 /// Builds the markdown router and starts its conversion workers.
@@ -86,9 +70,6 @@ pub async fn router(state: AppState) -> Router {
         region: config.region.clone(),
         allowed_origins: config.allowed_origins.clone(),
         public_url: state.urls.get(Service::Markdown).to_string(),
-        axum_version: locked_version("axum")
-            .map(|v| format!("axum {v}"))
-            .unwrap_or_else(|| "axum 0.8".into()),
     };
     let origins: Vec<HeaderValue> = config
         .allowed_origins
@@ -142,7 +123,7 @@ async fn health(State(state): State<MarkdownState>) -> Response {
         "service": "Hearth Markdown Conversion",
         "version": {
             "rust": hearth_markdown::RUSTC_VERSION,
-            "axum": state.axum_version,
+            "axum": AXUM_VERSION,
         },
         "components": {
             "converter": if up { "up" } else { "down" },
