@@ -10,10 +10,10 @@
 mod clip;
 pub mod config;
 mod error;
+pub mod euler;
 pub mod files;
 pub mod model;
 pub mod pipeline;
-pub mod scheduler;
 pub mod tiny;
 mod tokenizer;
 mod unet;
@@ -22,10 +22,10 @@ mod worker;
 
 pub use clip::{ClipOutput, ClipTextEncoder};
 pub use error::{Error, Result};
+pub use euler::EulerDiscrete;
 pub use files::{HubSource, ModelFiles};
 pub use model::{load_model, ImageModelSource, LoadOptions, LoadedModel, Provenance};
 pub use pipeline::{Image, ImageParams, PromptEmbeds, SdxlPipeline};
-pub use scheduler::EulerDiscrete;
 pub use tiny::write_tiny_sdxl;
 pub use tokenizer::ClipTokenizer;
 pub use unet::SdxlUNet;

@@ -2,9 +2,9 @@
 //! [`Generation`] is what a caller reads events from, [`StreamRegistry`] finds a running stream
 //! by id to cancel it. Nothing here ever blocks on the engine beyond a short mutex.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use hearth_infer::{SamplingParams, TextModel, TextTokenizer};
@@ -14,6 +14,8 @@ use tracing::Span;
 
 use crate::engine::Engine;
 use crate::metrics::{Metrics, MetricsSnapshot};
+pub(crate) use crate::queue::{Pending, Queue, RunState, Shared};
+pub use crate::registry::{CancelHandle, StreamRegistry};
 use crate::{Error, SchedulerConfig};
 
 /// One generation request, already tokenized and validated by the caller.
@@ -30,153 +32,6 @@ pub struct Request {
     /// Keep generating through end-of-sequence tokens until `max_tokens` (benchmarks only, so
     /// that every stream produces the same number of tokens).
     pub ignore_eos: bool,
-}
-
-/// Stops one stream (queued or running) within one engine step. Cheap to clone.
-#[derive(Debug, Clone, Default)]
-pub struct CancelHandle(Arc<AtomicBool>);
-
-impl CancelHandle {
-    pub fn cancel(&self) {
-        self.0.store(true, Ordering::Release);
-    }
-    pub fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::Acquire)
-    }
-    fn same(&self, other: &CancelHandle) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
-/// Stream id -> cancel handle of every queued or running stream. Share one registry between
-/// the schedulers of several models so one lookup serves `/stream/shutdown`.
-#[derive(Debug, Clone, Default)]
-pub struct StreamRegistry(Arc<Mutex<HashMap<String, CancelHandle>>>);
-
-impl StreamRegistry {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    fn map(&self) -> MutexGuard<'_, HashMap<String, CancelHandle>> {
-        self.0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Cancels the stream with this id. False when no queued or running stream has it (unknown
-    /// or already ended): the caller answers 404.
-    pub fn cancel(&self, stream_id: &str) -> bool {
-        match self.map().get(stream_id) {
-            Some(handle) if !handle.is_cancelled() => {
-                handle.cancel();
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// True while the stream is queued or running.
-    pub fn contains(&self, stream_id: &str) -> bool {
-        self.map().contains_key(stream_id)
-    }
-
-    pub fn len(&self) -> usize {
-        self.map().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn insert(&self, stream_id: &str, handle: CancelHandle) -> Result<(), Error> {
-        let mut map = self.map();
-        if map.contains_key(stream_id) {
-            return Err(Error::DuplicateStreamId(stream_id.to_string()));
-        }
-        map.insert(stream_id.to_string(), handle);
-        Ok(())
-    }
-
-    /// Removes the entry if it still belongs to `handle` (ids are never reused, but be exact).
-    pub(crate) fn remove(&self, stream_id: &str, handle: &CancelHandle) {
-        let mut map = self.map();
-        if map.get(stream_id).is_some_and(|h| h.same(handle)) {
-            map.remove(stream_id);
-        }
-    }
-}
-
-/// A request waiting for admission, owned by the shared queue until the engine takes it.
-pub(crate) struct Pending {
-    pub id: u64,
-    pub stream_id: String,
-    pub prompt: Vec<u32>,
-    pub params: SamplingParams,
-    pub ignore_eos: bool,
-    /// KV positions the sequence is allocated (prompt + max output, clipped to the context).
-    pub capacity: usize,
-    pub kv_bytes: u64,
-    pub tx: mpsc::Sender<TokenEvent>,
-    pub cancel: CancelHandle,
-    pub admit: oneshot::Sender<Result<(), Error>>,
-    pub enqueued: Instant,
-    pub span: Span,
-    pub progress: Arc<AtomicUsize>,
-}
-
-pub(crate) enum RunState {
-    Running,
-    /// Refusing new work; running streams end by `deadline` or are aborted.
-    Draining {
-        deadline: Instant,
-    },
-}
-
-pub(crate) struct Queue {
-    pub waiting: VecDeque<Pending>,
-    /// Sequences in the engine's batch, kept here so `submit` can count free slots.
-    pub active: usize,
-    pub state: RunState,
-    /// Set when the engine thread is gone, with the reason.
-    pub dead: Option<String>,
-}
-
-/// State shared by the handles and the engine thread.
-pub(crate) struct Shared {
-    pub config: SchedulerConfig,
-    pub queue: Mutex<Queue>,
-    pub wake: Condvar,
-    pub metrics: Metrics,
-    pub registry: StreamRegistry,
-    pub tokenizer: Arc<TextTokenizer>,
-    pub context_length: usize,
-    pub vocab_size: usize,
-    pub kv_bytes_per_token: u64,
-    pub stopped: watch::Sender<bool>,
-    /// Requests announced by their callers and not yet queued (see [`SchedulerHandle::announce`]).
-    pub announced: AtomicUsize,
-    next_id: AtomicU64,
-}
-
-impl Shared {
-    pub fn lock(&self) -> MutexGuard<'_, Queue> {
-        self.queue
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Starts draining (idempotent): new requests are refused, running ones get the grace period.
-    pub fn begin_shutdown(&self) {
-        let mut queue = self.lock();
-        if matches!(queue.state, RunState::Running) {
-            queue.state = RunState::Draining {
-                deadline: Instant::now() + self.config.shutdown_grace,
-            };
-        }
-        drop(queue);
-        self.wake.notify_all();
-    }
 }
 
 /// Starts engines. See [`Scheduler::spawn`].

@@ -18,6 +18,8 @@ mod engine;
 mod error;
 mod handle;
 pub mod metrics;
+mod queue;
+mod registry;
 mod spare;
 
 pub use config::SchedulerConfig;

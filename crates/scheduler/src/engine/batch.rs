@@ -1,68 +1,43 @@
-//! The engine loop: owns the model on its own OS thread and runs one batched forward step after
-//! another over every running sequence. Each iteration admits waiting requests (FCFS), reaps
-//! cancelled / disconnected / stalled streams, plans a step (one decode row per running stream,
-//! then prefill chunks), runs it, samples and sends events without ever blocking on a reader.
+//! The batch the engine loop owns: running sequences, admission, reaping, planning a step,
+//! sampling and sending events without ever blocking on a reader.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use hearth_infer::{Detokenizer, Sampler, Sequence, Step, TextModel, TextTokenizer};
-use hearth_types::{AbortReason, FinishReason, TokenEvent, Usage};
-use tokio::sync::mpsc::{self, error::TrySendError};
-use tracing::{debug, error, info, info_span, warn, Span};
-
-use crate::handle::{CancelHandle, Pending, RunState, Shared};
-use crate::spare::Spares;
-use crate::Error;
-
-/// How long the loop sleeps when every running stream is paused on a full channel.
-const PAUSED_POLL: Duration = Duration::from_millis(2);
-/// Longest gathering of a burst, in gather windows. 16 parallel HTTP requests on a 2-core box
-/// (authentication, the hold, tokenization) reach the queue over more than 8 ms; the callers
-/// announce them (`SchedulerHandle::announce`) while they prepare them.
-const GATHER_MAX_WINDOWS: u32 = 25;
-/// How long the loop sleeps with nothing to do before looking at deadlines again.
-const IDLE_POLL: Duration = Duration::from_millis(50);
-/// After the last stream ended at shutdown, how long undelivered final events may wait.
-const FINAL_FLUSH: Duration = Duration::from_millis(500);
+use super::*;
 
 /// One running sequence: its KV cache, its tokens and its way back to the reader.
-struct Active {
-    stream_id: String,
-    seq: Sequence,
+pub(super) struct Active {
+    pub(super) stream_id: String,
+    pub(super) seq: Sequence,
     /// Prompt followed by the generated tokens (the repetition penalty's context too).
-    ids: Vec<u32>,
-    prompt_len: usize,
-    generated: usize,
-    max_tokens: usize,
-    ignore_eos: bool,
-    capacity: usize,
-    kv_bytes: u64,
-    sampler: Sampler,
-    detok: Detokenizer,
-    tx: mpsc::Sender<TokenEvent>,
-    cancel: CancelHandle,
+    pub(super) ids: Vec<u32>,
+    pub(super) prompt_len: usize,
+    pub(super) generated: usize,
+    pub(super) max_tokens: usize,
+    pub(super) ignore_eos: bool,
+    pub(super) capacity: usize,
+    pub(super) kv_bytes: u64,
+    pub(super) sampler: Sampler,
+    pub(super) detok: Detokenizer,
+    pub(super) tx: mpsc::Sender<TokenEvent>,
+    pub(super) cancel: CancelHandle,
     /// Events not yet accepted by the channel. Non-empty means the stream is paused.
-    outbox: VecDeque<TokenEvent>,
-    paused_since: Option<Instant>,
-    enqueued: Instant,
-    last_token: Option<Instant>,
+    pub(super) outbox: VecDeque<TokenEvent>,
+    pub(super) paused_since: Option<Instant>,
+    pub(super) enqueued: Instant,
+    pub(super) last_token: Option<Instant>,
     /// Tokens this step feeds, chosen by `plan`.
-    planned: Option<(usize, usize)>,
-    progress: Arc<AtomicUsize>,
-    span: Span,
+    pub(super) planned: Option<(usize, usize)>,
+    pub(super) progress: Arc<AtomicUsize>,
+    pub(super) span: Span,
 }
 
 impl Active {
-    fn fed(&self) -> usize {
+    pub(super) fn fed(&self) -> usize {
         self.seq.len()
     }
-    fn prefilling(&self) -> bool {
+    pub(super) fn prefilling(&self) -> bool {
         self.fed() < self.prompt_len
     }
-    fn usage(&self) -> Usage {
+    pub(super) fn usage(&self) -> Usage {
         Usage {
             prompt_tokens: self.prompt_len,
             completion_tokens: self.generated,
@@ -71,13 +46,13 @@ impl Active {
 }
 
 /// A stream that has ended but whose last events wait for room in its channel.
-struct Closing {
-    tx: mpsc::Sender<TokenEvent>,
-    outbox: VecDeque<TokenEvent>,
-    since: Instant,
+pub(super) struct Closing {
+    pub(super) tx: mpsc::Sender<TokenEvent>,
+    pub(super) outbox: VecDeque<TokenEvent>,
+    pub(super) since: Instant,
 }
 
-enum Flush {
+pub(super) enum Flush {
     /// Everything sent.
     Empty,
     /// The channel is full; the rest waits.
@@ -86,7 +61,7 @@ enum Flush {
     Closed,
 }
 
-fn flush(tx: &mpsc::Sender<TokenEvent>, outbox: &mut VecDeque<TokenEvent>) -> Flush {
+pub(super) fn flush(tx: &mpsc::Sender<TokenEvent>, outbox: &mut VecDeque<TokenEvent>) -> Flush {
     while let Some(event) = outbox.pop_front() {
         match tx.try_send(event) {
             Ok(()) => {}
@@ -105,149 +80,21 @@ fn flush(tx: &mpsc::Sender<TokenEvent>, outbox: &mut VecDeque<TokenEvent>) -> Fl
 
 /// The batch and everything the loop owns besides the model (kept apart so the model's
 /// borrowed logits can be read while the batch is changed).
-struct Batch {
-    shared: Arc<Shared>,
-    tokenizer: Arc<TextTokenizer>,
-    active: Vec<Active>,
-    closing: Vec<Closing>,
-    kv_reserved: u64,
+pub(super) struct Batch {
+    pub(super) shared: Arc<Shared>,
+    pub(super) tokenizer: Arc<TextTokenizer>,
+    pub(super) active: Vec<Active>,
+    pub(super) closing: Vec<Closing>,
+    pub(super) kv_reserved: u64,
     /// KV caches of ended sequences, for reuse; they count against the budget with the active.
-    spares: Spares,
-    vocab: usize,
-}
-
-pub(crate) struct Engine {
-    model: TextModel,
-    batch: Batch,
-}
-
-/// Marks the engine gone however the thread ends (return or panic) and wakes `shutdown`.
-struct ExitGuard(Arc<Shared>);
-
-impl Drop for ExitGuard {
-    fn drop(&mut self) {
-        let mut queue = self.0.lock();
-        let panicking = std::thread::panicking();
-        let why = if panicking {
-            "the engine thread panicked"
-        } else {
-            "the engine has stopped"
-        };
-        queue.dead.get_or_insert_with(|| why.to_string());
-        for pending in queue.waiting.drain(..) {
-            let refusal = if panicking {
-                Error::EngineUnavailable(why.to_string())
-            } else {
-                Error::ShuttingDown
-            };
-            self.0.registry.remove(&pending.stream_id, &pending.cancel);
-            let _ = pending.admit.send(Err(refusal));
-        }
-        queue.active = 0;
-        drop(queue);
-        self.0.metrics.queue_depth.store(0, Relaxed);
-        self.0.metrics.active.store(0, Relaxed);
-        if panicking {
-            error!(model = %self.0.config.name, "engine thread panicked; the model is unavailable");
-        }
-        self.0.stopped.send_replace(true);
-    }
-}
-
-impl Engine {
-    pub(crate) fn new(model: TextModel, shared: Arc<Shared>) -> Self {
-        let vocab = model.info().vocab_size;
-        let tokenizer = Arc::clone(&shared.tokenizer);
-        Engine {
-            model,
-            batch: Batch {
-                shared,
-                tokenizer,
-                active: Vec::new(),
-                closing: Vec::new(),
-                kv_reserved: 0,
-                spares: Spares::default(),
-                vocab,
-            },
-        }
-    }
-
-    pub(crate) fn run(mut self) {
-        let _exit = ExitGuard(Arc::clone(&self.batch.shared));
-        let name = self.batch.shared.config.name.clone();
-        info!(model = %name, "engine started");
-        loop {
-            let idle = self.batch.active.is_empty();
-            let mut draining = self.batch.admit(&self.model);
-            if idle && draining.is_none() && !self.batch.active.is_empty() {
-                self.batch.gather();
-                draining = self.batch.admit(&self.model);
-            }
-            if let Some(deadline) = draining {
-                if Instant::now() >= deadline && !self.batch.active.is_empty() {
-                    info!(model = %name, streams = self.batch.active.len(), "grace period over, aborting");
-                    self.batch.abort_all(AbortReason::Shutdown);
-                }
-            }
-            self.batch.reap();
-            if draining.is_some() && self.batch.active.is_empty() {
-                self.batch.final_flush();
-                break;
-            }
-            if self.batch.plan() == 0 {
-                self.batch.idle_wait(draining.is_some());
-                continue;
-            }
-            self.step();
-        }
-        info!(model = %name, "engine stopped");
-    }
-
-    fn step(&mut self) {
-        let started = Instant::now();
-        let batch = &mut self.batch;
-        let mut rows = Vec::with_capacity(batch.active.len());
-        let mut tokens = 0;
-        let mut steps = Vec::with_capacity(batch.active.len());
-        for (i, a) in batch.active.iter_mut().enumerate() {
-            if let Some((from, to)) = a.planned.take() {
-                let Active { seq, ids, .. } = a;
-                let ids: &Vec<u32> = ids;
-                steps.push(Step {
-                    seq,
-                    tokens: &ids[from..to],
-                });
-                rows.push(i);
-                tokens += to - from;
-            }
-        }
-        let span = tracing::debug_span!("step", rows = rows.len(), tokens);
-        let _enter = span.enter();
-        let result = self.model.forward(&mut steps);
-        drop(steps);
-        let shared = Arc::clone(&batch.shared);
-        let metrics = &shared.metrics;
-        metrics.steps.fetch_add(1, Relaxed);
-        metrics.batch_rows.record(rows.len() as u64);
-        metrics.batch_tokens.record(tokens as u64);
-        match result {
-            Ok(logits) => batch.after_step(&rows, logits),
-            Err(e) => {
-                error!(error = %e, rows = rows.len(), "forward step failed; aborting its streams");
-                let reason = AbortReason::EngineFailure(e.to_string());
-                for &i in rows.iter().rev() {
-                    batch.end(i, Err(reason.clone()));
-                }
-            }
-        }
-        metrics.step_time.record_duration(started.elapsed());
-    }
+    pub(super) spares: Spares,
+    pub(super) vocab: usize,
 }
 
 impl Batch {
     /// Moves waiting requests into the batch in arrival order while slots and KV budget allow.
     /// Returns the shutdown deadline when draining.
-    fn admit(&mut self, model: &TextModel) -> Option<Instant> {
+    pub(super) fn admit(&mut self, model: &TextModel) -> Option<Instant> {
         let shared = Arc::clone(&self.shared);
         let config = &shared.config;
         let mut queue = shared.lock();
@@ -312,7 +159,7 @@ impl Batch {
         draining
     }
 
-    fn start(&mut self, p: Pending, seq: Sequence) {
+    pub(super) fn start(&mut self, p: Pending, seq: Sequence) {
         let Pending {
             stream_id,
             prompt,
@@ -372,7 +219,7 @@ impl Batch {
 
     /// Ends streams whose reader asked to stop or went away, or stalled too long; delivers what
     /// paused streams and closing streams still owe.
-    fn reap(&mut self) {
+    pub(super) fn reap(&mut self) {
         let stall = self.shared.config.stall_timeout;
         let mut i = self.active.len();
         while i > 0 {
@@ -405,7 +252,7 @@ impl Batch {
     /// Chooses what the next step feeds: one token for every stream that is decoding and not
     /// paused, then whole prefill chunks in arrival order while the step's token budget lasts.
     /// Returns the number of rows.
-    fn plan(&mut self) -> usize {
+    pub(super) fn plan(&mut self) -> usize {
         let config = &self.shared.config;
         let mut budget = config.max_step_tokens;
         let mut rows = 0;
@@ -438,7 +285,7 @@ impl Batch {
     }
 
     /// Samples the next token of every sequence that caught up with its tokens this step.
-    fn after_step(&mut self, rows: &[usize], logits: &[f32]) {
+    pub(super) fn after_step(&mut self, rows: &[usize], logits: &[f32]) {
         let vocab = self.vocab;
         let mut ended: Vec<(usize, Result<FinishReason, AbortReason>)> = Vec::new();
         let now = Instant::now();
@@ -491,7 +338,7 @@ impl Batch {
 
     /// Removes sequence `i` from the batch at once (its KV cache is freed here) and queues its
     /// final events.
-    fn end(&mut self, i: usize, outcome: Result<FinishReason, AbortReason>) {
+    pub(super) fn end(&mut self, i: usize, outcome: Result<FinishReason, AbortReason>) {
         let mut a = self.active.remove(i);
         self.kv_reserved -= a.kv_bytes;
         self.shared.registry.remove(&a.stream_id, &a.cancel);
@@ -543,14 +390,14 @@ impl Batch {
             .store(self.active.len() as u64, Relaxed);
     }
 
-    fn abort_all(&mut self, reason: AbortReason) {
+    pub(super) fn abort_all(&mut self, reason: AbortReason) {
         for i in (0..self.active.len()).rev() {
             self.end(i, Err(reason.clone()));
         }
     }
 
     /// Gives undelivered final events a short while to go out before the thread exits.
-    fn final_flush(&mut self) {
+    pub(super) fn final_flush(&mut self) {
         let until = Instant::now() + FINAL_FLUSH;
         while !self.closing.is_empty() && Instant::now() < until {
             self.closing
@@ -562,7 +409,7 @@ impl Batch {
     /// Waits while the rest of a burst arrives: until no request has come for `gather_window`
     /// and none is announced (being prepared by its caller), or the first step is full (more
     /// requests could not join it), or `GATHER_MAX_WINDOWS` windows have passed.
-    fn gather(&self) {
+    pub(super) fn gather(&self) {
         let config = &self.shared.config;
         let window = config.gather_window;
         if window.is_zero() {
@@ -602,7 +449,7 @@ impl Batch {
     }
 
     /// Sleeps until a request arrives (or briefly, when streams are paused or draining).
-    fn idle_wait(&self, draining: bool) {
+    pub(super) fn idle_wait(&self, draining: bool) {
         let queue = self.shared.lock();
         // Checked under the lock, so a request pushed before we sleep is never missed.
         let quiet = queue.waiting.is_empty() && self.active.is_empty() && self.closing.is_empty();

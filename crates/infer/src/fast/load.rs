@@ -1,0 +1,254 @@
+//! Loading the fast backend from a GGUF file: tensors streamed through one reusable buffer
+//! ([`Reader`]) and packed for the kernels.
+
+use super::*;
+
+/// Streams tensors out of a GGUF file through one reusable buffer.
+pub(super) struct Reader<'a> {
+    pub(super) path: &'a Path,
+    pub(super) file: File,
+    pub(super) content: &'a Content,
+    pub(super) buf: Vec<u8>,
+    /// The kernel path the matrices are laid out for.
+    pub(super) kernel: KernelPath,
+}
+
+impl<'a> Reader<'a> {
+    pub(super) fn info(&self, name: &str) -> Result<&'a TensorInfo, Error> {
+        self.content
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| Error::metadata(name, "tensor missing from the GGUF file"))
+    }
+
+    pub(super) fn has(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    pub(super) fn read_at(&mut self, offset: u64, len: usize) -> Result<(), Error> {
+        let io = |source| Error::Io {
+            path: self.path.to_path_buf(),
+            source,
+        };
+        self.buf.resize(len, 0);
+        self.file.seek(SeekFrom::Start(offset)).map_err(io)?;
+        self.file.read_exact(&mut self.buf[..len]).map_err(io)
+    }
+
+    /// (type, rows, cols, absolute byte offset) of a 2-D tensor.
+    pub(super) fn shape2(&self, name: &str) -> Result<(GgmlType, usize, usize, u64), Error> {
+        let info = self.info(name)?;
+        let (rows, cols) = info.shape.dims2().map_err(|e| Error::metadata(name, e))?;
+        let ty = ggml_type(name, info.ggml_dtype)?;
+        Ok((
+            ty,
+            rows,
+            cols,
+            self.content.tensor_data_offset + info.offset,
+        ))
+    }
+
+    /// The named 2-D tensors stacked by rows into one packed matrix (they must share the
+    /// block type and column count).
+    pub(super) fn matrix(&mut self, names: &[&str]) -> Result<QMatrix, Error> {
+        let shapes = names
+            .iter()
+            .map(|n| self.shape2(n))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (ty, _, cols, _) = shapes[0];
+        let total: usize = shapes.iter().map(|s| s.1).sum();
+        let mut m = QMatrix::for_ggml_on(ty, total, cols, self.kernel)
+            .map_err(|e| Error::metadata(names[0], e))?;
+        let mut r0 = 0;
+        for (name, &(t, rows, c, off)) in names.iter().zip(&shapes) {
+            if t != ty || c != cols {
+                return Err(Error::metadata(
+                    *name,
+                    "cannot be stacked with its neighbours",
+                ));
+            }
+            let row_bytes = t.row_bytes(c).map_err(|e| Error::metadata(*name, e))?;
+            let per_read = (4 << 20) / row_bytes.max(1) + 1;
+            let mut r = 0;
+            while r < rows {
+                let k = per_read.min(rows - r);
+                self.read_at(off + (r * row_bytes) as u64, k * row_bytes)?;
+                m.pack_ggml_rows(r0 + r, &self.buf[..k * row_bytes])
+                    .map_err(|e| Error::metadata(*name, e))?;
+                r += k;
+            }
+            r0 += rows;
+        }
+        Ok(m)
+    }
+
+    /// Stacks `names` into one matrix when their types agree, else keeps them apart.
+    pub(super) fn proj(&mut self, names: &[&str]) -> Result<Proj, Error> {
+        let shapes = names
+            .iter()
+            .map(|n| self.shape2(n))
+            .collect::<Result<Vec<_>, _>>()?;
+        if shapes
+            .iter()
+            .all(|s| s.0 == shapes[0].0 && s.2 == shapes[0].2)
+        {
+            Ok(Proj::Fused(self.matrix(names)?))
+        } else {
+            Ok(Proj::Split(
+                names
+                    .iter()
+                    .map(|n| self.matrix(&[n]))
+                    .collect::<Result<_, _>>()?,
+            ))
+        }
+    }
+
+    /// A 1-D tensor (norm weights) as f32.
+    pub(super) fn vector(&mut self, name: &str, len: usize) -> Result<Vec<f32>, Error> {
+        let info = self.info(name)?;
+        let ty = ggml_type(name, info.ggml_dtype)?;
+        let n = info.shape.elem_count();
+        if n != len {
+            return Err(Error::metadata(
+                name,
+                format!("has {n} elements, expected {len}"),
+            ));
+        }
+        let bytes = ty.row_bytes(n).map_err(|e| Error::metadata(name, e))?;
+        self.read_at(self.content.tensor_data_offset + info.offset, bytes)?;
+        let mut out = vec![0f32; n];
+        hearth_kernels::dequantize_row(ty, &self.buf[..bytes], &mut out)
+            .map_err(|e| Error::metadata(name, e))?;
+        Ok(out)
+    }
+}
+
+/// Builds the fast backend from an opened GGUF file at `path`.
+pub(crate) fn from_gguf(
+    path: &Path,
+    content: &Content,
+    hp: Hparams,
+    threads: usize,
+) -> Result<FastModel, Error> {
+    let file = File::open(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let kernel = KernelPath::detect();
+    let mut rd = Reader {
+        path,
+        file,
+        content,
+        buf: Vec::new(),
+        kernel,
+    };
+    let (hd, e) = (hp.head_dim, hp.n_embd);
+    if hd > 512 {
+        return Err(Error::metadata(
+            "attention.key_length",
+            "head size above 512 is not supported by the fast backend",
+        ));
+    }
+    let embd = rd.matrix(&["token_embd.weight"])?;
+    if embd.rows() != hp.vocab_size || embd.cols() != e {
+        return Err(Error::metadata(
+            "token_embd.weight",
+            "shape differs from vocab_size x embedding_length",
+        ));
+    }
+    let output = if rd.has("output.weight") {
+        Some(rd.matrix(&["output.weight"])?)
+    } else {
+        None
+    };
+    let gemma = hp.arch == Arch::Gemma3;
+    let mut layers = Vec::with_capacity(hp.n_layer);
+    for il in 0..hp.n_layer {
+        let p = |s: &str| format!("blk.{il}.{s}.weight");
+        let (q, k, v) = (p("attn_q"), p("attn_k"), p("attn_v"));
+        let qkv = rd.proj(&[&q, &k, &v])?;
+        if qkv.out_dim() != hp.n_head * hd + 2 * hp.kv_dim() {
+            return Err(Error::metadata(
+                q,
+                "Q/K/V shapes differ from the head counts",
+            ));
+        }
+        let (gate, up) = (p("ffn_gate"), p("ffn_up"));
+        let gate_up = rd.proj(&[&gate, &up])?;
+        let sliding = hp.is_sliding(il);
+        let opt = |rd: &mut Reader, name: String, len: usize| -> Result<Option<Vec<f32>>, Error> {
+            if gemma {
+                Ok(Some(rd.vector(&name, len)?))
+            } else {
+                Ok(None)
+            }
+        };
+        let layer = Layer {
+            attn_norm: rd.vector(&p("attn_norm"), e)?,
+            qkv,
+            wo: rd.matrix(&[&p("attn_output")])?,
+            q_norm: opt(&mut rd, p("attn_q_norm"), hd)?,
+            k_norm: opt(&mut rd, p("attn_k_norm"), hd)?,
+            post_attn_norm: opt(&mut rd, p("post_attention_norm"), e)?,
+            ffn_norm: rd.vector(&p("ffn_norm"), e)?,
+            gate_up,
+            down: rd.matrix(&[&p("ffn_down")])?,
+            post_ffn_norm: opt(&mut rd, p("post_ffw_norm"), e)?,
+            rope: usize::from(gemma && sliding),
+            window: if sliding { hp.sliding_window } else { None },
+        };
+        if layer.gate_up.out_dim() != 2 * hp.n_ff
+            || layer.down.cols() != hp.n_ff
+            || layer.wo.rows() != e
+        {
+            return Err(Error::metadata(
+                p("ffn_down"),
+                "MLP/output shapes differ from the hyperparameters",
+            ));
+        }
+        layers.push(layer);
+    }
+    let norm = rd.vector("output_norm.weight", e)?;
+    let (rope_style, rope_bases, embed_scale, activation) = match hp.arch {
+        Arch::Llama => (
+            RopeStyle::Interleaved,
+            vec![hp.rope_theta],
+            None,
+            Activation::Silu,
+        ),
+        Arch::Gemma3 => (
+            RopeStyle::Neox,
+            vec![hp.rope_theta, hp.rope_theta_local],
+            Some((e as f64).sqrt() as f32),
+            Activation::GeluTanh,
+        ),
+    };
+    let model = FastModel {
+        attn_scale: 1.0 / (hd as f32).sqrt(),
+        kv: KvPrecision::default(),
+        kern: Kern {
+            path: kernel,
+            pool: ThreadPool::new(threads),
+        },
+        s: Scratch {
+            cs: vec![Vec::new(); rope_bases.len()],
+            ..Scratch::default()
+        },
+        hp,
+        embd,
+        output,
+        norm,
+        layers,
+        rope_style,
+        rope_bases,
+        embed_scale,
+        activation,
+    };
+    tracing::debug!(
+        packed_bytes = model.weights_bytes(),
+        kernel_path = model.kern.path.name(),
+        threads = model.kern.pool.threads(),
+        "fast backend ready"
+    );
+    Ok(model)
+}
