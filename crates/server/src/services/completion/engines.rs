@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use hearth_infer::{TextModel, TextModelConfig};
-use hearth_scheduler::{Scheduler, SchedulerConfig, SchedulerHandle, StreamRegistry};
+use hearth_scheduler::{Scheduler, SchedulerConfig, SchedulerHandle};
 
 use super::catalog::Catalog;
 use crate::models::{ModelError, Models, Served};
@@ -20,13 +20,11 @@ impl Served for SchedulerHandle {
 
 pub struct Engines {
     models: Models<SchedulerHandle>,
-    registry: StreamRegistry,
 }
 
 impl Engines {
     /// Starts loading every model of the catalog on background threads and returns at once.
     pub fn start(catalog: &Catalog) -> Engines {
-        let registry = StreamRegistry::new();
         let mut groups: Vec<(TextModelConfig, SchedulerConfig, Vec<String>)> = Vec::new();
         for entry in catalog.entries() {
             match groups.iter_mut().find(|(load, _, _)| *load == entry.load) {
@@ -40,18 +38,12 @@ impl Engines {
         }
         let mut models = Models::default();
         for (load, scheduler, ids) in groups {
-            let registry = registry.clone();
             models.load(&ids, move || {
                 let model = TextModel::load(&load).map_err(|e| e.to_string())?;
-                Scheduler::spawn_with_registry(model, scheduler, registry)
-                    .map_err(|e| e.to_string())
+                Scheduler::spawn(model, scheduler).map_err(|e| e.to_string())
             });
         }
-        Engines { models, registry }
-    }
-
-    pub fn registry(&self) -> &StreamRegistry {
-        &self.registry
+        Engines { models }
     }
 
     /// The engine of `id`, waiting while it loads.

@@ -1,0 +1,329 @@
+//! One stream session: the wire types of a completion (the response and every SSE event, typed
+//! and `Serialize`), the one map of live streams (id -> how to stop it and its final response),
+//! and the driver task that reads a generation to its end, forwards it to the client, settles
+//! the hold exactly once and publishes the final response.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use hearth_billing::money;
+use hearth_scheduler::CancelHandle;
+use hearth_types::{AbortReason, TokenEvent, Usage};
+use serde::Serialize;
+use tokio::sync::{mpsc, watch};
+use tracing::{info, warn, Instrument, Span};
+
+use super::start::Started;
+use super::CompletionState;
+
+/// Events buffered between the driver task and the HTTP response body.
+const EVENT_BUFFER: usize = 32;
+
+// ---- wire types (spec 2.4) ------------------------------------------------------------------
+
+/// The completion response, whole or partial.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CompletionResponse {
+    pub model: String,
+    pub output: String,
+    pub usage: CompletionUsage,
+    pub balance_before: String,
+    pub balance_after: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CompletionUsage {
+    /// Always `completion`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub input_cost: String,
+    pub output_cost: String,
+}
+
+/// One SSE event's payload, exactly one of the spec's three shapes. The driver sends these to
+/// the HTTP side; an abort also carries its reason there (not on the wire), for the one-shot
+/// route's error.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum StreamEvent {
+    Token {
+        token: String,
+    },
+    Completed {
+        completed: bool,
+        response: CompletionResponse,
+    },
+    Aborted {
+        aborted: bool,
+        response: CompletionResponse,
+        #[serde(skip)]
+        reason: AbortReason,
+    },
+}
+
+/// `/stream/shutdown`'s answer.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShutdownResponse {
+    pub stream_id: String,
+    /// Always `terminated`.
+    pub status: &'static str,
+    pub response: CompletionResponse,
+}
+
+// ---- the one map of live streams ------------------------------------------------------------
+
+struct Live {
+    cancel: CancelHandle,
+    /// The final response, once settled.
+    done: watch::Receiver<Option<CompletionResponse>>,
+}
+
+/// Live streams by id: how to stop each, and where its final response appears.
+#[derive(Default)]
+pub struct Streams(Mutex<HashMap<String, Live>>);
+
+impl Streams {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Stops the stream `id` and returns where its final response will appear; `None` when no
+    /// such stream is live (unknown, or already settled).
+    pub fn stop(&self, id: &str) -> Option<watch::Receiver<Option<CompletionResponse>>> {
+        let map = self.map();
+        let live = map.get(id)?;
+        live.cancel.cancel();
+        Some(live.done.clone())
+    }
+}
+
+// ---- the driver -----------------------------------------------------------------------------
+
+/// Starts the driver task of an admitted generation and registers its stream; returns the
+/// stream id and the events for the HTTP side.
+pub fn spawn_driver(
+    cs: &CompletionState,
+    started: Started,
+) -> (String, mpsc::Receiver<StreamEvent>) {
+    let stream_id = started.generation.stream_id().to_string();
+    let (tx, rx) = mpsc::channel(EVENT_BUFFER);
+    let (done_tx, done_rx) = watch::channel(None);
+    let live = Live {
+        cancel: started.generation.cancel_handle(),
+        done: done_rx,
+    };
+    cs.core.streams.map().insert(stream_id.clone(), live);
+    tokio::spawn(drive(cs.clone(), started, tx, done_tx).instrument(Span::current()));
+    (stream_id, rx)
+}
+
+/// Reads the generation to its end, forwarding text to `out` while anyone listens (if `out`
+/// closes, the client went away: the generation is cancelled, and billed for what it made),
+/// then settles the hold exactly once and sends the final response.
+async fn drive(
+    cs: CompletionState,
+    started: Started,
+    out: mpsc::Sender<StreamEvent>,
+    done: watch::Sender<Option<CompletionResponse>>,
+) {
+    let Started {
+        mut generation,
+        hold,
+        slot,
+        model,
+        spec,
+        margin,
+        input_cost,
+    } = started;
+    let stream_id = generation.stream_id().to_string();
+    let stall = cs.core.client_stall_timeout;
+    let mut output = String::new();
+    let mut listening = true;
+    let (usage, abort) = loop {
+        let event = tokio::select! {
+            event = generation.next() => event,
+            _ = out.closed(), if listening => {
+                listening = false;
+                generation.cancel();
+                continue;
+            }
+        };
+        match event {
+            Some(TokenEvent::Token { text, .. }) => {
+                output.push_str(&text);
+                let event = StreamEvent::Token { token: text };
+                if listening && !forward(&out, event, stall, &stream_id).await {
+                    listening = false;
+                    generation.cancel();
+                }
+            }
+            Some(TokenEvent::Finished { usage, .. }) => break (usage, None),
+            Some(TokenEvent::Aborted { usage, reason }) => {
+                // A cancel we issued because the client left is a disconnect, whatever raced.
+                let reason = if listening {
+                    reason
+                } else {
+                    AbortReason::Disconnected
+                };
+                break (usage, Some(reason));
+            }
+            None => {
+                let usage = Usage {
+                    prompt_tokens: generation.prompt_tokens(),
+                    completion_tokens: generation.generated_tokens(),
+                };
+                let reason = AbortReason::EngineFailure("the stream ended early".into());
+                break (usage, Some(reason));
+            }
+        }
+    };
+
+    // At most the worst case that was held, so it cannot overflow where that did not.
+    let output_cost = spec
+        .output_price_per_million
+        .cost(usage.completion_tokens as u64, margin)
+        .unwrap_or_default();
+    let user = hold.user_id().to_string();
+    let (balance_before, balance_after) = match hold.settle(input_cost + output_cost).await {
+        Ok(charge) => (money(charge.balance_before), money(charge.balance_after)),
+        Err(e) => {
+            // The hold was released instead: report the balance as the store has it.
+            warn!(error = %e, %stream_id, "settling a completion failed; its hold was released");
+            let now = cs.app.billing.balance(&user).await;
+            let now = now.map(money).unwrap_or_default();
+            (now.clone(), now)
+        }
+    };
+    // Settled: the user's slot is free before they can see the answer and ask again.
+    drop(slot);
+    let response = CompletionResponse {
+        model,
+        output,
+        usage: CompletionUsage {
+            kind: "completion",
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+            input_cost: money(input_cost),
+            output_cost: money(output_cost),
+        },
+        balance_before,
+        balance_after,
+    };
+    info!(%stream_id, prompt_tokens = usage.prompt_tokens, completion_tokens = usage.completion_tokens, aborted = ?abort, "completion settled");
+    done.send_replace(Some(response.clone()));
+    cs.core.streams.map().remove(&stream_id);
+    let end = match abort {
+        None => StreamEvent::Completed {
+            completed: true,
+            response,
+        },
+        Some(reason) => StreamEvent::Aborted {
+            aborted: true,
+            response,
+            reason,
+        },
+    };
+    if listening {
+        forward(&out, end, stall, &stream_id).await;
+    }
+}
+
+/// Hands `event` to the HTTP side; false when the client is gone or has read nothing for
+/// `stall` (its connection is full), after which nobody waits on it any more.
+async fn forward(
+    out: &mpsc::Sender<StreamEvent>,
+    event: StreamEvent,
+    stall: Duration,
+    stream_id: &str,
+) -> bool {
+    match tokio::time::timeout(stall, out.send(event)).await {
+        Ok(Ok(())) => true,
+        Ok(Err(_)) => false,
+        Err(_) => {
+            warn!(%stream_id, stall_secs = stall.as_secs(), "the client read nothing for too long; aborting its stream");
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(t: &str) -> StreamEvent {
+        StreamEvent::Token { token: t.into() }
+    }
+
+    // Over HTTP a client that stops reading is only seen once its connection's buffers are full
+    // (about 3 MB on loopback: more than a test generation makes), so the stall rule is tested
+    // here on the channel between the driver and the response body, where it applies.
+    #[tokio::test]
+    async fn a_client_that_reads_nothing_is_given_up_after_the_stall_timeout() {
+        let stall = Duration::from_millis(300);
+        let (out, mut body) = mpsc::channel(1);
+        assert!(forward(&out, token("a"), stall, "s").await);
+        // The buffer is full and nobody reads: the next event waits out the stall, then gives up.
+        let started = std::time::Instant::now();
+        assert!(!forward(&out, token("b"), stall, "s").await);
+        assert!(started.elapsed() >= stall);
+        // A reader that takes an event within the stall keeps the stream going.
+        let reader = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let first = body.recv().await;
+            (first.is_some(), body)
+        });
+        assert!(forward(&out, token("c"), stall, "s").await);
+        let (read, body) = reader.await.unwrap();
+        assert!(read);
+        // A client gone altogether is seen at once.
+        drop(body);
+        let started = std::time::Instant::now();
+        assert!(!forward(&out, token("d"), stall, "s").await);
+        assert!(started.elapsed() < stall);
+    }
+
+    #[test]
+    fn every_event_serializes_to_exactly_one_spec_shape() {
+        let response = CompletionResponse {
+            model: "m".into(),
+            output: "hi".into(),
+            usage: CompletionUsage {
+                kind: "completion",
+                prompt_tokens: 3,
+                completion_tokens: 1,
+                input_cost: money(Default::default()),
+                output_cost: money(Default::default()),
+            },
+            balance_before: "1.000000".into(),
+            balance_after: "1.000000".into(),
+        };
+        let json = |e: &StreamEvent| serde_json::to_value(e).unwrap();
+        assert_eq!(json(&token("x")), serde_json::json!({ "token": "x" }));
+        let done = json(&StreamEvent::Completed {
+            completed: true,
+            response: response.clone(),
+        });
+        assert_eq!(done["completed"], true);
+        assert_eq!(done["response"]["usage"]["type"], "completion");
+        assert_eq!(done["response"]["usage"]["promptTokens"], 3);
+        assert_eq!(done["response"]["balanceBefore"], "1.000000");
+        let aborted = json(&StreamEvent::Aborted {
+            aborted: true,
+            response,
+            reason: AbortReason::Disconnected,
+        });
+        assert_eq!(
+            aborted.as_object().unwrap().keys().collect::<Vec<_>>(),
+            ["aborted", "response"],
+            "the reason stays off the wire"
+        );
+    }
+}
