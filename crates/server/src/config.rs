@@ -7,7 +7,6 @@
 //! field in its resolved section, and one line in that section's `resolve`. The environment
 //! mapping (`HEARTH_<SECTION>_<KEY>`) follows from the struct, nothing else to touch.
 
-use hearth_billing::Margin;
 use rust_decimal::Decimal;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
@@ -84,57 +83,6 @@ pub struct RawConfig {
     pub billing: RawBillingConfig,
     #[serde(default)]
     pub server: crate::serve::RawServerConfig,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawCompletionConfig {
-    pub addr: Option<String>,
-    pub public_url: Option<String>,
-    /// Completions one user may run at once (default 4; 0 = no cap).
-    pub max_concurrent_per_user: Option<usize>,
-    /// Seconds a stream may wait on a client that reads nothing before it is aborted and
-    /// settled (default 30).
-    pub client_stall_timeout_secs: Option<u64>,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawMarkdownConfig {
-    pub addr: Option<String>,
-    pub public_url: Option<String>,
-    /// Largest uploaded file in bytes (default 50 MiB).
-    pub max_upload_bytes: Option<usize>,
-    /// Conversions running at once (default: the number of CPUs).
-    pub max_concurrency: Option<usize>,
-    /// Seconds one conversion may take (default 30).
-    pub time_limit_secs: Option<u64>,
-    /// E-mail attachments: `list` (default) or `convert`; a request may ask otherwise.
-    pub attachments: Option<String>,
-    /// The program run as `PROGRAM convert-worker` for each conversion worker (default: this
-    /// `hearth` executable).
-    pub worker_program: Option<PathBuf>,
-    /// Memory each conversion worker may map beyond what it maps at startup, in MiB (default
-    /// 2048, at least 256).
-    pub worker_memory_mb: Option<u64>,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawImagineConfig {
-    pub addr: Option<String>,
-    pub public_url: Option<String>,
-    /// Image requests one user may have queued or running at once (default 2; 0 = no cap).
-    pub max_concurrent_per_user: Option<usize>,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawBillingConfig {
-    /// Decimal string credited to a user when first seen.
-    pub initial_balance: Option<String>,
-    /// Gross margin (percent, 0 to 99) applied when a request does not override it.
-    pub default_margin_percent: Option<String>,
 }
 
 /// Layers of raw configuration, lowest first.
@@ -360,40 +308,6 @@ pub struct Config {
     pub server: crate::serve::ServerConfig,
 }
 
-#[derive(Debug, Clone)]
-pub struct CompletionConfig {
-    pub addr: SocketAddr,
-    pub public_url: Option<String>,
-    pub max_concurrent_per_user: usize,
-    pub client_stall_timeout: std::time::Duration,
-}
-
-#[derive(Debug, Clone)]
-pub struct MarkdownConfig {
-    pub addr: SocketAddr,
-    pub public_url: Option<String>,
-    pub max_upload_bytes: usize,
-    pub max_concurrency: usize,
-    pub time_limit: std::time::Duration,
-    pub attachments: hearth_markdown::Attachments,
-    /// `None`: the running executable.
-    pub worker_program: Option<PathBuf>,
-    pub worker_memory_bytes: u64,
-}
-
-#[derive(Debug, Clone)]
-pub struct ImagineConfig {
-    pub addr: SocketAddr,
-    pub public_url: Option<String>,
-    pub max_concurrent_per_user: usize,
-}
-
-#[derive(Debug, Clone)]
-pub struct BillingConfig {
-    pub initial_balance: Decimal,
-    pub default_margin: Margin,
-}
-
 fn addr(key: &str, raw: &Option<String>, default: &str) -> Result<SocketAddr, ConfigError> {
     let text = raw.as_deref().unwrap_or(default);
     SocketAddr::from_str(text).map_err(|e| {
@@ -485,82 +399,25 @@ impl RawConfig {
             allowed_origins,
             services,
             auth: self.auth.resolve()?,
-            completion: CompletionConfig {
-                addr: addr("completion.addr", &self.completion.addr, "127.0.0.1:8082")?,
-                public_url: public_url("completion.public_url", &self.completion.public_url)?,
-                max_concurrent_per_user: self.completion.max_concurrent_per_user.unwrap_or(4),
-                client_stall_timeout: match self.completion.client_stall_timeout_secs.unwrap_or(30)
-                {
-                    0 => {
-                        return Err(invalid(
-                            "completion.client_stall_timeout_secs",
-                            "must be at least 1",
-                        ))
-                    }
-                    n => std::time::Duration::from_secs(n),
-                },
-            },
-            markdown: MarkdownConfig {
-                addr: addr("markdown.addr", &self.markdown.addr, "127.0.0.1:8083")?,
-                public_url: public_url("markdown.public_url", &self.markdown.public_url)?,
-                max_upload_bytes: match self.markdown.max_upload_bytes.unwrap_or(50 * 1024 * 1024) {
-                    0 => return Err(invalid("markdown.max_upload_bytes", "must be at least 1")),
-                    n => n,
-                },
-                max_concurrency: match self.markdown.max_concurrency {
-                    Some(0) => {
-                        return Err(invalid("markdown.max_concurrency", "must be at least 1"))
-                    }
-                    Some(n) => n,
-                    None => std::thread::available_parallelism()
-                        .map(|n| n.get())
-                        .unwrap_or(2),
-                },
-                time_limit: match self.markdown.time_limit_secs.unwrap_or(30) {
-                    0 => return Err(invalid("markdown.time_limit_secs", "must be at least 1")),
-                    n => std::time::Duration::from_secs(n),
-                },
-                attachments: match self.markdown.attachments.as_deref() {
-                    None => hearth_markdown::Attachments::default(),
-                    Some(s) => s.parse().map_err(|e| invalid("markdown.attachments", e))?,
-                },
-                worker_program: self.markdown.worker_program.clone(),
-                worker_memory_bytes: match self.markdown.worker_memory_mb.unwrap_or(2048) {
-                    n if n < 256 => {
-                        return Err(invalid("markdown.worker_memory_mb", "must be at least 256"))
-                    }
-                    n => n * 1024 * 1024,
-                },
-            },
-            imagine: ImagineConfig {
-                addr: addr("imagine.addr", &self.imagine.addr, "127.0.0.1:8084")?,
-                public_url: public_url("imagine.public_url", &self.imagine.public_url)?,
-                max_concurrent_per_user: self.imagine.max_concurrent_per_user.unwrap_or(2),
-            },
+            completion: self.completion.resolve()?,
+            markdown: self.markdown.resolve()?,
+            imagine: self.imagine.resolve()?,
             billing: self.billing.resolve()?,
             server: self.server.resolve()?,
         })
     }
 }
 
-impl RawBillingConfig {
-    fn resolve(&self) -> Result<BillingConfig, ConfigError> {
-        let initial_balance = decimal("billing.initial_balance", &self.initial_balance, "10")?;
-        if initial_balance < Decimal::ZERO {
-            return Err(invalid("billing.initial_balance", "must not be negative"));
-        }
-        const MARGIN: &str = "billing.default_margin_percent";
-        let percent = decimal(MARGIN, &self.default_margin_percent, "0")?;
-        let default_margin = Margin::percent(percent).map_err(|e| invalid(MARGIN, e))?;
-        Ok(BillingConfig {
-            initial_balance,
-            default_margin,
-        })
-    }
-}
-
 mod auth;
+mod billing;
+mod completion;
+mod imagine;
+mod markdown;
 pub use auth::{AuthConfig, IdpChoice, RawAuthConfig, RawOidcConfig};
+pub use billing::{BillingConfig, RawBillingConfig};
+pub use completion::{CompletionConfig, RawCompletionConfig};
+pub use imagine::{ImagineConfig, RawImagineConfig};
+pub use markdown::{MarkdownConfig, RawMarkdownConfig};
 
 #[cfg(test)]
 mod tests;

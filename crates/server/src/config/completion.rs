@@ -1,0 +1,46 @@
+//! The completion service's configuration (`[completion]`).
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+use super::{addr, invalid, public_url, ConfigError};
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCompletionConfig {
+    pub addr: Option<String>,
+    pub public_url: Option<String>,
+    /// Completions one user may run at once (default 4; 0 = no cap).
+    pub max_concurrent_per_user: Option<usize>,
+    /// Seconds a stream may wait on a client that reads nothing before it is aborted and
+    /// settled (default 30).
+    pub client_stall_timeout_secs: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct CompletionConfig {
+    pub addr: SocketAddr,
+    pub public_url: Option<String>,
+    pub max_concurrent_per_user: usize,
+    pub client_stall_timeout: std::time::Duration,
+}
+
+impl RawCompletionConfig {
+    pub(super) fn resolve(&self) -> Result<CompletionConfig, ConfigError> {
+        Ok(CompletionConfig {
+            addr: addr("completion.addr", &self.addr, "127.0.0.1:8082")?,
+            public_url: public_url("completion.public_url", &self.public_url)?,
+            max_concurrent_per_user: self.max_concurrent_per_user.unwrap_or(4),
+            client_stall_timeout: match self.client_stall_timeout_secs.unwrap_or(30) {
+                0 => {
+                    return Err(invalid(
+                        "completion.client_stall_timeout_secs",
+                        "must be at least 1",
+                    ))
+                }
+                n => std::time::Duration::from_secs(n),
+            },
+        })
+    }
+}
