@@ -14,6 +14,7 @@ pub mod auth;
 pub mod completion;
 pub mod imagine;
 pub mod markdown;
+mod model_table;
 
 /// A service Hearth can run; each gets its own listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

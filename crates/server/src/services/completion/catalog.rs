@@ -120,49 +120,26 @@ struct RawTextModel {
     numerics: Option<String>,
 }
 
-/// What is wrong with the model table, naming the model and key.
-#[derive(Debug, thiserror::Error)]
-pub enum CatalogError {
-    #[error("{path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path}: {source}")]
-    Parse {
-        path: PathBuf,
-        source: Box<toml::de::Error>,
-    },
-    #[error("models.toml [text.{id:?}]: {message}")]
-    Invalid { id: String, message: String },
-}
+use crate::services::model_table;
+pub use crate::services::model_table::TableError as CatalogError;
 
 /// Reads the `[text]` section of the model table at `path` (relative paths in it are relative to
 /// its folder).
 pub fn load(path: &Path) -> Result<Catalog, CatalogError> {
-    let text = std::fs::read_to_string(path).map_err(|source| CatalogError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let base = path.parent().unwrap_or(Path::new("."));
-    parse(&text, base).map_err(|e| match e {
-        CatalogError::Parse { source, .. } => CatalogError::Parse {
-            path: path.to_path_buf(),
-            source,
-        },
-        other => other,
-    })
+    parse_at(path, &model_table::read(path)?)
 }
 
-/// Parses model-table text; `base` resolves relative paths.
-pub fn parse(text: &str, base: &Path) -> Result<Catalog, CatalogError> {
-    let raw: RawFile = toml::from_str(text).map_err(|e| CatalogError::Parse {
-        path: PathBuf::from("models.toml"),
-        source: Box::new(e),
-    })?;
+/// Parses model-table text as if read from `base/models.toml`.
+#[cfg(test)]
+pub(crate) fn parse(text: &str, base: &Path) -> Result<Catalog, CatalogError> {
+    parse_at(&base.join("models.toml"), text)
+}
+
+fn parse_at(path: &Path, text: &str) -> Result<Catalog, CatalogError> {
+    let raw: RawFile = model_table::parse(path, text)?;
     let mut entries = Vec::new();
     for (id, m) in raw.text {
-        entries.push(resolve(&id, m, &raw.defaults, base)?);
+        entries.push(resolve(&id, m, &raw.defaults, path)?);
     }
     Ok(Catalog::new(entries))
 }
@@ -171,9 +148,11 @@ fn resolve(
     id: &str,
     m: RawTextModel,
     defaults: &RawDefaults,
-    base: &Path,
+    table: &Path,
 ) -> Result<TextModelEntry, CatalogError> {
     let invalid = |message: String| CatalogError::Invalid {
+        path: table.to_path_buf(),
+        section: "text",
         id: id.to_string(),
         message,
     };
@@ -186,7 +165,9 @@ fn resolve(
         Price::per_million(d).map_err(|e| invalid(format!("{key} = {v:?}: {e}")))
     };
     let source = match (m.weights, m.hf) {
-        (Some(w), None) => WeightSource::Local { path: base.join(w) },
+        (Some(w), None) => WeightSource::Local {
+            path: model_table::relative_to(table, Path::new(&w)),
+        },
         (None, Some(repo)) => WeightSource::HfHub {
             repo,
             file: m.file,
@@ -242,7 +223,7 @@ fn resolve(
         source,
         kv_precision,
         numerics,
-        tokenizer: m.tokenizer.map(|t| base.join(t)),
+        tokenizer: m.tokenizer.map(|t| model_table::relative_to(table, Path::new(&t))),
         chat_template: m.chat_template,
         device,
         threads: m.threads.or(defaults.threads).unwrap_or(0),

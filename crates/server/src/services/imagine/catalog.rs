@@ -52,24 +52,8 @@ pub struct ImageModelEntry {
     pub dtype: Option<String>,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum CatalogError {
-    #[error("{path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path}: {message}")]
-    Parse { path: PathBuf, message: String },
-    #[error("{path}: [image.\"{id}\"] {message}")]
-    Invalid {
-        path: PathBuf,
-        id: String,
-        message: String,
-    },
-    #[error("{path}: no [image.\"...\"] entry")]
-    Empty { path: PathBuf },
-}
+use crate::services::model_table;
+pub use crate::services::model_table::TableError as CatalogError;
 
 #[derive(Debug, Default, Deserialize)]
 struct RawFile {
@@ -107,34 +91,24 @@ struct RawImageModel {
 /// Reads every `[image.*]` entry of the model table at `path` (relative paths in it are
 /// relative to its folder).
 pub fn load(path: &Path) -> Result<Vec<ImageModelEntry>, CatalogError> {
-    let text = std::fs::read_to_string(path).map_err(|source| CatalogError::Read {
-        path: path.into(),
-        source,
-    })?;
-    parse(path, &text)
+    parse(path, &model_table::read(path)?)
 }
 
 /// [`load`] on text already read.
 pub fn parse(path: &Path, text: &str) -> Result<Vec<ImageModelEntry>, CatalogError> {
-    let raw: RawFile = toml::from_str(text).map_err(|e| CatalogError::Parse {
-        path: path.into(),
-        message: e.to_string(),
-    })?;
-    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let rel = |p: &Path| {
-        if p.is_absolute() {
-            p.to_path_buf()
-        } else {
-            base.join(p)
-        }
-    };
+    let raw: RawFile = model_table::parse(path, text)?;
+    let rel = |p: &Path| model_table::relative_to(path, p);
     if raw.image.is_empty() {
-        return Err(CatalogError::Empty { path: path.into() });
+        return Err(CatalogError::Empty {
+            path: path.into(),
+            section: "image",
+        });
     }
     let mut out = Vec::new();
     for (id, m) in raw.image {
         let bad = |message: String| CatalogError::Invalid {
             path: path.into(),
+            section: "image",
             id: id.clone(),
             message,
         };
