@@ -391,3 +391,80 @@ async fn sign_in_page_explains_a_refused_foreign_callback_and_accepts_an_allowed
         "the service's own origin is allowed"
     );
 }
+
+#[tokio::test]
+async fn balance_answers_the_signed_in_user_and_refuses_a_bad_token() {
+    let app = spawn_app().await;
+    let token = app.token("wes").await;
+    let (status, body) = app
+        .post(Service::Auth, "/balance", json!({ "serviceToken": token }))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body, json!({ "userId": "wes", "balance": "10.000000" }));
+
+    let (status, body) = app
+        .post(
+            Service::Auth,
+            "/balance",
+            json!({ "serviceToken": "not.a.token" }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_error(&body, "InvalidCredentials");
+    let (status, _) = app
+        .post(Service::Auth, "/logout", json!({ "serviceToken": token }))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = app
+        .post(Service::Auth, "/balance", json!({ "serviceToken": token }))
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "a revoked token");
+    assert_error(&body, "InvalidCredentials");
+}
+
+/// The pages of the other services ask for the balance from their own origins: the preflight
+/// and the answer allow those origins, and no other.
+#[tokio::test]
+async fn balance_answers_cors_for_hearths_own_origins_only() {
+    let app = TestApp::builder()
+        .services(&[Service::Auth, Service::Markdown])
+        .spawn()
+        .await;
+    let url = format!("{}/balance", app.url(Service::Auth));
+    let preflight = |origin: String| {
+        app.client
+            .request(reqwest::Method::OPTIONS, &url)
+            .header("Origin", origin)
+            .header("Access-Control-Request-Method", "POST")
+            .header("Access-Control-Request-Headers", "content-type")
+            .send()
+    };
+    let own = app.url(Service::Markdown);
+    let r = preflight(own.clone()).await.unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    assert_eq!(r.headers()["access-control-allow-origin"], own.as_str());
+    let r = preflight("https://evil.example".into()).await.unwrap();
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+
+    let token = app.token("xan").await;
+    let r = app
+        .client
+        .post(&url)
+        .header("Origin", own.as_str())
+        .json(&json!({ "serviceToken": token }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()["access-control-allow-origin"], own.as_str());
+    // The spec's routes stay as they were: no CORS on them.
+    let r = app
+        .client
+        .post(format!("{}/validate", app.url(Service::Auth)))
+        .header("Origin", own.as_str())
+        .json(&json!({ "serviceToken": token }))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+}

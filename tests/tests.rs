@@ -16,4 +16,5 @@ mod imagine_browser;
 mod markdown;
 mod markdown_browser;
 mod markdown_hostile;
+mod pages_browser;
 mod quickstart;

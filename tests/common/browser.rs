@@ -5,6 +5,9 @@
 //! When chromedriver is missing the browser tests are skipped with a message, except when
 //! `HEARTH_BROWSER_TESTS=1` (set by `scripts/test.sh` and CI, which install Chromium): then a
 //! missing browser fails the test.
+//!
+//! [`Browser::layout_problems`] is the layout check every page passes at [`DESKTOP`] and
+//! [`PHONE`] sizes; [`Browser::save_screenshot`] keeps a picture of each for review.
 
 use fantoccini::elements::Element;
 use fantoccini::{Client, ClientBuilder, Locator};
@@ -14,6 +17,52 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
+/// Viewport sizes the pages are checked at, in CSS pixels: a laptop and a phone.
+pub const DESKTOP: (u32, u32) = (1280, 900);
+pub const PHONE: (u32, u32) = (390, 844);
+
+/// Runs in the page and returns what is wrong with its layout, one line each. Controls are the
+/// visible `a, button, input, select, textarea, label`; two overlap when any of their boxes
+/// (one per line of an inline element) intersect by more than a pixel each way, unless one
+/// holds the other (a label around its checkbox). A label, button or block link whose content
+/// is wider or taller than its box is clipped; a control past the viewport's sides, or a page
+/// that scrolls sideways, is cut off.
+const LAYOUT_CHECK: &str = r##"
+const name = (el) => el.tagName.toLowerCase() + (el.id ? "#" + el.id : "") +
+  ' "' + (el.innerText || el.value || el.getAttribute("aria-label") || "").trim().slice(0, 30) + '"';
+const shown = (el) => {
+  const s = getComputedStyle(el);
+  return s.visibility !== "hidden" && s.display !== "none" && +s.opacity > 0 &&
+    [...el.getClientRects()].some((r) => r.width > 0 && r.height > 0);
+};
+const controls = [...document.querySelectorAll("a, button, input, select, textarea, label")].filter(shown);
+const boxes = controls.map((el) => [...el.getClientRects()].filter((r) => r.width > 0 && r.height > 0));
+const problems = [];
+for (let i = 0; i < controls.length; i++) {
+  for (let j = i + 1; j < controls.length; j++) {
+    const [a, b] = [controls[i], controls[j]];
+    if (a.contains(b) || b.contains(a)) continue;
+    const hit = boxes[i].some((p) => boxes[j].some((q) =>
+      Math.min(p.right, q.right) - Math.max(p.left, q.left) > 1 &&
+      Math.min(p.bottom, q.bottom) - Math.max(p.top, q.top) > 1));
+    if (hit) problems.push("overlap: " + name(a) + " and " + name(b));
+  }
+}
+const width = document.documentElement.clientWidth;
+controls.forEach((el, i) => {
+  const tag = el.tagName.toLowerCase();
+  if (["label", "button", "a"].includes(tag) && getComputedStyle(el).display !== "inline" &&
+      (el.scrollWidth > el.clientWidth + 1 || el.scrollHeight > el.clientHeight + 1)) {
+    problems.push("clipped: " + name(el) + " shows " + el.clientWidth + "x" + el.clientHeight +
+      " of " + el.scrollWidth + "x" + el.scrollHeight);
+  }
+  if (boxes[i].some((r) => r.left < -1 || r.right > width + 1)) problems.push("cut off at the side: " + name(el));
+});
+if (document.documentElement.scrollWidth > width + 1) {
+  problems.push("the page scrolls sideways: " + document.documentElement.scrollWidth + " > " + width);
+}
+return problems;
+"##;
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 
 pub struct Browser {
@@ -146,6 +195,47 @@ impl Browser {
             assert!(Instant::now() < deadline, "URL never matched; last {url}");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Sizes the window so that the page's viewport is `width` x `height` CSS pixels.
+    pub async fn set_viewport(&self, (width, height): (u32, u32)) {
+        let want = [i64::from(width), i64::from(height)];
+        let mut window = want;
+        for _ in 0..3 {
+            let [w, h] = window.map(|n| u32::try_from(n).unwrap());
+            self.client.set_window_size(w, h).await.unwrap();
+            let inner = self
+                .client
+                .execute("return [window.innerWidth, window.innerHeight];", vec![])
+                .await
+                .unwrap();
+            let got = [0, 1].map(|i| inner[i].as_i64().unwrap());
+            if got == want {
+                return;
+            }
+            // The window is larger than its viewport (or has a minimum size): make up the difference.
+            window = [0, 1].map(|i| window[i] + want[i] - got[i]);
+        }
+        panic!("the viewport never became {width}x{height}");
+    }
+
+    /// The page's layout problems ([`LAYOUT_CHECK`]); empty when none.
+    pub async fn layout_problems(&self) -> Vec<String> {
+        let found = self.client.execute(LAYOUT_CHECK, vec![]).await.unwrap();
+        serde_json::from_value(found).unwrap()
+    }
+
+    /// Saves a PNG of the viewport as `<target dir>/screenshots/<name>.png` and prints where.
+    pub async fn save_screenshot(&self, name: &str) -> std::path::PathBuf {
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
+        let dir = target.join("screenshots");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{name}.png"));
+        std::fs::write(&path, self.client.screenshot().await.unwrap()).unwrap();
+        println!("screenshot: {}", path.display());
+        path
     }
 
     /// Ends the session and the driver.

@@ -1,19 +1,23 @@
 //! The authentication service (spec 4.1): `POST /token`, `/validate`, `/logout`, health at
-//! `GET /` and the sign-in page at `GET /ui`.
+//! `GET /` and the sign-in page at `GET /ui`; beside the spec, `POST /balance` for the pages'
+//! header.
 
 use axum::extract::{Query, State};
+use axum::http::{header, HeaderValue, Method};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use chrono::{Duration, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use tower_http::cors::{AllowOrigin, CorsLayer};
 use tracing::instrument;
 
 use crate::app::{auth_error, json_fallbacks, AppState};
 use crate::config::origin_of;
 use crate::error::{health_status, ApiError, AppJson};
 use crate::pages;
+use crate::services::admin::{show_balance, BalanceResponse};
 use crate::services::Service;
 
 pub fn router(state: AppState) -> Router {
@@ -23,9 +27,31 @@ pub fn router(state: AppState) -> Router {
             .route("/token", post(token))
             .route("/validate", post(validate))
             .route("/logout", post(logout))
+            // A service rather than a method router: json_fallbacks would swap a layered method
+            // router's default fallback for an unlayered one, and the preflight would get 405.
+            .route_service(
+                "/balance",
+                post(balance)
+                    .layer(own_origins_cors(&state))
+                    .with_state::<()>(state.clone()),
+            )
             .route("/ui", get(ui)),
     )
     .with_state(state)
+}
+
+/// CORS for Hearth's own services' origins: their pages' headers ask for the balance here.
+fn own_origins_cors(state: &AppState) -> CorsLayer {
+    let origins: Vec<HeaderValue> = Service::ALL
+        .into_iter()
+        .filter_map(|s| origin_of(state.urls.get(s)))
+        .filter_map(|o| HeaderValue::from_str(&o).ok())
+        .collect();
+    CorsLayer::new()
+        .allow_origin(AllowOrigin::list(origins))
+        .allow_methods([Method::POST])
+        .allow_headers([header::CONTENT_TYPE])
+        .max_age(std::time::Duration::from_secs(3600))
 }
 
 /// Health object (spec 2.1), shared by the services that use it.
@@ -183,6 +209,20 @@ async fn validate(
     }))
 }
 
+/// `POST /balance` (not in the spec): the signed-in user's own balance, `{userId, balance}`
+/// with 6 decimals, for the header of every page.
+async fn balance(
+    State(state): State<AppState>,
+    AppJson(req): AppJson<ValidateRequest>,
+) -> Result<Json<BalanceResponse>, ApiError> {
+    let session = state.authenticate(&req.service_token)?;
+    let store = state.store.clone();
+    let answer = tokio::task::spawn_blocking(move || show_balance(&store, &session.user_id))
+        .await
+        .map_err(ApiError::internal)??;
+    Ok(Json(answer))
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct LogoutRequest {
@@ -320,9 +360,17 @@ async fn ui(State(state): State<AppState>, Query(q): Query<UiQuery>) -> Html<Str
         "lifetimeMax": auth.token_lifetime_max_secs,
         "identityProvider": state.idp.name(),
     });
-    Html(pages::auth_page(
-        &page_config,
+    let body = pages::auth_body(
         accepted.as_deref(),
         refused.as_ref().map(|(c, w)| (c.as_str(), w.as_str())),
+    );
+    Html(pages::render(
+        &state,
+        pages::Page {
+            title: "Account",
+            service: Service::Auth,
+            body: &body,
+            config: page_config,
+        },
     ))
 }

@@ -128,7 +128,7 @@ async fn health(State(cs): State<CompletionState>) -> Response {
 
 const CHAT_PAGE: &str = include_str!("completion/chat.html");
 
-/// The chat page, with the model table's bounds and the sign-in page's address baked in.
+/// The chat page, with the model table's bounds and prices.
 async fn ui(State(cs): State<CompletionState>) -> Html<String> {
     let models: Vec<Value> = cs
         .core
@@ -147,18 +147,15 @@ async fn ui(State(cs): State<CompletionState>) -> Html<String> {
             })
         })
         .collect();
-    Html(
-        CHAT_PAGE
-            .replace("__SIGNIN_JS__", pages::SIGNIN_JS)
-            .replace(
-                "__MODELS_JSON__",
-                &pages::json_island(&Value::Array(models)),
-            )
-            .replace(
-                "__AUTH_UI_JSON__",
-                &pages::json_island(&json!(cs.app.urls.ui(Service::Auth))),
-            ),
-    )
+    Html(pages::render(
+        &cs.app,
+        pages::Page {
+            title: "Chat",
+            service: Service::Completion,
+            body: CHAT_PAGE,
+            config: json!({ "models": models }),
+        },
+    ))
 }
 
 // ---------------------------------------------------------------------------------------------

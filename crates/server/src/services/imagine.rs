@@ -165,7 +165,7 @@ async fn health(State(st): State<ImagineState>) -> Response {
 
 const PAGE: &str = include_str!("imagine/imagine.html");
 
-/// The image page, with the bounds and the sign-in page's address baked in.
+/// The image page, with the model's bounds and price.
 async fn ui(State(st): State<ImagineState>) -> Html<String> {
     let l = &st.entry.limits;
     let config = json!({
@@ -174,12 +174,16 @@ async fn ui(State(st): State<ImagineState>) -> Html<String> {
         "maxPixels": l.max_pixels, "maxSteps": l.max_steps, "defaultSteps": l.default_steps,
         "sizeMultiple": catalog::SIZE_MULTIPLE, "maxSeed": validate::MAX_SEED,
         "pricePerImage": st.entry.price_per_image.amount().to_string(),
-        "authUi": st.app.urls.ui(Service::Auth),
     });
-    Html(
-        PAGE.replace("__SIGNIN_JS__", pages::SIGNIN_JS)
-            .replace("__CONFIG_JSON__", &pages::json_island(&config)),
-    )
+    Html(pages::render(
+        &st.app,
+        pages::Page {
+            title: "Images",
+            service: Service::Imagine,
+            body: PAGE,
+            config,
+        },
+    ))
 }
 
 /// The price of one image: `price_per_image × (w·h / 1024²) × (steps / 4)`, divided by

@@ -24,6 +24,7 @@ use tracing::{info, instrument, warn};
 
 use crate::app::AppState;
 use crate::error::{health_status, MarkdownError};
+use crate::pages;
 use crate::services::Service;
 
 const PAGE: &str = include_str!("markdown/markdown.html");
@@ -77,9 +78,19 @@ pub async fn router(state: AppState) -> Router {
         .filter_map(|o| HeaderValue::from_str(o.trim_end_matches('/')).ok())
         .collect();
 
+    // The page depends on nothing that changes while the server runs: rendered once.
+    let page = Html(pages::render(
+        &state,
+        pages::Page {
+            title: "Documents to Markdown",
+            service: Service::Markdown,
+            body: PAGE,
+            config: json!({}),
+        },
+    ));
     let router = Router::new()
         .route("/", get(health).post(convert))
-        .route("/ui", get(page))
+        .route("/ui", get(move || async move { page }))
         .fallback(|| async { MarkdownError::NotFound })
         .method_not_allowed_fallback(|| async { MarkdownError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(body_limit(md.max_upload_bytes)))
@@ -99,10 +110,6 @@ pub async fn router(state: AppState) -> Router {
             .max_age(Duration::from_secs(3600));
         router.layer(cors)
     }
-}
-
-async fn page() -> Html<&'static str> {
-    Html(PAGE)
 }
 
 /// `healthy` (200) while conversion workers run or can be started; `degraded` (503) only when

@@ -223,7 +223,9 @@ fn resolve(
         source,
         kv_precision,
         numerics,
-        tokenizer: m.tokenizer.map(|t| model_table::relative_to(table, Path::new(&t))),
+        tokenizer: m
+            .tokenizer
+            .map(|t| model_table::relative_to(table, Path::new(&t))),
         chat_template: m.chat_template,
         device,
         threads: m.threads.or(defaults.threads).unwrap_or(0),
