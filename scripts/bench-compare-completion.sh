@@ -27,7 +27,9 @@ PIDS=()
 DIRS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true; rm -rf "${DIRS[@]}"' EXIT
 
-# start NAME BIN AUTH_PORT COMPLETION_PORT: serves BIN and prints a service token for it.
+# start NAME BIN AUTH_PORT COMPLETION_PORT: serves BIN and writes a service token for it to
+# $OUT/compare-NAME.token (not printed: a command substitution would run it in a subshell, and
+# the server's pid would not reach the clean-up).
 start() {
     local name="$1" bin="$2" auth="$3" completion="$4" data
     data="$(mktemp -d)"
@@ -50,11 +52,13 @@ start() {
     idp="$("$bin" idp mint bench --data-dir "$data")"
     curl -sf -X POST "http://127.0.0.1:$auth/token" -H 'Content-Type: application/json' \
         -d "{\"userId\":\"bench\",\"idpToken\":\"$idp\",\"lifetimeSeconds\":7200}" |
-        python3 -c 'import json,sys; print(json.load(sys.stdin)["serviceToken"])'
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["serviceToken"])' >"$OUT/compare-$name.token"
 }
 
-TOKEN_BEFORE="$(start before "$1" 18281 18282)"
-TOKEN_AFTER="$(start after "$2" 18381 18382)"
+start before "$1" 18281 18282
+start after "$2" 18381 18382
+TOKEN_BEFORE="$(cat "$OUT/compare-before.token")"
+TOKEN_AFTER="$(cat "$OUT/compare-after.token")"
 : >"$OUT/compare-before.jsonl"
 : >"$OUT/compare-after.jsonl"
 load() { # NAME PORT TOKEN
