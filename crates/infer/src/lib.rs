@@ -11,6 +11,7 @@ mod attn;
 mod candle_gemma3;
 mod candle_llama;
 mod config;
+mod constraint;
 mod error;
 // The hand-written CPU backend (owned by the kernels engineer; see src/fast/mod.rs).
 mod fast;
@@ -21,11 +22,13 @@ mod model;
 mod sampler;
 mod template;
 mod tokenizer;
+pub mod tool_calls;
 
 pub use config::{BackendChoice, DeviceSpec, KvPrecision, Numerics, TextModelConfig, WeightSource};
+pub use constraint::{ConstraintError, TokenConstraint, TokenMask};
 pub use error::Error;
 pub use gguf::{Arch, Hparams};
-pub use hearth_types::{ChatMessage, Role, SamplingParams};
+pub use hearth_types::{ChatMessage, Role, SamplingParams, ToolCall};
 pub use model::{ModelInfo, Sequence, Step, TextModel};
-pub use sampler::Sampler;
+pub use sampler::{Sampler, StepLogprobs};
 pub use tokenizer::{Detokenizer, TextTokenizer};

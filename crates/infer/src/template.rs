@@ -67,29 +67,60 @@ impl ChatTemplate {
         &self.source
     }
 
+    /// True when the template renders a `tools` list itself (the model was trained on its own
+    /// tool-call format).
+    pub(crate) fn knows_tools(&self) -> bool {
+        self.source.contains("tools")
+    }
+
     pub(crate) fn render(
         &self,
         messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String, Error> {
-        let messages: Vec<Value> = messages
-            .iter()
-            .map(|m| {
-                minijinja::context! { role => m.role.as_str(), content => m.content.as_str() }
-            })
-            .collect();
+        let messages: Vec<Value> = messages.iter().map(message_value).collect();
         let tmpl = self
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| Error::Template(e.to_string()))?;
         tmpl.render(minijinja::context! {
             messages => messages,
+            tools => tools.map(Value::from_serialize),
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
         })
         .map_err(|e| Error::Template(format!("{e:#}")))
     }
+}
+
+/// A message as Hugging Face templates read it: `role`, `content`, and for an assistant's calls
+/// `tool_calls: [{id, type: "function", function: {name, arguments}}]` with the arguments as an
+/// object where they parse as one (templates write them with `tojson`), `tool_call_id` on a
+/// tool's answer.
+fn message_value(m: &ChatMessage) -> Value {
+    let calls: Vec<serde_json::Value> = m
+        .tool_calls
+        .iter()
+        .map(|c| {
+            let arguments = serde_json::from_str::<serde_json::Value>(&c.arguments)
+                .unwrap_or_else(|_| serde_json::Value::String(c.arguments.clone()));
+            serde_json::json!({
+                "id": c.id,
+                "type": "function",
+                "function": { "name": c.name, "arguments": arguments },
+            })
+        })
+        .collect();
+    let mut value = serde_json::json!({ "role": m.role.as_str(), "content": m.content });
+    if !calls.is_empty() {
+        value["tool_calls"] = serde_json::Value::Array(calls);
+    }
+    if let Some(id) = &m.tool_call_id {
+        value["tool_call_id"] = serde_json::Value::String(id.clone());
+    }
+    Value::from_serialize(&value)
 }
 
 #[cfg(test)]
@@ -106,12 +137,13 @@ mod tests {
                     ChatMessage::new(Role::System, "Be brief."),
                     ChatMessage::new(Role::User, "Hi"),
                 ],
+                None,
                 true,
             )
             .unwrap();
         assert_eq!(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
         let out = t
-            .render(&[ChatMessage::new(Role::User, "Hi")], false)
+            .render(&[ChatMessage::new(Role::User, "Hi")], None, false)
             .unwrap();
         assert!(!out.ends_with("assistant\n"));
     }
@@ -121,12 +153,12 @@ mod tests {
         let src = "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system') }}{% endif %}{{ m.content.strip() | upper }}{{ m | tojson }}{% endfor %}{{ strftime_now('%Y') | length }}";
         let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
         let out = t
-            .render(&[ChatMessage::new(Role::User, "  hi  ")], true)
+            .render(&[ChatMessage::new(Role::User, "  hi  ")], None, true)
             .unwrap();
         assert!(out.starts_with("<s>HI{"), "{out}");
         assert!(out.ends_with('4'), "{out}");
         let err = t
-            .render(&[ChatMessage::new(Role::System, "x")], true)
+            .render(&[ChatMessage::new(Role::System, "x")], None, true)
             .unwrap_err();
         assert!(err.to_string().contains("no system"), "{err}");
     }

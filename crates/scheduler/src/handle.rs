@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
-use hearth_infer::{SamplingParams, TextModel, TextTokenizer};
+use hearth_infer::{SamplingParams, TextModel, TextTokenizer, TokenConstraint};
 use hearth_types::{AbortReason, FinishReason, TokenEvent, Usage};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::Span;
@@ -32,6 +32,10 @@ pub struct Request {
     /// Keep generating through end-of-sequence tokens until `max_tokens` (benchmarks only, so
     /// that every stream produces the same number of tokens).
     pub ignore_eos: bool,
+    /// What the output must follow (e.g. a JSON schema compiled by hearth-grammar): each step
+    /// samples only among the tokens it allows, and the stream finishes with `Stop` once it is
+    /// complete. A constraint that fails aborts this stream alone (`EngineFailure`).
+    pub constraint: Option<Box<dyn TokenConstraint>>,
 }
 
 /// Starts engines. See [`Scheduler::spawn`].
@@ -227,6 +231,7 @@ impl SchedulerHandle {
             stream_id,
             span,
             ignore_eos,
+            constraint,
         } = request;
         let metrics = &shared.metrics;
         metrics.requests.fetch_add(1, Ordering::Relaxed);
@@ -311,6 +316,7 @@ impl SchedulerHandle {
                 enqueued: Instant::now(),
                 span,
                 progress: Arc::clone(&progress),
+                constraint,
             });
             metrics
                 .queue_depth

@@ -35,6 +35,12 @@ fn bound(i: usize) -> f64 {
     FIRST_BOUND * GROWTH.powi(i as i32)
 }
 
+/// The upper bound of every bucket, in order; the last bucket also takes everything above the
+/// one before it, so an exporter reads its bound as +Inf (see [`HistogramSnapshot::counts`]).
+pub fn bucket_bounds() -> impl Iterator<Item = f64> {
+    (0..BUCKETS).map(bound)
+}
+
 impl Histogram {
     /// Records one value (in the histogram's unit: microseconds for times, rows for sizes).
     pub fn record(&self, value: u64) {
@@ -71,6 +77,8 @@ impl Histogram {
         };
         HistogramSnapshot {
             count,
+            sum: self.sum.load(Relaxed),
+            counts: counts.clone(),
             mean: if count == 0 {
                 0.0
             } else {
@@ -101,6 +109,12 @@ pub struct HistogramSnapshot {
     pub max: f64,
     /// `(upper bound, count)` of the non-empty buckets.
     pub buckets: Vec<(f64, u64)>,
+    /// Sum of the recorded values.
+    pub sum: u64,
+    /// The count of every bucket, empty or not, in the order of [`bucket_bounds`] (what a
+    /// Prometheus exporter needs: the same buckets on every scrape). Not serialised.
+    #[serde(skip)]
+    pub counts: Vec<u64>,
 }
 
 /// Everything one engine counts. Times are in microseconds.
@@ -116,6 +130,8 @@ pub struct Metrics {
     pub queue_depth: AtomicU64,
     pub active: AtomicU64,
     pub paused: AtomicU64,
+    /// Bytes of the KV caches the running sequences hold (caches kept for reuse not included).
+    pub kv_bytes_in_use: AtomicU64,
     pub time_to_first_token: Histogram,
     pub inter_token_latency: Histogram,
     pub queue_wait: Histogram,
@@ -137,6 +153,7 @@ pub struct MetricsSnapshot {
     pub queue_depth: u64,
     pub active: u64,
     pub paused: u64,
+    pub kv_bytes_in_use: u64,
     pub time_to_first_token_us: HistogramSnapshot,
     pub inter_token_latency_us: HistogramSnapshot,
     pub queue_wait_us: HistogramSnapshot,
@@ -158,6 +175,7 @@ impl Metrics {
             queue_depth: self.queue_depth.load(Relaxed),
             active: self.active.load(Relaxed),
             paused: self.paused.load(Relaxed),
+            kv_bytes_in_use: self.kv_bytes_in_use.load(Relaxed),
             time_to_first_token_us: self.time_to_first_token.snapshot(),
             inter_token_latency_us: self.inter_token_latency.snapshot(),
             queue_wait_us: self.queue_wait.snapshot(),
@@ -185,6 +203,23 @@ mod tests {
         assert!(s.p99 >= 99_000.0 && s.p99 <= 100_000.0, "p99 {}", s.p99);
         assert_eq!(s.max, 100_000.0);
         assert!((s.mean - 50_500.0).abs() < 1e-6);
+        assert_eq!(s.sum, 5_050_000);
+        // Every bucket, in bound order, adds up to the count.
+        assert_eq!(s.counts.len(), bucket_bounds().count());
+        assert_eq!(s.counts.iter().sum::<u64>(), 100);
+        let nonempty: Vec<(f64, u64)> = bucket_bounds()
+            .zip(s.counts.iter().copied())
+            .filter(|(_, c)| *c > 0)
+            .collect();
+        assert_eq!(nonempty, s.buckets);
+    }
+
+    #[test]
+    fn values_past_the_last_bound_land_in_the_last_bucket() {
+        let h = Histogram::default();
+        h.record(u64::MAX / 2);
+        let s = h.snapshot();
+        assert_eq!(s.counts.last(), Some(&1));
     }
 
     #[test]

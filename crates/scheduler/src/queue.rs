@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-use hearth_infer::{SamplingParams, TextTokenizer};
+use hearth_infer::{SamplingParams, TextTokenizer, TokenConstraint};
 use hearth_types::TokenEvent;
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::Span;
@@ -31,6 +31,7 @@ pub(crate) struct Pending {
     pub enqueued: Instant,
     pub span: Span,
     pub progress: Arc<AtomicUsize>,
+    pub constraint: Option<Box<dyn TokenConstraint>>,
 }
 
 pub(crate) enum RunState {

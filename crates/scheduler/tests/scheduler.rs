@@ -5,101 +5,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use hearth_infer::{ChatMessage, Role, SamplingParams, TextModel, TextModelConfig};
-use hearth_scheduler::{
-    Error, Generation, Outcome, Output, Request, Scheduler, SchedulerConfig, SchedulerHandle,
-};
+mod support;
+
+use hearth_infer::{TextModel, TextModelConfig};
+use hearth_scheduler::{Error, Outcome, Scheduler, SchedulerConfig, SchedulerHandle};
 use hearth_types::{AbortReason, FinishReason, TokenEvent};
-
-fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        temperature: 0.0,
-        max_tokens,
-        ..SamplingParams::default()
-    }
-}
-
-fn config(name: &str) -> SchedulerConfig {
-    SchedulerConfig {
-        name: name.into(),
-        // Small chunks so that the prompts below are prefilled over several steps, interleaved
-        // with the decoding of the others.
-        prefill_chunk: 8,
-        max_step_tokens: 24,
-        ..SchedulerConfig::default()
-    }
-}
-
-fn tiny(cfg: SchedulerConfig) -> SchedulerHandle {
-    Scheduler::spawn(TextModel::tiny_random(7), cfg).expect("spawn")
-}
-
-fn prompt(sched: &SchedulerHandle, text: &str) -> Vec<u32> {
-    let tok = sched.tokenizer();
-    let rendered = tok
-        .apply_chat_template(&[ChatMessage::new(Role::User, text)])
-        .expect("template");
-    tok.encode(&rendered).expect("encode")
-}
-
-fn request(ids: Vec<u32>, params: SamplingParams, stream_id: &str) -> Request {
-    Request {
-        prompt_ids: ids,
-        params,
-        stream_id: stream_id.into(),
-        span: tracing::Span::none(),
-        ignore_eos: false,
-    }
-}
-
-/// A request that runs to `max_tokens` whatever the model samples (end-of-sequence ignored), for
-/// tests that need a stream to keep running.
-fn long(ids: Vec<u32>, max_tokens: usize, stream_id: &str) -> Request {
-    Request {
-        ignore_eos: true,
-        ..request(ids, greedy(max_tokens), stream_id)
-    }
-}
-
-async fn run(sched: &SchedulerHandle, ids: Vec<u32>, params: SamplingParams, id: &str) -> Output {
-    sched
-        .submit(request(ids, params, id))
-        .await
-        .expect("submit")
-        .collect()
-        .await
-}
-
-/// Submits `long(ids, max_tokens, id)` from a task of its own (`submit` returns only once the
-/// request is admitted) and reads it to the end; the task yields the tokens generated.
-fn spawn_long(
-    sched: &SchedulerHandle,
-    ids: Vec<u32>,
-    max_tokens: usize,
-    id: String,
-) -> tokio::task::JoinHandle<usize> {
-    let s = sched.clone();
-    tokio::spawn(async move {
-        let g = s.submit(long(ids, max_tokens, &id)).await.expect("submit");
-        g.collect().await.usage.completion_tokens
-    })
-}
-
-/// Reads events until `n` tokens have arrived (or the stream ended).
-async fn read_tokens(generation: &mut Generation, n: usize) -> String {
-    let mut text = String::new();
-    let mut seen = 0;
-    while seen < n {
-        match generation.next().await {
-            Some(TokenEvent::Token { text: piece, .. }) => {
-                text.push_str(&piece);
-                seen += 1;
-            }
-            other => panic!("stream ended early: {other:?}"),
-        }
-    }
-    text
-}
+use support::*;
 
 const PROMPTS: [&str; 8] = [
     "Hi",
@@ -478,67 +389,6 @@ async fn requests_that_can_never_fit_are_refused_with_typed_errors() {
         .unwrap_err();
     assert!(matches!(err, Error::PromptTooLong { .. }), "{err:?}");
     assert!(sched.registry().is_empty());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_kv_budget_holds_back_a_request_until_memory_frees() {
-    let model = TextModel::tiny_random(7);
-    let per_token = model.info().kv_bytes_per_token as u64;
-    let sched = tiny(SchedulerConfig {
-        kv_budget_bytes: per_token * 120,
-        ..config("tiny")
-    });
-    let ids = prompt(&sched, "Hi");
-    let need = ids.len() + 60;
-    assert!(
-        need * 2 > 120 && need <= 120,
-        "test prompt of {} tokens does not suit",
-        ids.len()
-    );
-    let first = sched.submit(long(ids.clone(), 60, "a")).await.unwrap();
-    let s = sched.clone();
-    let second =
-        tokio::spawn(async move { s.submit(long(ids, 60, "b")).await.unwrap().collect().await });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(
-        sched.metrics().active,
-        1,
-        "both fit although the budget holds one"
-    );
-    let _ = first.collect().await;
-    let second = tokio::time::timeout(Duration::from_secs(60), second)
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(second.usage.completion_tokens > 0);
-}
-
-/// The engine keeps ended sequences' KV caches and hands them to later requests of a similar
-/// size, full of the earlier request's keys and values: the later request must not see them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_on_a_reused_kv_cache_answers_as_on_a_fresh_one() {
-    let short = "Say yes.";
-    let fresh = {
-        let sched = tiny(config("fresh"));
-        let ids = prompt(&sched, short);
-        run(&sched, ids, greedy(40), "fresh").await
-    };
-    let sched = tiny(config("reused"));
-    let ids = prompt(&sched, short);
-    // A longer prompt first, whose cache (prompt + 40 positions, all written: end-of-sequence
-    // ignored) is close enough in size to be handed to the short request.
-    let before = prompt(&sched, "Say no, twice.");
-    assert!(before.len() > ids.len() && before.len() - ids.len() < 10);
-    let first = sched
-        .submit(long(before, 40, "first"))
-        .await
-        .unwrap()
-        .collect()
-        .await;
-    assert_eq!(first.usage.completion_tokens, 40);
-    let reused = run(&sched, ids, greedy(40), "reused").await;
-    assert_eq!(reused.text, fresh.text);
-    assert_eq!(reused.usage, fresh.usage);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

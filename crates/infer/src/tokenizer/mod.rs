@@ -50,6 +50,10 @@ pub struct TextTokenizer {
     add_bos: bool,
     eos_id: Option<u32>,
     stop_ids: Vec<u32>,
+    /// How vocabulary strings spell bytes (see [`TextTokenizer::token_bytes`]).
+    format: TokenFormat,
+    /// Added tokens (plain text, not vocabulary spelling) by id, with whether each is special.
+    added: Vec<(u32, bool)>,
 }
 
 impl std::fmt::Debug for TextTokenizer {
@@ -59,6 +63,7 @@ impl std::fmt::Debug for TextTokenizer {
             .field("bos_id", &self.bos_id)
             .field("add_bos", &self.add_bos)
             .field("stop_ids", &self.stop_ids)
+            .field("format", &self.format)
             .finish_non_exhaustive()
     }
 }
@@ -97,6 +102,14 @@ impl TextTokenizer {
         }
         stop_ids.sort_unstable();
         stop_ids.dedup();
+        let format = TokenFormat::of(&inner);
+        let mut added: Vec<(u32, bool)> = inner
+            .get_added_vocabulary()
+            .get_added_tokens_decoder()
+            .iter()
+            .map(|(&id, token)| (id, token.special))
+            .collect();
+        added.sort_unstable();
         Ok(TextTokenizer {
             inner,
             template,
@@ -104,12 +117,38 @@ impl TextTokenizer {
             add_bos,
             eos_id,
             stop_ids,
+            format,
+            added,
         })
+    }
+
+    /// The tokenizer of a GGUF file, read from its metadata alone (no tensor is loaded).
+    pub fn from_gguf_file(path: &Path) -> Result<TextTokenizer, Error> {
+        let file = crate::gguf::GgufFile::open(path)?;
+        from_gguf(&file.content, None)
     }
 
     /// Renders the chat template with `add_generation_prompt = true`.
     pub fn apply_chat_template(&self, messages: &[ChatMessage]) -> Result<String, Error> {
-        self.template.render(messages, true)
+        self.template.render(messages, None, true)
+    }
+
+    /// Renders a conversation that offers `tools` (OpenAI's `[{type: "function", function:
+    /// {name, description, parameters}}]`) with `add_generation_prompt = true`: through the
+    /// model's own template where it renders tools, otherwise with the tools described in the
+    /// system message and calls and results written in the `<tool_call>` format
+    /// ([`crate::tool_calls`]).
+    pub fn apply_chat_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &serde_json::Value,
+    ) -> Result<String, Error> {
+        if self.template.knows_tools() {
+            self.template.render(messages, Some(tools), true)
+        } else {
+            let folded = crate::tool_calls::fold_into_messages(messages, tools);
+            self.template.render(&folded, None, true)
+        }
     }
 
     /// Renders the chat template with an explicit `add_generation_prompt`.
@@ -118,7 +157,7 @@ impl TextTokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, Error> {
-        self.template.render(messages, add_generation_prompt)
+        self.template.render(messages, None, add_generation_prompt)
     }
 
     /// Encodes rendered template text: special tokens in the text become their ids; BOS is
@@ -138,6 +177,37 @@ impl TextTokenizer {
             }
             _ => Ok(ids.to_vec()),
         }
+    }
+
+    /// Encodes text as it is: no BOS is added (special tokens written in the text still become
+    /// their ids).
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>, Error> {
+        let enc = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(Error::tokenizer)?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// The exact bytes of token `id` (empty for an unknown id): byte-level BPE's characters and
+    /// SentencePiece's `▁` and `<0xNN>` pieces turned back into the bytes they stand for; an
+    /// added token's text as it is (a special token's included, e.g. `<|im_end|>`).
+    /// Concatenated over `encode_plain(text)`, they give `text`'s bytes.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let Some(piece) = self.inner.id_to_token(id) else {
+            return Vec::new();
+        };
+        if self.added.binary_search_by_key(&id, |&(t, _)| t).is_ok() {
+            return piece.into_bytes();
+        }
+        self.format.bytes(&piece)
+    }
+
+    /// True for special (control) tokens: `decode` leaves them out, grammars never produce them.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.added
+            .binary_search_by_key(&id, |&(t, _)| t)
+            .is_ok_and(|i| self.added[i].1)
     }
 
     /// Decodes ids to text, leaving out special (control) tokens.
@@ -186,9 +256,11 @@ impl TextTokenizer {
     }
 }
 
+mod bytes;
 mod detokenizer;
 mod gguf;
 
+use bytes::TokenFormat;
 pub use detokenizer::Detokenizer;
 pub(crate) use gguf::*;
 

@@ -1,6 +1,7 @@
 //! The batch the engine loop owns: running sequences, admission, reaping, planning a step,
 //! sampling and sending events without ever blocking on a reader.
 
+use super::emit::{logprob_entry, Emitter};
 use super::*;
 
 /// One running sequence: its KV cache, its tokens and its way back to the reader.
@@ -16,7 +17,10 @@ pub(super) struct Active {
     pub(super) capacity: usize,
     pub(super) kv_bytes: u64,
     pub(super) sampler: Sampler,
-    pub(super) detok: Detokenizer,
+    /// What the request's output must follow (a grammar), if anything.
+    pub(super) constraint: Option<Box<dyn TokenConstraint>>,
+    /// Detokenizer, stop strings, log-probabilities waiting for their text.
+    pub(super) emit: Emitter,
     pub(super) tx: mpsc::Sender<TokenEvent>,
     pub(super) cancel: CancelHandle,
     /// Events not yet accepted by the channel. Non-empty means the stream is paused.
@@ -156,6 +160,10 @@ impl Batch {
             .metrics
             .active
             .store(self.active.len() as u64, Relaxed);
+        shared
+            .metrics
+            .kv_bytes_in_use
+            .store(self.kv_reserved, Relaxed);
         draining
     }
 
@@ -172,6 +180,7 @@ impl Batch {
             enqueued,
             span,
             progress,
+            constraint,
             ..
         } = p;
         if admit.send(Ok(())).is_err() {
@@ -204,7 +213,8 @@ impl Batch {
             capacity,
             kv_bytes,
             sampler: Sampler::new(&params),
-            detok: self.tokenizer.detokenizer(),
+            constraint,
+            emit: Emitter::new(self.tokenizer.detokenizer(), &params.stop),
             tx,
             cancel,
             outbox: VecDeque::new(),
@@ -303,7 +313,24 @@ impl Batch {
                 ));
                 continue;
             };
-            let id = a.sampler.sample(row_logits, &a.ids);
+            // Unconstrained: the sampler reads the logits in place, as it always has.
+            let sampled = match a.constraint.as_mut() {
+                None => Ok(a.sampler.sample(row_logits, &a.ids)),
+                Some(c) => c.allowed().and_then(|mask| {
+                    a.sampler
+                        .sample_masked(row_logits, &a.ids, Some(mask))
+                        .ok_or(ConstraintError::NoTokenAllowed)
+                }),
+            };
+            let id = match sampled {
+                Ok(id) => id,
+                Err(e) => {
+                    a.span
+                        .in_scope(|| warn!(error = %e, "output constraint failed"));
+                    ended.push((i, Err(AbortReason::EngineFailure(e.to_string()))));
+                    continue;
+                }
+            };
             let metrics = &self.shared.metrics;
             match a.last_token {
                 None => metrics
@@ -316,14 +343,25 @@ impl Batch {
                 ended.push((i, Ok(FinishReason::Stop)));
                 continue;
             }
+            if let Some(Err(e)) = a.constraint.as_mut().map(|c| c.commit(id)) {
+                a.span
+                    .in_scope(|| warn!(error = %e, "output constraint failed"));
+                ended.push((i, Err(AbortReason::EngineFailure(e.to_string()))));
+                continue;
+            }
             a.ids.push(id);
             a.generated += 1;
             a.progress.store(a.generated, Relaxed);
             metrics.generated_tokens.fetch_add(1, Relaxed);
-            if let Some(text) = a.detok.push(id) {
-                a.outbox.push_back(TokenEvent::Token { text, id });
-            }
-            if a.generated >= a.max_tokens {
+            let logprob = a
+                .sampler
+                .logprobs()
+                .map(|step| logprob_entry(&self.tokenizer, id, step));
+            if a.emit.push(id, logprob, &mut a.outbox) {
+                ended.push((i, Ok(FinishReason::Stop))); // a stop string
+            } else if a.constraint.as_ref().is_some_and(|c| c.is_finished()) {
+                ended.push((i, Ok(FinishReason::Stop))); // the grammar is complete
+            } else if a.generated >= a.max_tokens {
                 ended.push((i, Ok(FinishReason::Length)));
             } else if a.fed() >= a.capacity {
                 ended.push((i, Ok(FinishReason::ContextFull)));
@@ -368,11 +406,10 @@ impl Batch {
                 TokenEvent::Aborted { usage, reason }
             }
         };
-        // Cancelled and finished streams still get their text: whatever the detokenizer holds.
-        if let Some(text) = a.detok.finish() {
-            let id = a.ids.last().copied().unwrap_or_default();
-            a.outbox.push_back(TokenEvent::Token { text, id });
-        }
+        // Cancelled and finished streams still get their text: whatever the detokenizer and the
+        // stop-string check hold (nothing after a stop string).
+        let last_id = a.ids.last().copied().unwrap_or_default();
+        a.emit.finish(last_id, &mut a.outbox);
         a.outbox.push_back(terminal);
         if let Flush::Full = flush(&a.tx, &mut a.outbox) {
             self.closing.push(Closing {
@@ -388,6 +425,10 @@ impl Batch {
             .metrics
             .active
             .store(self.active.len() as u64, Relaxed);
+        self.shared
+            .metrics
+            .kv_bytes_in_use
+            .store(self.kv_reserved, Relaxed);
     }
 
     pub(super) fn abort_all(&mut self, reason: AbortReason) {

@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hearth_infer::{Detokenizer, Sampler, Sequence, Step, TextModel, TextTokenizer};
+use hearth_infer::{
+    ConstraintError, Sampler, Sequence, Step, TextModel, TextTokenizer, TokenConstraint,
+};
 use hearth_types::{AbortReason, FinishReason, TokenEvent, Usage};
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tracing::{debug, error, info, info_span, warn, Span};
@@ -29,6 +31,7 @@ const IDLE_POLL: Duration = Duration::from_millis(50);
 const FINAL_FLUSH: Duration = Duration::from_millis(500);
 
 mod batch;
+mod emit;
 
 use batch::{Active, Batch};
 
@@ -63,6 +66,7 @@ impl Drop for ExitGuard {
         drop(queue);
         self.0.metrics.queue_depth.store(0, Relaxed);
         self.0.metrics.active.store(0, Relaxed);
+        self.0.metrics.kv_bytes_in_use.store(0, Relaxed);
         if panicking {
             error!(model = %self.0.config.name, "engine thread panicked; the model is unavailable");
         }
