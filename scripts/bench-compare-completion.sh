@@ -5,7 +5,7 @@
 # per level. For showing that a change costs no throughput or time to first token, in one run.
 #
 #   scripts/bench-compare-completion.sh BEFORE_BIN AFTER_BIN
-#   env: THREADS=2 STREAMS=1,4,8,16 MAX_TOKENS=64 REPEAT=6
+#   env: THREADS=2 STREAMS=1,4,8,16 MAX_TOKENS=64 REPEAT=6 LOADGEN=(a built benches/loadgen binary)
 # Results: a Markdown table on stdout, JSON lines in .cache/bench/compare-{before,after}.jsonl.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,8 +20,18 @@ mkdir -p "$OUT"
 log() { echo "bench-compare-completion: $*" >&2; }
 [ -f weights/SmolLM2-135M-Instruct.Q4_1.gguf ] || scripts/fetch-weights.sh smollm2
 
-log "building the load generator (release)"
-cargo bench -q --no-run --bench loadgen
+# The load generator is built once and run as a binary: `cargo bench` in each round would rebuild
+# it (and the workspace) mid-run whenever a source file changed. LOADGEN=path skips the build.
+if [ -z "${LOADGEN:-}" ]; then
+    log "building the load generator (release)"
+    LOADGEN="$(cargo bench -q --no-run --bench loadgen --message-format=json |
+        python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "loadgen" and m.get("executable"):
+        print(m["executable"])')"
+fi
+[ -x "$LOADGEN" ] || { echo "no load generator binary at '$LOADGEN'" >&2; exit 1; }
 
 PIDS=()
 DIRS=()
@@ -62,7 +72,7 @@ TOKEN_AFTER="$(cat "$OUT/compare-after.token")"
 : >"$OUT/compare-before.jsonl"
 : >"$OUT/compare-after.jsonl"
 load() { # NAME PORT TOKEN
-    cargo bench -q --bench loadgen -- --target hearth --url "http://127.0.0.1:$2" --token "$3" \
+    "$LOADGEN" --bench --target hearth --url "http://127.0.0.1:$2" --token "$3" \
         --model alpha-3.3 --streams "$STREAMS" --max-tokens "$MAX_TOKENS" --json "$OUT/round.jsonl"
     cat "$OUT/round.jsonl" >>"$OUT/compare-$1.jsonl"
 }
