@@ -41,6 +41,8 @@ if [ -x scripts/fetch-test-docs.sh ]; then
     log "fetching markdown test documents"
     scripts/fetch-test-docs.sh
 fi
+log "python clients (openai, prometheus_client, openapi-spec-validator)"
+scripts/python-clients.sh
 # ---- end of fetch steps -----------------------------------------------------------------
 
 export HEARTH_BROWSER_TESTS=1

@@ -16,5 +16,8 @@ mod imagine_browser;
 mod markdown;
 mod markdown_browser;
 mod markdown_hostile;
+mod metrics;
+mod openai;
+mod openapi;
 mod pages_browser;
 mod quickstart;

@@ -234,3 +234,51 @@ pub fn assert_error(body: &Value, error_type: &str) -> String {
         .expect("error.message is a string")
         .to_string()
 }
+
+/// The Python of the third-party clients' virtual environment (`openai`, `prometheus_client`,
+/// `openapi-spec-validator`, `jsonschema`): `$HEARTH_CLIENTS_PYTHON`, else the repository's
+/// `.cache/venv-clients`, which `scripts/python-clients.sh` creates.
+pub fn clients_python() -> PathBuf {
+    let python = std::env::var_os("HEARTH_CLIENTS_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".cache/venv-clients/bin/python")
+        });
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/python-clients.sh, or point HEARTH_CLIENTS_PYTHON at a \
+         Python that has the clients",
+        python.display()
+    );
+    python
+}
+
+/// Runs `tests/clients/<script>` with `input` on its stdin (off the async runtime); its exit
+/// status, stdout and stderr.
+pub async fn run_client_script(
+    script: &str,
+    args: Vec<String>,
+    input: Vec<u8>,
+) -> std::process::Output {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/clients")
+        .join(script);
+    tokio::task::spawn_blocking(move || {
+        let mut child = Command::new(clients_python())
+            .arg(&script)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{} does not start: {e}", script.display()));
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&input).unwrap();
+        drop(stdin);
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap()
+}

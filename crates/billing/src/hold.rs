@@ -1,9 +1,12 @@
 //! Holds: funds reserved before a request's work starts, settled with its real cost or
 //! released, exactly once, on every path.
 
+use std::sync::Arc;
+
 use hearth_store::{Hold, LedgerMeta, Store};
 use rust_decimal::Decimal;
 
+use crate::flows::Flows;
 use crate::{Margin, Result};
 
 /// What settling did to the balance.
@@ -15,19 +18,53 @@ pub struct Charge {
     pub balance_after: Decimal,
 }
 
-/// Metering on top of the store: the default margin, balances and holds.
+/// Metering on top of the store: the default margin, balances and holds, and the money each
+/// service moved ([`Meter::flows`]).
 #[derive(Clone)]
 pub struct Meter {
     store: Store,
     default_margin: Margin,
+    flows: Arc<Flows>,
+    /// Whose totals the money this meter moves adds to.
+    service: &'static str,
 }
+
+/// The service of a [`Meter`] that [`Meter::for_service`] has not named.
+pub const UNATTRIBUTED: &str = "unattributed";
 
 impl Meter {
     pub fn new(store: Store, default_margin: Margin) -> Self {
         Self {
             store,
             default_margin,
+            flows: Arc::default(),
+            service: UNATTRIBUTED,
         }
+    }
+
+    /// The same meter, counting the money it moves under `service` (the totals stay shared).
+    pub fn for_service(&self, service: &'static str) -> Meter {
+        Meter {
+            service,
+            ..self.clone()
+        }
+    }
+
+    /// The money moved so far, per service.
+    pub fn flows(&self) -> &Arc<Flows> {
+        &self.flows
+    }
+
+    /// Counts an admin credit (`amount` > 0) or debit (`amount` < 0) already applied to a
+    /// balance.
+    pub fn record_admin_change(&self, amount: Decimal) {
+        self.flows.add(self.service, |t| {
+            if amount >= Decimal::ZERO {
+                t.credited += amount;
+            } else {
+                t.debited -= amount;
+            }
+        });
     }
 
     /// The margin a request pays: its own override, else the configured default.
@@ -55,11 +92,15 @@ impl Meter {
         meta: LedgerMeta,
     ) -> Result<HeldFunds> {
         let (store, user) = (self.store.clone(), user_id.to_string());
+        let (flows, service) = (Arc::clone(&self.flows), self.service);
         blocking(move || {
             let hold = store.place_hold(&user, amount, &meta)?;
+            flows.add(service, |t| t.held += hold.amount);
             Ok(HeldFunds {
                 store,
                 hold: Some(hold),
+                flows,
+                service,
             })
         })
         .await
@@ -75,6 +116,9 @@ pub struct HeldFunds {
     store: Store,
     /// `Some` until settled or released.
     hold: Option<Hold>,
+    /// Where the settlement or release is counted.
+    flows: Arc<Flows>,
+    service: &'static str,
 }
 
 impl HeldFunds {
@@ -98,11 +142,17 @@ impl HeldFunds {
         let store = self.store.clone();
         let id = hold.id;
         match blocking(move || store.settle_hold(id, cost)).await {
-            Ok(change) => Ok(Charge {
-                cost,
-                balance_before: change.before,
-                balance_after: change.after,
-            }),
+            Ok(change) => {
+                self.flows.add(self.service, |t| {
+                    t.charged += cost;
+                    t.released += hold.amount - cost;
+                });
+                Ok(Charge {
+                    cost,
+                    balance_before: change.before,
+                    balance_after: change.after,
+                })
+            }
             Err(e) => {
                 // Put it back so that if this future is dropped now, dropping `self` releases it.
                 self.hold = Some(hold);
@@ -120,13 +170,14 @@ impl HeldFunds {
     }
 
     async fn release_now(&mut self) -> Result<()> {
-        let Some(id) = self.hold.as_ref().map(|h| h.id) else {
+        let Some((id, amount)) = self.hold.as_ref().map(|h| (h.id, h.amount)) else {
             return Ok(());
         };
         let store = self.store.clone();
         // Taken only once released, so a drop mid-await still releases it.
         blocking(move || store.release_hold(id)).await?;
         self.hold = None;
+        self.flows.add(self.service, |t| t.released += amount);
         Ok(())
     }
 }
@@ -135,8 +186,10 @@ impl Drop for HeldFunds {
     fn drop(&mut self) {
         let Some(hold) = self.hold.take() else { return };
         let store = self.store.clone();
+        let (flows, service) = (Arc::clone(&self.flows), self.service);
         let release = move || match store.release_hold(hold.id) {
             Ok(_) => {
+                flows.add(service, |t| t.released += hold.amount);
                 tracing::info!(hold = %hold.id, user = %hold.user_id, amount = %hold.amount, "hold released: the request ended without settling")
             }
             // Still in the store: `release_stale_holds` gives it back at the next start.
@@ -261,6 +314,51 @@ mod tests {
             "the refused settlement kept its hold"
         );
         assert_eq!(store.balance("cy").unwrap(), d("10"));
+    }
+
+    #[tokio::test]
+    async fn money_moved_is_counted_per_service_and_every_hold_ends_in_the_totals() {
+        let (_dir, store) = store_with("dee", "10");
+        let base = Meter::new(store.clone(), Margin::ZERO);
+        let chat = base.for_service("completion");
+        let images = base.for_service("imagine");
+        let meta = || LedgerMeta::reason("test");
+        // Settled below the hold: the rest counts as released.
+        let held = chat.hold("dee", d("4"), meta()).await.unwrap();
+        held.settle(d("1.5")).await.unwrap();
+        // Released on purpose, and dropped.
+        chat.hold("dee", d("1"), meta())
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        drop(images.hold("dee", d("2"), meta()).await.unwrap());
+        assert!(holds_end(&store, "dee").await);
+        // The drop releases on a blocking thread: wait for its count too.
+        for _ in 0..500 {
+            if base.flows().totals("imagine").released == d("2") {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        base.for_service("auth").record_admin_change(d("5"));
+        base.for_service("auth").record_admin_change(d("-0.25"));
+
+        let flows = base.flows();
+        let chat = flows.totals("completion");
+        assert_eq!(
+            (chat.held, chat.charged, chat.released),
+            (d("5"), d("1.5"), d("3.5"))
+        );
+        let images = flows.totals("imagine");
+        assert_eq!(
+            (images.held, images.charged, images.released),
+            (d("2"), d("0"), d("2"))
+        );
+        let auth = flows.totals("auth");
+        assert_eq!((auth.credited, auth.debited), (d("5"), d("0.25")));
+        assert_eq!(flows.totals("markdown"), crate::FlowTotals::default());
     }
 
     #[test]

@@ -8,13 +8,17 @@
 //!   **once**, at the end, to [`MONEY_SCALE`] (6) decimal places, half away from zero.
 //! - [`Meter`] places holds on the store; a hold comes back as [`HeldFunds`], an owned value
 //!   that settles with the real cost or is released when dropped, on every path.
+//! - [`Flows`]: the money each service held, charged, released and had credited, counted where
+//!   it moves, for the metrics export.
 //!
 //! Errors are [`Error`]; the HTTP edge maps them once.
 
+mod flows;
 mod hold;
 mod price;
 
-pub use hold::{Charge, HeldFunds, Meter};
+pub use flows::{FlowTotals, Flows};
+pub use hold::{Charge, HeldFunds, Meter, UNATTRIBUTED};
 pub use price::{money, Margin, Price, MONEY_SCALE};
 
 use rust_decimal::Decimal;

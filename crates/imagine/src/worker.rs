@@ -4,11 +4,15 @@
 //! channel: when the caller stops waiting (its HTTP client disconnected and the handler future
 //! was dropped) the channel closes, and the worker skips the job if it has not started, or stops
 //! it before the next denoising step if it has.
+//!
+//! A [`StepObserver`] given at spawn hears the wall-clock time of every denoising step (the
+//! server exports it as a histogram).
 
+use std::cell::Cell;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -25,6 +29,9 @@ pub struct GeneratedImage {
     /// Wall-clock seconds the worker spent on it (sampling, decoding, PNG).
     pub seconds: f64,
 }
+
+/// Called on the worker thread with the duration of each denoising step; it must be quick.
+pub type StepObserver = Box<dyn Fn(Duration) + Send>;
 
 struct Job {
     params: ImageParams,
@@ -51,6 +58,16 @@ impl ImageWorker {
     /// Starts the worker thread. `queue` is how many requests may wait behind the running one
     /// (at least 1). The thread ends when every handle is dropped.
     pub fn spawn(pipeline: SdxlPipeline, queue: usize, name: &str) -> Result<Self> {
+        Self::spawn_observed(pipeline, queue, name, Box::new(|_| {}))
+    }
+
+    /// [`ImageWorker::spawn`], telling `on_step` how long each denoising step took.
+    pub fn spawn_observed(
+        pipeline: SdxlPipeline,
+        queue: usize,
+        name: &str,
+        on_step: StepObserver,
+    ) -> Result<Self> {
         let (tx, mut rx) = mpsc::channel::<Job>(queue.max(1));
         let waiting = Arc::new(AtomicUsize::new(0));
         let counter = waiting.clone();
@@ -59,7 +76,7 @@ impl ImageWorker {
             .spawn(move || {
                 while let Some(job) = rx.blocking_recv() {
                     counter.fetch_sub(1, Ordering::Relaxed);
-                    run_job(&pipeline, job);
+                    run_job(&pipeline, job, &on_step);
                 }
             })
             .map_err(|e| Error::io("worker thread", e))?;
@@ -99,7 +116,7 @@ impl ImageWorker {
     }
 }
 
-fn run_job(pipeline: &SdxlPipeline, job: Job) {
+fn run_job(pipeline: &SdxlPipeline, job: Job, on_step: &StepObserver) {
     let _enter = job.span.enter();
     if job.reply.is_closed() {
         tracing::info!("image request dropped before start: client gone");
@@ -107,8 +124,18 @@ fn run_job(pipeline: &SdxlPipeline, job: Job) {
     }
     let start = Instant::now();
     let reply = &job.reply;
+    // `generate` polls this before every denoising step and once after the last, so the time
+    // from one poll to the next is one step (`a_worker_times_every_denoising_step` holds that).
+    let last_poll = Cell::new(None::<Instant>);
+    let should_stop = || {
+        let now = Instant::now();
+        if let Some(previous) = last_poll.replace(Some(now)) {
+            on_step(now - previous);
+        }
+        reply.is_closed()
+    };
     let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        let image = pipeline.generate(&job.params, &|| reply.is_closed())?;
+        let image = pipeline.generate(&job.params, &should_stop)?;
         let png = image.to_png()?;
         Ok(GeneratedImage {
             width: image.width,

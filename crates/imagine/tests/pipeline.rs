@@ -137,3 +137,22 @@ async fn the_worker_serves_in_turn_refuses_when_full_and_drops_abandoned_jobs() 
     assert_eq!(after.width, 128);
     assert!(worker.is_alive());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_times_every_denoising_step() {
+    let (_d, p) = pipeline();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let on_step = Box::new(move |d: std::time::Duration| tx.send(d).unwrap());
+    let worker = ImageWorker::spawn_observed(p, 1, "test", on_step).unwrap();
+    let mut prm = params(4, 128, 128);
+    prm.steps = 3;
+    let image = worker.generate(prm).await.unwrap();
+    let steps: Vec<_> = rx.try_iter().collect();
+    assert_eq!(steps.len(), 3, "one duration per step: {steps:?}");
+    let total: f64 = steps.iter().map(|d| d.as_secs_f64()).sum();
+    assert!(
+        total > 0.0 && total <= image.seconds,
+        "steps {total} s within the image's {} s",
+        image.seconds
+    );
+}

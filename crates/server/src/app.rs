@@ -22,6 +22,7 @@ use tracing::Level;
 
 use crate::config::{Config, IdpChoice};
 use crate::error::{ApiError, ErrorKind};
+use crate::metrics::Metrics;
 use crate::serve::{self, BodyTimeout};
 use crate::services::{self, Service, ServiceInitError};
 
@@ -57,7 +58,10 @@ pub struct AppState {
     pub idp: Arc<IdentityProvider>,
     pub admin_key: AdminKey,
     pub urls: Arc<ServiceUrls>,
+    /// Each listener gets a copy that counts the money it moves under its service's name.
     pub billing: Meter,
+    /// Request series of every listener (the rest of `/metrics` is read at scrape time).
+    pub metrics: Metrics,
     /// Cancelled when the server shuts down; long-lived tasks watch it.
     pub shutdown: CancellationToken,
 }
@@ -280,15 +284,19 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         idp: Arc::new(idp),
         admin_key: AdminKey(admin_key.into()),
         urls: Arc::new(ServiceUrls(urls)),
+        metrics: Metrics::default(),
         shutdown: shutdown.clone(),
     };
 
     let mut tasks = Vec::new();
     for (service, listener) in listeners {
-        let router = with_common_layers(
-            services::router(service, state.clone()).await?,
-            &state.config,
-        );
+        // The listener's money is counted under its service (`/metrics`).
+        let own = AppState {
+            billing: state.billing.for_service(service.name()),
+            ..state.clone()
+        };
+        let router =
+            with_common_layers(services::router(service, own.clone()).await?, &own, service);
         let addr = addrs[&service];
         tracing::info!(service = %service, addr = %addr, "listening");
         let listener = serve::Listener {
@@ -344,11 +352,20 @@ fn body_timeout_response(service: Service) -> serve::TimeoutResponse {
     }
 }
 
-/// Layers every service shares: a request span, the body size limit.
-fn with_common_layers(router: Router, config: &Config) -> Router {
+/// Layers every service shares: a request span, the body size limit, and the request series
+/// of `/metrics` (outermost, so they time everything; added with `Router::layer`, so they run
+/// after routing and see the matched route's template).
+fn with_common_layers(router: Router, state: &AppState, service: Service) -> Router {
+    let requests = state.metrics.http(service).clone();
     router
-        .layer(axum::extract::DefaultBodyLimit::max(config.max_body_bytes))
+        .layer(axum::extract::DefaultBodyLimit::max(
+            state.config.max_body_bytes,
+        ))
         .layer(TraceLayer::new_for_http().make_span_with(DefaultMakeSpan::new().level(Level::INFO)))
+        .layer(axum::middleware::from_fn_with_state(
+            requests,
+            crate::metrics::record,
+        ))
 }
 
 /// JSON 404 and 405 answers in the shared error shape, for services that use it.

@@ -1,7 +1,9 @@
 //! The `hearth` binary's library and the only crate that knows HTTP and JSON wire shapes: the
 //! CLI ([`cli`]), layered configuration ([`config`]), process state and startup ([`app`]), the
 //! accept loop that holds every connection to its limits ([`serve`]), the
-//! error shape every JSON service answers with ([`error`]), one axum router per service ([`services`]) and the web pages ([`pages`]).
+//! error shape every JSON service answers with ([`error`]), one axum router per service ([`services`]), the web pages ([`pages`]), the Prometheus
+//! export every listener serves at `/metrics` ([`metrics`]) and its OpenAPI 3.1 document at
+//! `/openapi.json` ([`openapi`]).
 //!
 //! It deliberately holds no business logic of its own beyond request validation: tokens are
 //! `hearth-auth`'s, prices and holds `hearth-billing`'s, money and revocations `hearth-store`'s,
@@ -11,7 +13,9 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod metrics;
 pub mod models;
+pub mod openapi;
 pub mod pages;
 pub mod serve;
 pub mod services;

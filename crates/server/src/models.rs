@@ -59,6 +59,15 @@ pub struct Models<T> {
     slots: BTreeMap<String, watch::Receiver<State<T>>>,
 }
 
+/// A clone sees the same loads (the metrics export reads one at scrape time).
+impl<T> Clone for Models<T> {
+    fn clone(&self) -> Self {
+        Self {
+            slots: self.slots.clone(),
+        }
+    }
+}
+
 impl<T> Default for Models<T> {
     fn default() -> Self {
         Self {

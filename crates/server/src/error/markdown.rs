@@ -2,13 +2,12 @@
 //! `{"error": "<message>"}`; the statuses come from the same table as every other error
 //! ([`ErrorKind::status`]).
 
-use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use hearth_isolate::{ConvertErrorKind, Error as IsolateError};
 use serde_json::json;
 
-use super::{ErrorKind, RETRY_AFTER_SECS};
+use super::ErrorKind;
 
 /// Every way a markdown request can fail.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,10 +83,7 @@ impl IntoResponse for MarkdownError {
     fn into_response(self) -> Response {
         let kind = self.kind();
         let mut resp = (kind.status(), Json(json!({ "error": self.message() }))).into_response();
-        if kind == ErrorKind::Overloaded {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
-        }
+        super::set_retry_after(&mut resp, kind, None);
         resp
     }
 }

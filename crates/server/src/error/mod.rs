@@ -1,16 +1,19 @@
 //! The one place that chooses HTTP statuses. Every failure the authentication, completion and
 //! image services answer is an [`ApiError`], rendered as `{"error": {"type", "message",
 //! "details"}}`; every failure of the markdown service is a [`MarkdownError`], rendered as
-//! `{"error": "<message>"}` (spec section 7). Both take their status from one table,
+//! `{"error": "<message>"}` (spec section 7); on the OpenAI-compatible routes an [`ApiError`]
+//! is rendered in that API's shape by [`OpenAiError`]. All take their status from one table,
 //! [`ErrorKind::status`], and so does every health answer ([`health_status`]). The typed errors
 //! of the crates below are mapped here once (`from.rs`).
 
 mod from;
 mod json;
 mod markdown;
+mod openai;
 
 pub use json::{parse_json, AppJson};
 pub use markdown::MarkdownError;
+pub use openai::{OpenAiError, OpenAiJson};
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -207,12 +210,17 @@ impl IntoResponse for ApiError {
         });
         let retry_after = self.details["retryAfterSeconds"].as_u64();
         let mut resp = (self.kind.status(), axum::Json(body)).into_response();
-        if matches!(self.kind, ErrorKind::Overloaded | ErrorKind::RateLimited) {
-            let secs = retry_after.unwrap_or(RETRY_AFTER_SECS);
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
+        set_retry_after(&mut resp, self.kind, retry_after);
         resp
+    }
+}
+
+/// `Retry-After` on an `Overloaded` or `RateLimited` answer: `secs`, or the default figure.
+pub(crate) fn set_retry_after(resp: &mut Response, kind: ErrorKind, secs: Option<u64>) {
+    if matches!(kind, ErrorKind::Overloaded | ErrorKind::RateLimited) {
+        let secs = secs.unwrap_or(RETRY_AFTER_SECS);
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
 }
 

@@ -9,9 +9,11 @@ use hearth_store::{LedgerMeta, Store};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use std::str::FromStr;
+use utoipa::ToSchema;
 
 use crate::app::AppState;
 use crate::error::{ApiError, AppJson};
+use crate::openapi::ErrorBody;
 use hearth_billing::{money, MONEY_SCALE};
 
 pub fn router(state: AppState) -> Router {
@@ -22,55 +24,70 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct UserRow {
     pub user_id: String,
     pub is_marketing: bool,
+    /// Decimal string, 6 places.
     pub balance: String,
+    /// ISO 8601 UTC.
+    #[schema(format = DateTime)]
     pub created_at: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct UsersResponse {
     pub users: Vec<UserRow>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// A user's spendable balance.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BalanceResponse {
     pub user_id: String,
+    /// Decimal string, 6 places.
     pub balance: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CreditResponse {
     pub user_id: String,
+    /// Decimal string, 6 places.
     pub balance_before: String,
+    /// Decimal string, 6 places.
     pub balance_after: String,
 }
 
-#[derive(Debug, Deserialize)]
+/// The admin key alone.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct KeyOnly {
+    /// The admin key (`<data_dir>/admin.key`): the credential of the admin routes.
     admin_key: String,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct BalanceRequest {
+    /// The admin key (`<data_dir>/admin.key`).
     admin_key: String,
     user_id: String,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct CreditRequest {
+    /// The admin key (`<data_dir>/admin.key`).
     admin_key: String,
+    /// Created (with the initial balance) if unknown.
     user_id: String,
+    /// Decimal string, non-zero, at most 6 places; negative only with `debit`.
     amount: String,
+    /// The ledger row's reason (default `admin credit` / `admin debit`).
     note: Option<String>,
+    /// Take the amount away instead (refused past the balance).
     #[serde(default)]
     debit: bool,
 }
@@ -91,6 +108,20 @@ async fn blocking<T: Send + 'static>(
         .map_err(ApiError::internal)?
 }
 
+/// Every user with their balance (`hearth users list`).
+#[utoipa::path(
+    post,
+    path = "/admin/users",
+    tag = "admin",
+    operation_id = "adminUsers",
+    request_body = KeyOnly,
+    responses(
+        (status = 200, description = "The users.", body = UsersResponse),
+        (status = 400, description = "`InvalidRequest`: the body is not `{adminKey}`.", body = ErrorBody),
+        (status = 401, description = "`InvalidCredentials`: wrong admin key.", body = ErrorBody),
+        (status = 500, description = "`InternalError`.", body = ErrorBody),
+    )
+)]
 async fn users(
     State(state): State<AppState>,
     AppJson(req): AppJson<KeyOnly>,
@@ -100,6 +131,20 @@ async fn users(
     Ok(Json(blocking(move || list_users(&store)).await?))
 }
 
+/// One user's balance (`hearth balance show`).
+#[utoipa::path(
+    post,
+    path = "/admin/balance",
+    tag = "admin",
+    operation_id = "adminBalance",
+    request_body = BalanceRequest,
+    responses(
+        (status = 200, description = "The balance.", body = BalanceResponse),
+        (status = 400, description = "`InvalidRequest`: a missing field.", body = ErrorBody),
+        (status = 401, description = "`InvalidCredentials`: wrong admin key.", body = ErrorBody),
+        (status = 500, description = "`InternalError`.", body = ErrorBody),
+    )
+)]
 async fn balance(
     State(state): State<AppState>,
     AppJson(req): AppJson<BalanceRequest>,
@@ -111,14 +156,29 @@ async fn balance(
     ))
 }
 
+/// Credits or debits a user (`hearth balance credit`).
+#[utoipa::path(
+    post,
+    path = "/admin/credit",
+    tag = "admin",
+    operation_id = "adminCredit",
+    request_body = CreditRequest,
+    responses(
+        (status = 200, description = "The balance before and after.", body = CreditResponse),
+        (status = 400, description = "`InvalidRequest`: a missing field, or a bad `amount` (`details.field`).", body = ErrorBody),
+        (status = 401, description = "`InvalidCredentials`: wrong admin key.", body = ErrorBody),
+        (status = 402, description = "`InsufficientFunds`: a debit past the balance.", body = ErrorBody),
+        (status = 500, description = "`InternalError`.", body = ErrorBody),
+    )
+)]
 async fn credit(
     State(state): State<AppState>,
     AppJson(req): AppJson<CreditRequest>,
 ) -> Result<Json<CreditResponse>, ApiError> {
     check_key(&state, &req.admin_key)?;
     let store = state.store.clone();
-    let resp = blocking(move || {
-        apply_credit(
+    let (resp, moved) = blocking(move || {
+        change_balance(
             &store,
             &req.user_id,
             &req.amount,
@@ -127,6 +187,7 @@ async fn credit(
         )
     })
     .await?;
+    state.billing.record_admin_change(moved);
     tracing::info!(user = %resp.user_id, before = %resp.balance_before, after = %resp.balance_after, "admin balance change");
     Ok(Json(resp))
 }
@@ -187,6 +248,17 @@ pub fn apply_credit(
     note: Option<&str>,
     debit: bool,
 ) -> Result<CreditResponse, ApiError> {
+    change_balance(store, user_id, amount, note, debit).map(|(response, _)| response)
+}
+
+/// [`apply_credit`], also saying how much the balance moved (negative for a debit).
+fn change_balance(
+    store: &Store,
+    user_id: &str,
+    amount: &str,
+    note: Option<&str>,
+    debit: bool,
+) -> Result<(CreditResponse, Decimal), ApiError> {
     let amount = parse_amount(amount)?;
     if amount < Decimal::ZERO && !debit {
         return Err(ApiError::invalid_request(
@@ -210,9 +282,10 @@ pub fn apply_credit(
     } else {
         store.credit(user_id, amount, &meta)?
     };
-    Ok(CreditResponse {
+    let response = CreditResponse {
         user_id: user_id.to_string(),
         balance_before: money(change.before),
         balance_after: money(change.after),
-    })
+    };
+    Ok((response, change.after - change.before))
 }

@@ -2,6 +2,8 @@
 //! `GET /` and the sign-in page at `GET /ui`; beside the spec, `POST /balance` for the pages'
 //! header.
 
+pub mod openapi;
+
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderValue, Method};
 use axum::response::{Html, IntoResponse, Response};
@@ -12,10 +14,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tracing::instrument;
+use utoipa::ToSchema;
 
 use crate::app::{auth_error, json_fallbacks, AppState};
 use crate::config::origin_of;
 use crate::error::{health_status, ApiError, AppJson};
+use crate::openapi::ErrorBody;
 use crate::pages;
 use crate::services::admin::{show_balance, BalanceResponse};
 use crate::services::Service;
@@ -35,7 +39,12 @@ pub fn router(state: AppState) -> Router {
                     .layer(own_origins_cors(&state))
                     .with_state::<()>(state.clone()),
             )
-            .route("/ui", get(ui)),
+            .route("/ui", get(ui))
+            .route("/metrics", crate::metrics::route(&state, Service::Auth, ()))
+            .route(
+                "/openapi.json",
+                crate::openapi::route(openapi::document(), state.urls.get(Service::Auth)),
+            ),
     )
     .with_state(state)
 }
@@ -55,13 +64,26 @@ fn own_origins_cors(state: &AppState) -> CorsLayer {
 }
 
 /// Health object (spec 2.1), shared by the services that use it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct Health {
+    /// `healthy`, or `unhealthy` (503) when the store or the signing key fails its check.
     pub status: &'static str,
+    /// The environment's name (`env` in the configuration).
     pub env: String,
+    /// The sign-in page's URL.
     pub ui: String,
 }
 
+/// Health (spec 4.1): the store's round trip and the signing key.
+#[utoipa::path(
+    get,
+    path = "/",
+    tag = "health",
+    responses(
+        (status = 200, description = "Healthy.", body = Health),
+        (status = 503, description = "Unhealthy: `status` is `unhealthy`.", body = Health),
+    )
+)]
 #[instrument(skip_all)]
 async fn health(State(state): State<AppState>) -> Response {
     let store = state.store.clone();
@@ -93,20 +115,41 @@ async fn health(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
-#[derive(Debug, Deserialize)]
+/// Token request (spec 2.3).
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct TokenRequest {
+    /// Must be the identity token's subject.
     user_id: String,
+    /// A token of the identity provider (`hearth idp mint USER` for the built-in one).
     idp_token: String,
+    /// The service token's lifetime in seconds, within `[auth] token_lifetime_min_secs` and
+    /// `token_lifetime_max_secs` (default 3600).
     lifetime_seconds: Option<i64>,
 }
 
-#[derive(Debug, Serialize)]
+/// Token response (spec 2.3).
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct TokenResponse {
+    /// The service token (a JWT) the other services take.
     service_token: String,
 }
 
+/// Exchanges an identity-provider token for a service token (spec 4.1, 5.1). A user seen for
+/// the first time is created with the initial balance.
+#[utoipa::path(
+    post,
+    path = "/token",
+    tag = "auth",
+    request_body = TokenRequest,
+    responses(
+        (status = 200, description = "The service token.", body = TokenResponse),
+        (status = 400, description = "`InvalidRequest`: a missing or empty field, `lifetimeSeconds` out of bounds (`details.min`, `details.max`).", body = ErrorBody),
+        (status = 401, description = "`InvalidCredentials`: the identity token is invalid, expired or logged out, or is not `userId`'s.", body = ErrorBody),
+        (status = 500, description = "`InternalError`.", body = ErrorBody),
+    )
+)]
 #[instrument(skip_all, fields(user = %req.user_id))]
 async fn token(
     State(state): State<AppState>,
@@ -179,21 +222,41 @@ async fn token(
     }))
 }
 
-#[derive(Debug, Deserialize)]
+/// Validate request (spec 2.3); also `POST /balance`'s.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct ValidateRequest {
+    /// The service token: the credential of this route.
     service_token: String,
 }
 
-#[derive(Debug, Serialize)]
+/// Validate response (spec 2.3).
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct ValidateResponse {
+    /// Always `true`: an invalid token is an error.
     valid: bool,
     user_id: String,
+    /// Whether the identity provider marked the user as a marketing account.
     is_marketing: bool,
+    /// ISO 8601 UTC, whole seconds.
+    #[schema(format = DateTime)]
     expires_at: String,
 }
 
+/// Whether a service token is valid, whose it is and when it expires (spec 4.1, 5.2).
+#[utoipa::path(
+    post,
+    path = "/validate",
+    tag = "auth",
+    request_body = ValidateRequest,
+    responses(
+        (status = 200, description = "The token is valid.", body = ValidateResponse),
+        (status = 400, description = "`InvalidRequest`: the body is not a validate request.", body = ErrorBody),
+        (status = 401, description = "`InvalidCredentials` (bad or revoked token) or `SessionExpired`.", body = ErrorBody),
+        (status = 500, description = "`InternalError`.", body = ErrorBody),
+    )
+)]
 async fn validate(
     State(state): State<AppState>,
     AppJson(req): AppJson<ValidateRequest>,
@@ -211,6 +274,18 @@ async fn validate(
 
 /// `POST /balance` (not in the spec): the signed-in user's own balance, `{userId, balance}`
 /// with 6 decimals, for the header of every page.
+#[utoipa::path(
+    post,
+    path = "/balance",
+    tag = "auth",
+    request_body = ValidateRequest,
+    responses(
+        (status = 200, description = "The token's user and balance.", body = BalanceResponse),
+        (status = 400, description = "`InvalidRequest`: the body is not `{serviceToken}`.", body = ErrorBody),
+        (status = 401, description = "`InvalidCredentials` or `SessionExpired`.", body = ErrorBody),
+        (status = 500, description = "`InternalError`.", body = ErrorBody),
+    )
+)]
 async fn balance(
     State(state): State<AppState>,
     AppJson(req): AppJson<ValidateRequest>,
@@ -223,19 +298,38 @@ async fn balance(
     Ok(Json(answer))
 }
 
-#[derive(Debug, Deserialize)]
+/// Logout request (spec 2.3).
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct LogoutRequest {
+    /// The service token to revoke (an expired one is accepted).
     service_token: String,
+    /// The identity token whose sessions end too: every service token issued for it.
     idp_token: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+/// Logout response (spec 2.3).
+#[derive(Debug, Serialize, ToSchema)]
 struct LogoutResponse {
+    /// Always `success`.
     status: &'static str,
     message: String,
 }
 
+/// Revokes a service token and, with `idpToken`, the identity provider's sessions (spec 4.1,
+/// 5.3).
+#[utoipa::path(
+    post,
+    path = "/logout",
+    tag = "auth",
+    request_body = LogoutRequest,
+    responses(
+        (status = 200, description = "Revoked.", body = LogoutResponse),
+        (status = 400, description = "`InvalidRequest`: the body is not a logout request.", body = ErrorBody),
+        (status = 401, description = "`InvalidCredentials`: a token is invalid, or `idpToken` is another user's.", body = ErrorBody),
+        (status = 500, description = "`InternalError`.", body = ErrorBody),
+    )
+)]
 #[instrument(skip_all)]
 async fn logout(
     State(state): State<AppState>,
@@ -329,6 +423,14 @@ pub fn callback_allowed(state: &AppState, url: &str) -> Result<(), String> {
     }
 }
 
+/// The sign-in page (spec 4.1).
+#[utoipa::path(
+    get,
+    path = "/ui",
+    tag = "pages",
+    params(("callback" = Option<String>, Query, description = "Where to go once signed in, with the token: a URL of one of Hearth's services, `allowed_origins` or `[auth] callback_origins`; others are refused on the page.")),
+    responses((status = 200, description = "The HTML page.", content_type = "text/html", body = String))
+)]
 async fn ui(State(state): State<AppState>, Query(q): Query<UiQuery>) -> Html<String> {
     let callback = q.callback.filter(|c| !c.is_empty());
     let (accepted, refused) = match callback {

@@ -1,6 +1,7 @@
 //! The completion service (spec sections 2.4, 3.2, 4.2): chat completions from local weights,
 //! one-shot (`POST /`) or streamed as server-sent events (`POST /stream`), stoppable by id
-//! (`POST /stream/shutdown`), billed against the user's balance through a hold placed before
+//! (`POST /stream/shutdown`), and the same through the OpenAI API's routes (`/v1/...`,
+//! `openai/`), billed against the user's balance through a hold placed before
 //! generating and settled exactly once after; health with a real store round-trip; a chat page.
 //!
 //! A request's path: credentials -> validation -> the model's engine -> chat template and
@@ -10,6 +11,9 @@
 
 mod catalog;
 mod engines;
+mod grammar;
+mod openai;
+pub mod openapi;
 mod start;
 mod stream;
 mod validate;
@@ -24,20 +28,23 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use hearth_types::AbortReason;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tracing::{info, warn};
+use utoipa::ToSchema;
 
 use crate::app::{json_fallbacks, AppState};
 use crate::error::{health_status, ApiError, AppJson};
+use crate::openapi::ErrorBody;
 use crate::pages;
 use crate::services::{Service, ServiceInitError};
 use crate::user_slots::UserSlots;
 
 pub use catalog::{Catalog, TextModelSpec};
 use start::start;
-use stream::{spawn_driver, CompletionResponse, ShutdownResponse, StreamEvent, Streams};
+use stream::{
+    abort_error, spawn_driver, CompletionResponse, ShutdownResponse, StreamEvent, Streams,
+};
 use validate::RawCompletionRequest;
 
 /// Header carrying the id `/stream/shutdown` takes.
@@ -63,6 +70,10 @@ struct Core {
     client_stall_timeout: Duration,
     /// Live streams: how to stop each, and its final response once settled.
     streams: Streams,
+    /// Each model's vocabulary compiled for grammars (structured output, forced tool calls).
+    grammars: grammar::GrammarCache,
+    /// When the service started (Unix seconds), the `created` of `/v1/models`.
+    started_at: u64,
 }
 
 /// Builds the completion router: reads the model table, starts loading every model in the
@@ -78,6 +89,11 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
         user_slots: UserSlots::new(state.config.completion.max_concurrent_per_user),
         client_stall_timeout: state.config.completion.client_stall_timeout,
         streams: Streams::default(),
+        grammars: grammar::GrammarCache::default(),
+        started_at: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default(),
     });
     let (token, drain) = (state.shutdown.clone(), Arc::clone(&core));
     tokio::spawn(async move {
@@ -92,6 +108,19 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
             .route("/stream", post(stream))
             .route("/stream/shutdown", post(shutdown_stream))
             .route("/ui", get(ui))
+            .route(
+                "/metrics",
+                crate::metrics::route(
+                    &state.app,
+                    Service::Completion,
+                    state.core.engines.metrics(),
+                ),
+            )
+            .route(
+                "/openapi.json",
+                crate::openapi::route(openapi::document(), state.app.urls.get(Service::Completion)),
+            )
+            .merge(openai::routes())
             .with_state(state),
     ))
 }
@@ -103,6 +132,15 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
 /// 200 when a write-then-read round trip on the store succeeds, 500 with `status: "failing"`
 /// when it does not. A model that failed to load does not fail the health check: requests for
 /// it answer `GatewayError`, and `models` says why.
+#[utoipa::path(
+    get,
+    path = "/",
+    tag = "health",
+    responses(
+        (status = 200, description = "Healthy: the store answered a write-then-read round trip.", body = openapi::CompletionHealth),
+        (status = 500, description = "Failing: the store check failed (`status` is `failing`, `error` says so).", body = openapi::CompletionHealth),
+    )
+)]
 async fn health(State(cs): State<CompletionState>) -> Response {
     let store = cs.app.store.clone();
     let checked = tokio::task::spawn_blocking(move || store.health_check()).await;
@@ -129,6 +167,12 @@ async fn health(State(cs): State<CompletionState>) -> Response {
 const CHAT_PAGE: &str = include_str!("completion/chat.html");
 
 /// The chat page, with the model table's bounds and prices.
+#[utoipa::path(
+    get,
+    path = "/ui",
+    tag = "pages",
+    responses((status = 200, description = "The HTML page.", content_type = "text/html", body = String))
+)]
 async fn ui(State(cs): State<CompletionState>) -> Html<String> {
     let models: Vec<Value> = cs
         .core
@@ -163,6 +207,22 @@ async fn ui(State(cs): State<CompletionState>) -> Html<String> {
 
 /// `POST /`: the whole completion in one response. An abort (engine failure, server shutdown)
 /// answers an error whose `details.response` holds the partial, billed response.
+#[utoipa::path(
+    post,
+    path = "/",
+    tag = "completion",
+    request_body = RawCompletionRequest,
+    responses(
+        (status = 200, description = "The whole completion, billed.", body = CompletionResponse),
+        (status = 400, description = "`InvalidRequest`: a bad field (`details.field`), or a prompt too long for the model.", body = ErrorBody),
+        (status = 401, description = "`InvalidCredentials` or `SessionExpired`: the `serviceToken`.", body = ErrorBody),
+        (status = 402, description = "`InsufficientFunds`: the balance cannot cover the worst case (`details.needed`, `details.available`).", body = ErrorBody),
+        (status = 429, description = "`RateLimited`: the user's concurrent requests are at the cap (`Retry-After`).", body = ErrorBody),
+        (status = 500, description = "`InternalError`.", body = ErrorBody),
+        (status = 502, description = "`GatewayError`: the model failed to load or its engine failed (`details.response` holds a partial, billed answer).", body = ErrorBody),
+        (status = 503, description = "`Overloaded`: the queue is full or the server is shutting down (`Retry-After`).", body = ErrorBody),
+    )
+)]
 async fn complete(
     State(cs): State<CompletionState>,
     AppJson(raw): AppJson<RawCompletionRequest>,
@@ -175,16 +235,7 @@ async fn complete(
             StreamEvent::Completed { response, .. } => return Ok(Json(response)),
             StreamEvent::Aborted {
                 response, reason, ..
-            } => {
-                let err = match reason {
-                    AbortReason::Shutdown => ApiError::overloaded("the server is shutting down"),
-                    AbortReason::EngineFailure(why) => {
-                        ApiError::gateway(format!("the model's engine failed: {why}"))
-                    }
-                    other => ApiError::internal(format!("completion aborted: {other:?}")),
-                };
-                return Err(err.with_details(json!({ "response": response })));
-            }
+            } => return Err(abort_error(reason, response)),
         }
     }
     Err(ApiError::internal(
@@ -194,6 +245,24 @@ async fn complete(
 
 /// `POST /stream`: errors before the stream as JSON with their status; then `{token}` events,
 /// and `{completed, response}` or `{aborted, response}`.
+#[utoipa::path(
+    post,
+    path = "/stream",
+    tag = "completion",
+    request_body = RawCompletionRequest,
+    responses(
+        (status = 200, description = "Server-sent events, each `data:` one `StreamEvent`; `X-Stream-Id` names the stream for `POST /stream/shutdown`.",
+            content_type = "text/event-stream", body = StreamEvent,
+            headers(("x-stream-id" = String, description = "The stream's id, for `POST /stream/shutdown`."))),
+        (status = 400, description = "`InvalidRequest`, before the stream starts.", body = ErrorBody),
+        (status = 401, description = "`InvalidCredentials` or `SessionExpired`.", body = ErrorBody),
+        (status = 402, description = "`InsufficientFunds`.", body = ErrorBody),
+        (status = 429, description = "`RateLimited` (`Retry-After`).", body = ErrorBody),
+        (status = 500, description = "`InternalError`.", body = ErrorBody),
+        (status = 502, description = "`GatewayError`: the model failed to load.", body = ErrorBody),
+        (status = 503, description = "`Overloaded` (`Retry-After`).", body = ErrorBody),
+    )
+)]
 async fn stream(
     State(cs): State<CompletionState>,
     AppJson(raw): AppJson<RawCompletionRequest>,
@@ -213,15 +282,29 @@ async fn stream(
     Ok(response)
 }
 
-#[derive(Debug, Deserialize)]
+/// Stream shutdown request (spec 2.4).
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct ShutdownRequest {
+    /// The `X-Stream-Id` of a `POST /stream` answer (or of a streamed `/v1` answer).
     stream_id: String,
 }
 
 /// `POST /stream/shutdown`: stops an active stream and answers, once it has stopped and been
 /// billed, `200 {"streamId", "status": "terminated", "response": <partial response>}`. Unknown or
 /// already finished ids answer 404 `NotFound`; a stream that does not stop within 10 s, 500.
+#[utoipa::path(
+    post,
+    path = "/stream/shutdown",
+    tag = "completion",
+    request_body = ShutdownRequest,
+    responses(
+        (status = 200, description = "Terminated: the stream stopped and was billed for what it made.", body = ShutdownResponse),
+        (status = 400, description = "`InvalidRequest`: the body is not `{streamId}`.", body = ErrorBody),
+        (status = 404, description = "`NotFound`: no active stream has this id.", body = ErrorBody),
+        (status = 500, description = "`InternalError`: the stream did not stop in time.", body = ErrorBody),
+    )
+)]
 async fn shutdown_stream(
     State(cs): State<CompletionState>,
     AppJson(body): AppJson<ShutdownRequest>,

@@ -10,32 +10,38 @@
 //! the hold is released, so an abandoned request costs nothing.
 
 mod catalog;
+mod openai;
+pub mod openapi;
 mod validate;
 
 use std::sync::Arc;
 
 use axum::extract::State;
 use axum::response::{Html, IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine as _;
 use hearth_imagine::{GeneratedImage, ImageParams, ImageWorker, LoadOptions, Provenance};
 use hearth_store::LedgerMeta;
 use rust_decimal::Decimal;
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::json;
 use tokio::sync::oneshot;
 use tracing::{info, instrument, warn, Instrument, Span};
+use utoipa::ToSchema;
 
-use crate::app::{json_fallbacks, AppState};
+use crate::app::{json_fallbacks, AppState, Session};
 use crate::error::{health_status, ApiError, AppJson};
+use crate::metrics::ImageMetrics;
 use crate::models::{Availability, Models, Served};
+use crate::openapi::ErrorBody;
 use crate::pages;
 use crate::services::{Service, ServiceInitError};
 use crate::user_slots::UserSlots;
 use hearth_billing::{money, Charge, Margin};
 
 pub use catalog::{ImageModelEntry, Limits, REFERENCE_PIXELS, REFERENCE_STEPS};
-use validate::RawImageRequest;
+use validate::{RawImageRequest, ValidImageRequest};
 
 /// A loaded image model: its worker thread and where its weights came from.
 struct Ready {
@@ -74,6 +80,9 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
         .ok_or_else(|| ServiceInitError::new(Service::Imagine, "no image model configured"))?;
     let entry = Arc::new(entry);
     let mut models = Models::default();
+    // `/metrics`: the step times from the worker, the queue read at scrape time.
+    let image_metrics = ImageMetrics::new(&entry.id);
+    let on_step = image_metrics.step_observer();
     let e = Arc::clone(&entry);
     models.load(std::slice::from_ref(&entry.id), move || {
         let opts = LoadOptions {
@@ -83,8 +92,8 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
             hub_cache: None,
         };
         let loaded = hearth_imagine::load_model(&e.source, &opts).map_err(|e| e.to_string())?;
-        let worker =
-            ImageWorker::spawn(loaded.pipeline, e.max_queued, &e.id).map_err(|e| e.to_string())?;
+        let worker = ImageWorker::spawn_observed(loaded.pipeline, e.max_queued, &e.id, on_step)
+            .map_err(|e| e.to_string())?;
         if let Provenance::Tiny(dir) = &loaded.provenance {
             warn!(
                 model = %e.id, dir = %dir.display(),
@@ -96,16 +105,28 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
             provenance: loaded.provenance,
         }))
     });
+    let models = Arc::new(models);
+    let (served, id) = (Arc::clone(&models), entry.id.clone());
+    let image_metrics = image_metrics.with_queue(Arc::new(move || {
+        served.loaded(&id).map(|r| r.worker.waiting())
+    }));
+    let metrics = crate::metrics::route(&state, Service::Imagine, image_metrics);
     let st = ImagineState {
         user_slots: UserSlots::new(state.config.imagine.max_concurrent_per_user),
         app: state,
         entry,
-        models: Arc::new(models),
+        models,
     };
     Ok(json_fallbacks(
         Router::new()
             .route("/", get(health).post(generate))
             .route("/ui", get(ui))
+            .route("/metrics", metrics)
+            .route("/v1/images/generations", post(openai::generations))
+            .route(
+                "/openapi.json",
+                crate::openapi::route(openapi::document(), st.app.urls.get(Service::Imagine)),
+            )
             .with_state(st),
     ))
 }
@@ -121,6 +142,15 @@ fn weights_kind(p: &Provenance) -> &'static str {
 /// `{status, env, ui}` plus `model` (`id`, `status` ready/loading/failed, `weights`
 /// tiny-test-model/local/huggingface, `testModel`, `queued`). 500 with `status: "failing"` when
 /// the store fails its round trip, the model failed to load or its worker stopped.
+#[utoipa::path(
+    get,
+    path = "/",
+    tag = "health",
+    responses(
+        (status = 200, description = "Healthy (the model may still be loading).", body = openapi::ImagineHealth),
+        (status = 500, description = "Failing: the store check failed, or the model failed to load or its worker stopped.", body = openapi::ImagineHealth),
+    )
+)]
 async fn health(State(st): State<ImagineState>) -> Response {
     let store = st.app.store.clone();
     let store_check = tokio::task::spawn_blocking(move || store.health_check()).await;
@@ -166,6 +196,12 @@ async fn health(State(st): State<ImagineState>) -> Response {
 const PAGE: &str = include_str!("imagine/imagine.html");
 
 /// The image page, with the model's bounds and price.
+#[utoipa::path(
+    get,
+    path = "/ui",
+    tag = "pages",
+    responses((status = 200, description = "The HTML page.", content_type = "text/html", body = String))
+)]
 async fn ui(State(st): State<ImagineState>) -> Html<String> {
     let l = &st.entry.limits;
     let config = json!({
@@ -199,17 +235,114 @@ pub fn image_cost(
     Ok(entry.price_per_image.cost(pixel_steps, margin)?)
 }
 
+/// Image response (spec 2.6).
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+struct ImageResponse {
+    /// `data:image/png;base64,<data>`.
+    image_url: String,
+    /// The prompt used.
+    prompt: String,
+    /// The model id (`xl-lightning`).
+    model: String,
+    metadata: ImageMetadata,
+    usage: ImageUsage,
+    /// Decimal string, 6 places.
+    balance_before: String,
+    /// Decimal string, 6 places.
+    balance_after: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+struct ImageMetadata {
+    /// The seed used (drawn at random when the request had none).
+    seed: u64,
+    steps: usize,
+    width: usize,
+    height: usize,
+    negative_prompt: String,
+    /// `true` when the tiny test model (random weights) drew it; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    test_model: Option<bool>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+struct ImageUsage {
+    /// Always `imagine`.
+    #[serde(rename = "type")]
+    kind: &'static str,
+    /// Decimal string, 6 places.
+    cost: String,
+}
+
 /// `POST /`: one image, as a PNG data URL, with the seed used and the cost.
+#[utoipa::path(
+    post,
+    path = "/",
+    tag = "imagine",
+    request_body = RawImageRequest,
+    responses(
+        (status = 200, description = "The image, billed.", body = ImageResponse),
+        (status = 400, description = "`InvalidRequest`: a bad field (`details.field`).", body = ErrorBody),
+        (status = 401, description = "`InvalidCredentials` or `SessionExpired`: the `serviceToken`.", body = ErrorBody),
+        (status = 402, description = "`InsufficientFunds`: the balance cannot cover the image (`details.needed`, `details.available`).", body = ErrorBody),
+        (status = 429, description = "`RateLimited`: the user's concurrent images are at the cap (`Retry-After`).", body = ErrorBody),
+        (status = 500, description = "`InternalError`: generation failed.", body = ErrorBody),
+        (status = 502, description = "`GatewayError`: the model failed to load.", body = ErrorBody),
+        (status = 503, description = "`Overloaded`: the model's queue is full (`Retry-After`).", body = ErrorBody),
+    )
+)]
 #[instrument(skip_all, fields(user, seed))]
 async fn generate(
     State(st): State<ImagineState>,
     AppJson(raw): AppJson<RawImageRequest>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ImageResponse>, ApiError> {
     let token = validate::service_token(&raw)
         .ok_or_else(|| ApiError::invalid_credentials("serviceToken is required"))?;
     let session = st.app.authenticate(token)?;
     Span::current().record("user", session.user_id.as_str());
     let valid = validate::validate(&raw, &st.entry.limits, &st.entry.id)?;
+    let made = produce(&st, &session, &valid).await?;
+    let url = format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(&made.image.png)
+    );
+    Ok(Json(ImageResponse {
+        image_url: url,
+        metadata: ImageMetadata {
+            seed: made.seed,
+            steps: valid.steps,
+            width: made.image.width,
+            height: made.image.height,
+            test_model: model_is_tiny(&st).then_some(true),
+            negative_prompt: valid.negative_prompt,
+        },
+        prompt: valid.prompt,
+        model: st.entry.id.clone(),
+        usage: ImageUsage {
+            kind: "imagine",
+            cost: money(made.charge.cost),
+        },
+        balance_before: money(made.charge.balance_before),
+        balance_after: money(made.charge.balance_after),
+    }))
+}
+
+/// An image made and paid for.
+struct Made {
+    image: GeneratedImage,
+    charge: Charge,
+    seed: u64,
+}
+
+/// From a validated request on, for both front ends (`POST /` and `/v1/images/generations`):
+/// price, the user's slot, the model, the hold, generation on the worker, settlement.
+async fn produce(
+    st: &ImagineState,
+    session: &Session,
+    valid: &ValidImageRequest,
+) -> Result<Made, ApiError> {
     let billing = st.app.billing.clone();
     let margin = billing.margin(valid.margin);
     let cost = image_cost(&st.entry, valid.width, valid.height, valid.steps, margin)?;
@@ -276,29 +409,11 @@ async fn generate(
     let (image, charge) = rx
         .await
         .map_err(|_| ApiError::internal("image task ended without an answer"))??;
-    let url = format!(
-        "data:image/png;base64,{}",
-        base64::engine::general_purpose::STANDARD.encode(&image.png)
-    );
-    let mut metadata = json!({
-        "seed": seed,
-        "steps": valid.steps,
-        "width": image.width,
-        "height": image.height,
-        "negativePrompt": valid.negative_prompt,
-    });
-    if model_is_tiny(&st) {
-        metadata["testModel"] = json!(true);
-    }
-    Ok(Json(json!({
-        "imageUrl": url,
-        "prompt": valid.prompt,
-        "model": st.entry.id,
-        "metadata": metadata,
-        "usage": { "type": "imagine", "cost": money(charge.cost) },
-        "balanceBefore": money(charge.balance_before),
-        "balanceAfter": money(charge.balance_after),
-    })))
+    Ok(Made {
+        image,
+        charge,
+        seed,
+    })
 }
 
 fn model_is_tiny(st: &ImagineState) -> bool {

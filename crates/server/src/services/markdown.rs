@@ -7,6 +7,9 @@
 //! worker processes (`hearth-isolate`, `hearth convert-worker`) under memory and CPU limits,
 //! killed at the time limit and replaced when they die, so a hostile upload costs that upload
 //! alone. A request waits for a free worker at most `time_limit`, then gets 503.
+
+pub mod openapi;
+
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -18,12 +21,16 @@ use axum::routing::get;
 use axum::{Json, Router};
 use chrono::{DateTime, SecondsFormat, Utc};
 use hearth_isolate::{Attachments, Limits, Pool, PoolConfig};
+use serde::Serialize;
 use serde_json::json;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tracing::{info, instrument, warn};
+use utoipa::ToSchema;
 
 use crate::app::AppState;
 use crate::error::{health_status, MarkdownError};
+use crate::metrics::{conversion_outcome, Conversions};
+use crate::openapi::MarkdownErrorBody;
 use crate::pages;
 use crate::services::Service;
 
@@ -42,6 +49,8 @@ pub struct MarkdownState {
     region: String,
     allowed_origins: Vec<String>,
     public_url: String,
+    /// Conversions by format and outcome, for `/metrics`.
+    conversions: Conversions,
 }
 
 /// Builds the markdown router and starts its conversion workers.
@@ -71,7 +80,9 @@ pub async fn router(state: AppState) -> Router {
         region: config.region.clone(),
         allowed_origins: config.allowed_origins.clone(),
         public_url: state.urls.get(Service::Markdown).to_string(),
+        conversions: Conversions::default(),
     };
+    let metrics = crate::metrics::route(&state, Service::Markdown, service.conversions.clone());
     let origins: Vec<HeaderValue> = config
         .allowed_origins
         .iter()
@@ -91,6 +102,11 @@ pub async fn router(state: AppState) -> Router {
     let router = Router::new()
         .route("/", get(health).post(convert))
         .route("/ui", get(move || async move { page }))
+        .route("/metrics", metrics)
+        .route(
+            "/openapi.json",
+            crate::openapi::route(openapi::document(), state.urls.get(Service::Markdown)),
+        )
         .fallback(|| async { MarkdownError::NotFound })
         .method_not_allowed_fallback(|| async { MarkdownError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(body_limit(md.max_upload_bytes)))
@@ -114,6 +130,15 @@ pub async fn router(state: AppState) -> Router {
 
 /// `healthy` (200) while conversion workers run or can be started; `degraded` (503) only when
 /// no worker can be started (`components.workers` says why).
+#[utoipa::path(
+    get,
+    path = "/",
+    tag = "health",
+    responses(
+        (status = 200, description = "Healthy: conversion workers run or can be started.", body = openapi::MarkdownHealth),
+        (status = 503, description = "Degraded: no conversion worker can be started (`components.converter` is `down`).", body = openapi::MarkdownHealth),
+    )
+)]
 async fn health(State(state): State<MarkdownState>) -> Response {
     let workers = state.pool.health();
     let up = !workers.is_degraded();
@@ -178,6 +203,32 @@ fn upload_size_hint(headers: &HeaderMap, max_upload_bytes: usize) -> usize {
     declared_length(headers).unwrap_or(0).min(max_upload_bytes)
 }
 
+/// Conversion response (spec 2.5).
+#[derive(Debug, Serialize, ToSchema)]
+struct ConversionResponse {
+    /// The document as Markdown.
+    markdown: String,
+    /// The uploaded file's name.
+    original_filename: String,
+}
+
+/// Converts an uploaded document to Markdown (spec 4.3). No credential.
+#[utoipa::path(
+    post,
+    path = "/",
+    tag = "markdown",
+    params(("attachments" = Option<String>, Query, description = "E-mail attachments: `list` them, or `convert` them too (default: `[markdown] attachments`).")),
+    request_body(content = openapi::Upload, content_type = "multipart/form-data"),
+    responses(
+        (status = 200, description = "The Markdown.", body = ConversionResponse),
+        (status = 400, description = "`No file provided` (no `file` part), `No file selected` (an empty file name), a malformed body or query, or an empty document.", body = MarkdownErrorBody),
+        (status = 408, description = "The body came too slowly.", body = MarkdownErrorBody),
+        (status = 413, description = "The file is over `[markdown] max_upload_bytes`, or unpacks past the limits.", body = MarkdownErrorBody),
+        (status = 415, description = "A kind of document that is not converted.", body = MarkdownErrorBody),
+        (status = 500, description = "The conversion failed (malformed file, time limit, a worker that died).", body = MarkdownErrorBody),
+        (status = 503, description = "No conversion worker came free in time.", body = MarkdownErrorBody),
+    )
+)]
 #[instrument(skip_all, fields(file, bytes, format))]
 async fn convert(
     State(state): State<MarkdownState>,
@@ -234,18 +285,26 @@ async fn convert(
         .await
     {
         Ok(conversion) => {
-            tracing::Span::current().record("format", conversion.format.name());
+            let format = conversion.format.name();
+            state.conversions.record(format, "ok", started.elapsed());
+            tracing::Span::current().record("format", format);
             info!(
                 ms = started.elapsed().as_millis() as u64,
                 warnings = conversion.warnings.len(),
                 "converted"
             );
-            Ok(
-                Json(json!({ "markdown": conversion.markdown, "original_filename": name }))
-                    .into_response(),
-            )
+            Ok(Json(ConversionResponse {
+                markdown: conversion.markdown,
+                original_filename: name,
+            })
+            .into_response())
         }
         Err(e) => {
+            // The worker names no format when it fails.
+            let outcome = conversion_outcome(&e);
+            state
+                .conversions
+                .record("unknown", outcome, started.elapsed());
             warn!(error = %e, ms = started.elapsed().as_millis() as u64, "conversion failed");
             Err(MarkdownError::from(&e))
         }

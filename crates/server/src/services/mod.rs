@@ -102,3 +102,41 @@ pub async fn router(service: Service, state: AppState) -> Result<Router, Service
         Service::Markdown => Ok(markdown::router(state).await),
     }
 }
+
+/// The service token of an OpenAI-style request, from `Authorization: Bearer <token>` (that
+/// API's convention; the spec's routes carry it in the body).
+pub(crate) fn bearer_token(headers: &axum::http::HeaderMap) -> Option<&str> {
+    let value = headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    let (scheme, token) = value.trim().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::{header, HeaderMap, HeaderValue};
+
+    #[test]
+    fn the_key_is_read_from_a_bearer_header_only() {
+        let mut h = HeaderMap::new();
+        assert_eq!(bearer_token(&h), None);
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer abc"),
+        );
+        assert_eq!(bearer_token(&h), Some("abc"));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("bearer  abc "),
+        );
+        assert_eq!(bearer_token(&h), Some("abc"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic abc"));
+        assert_eq!(bearer_token(&h), None);
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer "));
+        assert_eq!(bearer_token(&h), None);
+    }
+}

@@ -60,6 +60,12 @@ impl Engines {
             .collect()
     }
 
+    /// What the listener's `/metrics` reads at scrape time: every engine's scheduler counters,
+    /// engines that finish loading later included.
+    pub fn metrics(&self) -> crate::metrics::TextEngines {
+        crate::metrics::TextEngines::new(self.models.clone())
+    }
+
     /// Drains every engine (new requests refused, running ones get their grace period).
     pub async fn shutdown(&self) {
         let mut handles: Vec<SchedulerHandle> = Vec::new();

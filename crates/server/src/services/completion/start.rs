@@ -1,5 +1,5 @@
 //! Starting a generation, as a pipeline of named steps: credentials, validation, the user's
-//! slot, the model's engine, the prompt's tokens, the price, the hold, admission. Each step
+//! slot, the model's engine, the prompt's tokens, the grammar, the price, the hold, admission. Each step
 //! either hands the next what it needs or answers the request's error; what a step took (the
 //! slot, the hold) is an owned value that gives itself back when a later step fails.
 
@@ -9,12 +9,12 @@ use hearth_store::LedgerMeta;
 use rust_decimal::Decimal;
 use tracing::{instrument, warn, Span};
 
-use super::validate::{self, FieldError, RawCompletionRequest, ValidRequest};
+use super::validate::{self, FieldError, Prompt, RawCompletionRequest, ValidRequest};
 use super::{CompletionState, TextModelSpec};
 use crate::app::Session;
 use crate::error::{ApiError, ErrorKind};
 use crate::user_slots::UserSlot;
-use hearth_infer::SamplingParams;
+use hearth_infer::{SamplingParams, TokenConstraint};
 
 /// A validated, paid-for (held), admitted generation. Its hold and its user slot are owned
 /// values: whatever ends the generation, dropping them releases both.
@@ -28,14 +28,29 @@ pub struct Started {
     pub input_cost: Decimal,
 }
 
-fn field_error(e: FieldError) -> ApiError {
+pub fn field_error(e: FieldError) -> ApiError {
     ApiError::new(ErrorKind::InvalidRequest, e.message).with_details(e.details)
 }
 
+/// `POST /` and `POST /stream`: the spec's request, credentials in its body.
 #[instrument(skip_all, fields(model, user))]
 pub async fn start(cs: &CompletionState, raw: RawCompletionRequest) -> Result<Started, ApiError> {
-    let session = authenticate(cs, &raw)?;
-    let (valid, spec) = validate(cs, &raw)?;
+    let session = authenticate(cs, validate::service_token(&raw))?;
+    let valid = validate::validate(&raw, &cs.core.catalog).map_err(field_error)?;
+    Span::current().record("model", valid.model.as_str());
+    start_valid(cs, session, valid).await
+}
+
+/// From a validated request on: the user's slot, the model's engine, the prompt's tokens, the
+/// grammar, the price, the hold, admission. Both front ends end here.
+pub async fn start_valid(
+    cs: &CompletionState,
+    session: Session,
+    valid: ValidRequest,
+) -> Result<Started, ApiError> {
+    let spec = cs.core.catalog.get(&valid.model).cloned().ok_or_else(|| {
+        ApiError::internal(format!("validated model {} left the catalog", valid.model))
+    })?;
     let slot = cs
         .core
         .user_slots
@@ -45,11 +60,20 @@ pub async fn start(cs: &CompletionState, raw: RawCompletionRequest) -> Result<St
     // From here until the submit, an idle engine gathering a burst waits for this request.
     let announced = engine.announce();
     let prompt_ids = tokenize(&engine, &valid, &spec).await?;
+    let constraint = match &valid.decode.grammar {
+        Some(grammar) => Some(
+            cs.core
+                .grammars
+                .compile(&valid.model, &engine, grammar)
+                .await?,
+        ),
+        None => None,
+    };
     let margin = cs.app.billing.margin(valid.margin);
     let (input_cost, worst_case) = price(&spec, &valid, prompt_ids.len(), margin)?;
     let hold = hold(cs, &session, &valid, worst_case).await?;
     drop(announced);
-    let generation = admit(&engine, &valid, prompt_ids, hold).await?;
+    let generation = admit(&engine, &valid, prompt_ids, constraint, hold).await?;
     Ok(Started {
         generation: generation.0,
         hold: generation.1,
@@ -64,28 +88,14 @@ pub async fn start(cs: &CompletionState, raw: RawCompletionRequest) -> Result<St
 /// The service token's session. The completion service's error types (spec section 7) have no
 /// `SessionExpired`: an expired token is `InvalidCredentials` here, with the reason in the
 /// message.
-fn authenticate(cs: &CompletionState, raw: &RawCompletionRequest) -> Result<Session, ApiError> {
-    let token = validate::service_token(raw)
-        .ok_or_else(|| ApiError::invalid_credentials("serviceToken is required"))?;
+pub fn authenticate(cs: &CompletionState, token: Option<&str>) -> Result<Session, ApiError> {
+    let token = token.ok_or_else(|| ApiError::invalid_credentials("serviceToken is required"))?;
     let session = cs.app.authenticate(token).map_err(|e| match e.kind {
         ErrorKind::SessionExpired => ApiError::invalid_credentials("the service token has expired"),
         _ => e,
     })?;
     Span::current().record("user", session.user_id.as_str());
     Ok(session)
-}
-
-/// Every field checked against the model's row of the table.
-fn validate(
-    cs: &CompletionState,
-    raw: &RawCompletionRequest,
-) -> Result<(ValidRequest, TextModelSpec), ApiError> {
-    let valid = validate::validate(raw, &cs.core.catalog).map_err(field_error)?;
-    Span::current().record("model", valid.model.as_str());
-    let spec = cs.core.catalog.get(&valid.model).cloned().ok_or_else(|| {
-        ApiError::internal(format!("validated model {} left the catalog", valid.model))
-    })?;
-    Ok((valid, spec))
 }
 
 /// The chat template rendered and tokenized (off the async workers), and the prompt's length
@@ -96,15 +106,26 @@ async fn tokenize(
     spec: &TextModelSpec,
 ) -> Result<Vec<u32>, ApiError> {
     let tokenizer = engine.tokenizer();
-    let messages = valid.messages.clone();
+    let prompt = valid.prompt.clone();
     let prompt_ids = tokio::task::spawn_blocking(move || {
-        tokenizer
-            .apply_chat_template(&messages)
-            .and_then(|text| tokenizer.encode(&text))
+        let text = match &prompt {
+            Prompt::Chat(messages) => tokenizer.apply_chat_template(messages)?,
+            Prompt::ChatWithTools { messages, tools } => {
+                tokenizer.apply_chat_template_with_tools(messages, tools)?
+            }
+            Prompt::Text(text) => text.clone(),
+        };
+        tokenizer.encode(&text)
     })
     .await
     .map_err(ApiError::internal)?
-    .map_err(|e| ApiError::invalid_request("messages", e))?;
+    .map_err(|e| {
+        let field = match valid.prompt {
+            Prompt::Text(_) => "prompt",
+            _ => "messages",
+        };
+        ApiError::invalid_request(field, e)
+    })?;
     let context = spec
         .context_length
         .map_or(engine.context_length(), |c| c.min(engine.context_length()));
@@ -150,13 +171,20 @@ async fn admit(
     engine: &SchedulerHandle,
     valid: &ValidRequest,
     prompt_ids: Vec<u32>,
+    constraint: Option<Box<dyn TokenConstraint>>,
     hold: HeldFunds,
 ) -> Result<(Generation, HeldFunds), ApiError> {
     let stream_id = uuid::Uuid::new_v4();
+    let decode = &valid.decode;
     let params = SamplingParams {
         temperature: valid.temperature,
+        top_p: decode.top_p,
+        presence_penalty: decode.presence_penalty,
+        frequency_penalty: decode.frequency_penalty,
+        logprobs: decode.logprobs,
+        stop: decode.stop.clone(),
         max_tokens: valid.max_output_tokens,
-        seed: stream_id.as_u64_pair().0,
+        seed: decode.seed.unwrap_or(stream_id.as_u64_pair().0),
         ..SamplingParams::default()
     };
     let request = Request {
@@ -165,6 +193,7 @@ async fn admit(
         stream_id: stream_id.to_string(),
         span: Span::current(),
         ignore_eos: false,
+        constraint,
     };
     match engine.submit(request).await {
         Ok(generation) => Ok((generation, hold)),

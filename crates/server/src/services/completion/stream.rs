@@ -9,31 +9,37 @@ use std::time::Duration;
 
 use hearth_billing::money;
 use hearth_scheduler::CancelHandle;
-use hearth_types::{AbortReason, TokenEvent, Usage};
+use hearth_types::{AbortReason, FinishReason, TokenEvent, TokenLogprob, Usage};
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn, Instrument, Span};
+use utoipa::ToSchema;
 
 use super::start::Started;
 use super::CompletionState;
+use crate::error::ApiError;
 
 /// Events buffered between the driver task and the HTTP response body.
 const EVENT_BUFFER: usize = 32;
 
 // ---- wire types (spec 2.4) ------------------------------------------------------------------
 
-/// The completion response, whole or partial.
-#[derive(Debug, Clone, Serialize)]
+/// The completion response, whole or partial (spec 2.4).
+#[derive(Debug, Clone, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CompletionResponse {
+    /// The model id asked for.
     pub model: String,
+    /// The generated text.
     pub output: String,
     pub usage: CompletionUsage,
+    /// Decimal string, 6 places.
     pub balance_before: String,
+    /// Decimal string, 6 places.
     pub balance_after: String,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CompletionUsage {
     /// Always `completion`.
@@ -41,24 +47,40 @@ pub struct CompletionUsage {
     pub kind: &'static str,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Decimal string, 6 places.
     pub input_cost: String,
+    /// Decimal string, 6 places.
     pub output_cost: String,
 }
 
 /// One SSE event's payload, exactly one of the spec's three shapes. The driver sends these to
 /// the HTTP side; an abort also carries its reason there (not on the wire), for the one-shot
 /// route's error.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 #[serde(untagged)]
+#[schema(
+    description = "One server-sent event's `data` (spec 2.4, 6): `{token}` for each piece of \
+        output, then `{completed: true, response}` or `{aborted: true, response}` (partial, \
+        billed)."
+)]
 pub enum StreamEvent {
     Token {
+        /// The next piece of output.
         token: String,
+        /// Each token's log probability, when the request asked (OpenAI routes only).
+        #[serde(skip)]
+        logprobs: Vec<TokenLogprob>,
     },
     Completed {
+        /// Always `true`.
         completed: bool,
         response: CompletionResponse,
+        /// Why it ended (OpenAI routes' `finish_reason`).
+        #[serde(skip)]
+        finish: FinishReason,
     },
     Aborted {
+        /// Always `true`.
         aborted: bool,
         response: CompletionResponse,
         #[serde(skip)]
@@ -67,13 +89,26 @@ pub enum StreamEvent {
 }
 
 /// `/stream/shutdown`'s answer.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ShutdownResponse {
     pub stream_id: String,
     /// Always `terminated`.
     pub status: &'static str,
     pub response: CompletionResponse,
+}
+
+/// The error a generation that ended early answers where there is no stream to end (the
+/// one-shot routes), its partial, billed response in `details.response`.
+pub fn abort_error(reason: AbortReason, response: CompletionResponse) -> ApiError {
+    let err = match reason {
+        AbortReason::Shutdown => ApiError::overloaded("the server is shutting down"),
+        AbortReason::EngineFailure(why) => {
+            ApiError::gateway(format!("the model's engine failed: {why}"))
+        }
+        other => ApiError::internal(format!("completion aborted: {other:?}")),
+    };
+    err.with_details(serde_json::json!({ "response": response }))
 }
 
 // ---- the one map of live streams ------------------------------------------------------------
@@ -147,7 +182,7 @@ async fn drive(
     let stall = cs.core.client_stall_timeout;
     let mut output = String::new();
     let mut listening = true;
-    let (usage, abort) = loop {
+    let (usage, outcome) = loop {
         let event = tokio::select! {
             event = generation.next() => event,
             _ = out.closed(), if listening => {
@@ -157,15 +192,18 @@ async fn drive(
             }
         };
         match event {
-            Some(TokenEvent::Token { text, .. }) => {
+            Some(TokenEvent::Token { text, logprobs, .. }) => {
                 output.push_str(&text);
-                let event = StreamEvent::Token { token: text };
+                let event = StreamEvent::Token {
+                    token: text,
+                    logprobs,
+                };
                 if listening && !forward(&out, event, stall, &stream_id).await {
                     listening = false;
                     generation.cancel();
                 }
             }
-            Some(TokenEvent::Finished { usage, .. }) => break (usage, None),
+            Some(TokenEvent::Finished { usage, reason }) => break (usage, Ok(reason)),
             Some(TokenEvent::Aborted { usage, reason }) => {
                 // A cancel we issued because the client left is a disconnect, whatever raced.
                 let reason = if listening {
@@ -173,7 +211,7 @@ async fn drive(
                 } else {
                     AbortReason::Disconnected
                 };
-                break (usage, Some(reason));
+                break (usage, Err(reason));
             }
             None => {
                 let usage = Usage {
@@ -181,7 +219,7 @@ async fn drive(
                     completion_tokens: generation.generated_tokens(),
                 };
                 let reason = AbortReason::EngineFailure("the stream ended early".into());
-                break (usage, Some(reason));
+                break (usage, Err(reason));
             }
         }
     };
@@ -217,15 +255,16 @@ async fn drive(
         balance_before,
         balance_after,
     };
-    info!(%stream_id, prompt_tokens = usage.prompt_tokens, completion_tokens = usage.completion_tokens, aborted = ?abort, "completion settled");
+    info!(%stream_id, prompt_tokens = usage.prompt_tokens, completion_tokens = usage.completion_tokens, ?outcome, "completion settled");
     done.send_replace(Some(response.clone()));
     cs.core.streams.map().remove(&stream_id);
-    let end = match abort {
-        None => StreamEvent::Completed {
+    let end = match outcome {
+        Ok(finish) => StreamEvent::Completed {
             completed: true,
             response,
+            finish,
         },
-        Some(reason) => StreamEvent::Aborted {
+        Err(reason) => StreamEvent::Aborted {
             aborted: true,
             response,
             reason,
@@ -259,7 +298,10 @@ mod tests {
     use super::*;
 
     fn token(t: &str) -> StreamEvent {
-        StreamEvent::Token { token: t.into() }
+        StreamEvent::Token {
+            token: t.into(),
+            logprobs: Vec::new(),
+        }
     }
 
     // Over HTTP a client that stops reading is only seen once its connection's buffers are full
@@ -310,8 +352,14 @@ mod tests {
         let done = json(&StreamEvent::Completed {
             completed: true,
             response: response.clone(),
+            finish: FinishReason::Length,
         });
         assert_eq!(done["completed"], true);
+        assert_eq!(
+            done.as_object().unwrap().keys().collect::<Vec<_>>(),
+            ["completed", "response"],
+            "the finish reason stays off the spec's wire"
+        );
         assert_eq!(done["response"]["usage"]["type"], "completion");
         assert_eq!(done["response"]["usage"]["promptTokens"], 3);
         assert_eq!(done["response"]["balanceBefore"], "1.000000");

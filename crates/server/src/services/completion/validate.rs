@@ -6,6 +6,7 @@
 
 use serde::Deserialize;
 use serde_json::{json, Value};
+use utoipa::ToSchema;
 
 use hearth_billing::Margin;
 use hearth_types::{ChatMessage, Role};
@@ -13,34 +14,110 @@ use hearth_types::{ChatMessage, Role};
 use super::catalog::{Catalog, TextModelSpec};
 
 /// The completion request as it arrives; fields stay raw JSON so that each type error names
-/// its field instead of surfacing serde's message.
-#[derive(Debug, Default, Deserialize)]
+/// its field instead of surfacing serde's message. Its schema says what each field must hold.
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(
+    as = CompletionRequest,
+    description = "Completion request (spec 2.4). A bad field is a 400 `InvalidRequest` naming \
+        it in `details.field`; a missing or bad `serviceToken` is a 401 `InvalidCredentials`."
+)]
 pub struct RawCompletionRequest {
+    /// The service token (`POST /token` on the auth listener): the credential of this route.
+    #[schema(value_type = String, required = true)]
     pub service_token: Option<Value>,
+    /// The conversation, oldest first.
+    #[schema(value_type = Vec<super::openapi::Message>, required = true, min_items = 1)]
     pub messages: Option<Value>,
+    /// A model id of the table (`GET /v1/models`), e.g. `alpha-3.3`, `beta-4-mini`,
+    /// `gamma-3.5-sonnet`.
+    #[schema(value_type = String, required = true)]
     pub model: Option<Value>,
+    /// Recorded in the ledger.
+    #[schema(value_type = Option<String>)]
     pub developer_id: Option<Value>,
+    /// Recorded in the ledger.
+    #[schema(value_type = Option<String>)]
     pub application_id: Option<Value>,
+    /// 0 to the model's maximum (spec section 8); the model's default when absent.
+    #[schema(value_type = Option<f64>, minimum = 0.0, maximum = 5.0)]
     pub temperature: Option<Value>,
+    /// 1 to the model's maximum (spec section 8); the model's default when absent.
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 16384)]
     pub max_output_tokens: Option<Value>,
+    /// The gross margin of this request's price, instead of the configured one.
+    #[schema(value_type = Option<f64>, minimum = 0.0, maximum = 99.0)]
     pub override_gross_margin_percent: Option<Value>,
 }
 
 /// A request every later stage can trust.
+/// A request every field of which was checked against the model's row of the table, from
+/// either front end (the spec's routes or the OpenAI-compatible ones).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ValidRequest {
     pub model: String,
-    pub messages: Vec<ChatMessage>,
+    pub prompt: Prompt,
     pub temperature: f32,
     pub max_output_tokens: usize,
-    /// `None`: the configured default margin applies.
     pub margin: Option<Margin>,
     pub developer_id: Option<String>,
     pub application_id: Option<String>,
+    pub decode: Decode,
 }
 
-/// One violation: which field, what is wrong, and machine-readable context.
+/// What the model reads.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    /// A conversation, rendered with the model's chat template.
+    Chat(Vec<ChatMessage>),
+    /// A conversation that offers functions (OpenAI's `tools` list) to call.
+    ChatWithTools {
+        messages: Vec<ChatMessage>,
+        tools: Value,
+    },
+    /// Text the model continues as it is (`/v1/completions`).
+    Text(String),
+}
+
+/// Decoding options beyond temperature and length; the spec's routes use the defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decode {
+    pub top_p: f32,
+    /// `None`: a seed drawn per request.
+    pub seed: Option<u64>,
+    pub stop: Vec<String>,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// The most likely alternatives to report with each token's log probability.
+    pub logprobs: Option<usize>,
+    pub grammar: Option<GrammarRequest>,
+}
+
+impl Default for Decode {
+    fn default() -> Self {
+        Decode {
+            top_p: 1.0,
+            seed: None,
+            stop: Vec::new(),
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logprobs: None,
+            grammar: None,
+        }
+    }
+}
+
+/// A grammar the output must follow, enforced token by token while decoding.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GrammarRequest {
+    /// Any JSON object.
+    JsonObject,
+    /// JSON valid against this schema (`response_format`).
+    JsonSchema(Value),
+    /// A forced tool call: JSON valid against this schema, built from `tools`.
+    ToolCall(Value),
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct FieldError {
     pub field: String,
@@ -49,7 +126,7 @@ pub struct FieldError {
 }
 
 impl FieldError {
-    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(super) fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
         let field = field.into();
         FieldError {
             details: json!({ "field": field }),
@@ -58,7 +135,7 @@ impl FieldError {
         }
     }
 
-    fn with(mut self, key: &str, value: Value) -> Self {
+    pub(super) fn with(mut self, key: &str, value: Value) -> Self {
         if let Some(map) = self.details.as_object_mut() {
             map.insert(key.to_string(), value);
         }
@@ -111,7 +188,7 @@ pub fn validate(raw: &RawCompletionRequest, catalog: &Catalog) -> Result<ValidRe
 
     let messages = messages(&raw.messages)?;
     let temperature = temperature(&raw.temperature, spec)?;
-    let max_output_tokens = max_output_tokens(&raw.max_output_tokens, spec)?;
+    let max_output_tokens = output_tokens(&raw.max_output_tokens, "maxOutputTokens", spec)?;
     let margin = match &raw.override_gross_margin_percent {
         None | Some(Value::Null) => None,
         Some(v) => {
@@ -126,12 +203,13 @@ pub fn validate(raw: &RawCompletionRequest, catalog: &Catalog) -> Result<ValidRe
     };
     Ok(ValidRequest {
         model: model_id,
-        messages,
+        prompt: Prompt::Chat(messages),
         temperature,
         max_output_tokens,
         margin,
         developer_id: optional_string(&raw.developer_id, "developerId")?,
         application_id: optional_string(&raw.application_id, "applicationId")?,
+        decode: Decode::default(),
     })
 }
 
@@ -162,10 +240,19 @@ fn messages(value: &Option<Value>) -> Result<Vec<ChatMessage>, FieldError> {
                 )
             })?;
             let role = match obj.get("role") {
-                Some(Value::String(r)) => r.parse::<Role>().map_err(|e| {
-                    FieldError::new(format!("{field}.role"), format!("{field}.role: {e}"))
-                        .with("allowed", json!(["system", "user", "assistant"]))
-                })?,
+                // The spec's roles; `tool` belongs to the OpenAI-compatible routes.
+                Some(Value::String(r)) => match r.parse::<Role>() {
+                    Ok(role) if role != Role::Tool => role,
+                    _ => {
+                        return Err(FieldError::new(
+                            format!("{field}.role"),
+                            format!(
+                            "{field}.role: unknown role {r:?}: expected system, user or assistant"
+                        ),
+                        )
+                        .with("allowed", json!(["system", "user", "assistant"])))
+                    }
+                },
                 _ => {
                     return Err(FieldError::new(
                         format!("{field}.role"),
@@ -182,12 +269,12 @@ fn messages(value: &Option<Value>) -> Result<Vec<ChatMessage>, FieldError> {
                     ))
                 }
             };
-            Ok(ChatMessage { role, content })
+            Ok(ChatMessage::new(role, content))
         })
         .collect()
 }
 
-fn temperature(value: &Option<Value>, spec: &TextModelSpec) -> Result<f32, FieldError> {
+pub(super) fn temperature(value: &Option<Value>, spec: &TextModelSpec) -> Result<f32, FieldError> {
     let Some(value) = value.as_ref().filter(|v| !v.is_null()) else {
         return Ok(spec.default_temperature);
     };
@@ -207,8 +294,13 @@ fn temperature(value: &Option<Value>, spec: &TextModelSpec) -> Result<f32, Field
     Ok(t as f32)
 }
 
-fn max_output_tokens(value: &Option<Value>, spec: &TextModelSpec) -> Result<usize, FieldError> {
-    let field = "maxOutputTokens";
+/// The most output tokens, from 1 to the model's limit; the model's default when absent.
+/// `field` is the name the front end gives it (`maxOutputTokens`, `max_tokens`).
+pub(super) fn output_tokens(
+    value: &Option<Value>,
+    field: &str,
+    spec: &TextModelSpec,
+) -> Result<usize, FieldError> {
     let Some(value) = value.as_ref().filter(|v| !v.is_null()) else {
         return Ok(spec.default_max_output_tokens);
     };
@@ -312,7 +404,11 @@ output_price_per_million = "15.00"
         assert_eq!(v.max_output_tokens, DEFAULT_MAX_OUTPUT_TOKENS);
         assert_eq!(v.temperature, DEFAULT_TEMPERATURE);
         assert_eq!(v.margin, None);
-        assert_eq!(v.messages, vec![ChatMessage::new(Role::User, "hi")]);
+        assert_eq!(
+            v.prompt,
+            Prompt::Chat(vec![ChatMessage::new(Role::User, "hi")])
+        );
+        assert_eq!(v.decode, Decode::default());
     }
 
     #[test]
@@ -324,6 +420,11 @@ output_price_per_million = "15.00"
         assert_eq!(
             field_of(ok(), "messages", json!([{"role": "robot", "content": "x"}])),
             "messages[0].role"
+        );
+        assert_eq!(
+            field_of(ok(), "messages", json!([{"role": "tool", "content": "x"}])),
+            "messages[0].role",
+            "the spec's routes take system, user and assistant only"
         );
         assert_eq!(
             field_of(ok(), "messages", json!([{"role": "user"}])),

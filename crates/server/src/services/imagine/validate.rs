@@ -10,6 +10,7 @@
 use hearth_billing::Margin;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use utoipa::ToSchema;
 
 use super::catalog::{Limits, SIZE_MULTIPLE};
 use crate::error::ApiError;
@@ -17,21 +18,51 @@ use crate::error::ApiError;
 pub const MAX_PROMPT_CHARS: usize = 4000;
 pub const MAX_SEED: u64 = u32::MAX as u64;
 
-/// The request as it arrives.
-#[derive(Debug, Default, Deserialize)]
+/// The request as it arrives: every field raw JSON, so that each bad value is an error naming
+/// its field. Its schema says what each field must hold.
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(
+    as = ImageRequest,
+    description = "Image request (spec 2.6). A bad field is a 400 `InvalidRequest` naming it in \
+        `details.field`; a missing or bad `serviceToken` is a 401 `InvalidCredentials`. The \
+        size and step bounds are the model's (`models.toml`; defaults shown)."
+)]
 pub struct RawImageRequest {
+    /// What to draw (CLIP reads about the first 75 tokens).
+    #[schema(value_type = String, required = true, min_length = 1, max_length = 4000)]
     pub prompt: Option<Value>,
+    /// The service token (`POST /token` on the auth listener): the credential of this route.
+    #[schema(value_type = String, required = true)]
     pub service_token: Option<Value>,
+    /// Recorded in the ledger.
+    #[schema(value_type = Option<String>, max_length = 256)]
     pub developer_id: Option<Value>,
+    /// Recorded in the ledger.
+    #[schema(value_type = Option<String>, max_length = 256)]
     pub application_id: Option<Value>,
+    /// Things to avoid.
+    #[schema(value_type = Option<String>, max_length = 4000)]
     pub negative_prompt: Option<Value>,
+    /// For reproducible output; random when absent.
+    #[schema(value_type = Option<u32>)]
     pub seed: Option<Value>,
+    /// Denoising steps, 1 to the model's maximum (default 8); the model's default (4) when
+    /// absent. The price scales with them.
+    #[schema(value_type = Option<u32>, minimum = 1)]
     pub steps: Option<Value>,
+    /// Pixels, a multiple of 64 within the model's bounds (default 256 to 2048, and width x
+    /// height at most 1,048,576); the model's default (1024) when absent.
+    #[schema(value_type = Option<u32>, multiple_of = 64)]
     pub width: Option<Value>,
+    /// As `width`.
+    #[schema(value_type = Option<u32>, multiple_of = 64)]
     pub height: Option<Value>,
+    /// The gross margin of this request's price, instead of the configured one.
+    #[schema(value_type = Option<f64>, minimum = 0.0, maximum = 99.0)]
     pub override_gross_margin_percent: Option<Value>,
     /// Not in the spec's request; accepted when it names the served model.
+    #[schema(value_type = Option<String>)]
     pub model: Option<Value>,
 }
 

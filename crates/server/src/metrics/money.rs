@@ -1,0 +1,86 @@
+//! The money each service moved ([`hearth_billing::Flows`], exact decimals), as counters of
+//! credits: converted to `f64` here, for the export only.
+
+use std::fmt;
+use std::sync::Arc;
+
+use hearth_billing::{FlowTotals, Flows};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::registry::Registry;
+use rust_decimal::prelude::ToPrimitive;
+use rust_decimal::Decimal;
+
+use crate::services::Service;
+
+type Read = fn(&FlowTotals) -> Decimal;
+
+const HELD: (&str, &str, Read) = (
+    "hearth_billing_held_credits",
+    "Credits placed on hold before work started",
+    |t| t.held,
+);
+const CHARGED: (&str, &str, Read) = (
+    "hearth_billing_charged_credits",
+    "Credits charged when holds settled",
+    |t| t.charged,
+);
+const RELEASED: (&str, &str, Read) = (
+    "hearth_billing_released_credits",
+    "Credits given back: holds released, and what settlements did not charge",
+    |t| t.released,
+);
+const ADMIN_ADDED: (&str, &str, Read) = (
+    "hearth_billing_admin_added_credits",
+    "Credits added to balances by the admin API",
+    |t| t.credited,
+);
+const ADMIN_REMOVED: (&str, &str, Read) = (
+    "hearth_billing_admin_removed_credits",
+    "Credits taken from balances by the admin API (debits)",
+    |t| t.debited,
+);
+
+/// The series of the money `service` moves: holds for the paid services, the admin API's
+/// credits for auth, nothing for markdown.
+pub(super) fn register(registry: &mut Registry, flows: &Arc<Flows>, service: Service) {
+    let series: &'static [(&str, &str, Read)] = match service {
+        Service::Completion | Service::Imagine => &[HELD, CHARGED, RELEASED],
+        Service::Auth => &[ADMIN_ADDED, ADMIN_REMOVED],
+        Service::Markdown => &[],
+    };
+    if !series.is_empty() {
+        registry.register_collector(Box::new(Money {
+            flows: Arc::clone(flows),
+            service: service.name(),
+            series,
+        }));
+    }
+}
+
+struct Money {
+    flows: Arc<Flows>,
+    service: &'static str,
+    series: &'static [(&'static str, &'static str, Read)],
+}
+
+impl fmt::Debug for Money {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Money")
+            .field("service", &self.service)
+            .finish()
+    }
+}
+
+impl Collector for Money {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let totals = self.flows.totals(self.service);
+        for (name, help, read) in self.series {
+            let value = read(&totals).to_f64().unwrap_or(f64::NAN);
+            let metric = ConstCounter::new(value);
+            metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,242 @@
+//! The OpenAI-compatible routes of the completion listener, beside the spec's (which stay as
+//! they are): `GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/chat/completions` and
+//! `POST /v1/completions`, whole or streamed (`data: {chunk}` ... `data: [DONE]`).
+//!
+//! Credentials come as `Authorization: Bearer <serviceToken>`, that API's convention. A request
+//! is checked into the same [`ValidRequest`](super::validate::ValidRequest) as the spec's and
+//! goes down the same pipeline ([`start_valid`]): the same per-model limits, hold, admission,
+//! driver and settlement. Only the answer's shape differs (`respond.rs`), and errors are in
+//! that API's shape ([`OpenAiError`]).
+
+mod request;
+mod respond;
+mod tools;
+mod wire;
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use tokio::sync::mpsc;
+use tracing::{debug, instrument, Span};
+
+use super::start::{authenticate, start_valid};
+use super::stream::{spawn_driver, StreamEvent};
+use super::{CompletionState, KEEP_ALIVE, STREAM_ID_HEADER};
+use crate::error::{ApiError, OpenAiError, OpenAiJson};
+use crate::openapi::OpenAiErrorBody;
+use crate::services::bearer_token;
+use respond::{Chat, Head, Text};
+use wire::{
+    ChatChunk, ChatCompletion, ChatRequest, ModelList, ModelObject, TextCompletion, TextRequest,
+};
+
+pub fn routes() -> Router<CompletionState> {
+    Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(text))
+}
+
+fn session(cs: &CompletionState, headers: &HeaderMap) -> Result<crate::app::Session, OpenAiError> {
+    let token = bearer_token(headers).ok_or_else(|| {
+        ApiError::invalid_credentials(
+            "no credentials: send the service token as Authorization: Bearer <serviceToken>",
+        )
+    })?;
+    Ok(authenticate(cs, Some(token))?)
+}
+
+fn model_object(cs: &CompletionState, id: &str) -> ModelObject {
+    ModelObject {
+        id: id.to_string(),
+        object: "model",
+        created: cs.core.started_at,
+        owned_by: "hearth",
+    }
+}
+
+/// `GET /v1/models`: every model of the table, loaded or not (no credentials needed: the spec's
+/// health answer lists them too).
+#[utoipa::path(
+    get,
+    path = "/v1/models",
+    tag = "openai",
+    operation_id = "listModels",
+    responses((status = 200, description = "Every model of the table, loaded or not.", body = ModelList))
+)]
+async fn models(State(cs): State<CompletionState>) -> Json<ModelList> {
+    let data = cs
+        .core
+        .catalog
+        .ids()
+        .iter()
+        .map(|id| model_object(&cs, id))
+        .collect();
+    Json(ModelList {
+        object: "list",
+        data,
+    })
+}
+
+/// One model of the table (no credentials needed).
+#[utoipa::path(
+    get,
+    path = "/v1/models/{id}",
+    tag = "openai",
+    operation_id = "retrieveModel",
+    params(("id" = String, Path, description = "A model id.")),
+    responses(
+        (status = 200, description = "The model.", body = ModelObject),
+        (status = 404, description = "`not_found_error`, code `model_not_found`.", body = OpenAiErrorBody),
+    )
+)]
+async fn model(
+    State(cs): State<CompletionState>,
+    Path(id): Path<String>,
+) -> Result<Json<ModelObject>, OpenAiError> {
+    match cs.core.catalog.get(&id) {
+        Some(_) => Ok(Json(model_object(&cs, &id))),
+        None => Err(
+            ApiError::not_found(format!("the model {id:?} does not exist"))
+                .with_details(serde_json::json!({ "field": "model", "code": "model_not_found" }))
+                .into(),
+        ),
+    }
+}
+
+/// `POST /v1/chat/completions`.
+#[utoipa::path(
+    post,
+    path = "/v1/chat/completions",
+    tag = "openai",
+    operation_id = "createChatCompletion",
+    description = "A chat answer under the same limits, holds and billing as `POST /`. With \
+        `stream: true`, server-sent events: `data: {chunk}` ... `data: [DONE]`; a stream that \
+        fails after it started sends one `data: {\"error\": ...}` (the error body) before \
+        `[DONE]`.",
+    request_body = ChatRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The answer (`application/json`), or with `stream: true` its chunks as server-sent events.",
+            content((ChatCompletion = "application/json"), (ChatChunk = "text/event-stream")),
+            headers(("x-stream-id" = String, description = "On a stream: its id, for `POST /stream/shutdown`."))),
+        (status = 400, description = "`invalid_request_error`: `param` names the field.", body = OpenAiErrorBody),
+        (status = 401, description = "`authentication_error`: no, bad, revoked or expired service token.", body = OpenAiErrorBody),
+        (status = 402, description = "`insufficient_quota`: the balance cannot cover the worst case.", body = OpenAiErrorBody),
+        (status = 404, description = "`not_found_error`, code `model_not_found`.", body = OpenAiErrorBody),
+        (status = 429, description = "`rate_limit_error`: the user's concurrent requests are at the cap (`Retry-After`).", body = OpenAiErrorBody),
+        (status = 500, description = "`api_error`.", body = OpenAiErrorBody),
+        (status = 502, description = "`api_error`: the model failed to load or its engine failed.", body = OpenAiErrorBody),
+        (status = 503, description = "`server_error`, code `overloaded` (`Retry-After`).", body = OpenAiErrorBody),
+    )
+)]
+#[instrument(skip_all, fields(model, user))]
+async fn chat(
+    State(cs): State<CompletionState>,
+    headers: HeaderMap,
+    OpenAiJson(body): OpenAiJson<ChatRequest>,
+) -> Result<Response, OpenAiError> {
+    let session = session(&cs, &headers)?;
+    if let Some(end_user) = &body.sampling.user {
+        debug!(end_user = %end_user, "request for an end user");
+    }
+    let checked = request::chat(body, &cs.core.catalog)?;
+    Span::current().record("model", checked.valid.model.as_str());
+    let logprobs = checked.valid.decode.logprobs.is_some();
+    let started = start_valid(&cs, session, checked.valid).await?;
+    let head_model = started.model.clone();
+    let (stream_id, mut events) = spawn_driver(&cs, started);
+    let head = Head::new("chatcmpl", &stream_id, &head_model);
+    let mut chat = Chat::new(head, &checked.tools, logprobs, checked.include_usage);
+    if !checked.stream {
+        return Ok(Json(chat.whole(&mut events).await?).into_response());
+    }
+    let opening = chat.opening().to_string();
+    sse(stream_id, Some(opening), events, move |e| chat.on_event(e))
+}
+
+/// `POST /v1/completions`: the prompt continued as it is, no chat template.
+#[utoipa::path(
+    post,
+    path = "/v1/completions",
+    tag = "openai",
+    operation_id = "createCompletion",
+    description = "The prompt continued as it is (no chat template), under the same limits, \
+        holds and billing as `POST /`. With `stream: true`, server-sent events: `data: {chunk}` \
+        ... `data: [DONE]`.",
+    request_body = TextRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The answer (`application/json`), or with `stream: true` its chunks (the same shape) as server-sent events.",
+            content((TextCompletion = "application/json"), (TextCompletion = "text/event-stream")),
+            headers(("x-stream-id" = String, description = "On a stream: its id, for `POST /stream/shutdown`."))),
+        (status = 400, description = "`invalid_request_error`: `param` names the field.", body = OpenAiErrorBody),
+        (status = 401, description = "`authentication_error`.", body = OpenAiErrorBody),
+        (status = 402, description = "`insufficient_quota`.", body = OpenAiErrorBody),
+        (status = 404, description = "`not_found_error`, code `model_not_found`.", body = OpenAiErrorBody),
+        (status = 429, description = "`rate_limit_error` (`Retry-After`).", body = OpenAiErrorBody),
+        (status = 500, description = "`api_error`.", body = OpenAiErrorBody),
+        (status = 502, description = "`api_error`: the model failed to load or its engine failed.", body = OpenAiErrorBody),
+        (status = 503, description = "`server_error`, code `overloaded` (`Retry-After`).", body = OpenAiErrorBody),
+    )
+)]
+#[instrument(skip_all, fields(model, user))]
+async fn text(
+    State(cs): State<CompletionState>,
+    headers: HeaderMap,
+    OpenAiJson(body): OpenAiJson<TextRequest>,
+) -> Result<Response, OpenAiError> {
+    let session = session(&cs, &headers)?;
+    let checked = request::text(body, &cs.core.catalog)?;
+    Span::current().record("model", checked.valid.model.as_str());
+    let logprobs = checked.valid.decode.logprobs.is_some();
+    let started = start_valid(&cs, session, checked.valid).await?;
+    let head_model = started.model.clone();
+    let (stream_id, mut events) = spawn_driver(&cs, started);
+    let head = Head::new("cmpl", &stream_id, &head_model);
+    let mut text = Text::new(head, logprobs, checked.include_usage);
+    if !checked.stream {
+        return Ok(Json(text.whole(&mut events).await?).into_response());
+    }
+    sse(stream_id, None, events, move |e| text.on_event(e))
+}
+
+/// The SSE answer: `first`, then each event's payloads, each as one `data:` line. The stream's
+/// id goes in `X-Stream-Id`, for `POST /stream/shutdown`. A client that closes the connection
+/// drops this stream, and with it the driver's reader: generation stops and is billed for
+/// what it made.
+fn sse<F>(
+    stream_id: String,
+    first: Option<String>,
+    events: mpsc::Receiver<StreamEvent>,
+    convert: F,
+) -> Result<Response, OpenAiError>
+where
+    F: FnMut(StreamEvent) -> Vec<String> + Send + 'static,
+{
+    let queue: VecDeque<String> = first.into_iter().collect();
+    let state = (events, convert, queue);
+    let body = futures::stream::unfold(state, |(mut events, mut convert, mut queue)| async move {
+        loop {
+            if let Some(data) = queue.pop_front() {
+                let event = Event::default().data(data);
+                return Some((Ok::<Event, Infallible>(event), (events, convert, queue)));
+            }
+            let event = events.recv().await?;
+            queue.extend(convert(event));
+        }
+    });
+    let mut response = Sse::new(body)
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+        .into_response();
+    let id = HeaderValue::from_str(&stream_id).map_err(ApiError::internal)?;
+    response.headers_mut().insert(STREAM_ID_HEADER, id);
+    Ok(response)
+}
