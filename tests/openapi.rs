@@ -10,7 +10,7 @@ use reqwest::multipart::{Form, Part};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use crate::common::{run_client_script, TestApp};
+use crate::common::{run_client_script, spawn_all_four, TestApp};
 
 const LISTENERS: [(&str, Service); 4] = [
     ("auth", Service::Auth),
@@ -19,6 +19,9 @@ const LISTENERS: [(&str, Service); 4] = [
     ("imagine", Service::Imagine),
 ];
 
+/// A request to send: listener, method, path, bearer key, JSON body, and the status expected.
+type Case<'a> = (Service, Method, &'a str, Option<&'a str>, Option<Value>, StatusCode);
+
 /// One real request and its answer, as the check script takes it.
 struct Exchanges {
     app: TestApp,
@@ -26,17 +29,20 @@ struct Exchanges {
 }
 
 impl Exchanges {
-    /// Sends `body` (JSON, or none) to `service`, records the exchange under the documented
-    /// `path` (a template such as `/v1/models/{id}`), and returns the status and JSON answer.
+    /// Sends `body` (JSON, or none) to `service`, records the exchange under its documented
+    /// path (the template, such as `/v1/models/{id}`), and returns the status and JSON answer.
     async fn send(
         &mut self,
         service: Service,
         method: Method,
-        path: &str,
         real_path: &str,
         bearer: Option<&str>,
         body: Option<Value>,
     ) -> (StatusCode, Value) {
+        let path = match real_path.strip_prefix("/v1/models/") {
+            Some(_) => "/v1/models/{id}",
+            None => real_path,
+        };
         let mut req = self.app.client.request(
             method.clone(),
             format!("{}{real_path}", self.app.url(service)),
@@ -87,17 +93,7 @@ impl Exchanges {
 #[tokio::test]
 async fn every_listener_serves_a_valid_3_1_document_that_real_answers_match() {
     let models = tempfile::tempdir().unwrap();
-    let table = crate::markdown_hostile::models(models.path());
-    let app = TestApp::builder()
-        .services(&[
-            Service::Auth,
-            Service::Completion,
-            Service::Markdown,
-            Service::Imagine,
-        ])
-        .configure(|raw| raw.models = Some(table))
-        .spawn()
-        .await;
+    let app = spawn_all_four(crate::markdown_hostile::models(models.path())).await;
 
     // The documents, as served, with no credential.
     let mut documents = serde_json::Map::new();
@@ -155,116 +151,7 @@ async fn every_listener_serves_a_valid_3_1_document_that_real_answers_match() {
     let user = "openapi-user";
     let idp = ex.app.idp_token(user);
     ex.app.credit(user, "5").await;
-
-    // Health on every listener (`GET /`); auth: a token, a refused token, the balance, validate.
-    for (_, service) in LISTENERS {
-        let (status, _) = ex.send(service, Method::GET, "/", "/", None, None).await;
-        assert_eq!(status, StatusCode::OK, "{service} health");
-    }
-    let (status, body) = ex
-        .send(
-            Service::Auth,
-            Method::POST,
-            "/token",
-            "/token",
-            None,
-            Some(json!({"userId": user, "idpToken": idp, "lifetimeSeconds": 3600})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let token = body["serviceToken"].as_str().unwrap().to_string();
-    let (status, _) = ex
-        .send(
-            Service::Auth,
-            Method::POST,
-            "/token",
-            "/token",
-            None,
-            Some(json!({"userId": user, "idpToken": "not-a-token"})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED);
-    let (status, _) = ex
-        .send(
-            Service::Auth,
-            Method::POST,
-            "/validate",
-            "/validate",
-            None,
-            Some(json!({"serviceToken": token})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
-    let (status, _) = ex
-        .send(
-            Service::Auth,
-            Method::POST,
-            "/balance",
-            "/balance",
-            None,
-            Some(json!({"serviceToken": token})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
-
-    // Completion: the spec's route, then the OpenAI ones, answers and errors.
-    let completion = json!({
-        "serviceToken": token,
-        "model": "alpha-3.3",
-        "messages": [{"role": "user", "content": "Say hi."}],
-        "temperature": 0.0,
-        "maxOutputTokens": 4,
-    });
-    let (status, body) = ex
-        .send(
-            Service::Completion,
-            Method::POST,
-            "/",
-            "/",
-            None,
-            Some(completion.clone()),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let mut bad = completion.clone();
-    bad["temperature"] = json!("hot");
-    let (status, _) = ex
-        .send(Service::Completion, Method::POST, "/", "/", None, Some(bad))
-        .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    let (status, _) = ex
-        .send(
-            Service::Completion,
-            Method::GET,
-            "/v1/models",
-            "/v1/models",
-            None,
-            None,
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
-    let (status, _) = ex
-        .send(
-            Service::Completion,
-            Method::GET,
-            "/v1/models/{id}",
-            "/v1/models/alpha-3.3",
-            None,
-            None,
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
-    let (status, _) = ex
-        .send(
-            Service::Completion,
-            Method::GET,
-            "/v1/models/{id}",
-            "/v1/models/no-such-model",
-            None,
-            None,
-        )
-        .await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
+    let token = ex.app.token(user).await;
     let chat = json!({
         "model": "alpha-3.3",
         "messages": [
@@ -283,18 +170,7 @@ async fn every_listener_serves_a_valid_3_1_document_that_real_answers_match() {
         }}},
         "user": "someone",
     });
-    let (status, body) = ex
-        .send(
-            Service::Completion,
-            Method::POST,
-            "/v1/chat/completions",
-            "/v1/chat/completions",
-            Some(&token),
-            Some(chat.clone()),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let tools = json!({
+    let tool_round = json!({
         "model": "alpha-3.3",
         "messages": [
             {"role": "user", "content": "Weather in Oslo?"},
@@ -308,139 +184,95 @@ async fn every_listener_serves_a_valid_3_1_document_that_real_answers_match() {
         "max_tokens": 40,
         "temperature": 0,
     });
-    let (status, body) = ex
-        .send(
-            Service::Completion,
-            Method::POST,
-            "/v1/chat/completions",
-            "/v1/chat/completions",
-            Some(&token),
-            Some(tools),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    let spec_chat = json!({
+        "serviceToken": token,
+        "model": "alpha-3.3",
+        "messages": [{"role": "user", "content": "Say hi."}],
+        "temperature": 0.0,
+        "maxOutputTokens": 4,
+    });
+    let image = json!({"serviceToken": token, "prompt": "a red fox", "width": 256, "height": 256, "steps": 1, "seed": 1});
+    let with = |base: &Value, key: &str, value: Value| {
+        let mut v = base.clone();
+        v[key] = value;
+        v
+    };
+
+    // (listener, method, path, bearer, body, status): successes and errors on every listener,
+    // the spec's routes and the `/v1` ones. Health is `GET /` everywhere.
+    let (get, post) = (Method::GET, Method::POST);
+    let key = Some(token.as_str());
+    #[rustfmt::skip]
+    let cases: Vec<Case> = vec![
+        (Service::Auth, get.clone(), "/", None, None, StatusCode::OK),
+        (Service::Completion, get.clone(), "/", None, None, StatusCode::OK),
+        (Service::Markdown, get.clone(), "/", None, None, StatusCode::OK),
+        (Service::Imagine, get.clone(), "/", None, None, StatusCode::OK),
+        (Service::Auth, post.clone(), "/token", None,
+            Some(json!({"userId": user, "idpToken": idp, "lifetimeSeconds": 3600})), StatusCode::OK),
+        (Service::Auth, post.clone(), "/token", None,
+            Some(json!({"userId": user, "idpToken": "not-a-token"})), StatusCode::UNAUTHORIZED),
+        (Service::Auth, post.clone(), "/validate", None, Some(json!({"serviceToken": token})), StatusCode::OK),
+        (Service::Auth, post.clone(), "/balance", None, Some(json!({"serviceToken": token})), StatusCode::OK),
+        (Service::Completion, post.clone(), "/", None, Some(spec_chat.clone()), StatusCode::OK),
+        (Service::Completion, post.clone(), "/", None,
+            Some(with(&spec_chat, "temperature", json!("hot"))), StatusCode::BAD_REQUEST),
+        (Service::Completion, get.clone(), "/v1/models", None, None, StatusCode::OK),
+        (Service::Completion, get.clone(), "/v1/models/alpha-3.3", None, None, StatusCode::OK),
+        (Service::Completion, get.clone(), "/v1/models/no-such-model", None, None, StatusCode::NOT_FOUND),
+        (Service::Completion, post.clone(), "/v1/chat/completions", key, Some(chat.clone()), StatusCode::OK),
+        (Service::Completion, post.clone(), "/v1/chat/completions", key, Some(tool_round), StatusCode::OK),
+        (Service::Completion, post.clone(), "/v1/chat/completions", Some("not-a-token"),
+            Some(chat.clone()), StatusCode::UNAUTHORIZED),
+        (Service::Completion, post.clone(), "/v1/chat/completions", key,
+            Some(with(&chat, "n", json!(3))), StatusCode::BAD_REQUEST),
+        (Service::Completion, post.clone(), "/v1/completions", key,
+            Some(json!({"model": "alpha-3.3", "prompt": "Once upon a time", "max_tokens": 5,
+                "temperature": 0, "stop": ["\n"], "logprobs": 2})), StatusCode::OK),
+        (Service::Imagine, post.clone(), "/", None, Some(image.clone()), StatusCode::OK),
+        (Service::Imagine, post.clone(), "/", None, Some(with(&image, "prompt", json!(""))), StatusCode::BAD_REQUEST),
+        (Service::Imagine, post.clone(), "/v1/images/generations", key,
+            Some(json!({"model": "xl-lightning", "prompt": "a red fox", "size": "256x256", "n": 1,
+                "response_format": "b64_json", "steps": 1, "seed": 2})), StatusCode::OK),
+        (Service::Imagine, post.clone(), "/v1/images/generations", key,
+            Some(json!({"prompt": "a red fox", "size": "7x7"})), StatusCode::BAD_REQUEST),
+    ];
+    for (service, method, path, bearer, body, expected) in cases {
+        let (status, answer) = ex.send(service, method.clone(), path, bearer, body).await;
+        assert_eq!(status, expected, "{service} {method} {path}: {answer}");
+    }
+    let forced = ex
+        .list
+        .iter()
+        .find(|e| e["request"]["tool_choice"].is_object())
+        .unwrap();
     assert!(
-        body["choices"][0]["message"]["tool_calls"].is_array(),
-        "{body}"
+        forced["body"]["choices"][0]["message"]["tool_calls"].is_array(),
+        "a forced tool call: {}",
+        forced["body"]
     );
-    let (status, _) = ex
-        .send(
-            Service::Completion,
-            Method::POST,
-            "/v1/chat/completions",
-            "/v1/chat/completions",
-            Some("not-a-token"),
-            Some(chat.clone()),
-        )
-        .await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED);
-    let mut bad = chat.clone();
-    bad["n"] = json!(3);
-    let (status, _) = ex
-        .send(
-            Service::Completion,
-            Method::POST,
-            "/v1/chat/completions",
-            "/v1/chat/completions",
-            Some(&token),
-            Some(bad),
-        )
-        .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    let (status, body) = ex
-        .send(
-            Service::Completion,
-            Method::POST,
-            "/v1/completions",
-            "/v1/completions",
-            Some(&token),
-            Some(
-                json!({"model": "alpha-3.3", "prompt": "Once upon a time", "max_tokens": 5,
-                "temperature": 0, "stop": ["\n"], "logprobs": 2}),
-            ),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
 
-    // Markdown: a conversion and the spec's two refusals.
-    let form = Form::new().part(
-        "file",
-        Part::bytes(b"<h1>Title</h1><p>Some <b>bold</b> text.</p>".to_vec()).file_name("a.html"),
-    );
-    let resp = ex
-        .app
-        .client
-        .post(format!("{}/", ex.app.url(Service::Markdown)))
-        .multipart(form)
-        .send()
-        .await
-        .unwrap();
-    let (status, _) = ex
-        .record(Service::Markdown, Method::POST, "/", None, resp)
-        .await;
-    assert_eq!(status, StatusCode::OK);
-    let form = Form::new().text("other", "x");
-    let resp = ex
-        .app
-        .client
-        .post(format!("{}/", ex.app.url(Service::Markdown)))
-        .multipart(form)
-        .send()
-        .await
-        .unwrap();
-    let (status, _) = ex
-        .record(Service::Markdown, Method::POST, "/", None, resp)
-        .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-
-    // Images: the spec's route and the OpenAI one, an answer and an error each.
-    let (status, body) = ex
-        .send(
-            Service::Imagine,
-            Method::POST,
-            "/",
-            "/",
-            None,
-            Some(json!({"serviceToken": token, "prompt": "a red fox", "width": 256, "height": 256, "steps": 1, "seed": 1})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let (status, _) = ex
-        .send(
-            Service::Imagine,
-            Method::POST,
-            "/",
-            "/",
-            None,
-            Some(json!({"serviceToken": token, "prompt": "", "width": 256, "height": 256})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    let (status, body) = ex
-        .send(
-            Service::Imagine,
-            Method::POST,
-            "/v1/images/generations",
-            "/v1/images/generations",
-            Some(&token),
-            Some(
-                json!({"model": "xl-lightning", "prompt": "a red fox", "size": "256x256", "n": 1,
-                "response_format": "b64_json", "steps": 1, "seed": 2}),
-            ),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let (status, _) = ex
-        .send(
-            Service::Imagine,
-            Method::POST,
-            "/v1/images/generations",
-            "/v1/images/generations",
-            Some(&token),
-            Some(json!({"prompt": "a red fox", "size": "7x7"})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
+    // Markdown: a conversion, and the spec's refusal of an upload without a file.
+    let html =
+        Part::bytes(b"<h1>Title</h1><p>Some <b>bold</b> text.</p>".to_vec()).file_name("a.html");
+    for (form, expected) in [
+        (Form::new().part("file", html), StatusCode::OK),
+        (Form::new().text("other", "x"), StatusCode::BAD_REQUEST),
+    ] {
+        let url = format!("{}/", ex.app.url(Service::Markdown));
+        let resp = ex
+            .app
+            .client
+            .post(url)
+            .multipart(form)
+            .send()
+            .await
+            .unwrap();
+        let (status, body) = ex
+            .record(Service::Markdown, Method::POST, "/", None, resp)
+            .await;
+        assert_eq!(status, expected, "{body}");
+    }
 
     let input = json!({ "documents": documents, "exchanges": ex.list });
     let out = run_client_script(

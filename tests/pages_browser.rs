@@ -10,7 +10,7 @@ use serde_json::Value;
 use std::time::{Duration, Instant};
 
 use crate::common::browser::{Browser, DESKTOP, PHONE};
-use crate::common::TestApp;
+use crate::common::spawn_all_four;
 
 /// A layout the check must refuse, after the old document page: an inline drop-zone label whose
 /// padded, dashed box runs over the checkbox below it, and a button too narrow for its text.
@@ -48,18 +48,6 @@ async fn the_layout_check_catches_overlapping_and_clipped_controls() {
     browser.close().await;
 }
 
-/// The completion test table with the tiny image model beside it, so that one server runs all
-/// four services.
-fn all_models(dir: &std::path::Path) -> std::path::PathBuf {
-    let table = crate::completion::models_toml(dir);
-    hearth_imagine::write_tiny_sdxl(&dir.join("tiny-sdxl"), hearth_imagine::tiny::TINY_SEED)
-        .unwrap();
-    let text = std::fs::read_to_string(&table).unwrap()
-        + "\n[image.\"xl-lightning\"]\nweights = \"no-real-weights-here\"\ntiny_weights = \"tiny-sdxl\"\nprice_per_image = \"0.040\"\n";
-    std::fs::write(&table, text).unwrap();
-    table
-}
-
 /// Waits until the header shows `balance`.
 async fn wait_for_balance(browser: &Browser, balance: &str) {
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -89,17 +77,7 @@ async fn every_page_shares_the_header_and_lays_out_at_desktop_and_phone_sizes() 
         return;
     };
     let models = tempfile::tempdir().unwrap();
-    let table = all_models(models.path());
-    let app = TestApp::builder()
-        .services(&[
-            Service::Auth,
-            Service::Completion,
-            Service::Markdown,
-            Service::Imagine,
-        ])
-        .configure(|raw| raw.models = Some(table))
-        .spawn()
-        .await;
+    let app = spawn_all_four(crate::markdown_hostile::models(models.path())).await;
     let token = app.token("uma").await;
     let pages = [
         (Service::Auth, "signin"),

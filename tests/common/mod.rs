@@ -18,6 +18,15 @@ pub async fn spawn_app() -> TestApp {
     TestApp::builder().spawn().await
 }
 
+/// Starts all four services with the model table `models`.
+pub async fn spawn_all_four(models: PathBuf) -> TestApp {
+    TestApp::builder()
+        .services(&Service::ALL)
+        .configure(|raw| raw.models = Some(models))
+        .spawn()
+        .await
+}
+
 /// Chooses services and settings before starting.
 pub struct AppBuilder {
     raw: RawConfig,

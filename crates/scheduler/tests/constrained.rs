@@ -1,31 +1,18 @@
 //! The engine's side of OpenAI-style decoding with real models: grammar-constrained output,
 //! stop strings, log-probabilities, and a failing constraint that costs only its own stream.
 
-use std::path::PathBuf;
+mod support;
 
 use hearth_grammar::Grammars;
 use hearth_infer::{
-    ChatMessage, ConstraintError, Role, SamplingParams, TextModel, TextModelConfig,
-    TokenConstraint, TokenMask,
+    ChatMessage, ConstraintError, Role, SamplingParams, TextModel, TokenConstraint, TokenMask,
 };
 use hearth_scheduler::{Outcome, Output, Request, Scheduler, SchedulerConfig, SchedulerHandle};
 use hearth_types::{AbortReason, FinishReason, TokenEvent};
 use serde_json::{json, Value};
 
 fn smollm2() -> SchedulerHandle {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../weights/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/fetch-weights.sh",
-        path.display()
-    );
-    let model = TextModel::load(&TextModelConfig {
-        threads: 2,
-        ..TextModelConfig::local(&path)
-    })
-    .expect("load SmolLM2");
-    Scheduler::spawn(model, config("smollm2")).expect("spawn")
+    Scheduler::spawn(support::smollm2_model(), config("smollm2")).expect("spawn")
 }
 
 fn tiny() -> SchedulerHandle {

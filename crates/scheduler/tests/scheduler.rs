@@ -2,12 +2,11 @@
 //! (`TextModel::tiny_random`) for speed, and the real SmolLM2 weights for the greedy-equality
 //! check (fetched by `scripts/fetch-weights.sh`).
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 mod support;
 
-use hearth_infer::{TextModel, TextModelConfig};
+use hearth_infer::TextModel;
 use hearth_scheduler::{Error, Outcome, Scheduler, SchedulerConfig, SchedulerHandle};
 use hearth_types::{AbortReason, FinishReason, TokenEvent};
 use support::*;
@@ -78,15 +77,7 @@ async fn greedy_output_alone_equals_output_alongside_seven_others() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn greedy_output_alone_equals_output_alongside_seven_others_with_smollm2() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../weights/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/fetch-weights.sh",
-        path.display()
-    );
-    let model = TextModel::load(&TextModelConfig::local(path)).expect("load SmolLM2");
-    let handle = Scheduler::spawn(model, config("smollm2")).expect("spawn");
+    let handle = Scheduler::spawn(smollm2_model(), config("smollm2")).expect("spawn");
     alone_then_together(move || handle.clone(), 16).await;
 }
 

@@ -2,7 +2,9 @@
 //! chat template, and requests.
 #![allow(dead_code)] // each test file uses a different part
 
-use hearth_infer::{ChatMessage, Role, SamplingParams, TextModel};
+use std::path::PathBuf;
+
+use hearth_infer::{ChatMessage, Role, SamplingParams, TextModel, TextModelConfig};
 use hearth_scheduler::{Generation, Output, Request, Scheduler, SchedulerConfig, SchedulerHandle};
 use hearth_types::TokenEvent;
 
@@ -100,4 +102,20 @@ pub async fn read_tokens(generation: &mut Generation, n: usize) -> String {
         }
     }
     text
+}
+
+/// The real SmolLM2-135M-Instruct Q4_1 (fetched by `scripts/fetch-weights.sh`) on 2 threads.
+pub fn smollm2_model() -> TextModel {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../weights/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/fetch-weights.sh",
+        path.display()
+    );
+    TextModel::load(&TextModelConfig {
+        threads: 2,
+        ..TextModelConfig::local(&path)
+    })
+    .expect("load SmolLM2")
 }

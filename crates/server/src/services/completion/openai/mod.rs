@@ -31,10 +31,41 @@ use super::{CompletionState, KEEP_ALIVE, STREAM_ID_HEADER};
 use crate::error::{ApiError, OpenAiError, OpenAiJson};
 use crate::openapi::OpenAiErrorBody;
 use crate::services::bearer_token;
-use respond::{Chat, Head, Text};
+use respond::{whole, Answer as _, Chat, Head, Text};
 use wire::{
     ChatChunk, ChatCompletion, ChatRequest, ModelList, ModelObject, TextCompletion, TextRequest,
 };
+
+/// The errors of `/v1/chat/completions` and `/v1/completions` in the OpenAPI document, as that
+/// API's clients sort them (the status table is `ErrorKind::status`).
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // describes the answers; never built
+enum CompletionErrors {
+    /// `invalid_request_error`: `param` names the field.
+    #[response(status = 400)]
+    BadRequest(OpenAiErrorBody),
+    /// `authentication_error`: no, bad, revoked or expired service token.
+    #[response(status = 401)]
+    Unauthorized(OpenAiErrorBody),
+    /// `insufficient_quota`: the balance cannot cover the worst case.
+    #[response(status = 402)]
+    PaymentRequired(OpenAiErrorBody),
+    /// `not_found_error`, code `model_not_found`.
+    #[response(status = 404)]
+    NotFound(OpenAiErrorBody),
+    /// `rate_limit_error`: the user's concurrent requests are at the cap (`Retry-After`).
+    #[response(status = 429)]
+    TooManyRequests(OpenAiErrorBody),
+    /// `api_error`.
+    #[response(status = 500)]
+    Internal(OpenAiErrorBody),
+    /// `api_error`: the model failed to load or its engine failed.
+    #[response(status = 502)]
+    BadGateway(OpenAiErrorBody),
+    /// `server_error`, code `overloaded` (`Retry-After`).
+    #[response(status = 503)]
+    Unavailable(OpenAiErrorBody),
+}
 
 pub fn routes() -> Router<CompletionState> {
     Router::new()
@@ -127,14 +158,7 @@ async fn model(
         (status = 200, description = "The answer (`application/json`), or with `stream: true` its chunks as server-sent events.",
             content((ChatCompletion = "application/json"), (ChatChunk = "text/event-stream")),
             headers(("x-stream-id" = String, description = "On a stream: its id, for `POST /stream/shutdown`."))),
-        (status = 400, description = "`invalid_request_error`: `param` names the field.", body = OpenAiErrorBody),
-        (status = 401, description = "`authentication_error`: no, bad, revoked or expired service token.", body = OpenAiErrorBody),
-        (status = 402, description = "`insufficient_quota`: the balance cannot cover the worst case.", body = OpenAiErrorBody),
-        (status = 404, description = "`not_found_error`, code `model_not_found`.", body = OpenAiErrorBody),
-        (status = 429, description = "`rate_limit_error`: the user's concurrent requests are at the cap (`Retry-After`).", body = OpenAiErrorBody),
-        (status = 500, description = "`api_error`.", body = OpenAiErrorBody),
-        (status = 502, description = "`api_error`: the model failed to load or its engine failed.", body = OpenAiErrorBody),
-        (status = 503, description = "`server_error`, code `overloaded` (`Retry-After`).", body = OpenAiErrorBody),
+        CompletionErrors,
     )
 )]
 #[instrument(skip_all, fields(model, user))]
@@ -156,7 +180,7 @@ async fn chat(
     let head = Head::new("chatcmpl", &stream_id, &head_model);
     let mut chat = Chat::new(head, &checked.tools, logprobs, checked.include_usage);
     if !checked.stream {
-        return Ok(Json(chat.whole(&mut events).await?).into_response());
+        return Ok(Json(whole(chat, &mut events).await?).into_response());
     }
     let opening = chat.opening().to_string();
     sse(stream_id, Some(opening), events, move |e| chat.on_event(e))
@@ -177,14 +201,7 @@ async fn chat(
         (status = 200, description = "The answer (`application/json`), or with `stream: true` its chunks (the same shape) as server-sent events.",
             content((TextCompletion = "application/json"), (TextCompletion = "text/event-stream")),
             headers(("x-stream-id" = String, description = "On a stream: its id, for `POST /stream/shutdown`."))),
-        (status = 400, description = "`invalid_request_error`: `param` names the field.", body = OpenAiErrorBody),
-        (status = 401, description = "`authentication_error`.", body = OpenAiErrorBody),
-        (status = 402, description = "`insufficient_quota`.", body = OpenAiErrorBody),
-        (status = 404, description = "`not_found_error`, code `model_not_found`.", body = OpenAiErrorBody),
-        (status = 429, description = "`rate_limit_error` (`Retry-After`).", body = OpenAiErrorBody),
-        (status = 500, description = "`api_error`.", body = OpenAiErrorBody),
-        (status = 502, description = "`api_error`: the model failed to load or its engine failed.", body = OpenAiErrorBody),
-        (status = 503, description = "`server_error`, code `overloaded` (`Retry-After`).", body = OpenAiErrorBody),
+        CompletionErrors,
     )
 )]
 #[instrument(skip_all, fields(model, user))]
@@ -203,7 +220,7 @@ async fn text(
     let head = Head::new("cmpl", &stream_id, &head_model);
     let mut text = Text::new(head, logprobs, checked.include_usage);
     if !checked.stream {
-        return Ok(Json(text.whole(&mut events).await?).into_response());
+        return Ok(Json(whole(text, &mut events).await?).into_response());
     }
     sse(stream_id, None, events, move |e| text.on_event(e))
 }

@@ -106,6 +106,76 @@ fn end_of(event: StreamEvent) -> Option<End> {
     }
 }
 
+/// One kind of answer (chat or text) built from a generation's events. The builders say how a
+/// token reads and how an answer ends; [`Answer::on_event`] and [`whole`] are the one
+/// reading of the event stream both share.
+pub trait Answer: Sized {
+    type Whole;
+
+    /// A token as the stream sends it: its chunk, if it makes one.
+    fn chunk_of(&mut self, token: String, logprobs: Vec<TokenLogprob>) -> Option<String>;
+    /// A token kept for the whole answer.
+    fn gather(&mut self, token: String, logprobs: Vec<TokenLogprob>);
+    /// The stream's last chunks: the final one, and the usage chunk when asked for.
+    fn last_chunks(
+        &mut self,
+        outcome: &Result<FinishReason, AbortReason>,
+        response: &CompletionResponse,
+    ) -> Vec<String>;
+    /// The whole answer.
+    fn finish(
+        self,
+        outcome: &Result<FinishReason, AbortReason>,
+        response: &CompletionResponse,
+    ) -> Self::Whole;
+
+    /// The SSE `data` payloads one event makes; the last event ends with `[DONE]`.
+    fn on_event(&mut self, event: StreamEvent) -> Vec<String> {
+        match event {
+            StreamEvent::Token {
+                token, logprobs, ..
+            } => self.chunk_of(token, logprobs).into_iter().collect(),
+            terminal => match end_of(terminal) {
+                Some(End::Finished(outcome, response)) => {
+                    let mut out = self.last_chunks(&outcome, &response);
+                    out.push("[DONE]".into());
+                    out
+                }
+                Some(End::Failed(error)) => vec![
+                    crate::error::OpenAiError(error).body().to_string(),
+                    "[DONE]".into(),
+                ],
+                None => Vec::new(),
+            },
+        }
+    }
+}
+
+/// Reads the events to the end: the whole answer, or the error. (A free function rather than a
+/// trait method, so that its future is `Send` whenever the builder is.)
+pub async fn whole<A: Answer>(
+    mut answer: A,
+    events: &mut tokio::sync::mpsc::Receiver<StreamEvent>,
+) -> Result<A::Whole, ApiError> {
+    while let Some(event) = events.recv().await {
+        match event {
+            StreamEvent::Token {
+                token, logprobs, ..
+            } => answer.gather(token, logprobs),
+            terminal => match end_of(terminal) {
+                Some(End::Finished(outcome, response)) => {
+                    return Ok(answer.finish(&outcome, &response))
+                }
+                Some(End::Failed(error)) => return Err(error),
+                None => {}
+            },
+        }
+    }
+    Err(ApiError::internal(
+        "the completion driver stopped without an answer",
+    ))
+}
+
 // ---- chat -----------------------------------------------------------------------------------
 
 /// Builds one chat answer from a generation's events, whole or as chunks.
@@ -223,102 +293,79 @@ impl Chat {
         };
         serde_json::to_value(self.chunk(delta, Vec::new(), None)).unwrap_or_default()
     }
+}
 
-    /// The chunks one event makes (SSE `data` payloads); the last event also makes the usage
-    /// chunk when asked, and `[DONE]`.
-    pub fn on_event(&mut self, event: StreamEvent) -> Vec<String> {
-        let mut out = Vec::new();
-        match event {
-            StreamEvent::Token {
-                token, logprobs, ..
-            } => {
-                let pieces = self.splitter.push(&token);
-                let delta = self.take(pieces);
-                let empty = delta.content.is_none() && delta.tool_calls.is_empty();
-                if !empty || (self.logprobs && !logprobs.is_empty()) {
-                    out.push(self.chunk(delta, logprobs, None).json());
-                }
-            }
-            terminal => match end_of(terminal) {
-                Some(End::Finished(outcome, response)) => {
-                    let pieces = self.splitter.finish();
-                    let delta = self.take(pieces);
-                    let reason = finish_reason(&outcome, !self.calls.is_empty());
-                    let mut last = self.chunk(delta, Vec::new(), Some(reason));
-                    last.hearth = Some(cost(&response));
-                    out.push(last.json());
-                    if self.include_usage {
-                        let mut usage_chunk = self.chunk(Delta::default(), Vec::new(), None);
-                        usage_chunk.choices.clear();
-                        usage_chunk.usage = Some(Some(usage(&response)));
-                        usage_chunk.hearth = Some(cost(&response));
-                        out.push(usage_chunk.json());
-                    }
-                    out.push("[DONE]".into());
-                }
-                Some(End::Failed(error)) => {
-                    out.push(crate::error::OpenAiError(error).body().to_string());
-                    out.push("[DONE]".into());
-                }
-                None => {}
-            },
+impl Answer for Chat {
+    type Whole = ChatCompletion;
+
+    fn chunk_of(&mut self, token: String, logprobs: Vec<TokenLogprob>) -> Option<String> {
+        let pieces = self.splitter.push(&token);
+        let delta = self.take(pieces);
+        let empty = delta.content.is_none() && delta.tool_calls.is_empty();
+        (!empty || (self.logprobs && !logprobs.is_empty()))
+            .then(|| self.chunk(delta, logprobs, None).json())
+    }
+
+    fn gather(&mut self, token: String, logprobs: Vec<TokenLogprob>) {
+        let pieces = self.splitter.push(&token);
+        self.take(pieces);
+        self.tokens.extend(logprobs);
+    }
+
+    fn last_chunks(
+        &mut self,
+        outcome: &Result<FinishReason, AbortReason>,
+        response: &CompletionResponse,
+    ) -> Vec<String> {
+        let pieces = self.splitter.finish();
+        let delta = self.take(pieces);
+        let reason = finish_reason(outcome, !self.calls.is_empty());
+        let mut last = self.chunk(delta, Vec::new(), Some(reason));
+        last.hearth = Some(cost(response));
+        let mut out = vec![last.json()];
+        if self.include_usage {
+            let mut usage_chunk = self.chunk(Delta::default(), Vec::new(), None);
+            usage_chunk.choices.clear();
+            usage_chunk.usage = Some(Some(usage(response)));
+            usage_chunk.hearth = Some(cost(response));
+            out.push(usage_chunk.json());
         }
         out
     }
 
-    /// Reads the events to the end: the whole answer, or the error.
-    pub async fn whole(
+    fn finish(
         mut self,
-        events: &mut tokio::sync::mpsc::Receiver<StreamEvent>,
-    ) -> Result<ChatCompletion, ApiError> {
-        while let Some(event) = events.recv().await {
-            match event {
-                StreamEvent::Token {
-                    token, logprobs, ..
-                } => {
-                    let pieces = self.splitter.push(&token);
-                    self.take(pieces);
-                    self.tokens.extend(logprobs);
-                }
-                terminal => match end_of(terminal) {
-                    Some(End::Finished(outcome, response)) => {
-                        let pieces = self.splitter.finish();
-                        self.take(pieces);
-                        let called = !self.calls.is_empty();
-                        let content = match (called, self.content.is_empty()) {
-                            (true, true) => None,
-                            _ => Some(std::mem::take(&mut self.content)),
-                        };
-                        let logprobs = self.logprobs.then(|| ChatLogprobs {
-                            content: logprob_entries(&self.tokens),
-                        });
-                        return Ok(ChatCompletion {
-                            id: self.head.id,
-                            object: "chat.completion",
-                            created: self.head.created,
-                            model: self.head.model,
-                            choices: vec![ChatChoice {
-                                index: 0,
-                                message: AssistantMessage {
-                                    role: "assistant",
-                                    content,
-                                    tool_calls: std::mem::take(&mut self.calls),
-                                },
-                                logprobs,
-                                finish_reason: finish_reason(&outcome, called),
-                            }],
-                            usage: usage(&response),
-                            hearth: cost(&response),
-                        });
-                    }
-                    Some(End::Failed(error)) => return Err(error),
-                    None => {}
+        outcome: &Result<FinishReason, AbortReason>,
+        response: &CompletionResponse,
+    ) -> ChatCompletion {
+        let pieces = self.splitter.finish();
+        self.take(pieces);
+        let called = !self.calls.is_empty();
+        let content = match (called, self.content.is_empty()) {
+            (true, true) => None,
+            _ => Some(std::mem::take(&mut self.content)),
+        };
+        let logprobs = self.logprobs.then(|| ChatLogprobs {
+            content: logprob_entries(&self.tokens),
+        });
+        ChatCompletion {
+            id: self.head.id,
+            object: "chat.completion",
+            created: self.head.created,
+            model: self.head.model,
+            choices: vec![ChatChoice {
+                index: 0,
+                message: AssistantMessage {
+                    role: "assistant",
+                    content,
+                    tool_calls: self.calls,
                 },
-            }
+                logprobs,
+                finish_reason: finish_reason(outcome, called),
+            }],
+            usage: usage(response),
+            hearth: cost(response),
         }
-        Err(ApiError::internal(
-            "the completion driver stopped without an answer",
-        ))
     }
 }
 
@@ -385,71 +432,50 @@ impl Text {
             hearth: None,
         }
     }
+}
 
-    pub fn on_event(&mut self, event: StreamEvent) -> Vec<String> {
-        let mut out = Vec::new();
-        match event {
-            StreamEvent::Token {
-                token, logprobs, ..
-            } => {
-                let legacy = self.legacy(&logprobs, self.text.len());
-                self.text.push_str(&token);
-                out.push(self.answer(token, legacy, None).json());
-            }
-            terminal => match end_of(terminal) {
-                Some(End::Finished(outcome, response)) => {
-                    let mut last =
-                        self.answer(String::new(), None, Some(finish_reason(&outcome, false)));
-                    last.hearth = Some(cost(&response));
-                    out.push(last.json());
-                    if self.include_usage {
-                        let mut usage_chunk = self.answer(String::new(), None, None);
-                        usage_chunk.choices.clear();
-                        usage_chunk.usage = Some(usage(&response));
-                        out.push(usage_chunk.json());
-                    }
-                    out.push("[DONE]".into());
-                }
-                Some(End::Failed(error)) => {
-                    out.push(crate::error::OpenAiError(error).body().to_string());
-                    out.push("[DONE]".into());
-                }
-                None => {}
-            },
+impl Answer for Text {
+    type Whole = TextCompletion;
+
+    fn chunk_of(&mut self, token: String, logprobs: Vec<TokenLogprob>) -> Option<String> {
+        let legacy = self.legacy(&logprobs, self.text.len());
+        self.text.push_str(&token);
+        Some(self.answer(token, legacy, None).json())
+    }
+
+    fn gather(&mut self, token: String, logprobs: Vec<TokenLogprob>) {
+        self.text.push_str(&token);
+        self.tokens.extend(logprobs);
+    }
+
+    fn last_chunks(
+        &mut self,
+        outcome: &Result<FinishReason, AbortReason>,
+        response: &CompletionResponse,
+    ) -> Vec<String> {
+        let mut last = self.answer(String::new(), None, Some(finish_reason(outcome, false)));
+        last.hearth = Some(cost(response));
+        let mut out = vec![last.json()];
+        if self.include_usage {
+            let mut usage_chunk = self.answer(String::new(), None, None);
+            usage_chunk.choices.clear();
+            usage_chunk.usage = Some(usage(response));
+            out.push(usage_chunk.json());
         }
         out
     }
 
-    pub async fn whole(
+    fn finish(
         mut self,
-        events: &mut tokio::sync::mpsc::Receiver<StreamEvent>,
-    ) -> Result<TextCompletion, ApiError> {
-        while let Some(event) = events.recv().await {
-            match event {
-                StreamEvent::Token {
-                    token, logprobs, ..
-                } => {
-                    self.text.push_str(&token);
-                    self.tokens.extend(logprobs);
-                }
-                terminal => match end_of(terminal) {
-                    Some(End::Finished(outcome, response)) => {
-                        let logprobs = self.legacy(&self.tokens, 0);
-                        let text = std::mem::take(&mut self.text);
-                        let mut answer =
-                            self.answer(text, logprobs, Some(finish_reason(&outcome, false)));
-                        answer.usage = Some(usage(&response));
-                        answer.hearth = Some(cost(&response));
-                        return Ok(answer);
-                    }
-                    Some(End::Failed(error)) => return Err(error),
-                    None => {}
-                },
-            }
-        }
-        Err(ApiError::internal(
-            "the completion driver stopped without an answer",
-        ))
+        outcome: &Result<FinishReason, AbortReason>,
+        response: &CompletionResponse,
+    ) -> TextCompletion {
+        let logprobs = self.legacy(&self.tokens, 0);
+        let text = std::mem::take(&mut self.text);
+        let mut answer = self.answer(text, logprobs, Some(finish_reason(outcome, false)));
+        answer.usage = Some(usage(response));
+        answer.hearth = Some(cost(response));
+        answer
     }
 }
 
