@@ -14,7 +14,7 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    #[error("unsupported model architecture {0:?} (supported: llama, mistral, gemma3)")]
+    #[error("unsupported model architecture {0:?} (supported: llama, mistral, qwen2, qwen3, phi3, gemma3)")]
     UnsupportedArchitecture(String),
     #[error("model file is missing or has a bad value for {key}: {reason}")]
     Metadata { key: String, reason: String },

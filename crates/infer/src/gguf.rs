@@ -91,10 +91,38 @@ impl Meta<'_> {
 /// The supported transformer families.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
-    /// llama, mistral, SmolLM2 ...: RMSNorm, interleaved RoPE, SwiGLU, GQA.
+    /// llama, mistral, SmolLM2, Llama 3.x (with its `rope_freqs` factors) ...: RMSNorm,
+    /// interleaved RoPE, SwiGLU, GQA.
     Llama,
+    /// Qwen2 / Qwen2.5: the llama block with biases on Q, K and V, NeoX RoPE.
+    Qwen2,
+    /// Qwen3: the llama block with RMS norms on each Q and K head, NeoX RoPE.
+    Qwen3,
+    /// Phi-3: fused QKV and gate/up matrices, NeoX RoPE.
+    Phi3,
     /// Gemma 3: q/k norms, post-norms, GELU gate, NeoX RoPE with local/global bases, sliding window.
     Gemma3,
+}
+
+impl Arch {
+    /// The `general.architecture` names each family is read from.
+    pub const NAMES: &'static str = "llama, mistral, qwen2, qwen3, phi3, gemma3";
+
+    fn from_name(name: &str) -> Option<Arch> {
+        Some(match name {
+            "llama" | "mistral" => Arch::Llama,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            "phi3" => Arch::Phi3,
+            "gemma3" => Arch::Gemma3,
+            _ => return None,
+        })
+    }
+
+    /// Whether RoPE rotates (i, i + d/2) pairs (GGUF llama files are permuted for (2i, 2i+1)).
+    pub fn neox_rope(self) -> bool {
+        !matches!(self, Arch::Llama)
+    }
 }
 
 /// Model shape and numerics read from GGUF metadata (`{arch}.*` keys).
@@ -114,23 +142,55 @@ pub struct Hparams {
     pub rope_theta: f32,
     /// Gemma 3: RoPE base of the sliding-window layers.
     pub rope_theta_local: f32,
-    /// Gemma 3: window of the local layers (positions attended, the current one included).
+    /// Gemma 3 and Phi-3: window of the sliding layers (positions attended, the current one
+    /// included).
     pub sliding_window: Option<usize>,
     /// Gemma 3: every `sliding_window_pattern`-th layer is global.
     pub sliding_window_pattern: usize,
     pub vocab_size: usize,
+    /// Linear RoPE scaling (`rope.scaling.type = linear`): positions are multiplied by this
+    /// (1 / `rope.scaling.factor`); 1 otherwise.
+    pub rope_freq_scale: f32,
 }
 
 impl Hparams {
     pub fn from_gguf(content: &gguf_file::Content) -> Result<Self, Error> {
         let meta = Meta(content);
         let arch_name = meta.string("general.architecture")?;
-        let arch = match arch_name.as_str() {
-            "llama" | "mistral" => Arch::Llama,
-            "gemma3" => Arch::Gemma3,
-            other => return Err(Error::UnsupportedArchitecture(other.to_string())),
-        };
+        let arch = Arch::from_name(&arch_name)
+            .ok_or_else(|| Error::UnsupportedArchitecture(arch_name.clone()))?;
         let k = |s: &str| format!("{arch_name}.{s}");
+        if let Some(rot) = meta.opt_usize(&k("rope.dimension_count"))? {
+            let head = meta.opt_usize(&k("attention.key_length"))?.unwrap_or(
+                meta.usize(&k("embedding_length"))?
+                    / meta.usize(&k("attention.head_count"))?.max(1),
+            );
+            if rot != head {
+                return Err(Error::metadata(
+                    k("rope.dimension_count"),
+                    format!("RoPE over {rot} of {head} head dimensions (partial rotary) is not supported"),
+                ));
+            }
+        }
+        let rope_freq_scale = match meta.opt_string(&k("rope.scaling.type"))?.as_deref() {
+            None | Some("none") => 1.0,
+            Some("linear") => match meta.opt_f32(&k("rope.scaling.factor"))? {
+                Some(f) if f.is_finite() && f >= 1.0 => 1.0 / f,
+                Some(f) => {
+                    return Err(Error::metadata(
+                        k("rope.scaling.factor"),
+                        format!("{f} is not a scaling factor of at least 1"),
+                    ))
+                }
+                None => return Err(Error::metadata(k("rope.scaling.factor"), "missing")),
+            },
+            Some(other) => {
+                return Err(Error::metadata(
+                    k("rope.scaling.type"),
+                    format!("RoPE scaling {other:?} is not supported (none and linear are; Llama 3's factors come as the rope_freqs tensor)"),
+                ))
+            }
+        };
         let n_embd = meta.usize(&k("embedding_length"))?;
         let n_head = meta.usize(&k("attention.head_count"))?;
         let head_dim = meta
@@ -155,20 +215,23 @@ impl Hparams {
                 .opt_f32(&k("attention.layer_norm_rms_epsilon"))?
                 .unwrap_or(1e-5),
             rope_theta: meta.opt_f32(&k("rope.freq_base"))?.unwrap_or(match arch {
-                Arch::Llama => 10_000.0,
                 Arch::Gemma3 => 1_000_000.0,
+                _ => 10_000.0,
             }),
             rope_theta_local: meta
                 .opt_f32(&k("rope.local_freq_base"))?
                 .unwrap_or(10_000.0),
+            // Read where llama.cpp applies it (Gemma 3's local layers, every Phi-3 layer); llama,
+            // Mistral and Qwen files may carry the key, and llama.cpp attends over everything.
             sliding_window: match arch {
-                Arch::Gemma3 => meta.opt_usize(&k("attention.sliding_window"))?,
-                Arch::Llama => None,
+                Arch::Gemma3 | Arch::Phi3 => meta.opt_usize(&k("attention.sliding_window"))?,
+                Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => None,
             },
             sliding_window_pattern: meta
                 .opt_usize(&k("attention.sliding_window_type"))?
                 .unwrap_or(6),
             vocab_size,
+            rope_freq_scale,
             arch_name,
         };
         hp.validate()?;
@@ -209,10 +272,14 @@ impl Hparams {
         2 * self.n_layer * self.kv_dim() * std::mem::size_of::<f32>()
     }
 
-    /// Gemma 3: whether layer `il` attends within the sliding window only.
+    /// Whether layer `il` attends within the sliding window only: every layer of a Phi-3 file
+    /// that declares a window, all but every `sliding_window_pattern`-th in Gemma 3.
     pub fn is_sliding(&self, il: usize) -> bool {
-        self.sliding_window.is_some()
-            && !(il + 1).is_multiple_of(self.sliding_window_pattern.max(1))
+        match (self.sliding_window, self.arch) {
+            (None, _) => false,
+            (Some(_), Arch::Gemma3) => !(il + 1).is_multiple_of(self.sliding_window_pattern.max(1)),
+            (Some(_), _) => true,
+        }
     }
 }
 

@@ -305,6 +305,7 @@ pub(crate) fn tiny_hparams(vocab_size: usize) -> Hparams {
         sliding_window: None,
         sliding_window_pattern: 1,
         vocab_size,
+        rope_freq_scale: 1.0,
     }
 }
 

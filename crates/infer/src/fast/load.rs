@@ -11,14 +11,42 @@ pub(super) struct Reader<'a> {
     pub(super) buf: Vec<u8>,
     /// The kernel path the matrices are laid out for.
     pub(super) kernel: KernelPath,
+    /// Every tensor read so far: a file with a tensor the loader never read holds something
+    /// the forward would ignore, which is refused rather than run wrong.
+    pub(super) used: std::collections::HashSet<&'a str>,
 }
 
 impl<'a> Reader<'a> {
-    pub(super) fn info(&self, name: &str) -> Result<&'a TensorInfo, Error> {
-        self.content
+    pub(super) fn info(&mut self, name: &str) -> Result<&'a TensorInfo, Error> {
+        let (key, info) = self
+            .content
             .tensor_infos
-            .get(name)
-            .ok_or_else(|| Error::metadata(name, "tensor missing from the GGUF file"))
+            .get_key_value(name)
+            .ok_or_else(|| Error::metadata(name, "tensor missing from the GGUF file"))?;
+        self.used.insert(key.as_str());
+        Ok(info)
+    }
+
+    /// Refuses a file with a tensor nothing read (say, a bias or scaling table this
+    /// architecture's forward does not apply).
+    pub(super) fn all_used(&self, arch: &str) -> Result<(), Error> {
+        let mut unused: Vec<&String> = self
+            .content
+            .tensor_infos
+            .keys()
+            .filter(|k| !self.used.contains(k.as_str()))
+            .collect();
+        unused.sort();
+        match unused.first() {
+            None => Ok(()),
+            Some(first) => Err(Error::metadata(
+                first.as_str(),
+                format!(
+                    "tensor not understood by the fast backend for architecture {arch} ({} such tensor(s)); running without it would give wrong answers",
+                    unused.len()
+                ),
+            )),
+        }
     }
 
     pub(super) fn has(&self, name: &str) -> bool {
@@ -36,7 +64,7 @@ impl<'a> Reader<'a> {
     }
 
     /// (type, rows, cols, absolute byte offset) of a 2-D tensor.
-    pub(super) fn shape2(&self, name: &str) -> Result<(GgmlType, usize, usize, u64), Error> {
+    pub(super) fn shape2(&mut self, name: &str) -> Result<(GgmlType, usize, usize, u64), Error> {
         let info = self.info(name)?;
         let (rows, cols) = info.shape.dims2().map_err(|e| Error::metadata(name, e))?;
         let ty = ggml_type(name, info.ggml_dtype)?;
@@ -141,6 +169,7 @@ pub(crate) fn from_gguf(
         content,
         buf: Vec::new(),
         kernel,
+        used: Default::default(),
     };
     let (hd, e) = (hp.head_dim, hp.n_embd);
     if hd > 512 {
@@ -162,38 +191,54 @@ pub(crate) fn from_gguf(
         None
     };
     let gemma = hp.arch == Arch::Gemma3;
+    let qk_norms = matches!(hp.arch, Arch::Gemma3 | Arch::Qwen3);
+    let (qd, kvd) = (hp.n_head * hd, hp.kv_dim());
     let mut layers = Vec::with_capacity(hp.n_layer);
     for il in 0..hp.n_layer {
         let p = |s: &str| format!("blk.{il}.{s}.weight");
-        let (q, k, v) = (p("attn_q"), p("attn_k"), p("attn_v"));
-        let qkv = rd.proj(&[&q, &k, &v])?;
-        if qkv.out_dim() != hp.n_head * hd + 2 * hp.kv_dim() {
+        let b = |s: &str| format!("blk.{il}.{s}.bias");
+        let qkv = if hp.arch == Arch::Phi3 {
+            Proj::Fused(rd.matrix(&[&p("attn_qkv")])?)
+        } else {
+            rd.proj(&[&p("attn_q"), &p("attn_k"), &p("attn_v")])?
+        };
+        if qkv.out_dim() != qd + 2 * kvd {
             return Err(Error::metadata(
-                q,
+                p("attn_q"),
                 "Q/K/V shapes differ from the head counts",
             ));
         }
-        let (gate, up) = (p("ffn_gate"), p("ffn_up"));
-        let gate_up = rd.proj(&[&gate, &up])?;
+        // Biases on Q, K and V (Qwen2; llama.cpp reads them for llama files too).
+        let qkv_bias = if rd.has(&b("attn_q")) {
+            let mut bias = rd.vector(&b("attn_q"), qd)?;
+            bias.extend(rd.vector(&b("attn_k"), kvd)?);
+            bias.extend(rd.vector(&b("attn_v"), kvd)?);
+            Some(bias)
+        } else {
+            None
+        };
+        let gate_up = if hp.arch == Arch::Phi3 {
+            // One matrix whose first half of rows is the gate and the second the up projection.
+            Proj::Fused(rd.matrix(&[&p("ffn_up")])?)
+        } else {
+            rd.proj(&[&p("ffn_gate"), &p("ffn_up")])?
+        };
         let sliding = hp.is_sliding(il);
-        let opt = |rd: &mut Reader, name: String, len: usize| -> Result<Option<Vec<f32>>, Error> {
-            if gemma {
-                Ok(Some(rd.vector(&name, len)?))
-            } else {
-                Ok(None)
-            }
+        let opt = |rd: &mut Reader, on: bool, name: String, len: usize| {
+            on.then(|| rd.vector(&name, len)).transpose()
         };
         let layer = Layer {
             attn_norm: rd.vector(&p("attn_norm"), e)?,
             qkv,
+            qkv_bias,
             wo: rd.matrix(&[&p("attn_output")])?,
-            q_norm: opt(&mut rd, p("attn_q_norm"), hd)?,
-            k_norm: opt(&mut rd, p("attn_k_norm"), hd)?,
-            post_attn_norm: opt(&mut rd, p("post_attention_norm"), e)?,
+            q_norm: opt(&mut rd, qk_norms, p("attn_q_norm"), hd)?,
+            k_norm: opt(&mut rd, qk_norms, p("attn_k_norm"), hd)?,
+            post_attn_norm: opt(&mut rd, gemma, p("post_attention_norm"), e)?,
             ffn_norm: rd.vector(&p("ffn_norm"), e)?,
             gate_up,
             down: rd.matrix(&[&p("ffn_down")])?,
-            post_ffn_norm: opt(&mut rd, p("post_ffw_norm"), e)?,
+            post_ffn_norm: opt(&mut rd, gemma, p("post_ffw_norm"), e)?,
             rope: usize::from(gemma && sliding),
             window: if sliding { hp.sliding_window } else { None },
         };
@@ -208,20 +253,28 @@ pub(crate) fn from_gguf(
         }
         layers.push(layer);
     }
+    // Llama 3's RoPE scaling: one divisor per rotated pair.
+    let rope_factors = if rd.has("rope_freqs.weight") {
+        Some(rd.vector("rope_freqs.weight", hd / 2)?)
+    } else {
+        None
+    };
     let norm = rd.vector("output_norm.weight", e)?;
-    let (rope_style, rope_bases, embed_scale, activation) = match hp.arch {
-        Arch::Llama => (
-            RopeStyle::Interleaved,
-            vec![hp.rope_theta],
-            None,
-            Activation::Silu,
-        ),
+    rd.all_used(&hp.arch_name)?;
+    let rope_style = if hp.arch.neox_rope() {
+        RopeStyle::Neox
+    } else {
+        RopeStyle::Interleaved
+    };
+    let (rope_bases, embed_scale, activation) = match hp.arch {
         Arch::Gemma3 => (
-            RopeStyle::Neox,
             vec![hp.rope_theta, hp.rope_theta_local],
             Some((e as f64).sqrt() as f32),
             Activation::GeluTanh,
         ),
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => {
+            (vec![hp.rope_theta], None, Activation::Silu)
+        }
     };
     let model = FastModel {
         attn_scale: 1.0 / (hd as f32).sqrt(),
@@ -241,6 +294,7 @@ pub(crate) fn from_gguf(
         layers,
         rope_style,
         rope_bases,
+        rope_factors,
         embed_scale,
         activation,
     };

@@ -1,5 +1,5 @@
-//! The hand-written CPU forward (backend "fast") for GGUF models of the llama family and
-//! Gemma 3, on `hearth-kernels`.
+//! The hand-written CPU forward (backend "fast") for GGUF models of the llama family (with
+//! Llama 3's RoPE factors), Qwen2, Qwen3, Phi-3 and Gemma 3, on `hearth-kernels`.
 //!
 //! - Weights are read once from the GGUF file (streamed through a small buffer, no mmap kept)
 //!   and repacked for the SIMD kernels; Q/K/V and gate/up are fused into one matrix each when
@@ -93,6 +93,8 @@ struct Layer {
     attn_norm: Vec<f32>,
     /// Output columns `[q | k | v]`.
     qkv: Proj,
+    /// Added to the `[q | k | v]` row (Qwen2).
+    qkv_bias: Option<Vec<f32>>,
     wo: QMatrix,
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
@@ -159,6 +161,8 @@ pub(crate) struct FastModel {
     layers: Vec<Layer>,
     rope_style: RopeStyle,
     rope_bases: Vec<f32>,
+    /// Llama 3's `rope_freqs`: pair `i`'s angle is divided by `rope_factors[i]`.
+    rope_factors: Option<Vec<f32>>,
     embed_scale: Option<f32>,
     activation: Activation,
     attn_scale: f32,
@@ -254,6 +258,7 @@ impl Backend for FastModel {
             layers,
             rope_style,
             rope_bases,
+            rope_factors,
             embed_scale,
             activation,
             attn_scale,
@@ -290,15 +295,24 @@ impl Backend for FastModel {
         if let Some(sc) = *embed_scale {
             x.iter_mut().for_each(|v| *v *= sc);
         }
-        // RoPE angles per base and row, as ggml computes them.
+        // RoPE angles per base and row, as ggml computes them: each pair's angle divided by
+        // its factor (Llama 3), then scaled (linear RoPE scaling).
+        let freq_scale = hp.rope_freq_scale;
         for (b, &base) in rope_bases.iter().enumerate() {
             let cs = &mut s.cs[b];
             cs.clear();
             let scale = base.powf(-2.0 / hd as f32);
             for &(_, pos) in &s.rows {
                 let mut theta = pos as f32;
-                for _ in 0..half {
-                    cs.push((theta.cos(), theta.sin()));
+                for i in 0..half {
+                    let mut t = match rope_factors {
+                        Some(f) => theta / f[i],
+                        None => theta,
+                    };
+                    if freq_scale != 1.0 {
+                        t *= freq_scale;
+                    }
+                    cs.push((t.cos(), t.sin()));
                     theta *= scale;
                 }
             }
@@ -315,6 +329,9 @@ impl Backend for FastModel {
             layer.qkv.run(kern, &s.acts, qkv, &mut s.tmp)?;
             for (r, &(si, pos)) in s.rows.iter().enumerate() {
                 let row = &mut qkv[r * qkv_w..(r + 1) * qkv_w];
+                if let Some(bias) = &layer.qkv_bias {
+                    row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
+                }
                 let (q, kv) = row.split_at_mut(qd);
                 let (k, v) = kv.split_at_mut(kvd);
                 let mut t = [0f32; 512];

@@ -30,6 +30,16 @@ const LAYERS: usize = 2;
 const VOCAB: usize = 300;
 
 fn write_model(dir: &Path, spec: &Spec, seed: u64) -> PathBuf {
+    write_model_with(dir, spec, seed, |_, _| {})
+}
+
+/// [`write_model`] with the tensors and metadata changed by `edit` before writing.
+fn write_model_with(
+    dir: &Path,
+    spec: &Spec,
+    seed: u64,
+    edit: impl FnOnce(&mut Vec<(String, QTensor)>, &mut Vec<(String, Value)>),
+) -> PathBuf {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut rand = |rows: usize, cols: usize, scale: f32| -> Tensor {
         let data: Vec<f32> = (0..rows * cols)
@@ -76,7 +86,7 @@ fn write_model(dir: &Path, spec: &Spec, seed: u64) -> PathBuf {
     }
     tensors.push(("output_norm.weight".into(), norm(E, &mut nrng)));
     let a = spec.arch;
-    let meta: Vec<(String, Value)> = vec![
+    let mut meta: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::String(a.into())),
         (format!("{a}.block_count"), Value::U32(LAYERS as u32)),
         (format!("{a}.embedding_length"), Value::U32(E as u32)),
@@ -100,6 +110,7 @@ fn write_model(dir: &Path, spec: &Spec, seed: u64) -> PathBuf {
         (format!("{a}.attention.sliding_window"), Value::U32(5)),
         (format!("{a}.attention.sliding_window_type"), Value::U32(2)),
     ];
+    edit(&mut tensors, &mut meta);
     let path = dir.join(format!("{a}-{seed}.gguf"));
     let mut f = std::fs::File::create(&path).unwrap();
     let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
@@ -184,6 +195,7 @@ fn compare(spec: &Spec, seed: u64) {
         Arch::Gemma3 => {
             Box::new(crate::candle_gemma3::from_gguf(&file, hp.clone(), &Device::Cpu).unwrap())
         }
+        other => panic!("no candle reference for {other:?}"),
     };
     let reference = run_schedule(candle.as_mut(), &hp);
     let mut fast = from_gguf(&path, &file.content, hp.clone(), 2).unwrap();
@@ -315,4 +327,115 @@ fn smollm2_greedy_tokens_equal_the_candle_backend() {
         out
     };
     assert_eq!(greedy(&mut fast), greedy(&mut candle));
+}
+
+fn llama_q8() -> Spec {
+    Spec {
+        arch: "llama",
+        embd: GgmlDType::Q8_0,
+        layer: [GgmlDType::Q8_0; 7],
+    }
+}
+
+/// The error of loading `path` on the fast backend.
+fn load_error(path: &Path) -> String {
+    let file = GgufFile::open(path).unwrap();
+    let hp = match Hparams::from_gguf(&file.content) {
+        Ok(hp) => hp,
+        Err(e) => return e.to_string(),
+    };
+    match from_gguf(path, &file.content, hp, 1) {
+        Ok(_) => panic!("{} loaded", path.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn a_tensor_the_forward_would_ignore_is_a_load_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let bias = || {
+        QTensor::quantize(
+            &Tensor::zeros(E, candle_core::DType::F32, &Device::Cpu).unwrap(),
+            GgmlDType::F32,
+        )
+        .unwrap()
+    };
+    let path = write_model_with(dir.path(), &llama_q8(), 3, |t, _| {
+        t.push(("blk.1.attn_output.bias".into(), bias()));
+    });
+    let err = load_error(&path);
+    assert!(
+        err.contains("blk.1.attn_output.bias") && err.contains("not understood"),
+        "{err}"
+    );
+}
+
+#[test]
+fn rope_scaling_and_rotary_widths_the_forward_lacks_are_load_errors_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&str, Value, &str); 3] = [
+        (
+            "llama.rope.scaling.type",
+            Value::String("yarn".into()),
+            "llama.rope.scaling.type",
+        ),
+        (
+            "llama.rope.dimension_count",
+            Value::U32(HD as u32 / 2),
+            "llama.rope.dimension_count",
+        ),
+        (
+            "llama.rope.scaling.type",
+            Value::String("linear".into()),
+            "llama.rope.scaling.factor",
+        ),
+    ];
+    for (i, (key, value, named)) in cases.into_iter().enumerate() {
+        let path = write_model_with(dir.path(), &llama_q8(), 10 + i as u64, |_, m| {
+            m.push((key.to_string(), value));
+        });
+        let err = load_error(&path);
+        assert!(err.contains(named), "{key}: {err}");
+    }
+}
+
+/// Linear RoPE scaling by 2 is RoPE at half the positions: the second token of a scaled model
+/// sits where a plain model's position 0.5 would, so its logits differ from the plain model's
+/// at position 1; at position 0 (no rotation) they are the same.
+#[test]
+fn linear_rope_scaling_rotates_by_scaled_positions() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = write_model_with(dir.path(), &llama_q8(), 20, |_, _| {});
+    let scaled_dir = tempfile::tempdir().unwrap();
+    let scaled = write_model_with(scaled_dir.path(), &llama_q8(), 20, |_, m| {
+        m.push((
+            "llama.rope.scaling.type".into(),
+            Value::String("linear".into()),
+        ));
+        m.push(("llama.rope.scaling.factor".into(), Value::F32(2.0)));
+    });
+    let logits = |path: &Path| {
+        let file = GgufFile::open(path).unwrap();
+        let hp = Hparams::from_gguf(&file.content).unwrap();
+        let mut m = from_gguf(path, &file.content, hp.clone(), 1).unwrap();
+        let mut seq = new_seq(&hp, 8);
+        let mut out = Vec::new();
+        for t in [5u32, 9] {
+            let mut logits = Vec::new();
+            m.forward(
+                &mut [Step {
+                    seq: &mut seq,
+                    tokens: &[t],
+                }],
+                &mut logits,
+            )
+            .unwrap();
+            seq.len += 1;
+            out.push(logits);
+        }
+        out
+    };
+    let (a, b) = (logits(&plain), logits(&scaled));
+    assert_eq!(a[0], b[0], "position 0 is not rotated");
+    assert_ne!(a[1], b[1], "position 1 is rotated by half the angle");
 }

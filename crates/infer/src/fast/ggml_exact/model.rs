@@ -140,6 +140,15 @@ pub(crate) fn from_gguf(
     threads: usize,
 ) -> Result<GgmlModel, Error> {
     let gemma = hp.arch == Arch::Gemma3;
+    if !matches!(hp.arch, Arch::Llama | Arch::Gemma3)
+        || hp.rope_freq_scale != 1.0
+        || (!gemma && hp.sliding_window.is_some())
+    {
+        return Err(unsupported(
+            "general.architecture",
+            "anything but plain llama-family and Gemma 3 files",
+        ));
+    }
     if !hp.head_dim.is_multiple_of(64)
         || !hp.n_embd.is_multiple_of(32)
         || !hp.n_ff.is_multiple_of(16)
@@ -159,6 +168,7 @@ pub(crate) fn from_gguf(
         content,
         buf: Vec::new(),
         kernel: hearth_kernels::KernelPath::detect(),
+        used: Default::default(),
     };
     let (e, hd) = (hp.n_embd, hp.head_dim);
     let layer_types: &[GgmlDType] = if gemma {
