@@ -20,7 +20,14 @@ const LISTENERS: [(&str, Service); 4] = [
 ];
 
 /// A request to send: listener, method, path, bearer key, JSON body, and the status expected.
-type Case<'a> = (Service, Method, &'a str, Option<&'a str>, Option<Value>, StatusCode);
+type Case<'a> = (
+    Service,
+    Method,
+    &'a str,
+    Option<&'a str>,
+    Option<Value>,
+    StatusCode,
+);
 
 /// One real request and its answer, as the check script takes it.
 struct Exchanges {
