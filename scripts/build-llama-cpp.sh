@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Build llama.cpp's llama-bench and llama-server from the source tree vendored in PyPI's
-# llama-cpp-python sdist (Debian has no llama.cpp package and GitHub is unreachable here).
+# Build llama.cpp's llama-bench, llama-server and llama-quantize from the source tree vendored in
+# PyPI's llama-cpp-python sdist (Debian has no llama.cpp package and GitHub is unreachable here).
 # Built with shared libraries so that scripts/reference-tokens.py can point llama-cpp-python at the
 # very same libllama (LLAMA_CPP_LIB_PATH) instead of compiling llama.cpp a second time.
 # Idempotent: a finished build is reused. Output: .cache/llama.cpp/build/bin/{llama-bench,
-# llama-server,libllama.so,libggml*.so}. Prints that bin folder on stdout.
+# llama-server,llama-quantize,libllama.so,libggml*.so}. Prints that bin folder on stdout.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,7 +16,8 @@ PIP="${PIP:-python3 -m pip}"
 
 log() { echo "build-llama-cpp: $*" >&2; }
 
-if [ -x "$BIN/llama-bench" ] && [ -x "$BIN/llama-server" ] && [ "$(cat "$CACHE/VERSION" 2>/dev/null)" = "$VERSION" ]; then
+if [ -x "$BIN/llama-bench" ] && [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-quantize" ] \
+    && [ "$(cat "$CACHE/VERSION" 2>/dev/null)" = "$VERSION" ]; then
     echo "$BIN"; exit 0
 fi
 
@@ -46,8 +47,8 @@ log "configuring (GGML_NATIVE=ON, LLAMA_CURL=OFF)"
 cmake -S "$LLAMA" -B "$CACHE/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
     -DBUILD_SHARED_LIBS=ON >"$CACHE/cmake.log" 2>&1 || { tail -30 "$CACHE/cmake.log" >&2; exit 1; }
-log "building llama-bench and llama-server with $JOBS jobs (takes a while on 2 cores)"
-cmake --build "$CACHE/build" --config Release -j "$JOBS" --target llama-bench llama-server llama \
+log "building llama-bench, llama-server and llama-quantize with $JOBS jobs (takes a while on 2 cores)"
+cmake --build "$CACHE/build" --config Release -j "$JOBS" --target llama-bench llama-server llama-quantize llama \
     >"$CACHE/build.log" 2>&1 || { tail -30 "$CACHE/build.log" >&2; exit 1; }
 
 echo "$VERSION" > "$CACHE/VERSION"

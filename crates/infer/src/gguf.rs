@@ -142,8 +142,7 @@ pub struct Hparams {
     pub rope_theta: f32,
     /// Gemma 3: RoPE base of the sliding-window layers.
     pub rope_theta_local: f32,
-    /// Gemma 3 and Phi-3: window of the sliding layers (positions attended, the current one
-    /// included).
+    /// Window of the sliding layers (positions attended, the current one included).
     pub sliding_window: Option<usize>,
     /// Gemma 3: every `sliding_window_pattern`-th layer is global.
     pub sliding_window_pattern: usize,
@@ -151,6 +150,8 @@ pub struct Hparams {
     /// Linear RoPE scaling (`rope.scaling.type = linear`): positions are multiplied by this
     /// (1 / `rope.scaling.factor`); 1 otherwise.
     pub rope_freq_scale: f32,
+    /// `rope.scaling.attn_factor` (Phi-3's LongRoPE): RoPE's cos and sin are multiplied by it.
+    pub rope_attn_factor: f32,
 }
 
 impl Hparams {
@@ -210,7 +211,15 @@ impl Hparams {
                 .opt_usize(&k("attention.head_count_kv"))?
                 .unwrap_or(n_head),
             head_dim,
-            context_length: meta.opt_usize(&k("context_length"))?.unwrap_or(2048),
+            // A LongRoPE file (Phi-3) is served within its original context, where llama.cpp
+            // uses its short factors; past it the long ones would change every cached key.
+            context_length: match (
+                meta.opt_usize(&k("context_length"))?.unwrap_or(2048),
+                meta.opt_usize(&k("rope.scaling.original_context_length"))?,
+            ) {
+                (ctx, Some(orig)) if arch == Arch::Phi3 => ctx.min(orig),
+                (ctx, _) => ctx,
+            },
             rms_eps: meta
                 .opt_f32(&k("attention.layer_norm_rms_epsilon"))?
                 .unwrap_or(1e-5),
@@ -221,17 +230,15 @@ impl Hparams {
             rope_theta_local: meta
                 .opt_f32(&k("rope.local_freq_base"))?
                 .unwrap_or(10_000.0),
-            // Read where llama.cpp applies it (Gemma 3's local layers, every Phi-3 layer); llama,
-            // Mistral and Qwen files may carry the key, and llama.cpp attends over everything.
-            sliding_window: match arch {
-                Arch::Gemma3 | Arch::Phi3 => meta.opt_usize(&k("attention.sliding_window"))?,
-                Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => None,
-            },
+            // Applied as the file says (Gemma 3's local layers; every layer of any other
+            // family), as the model was trained. llama.cpp ignores it outside Gemma 3.
+            sliding_window: meta.opt_usize(&k("attention.sliding_window"))?,
             sliding_window_pattern: meta
                 .opt_usize(&k("attention.sliding_window_type"))?
                 .unwrap_or(6),
             vocab_size,
             rope_freq_scale,
+            rope_attn_factor: meta.opt_f32(&k("rope.scaling.attn_factor"))?.unwrap_or(1.0),
             arch_name,
         };
         hp.validate()?;
@@ -272,8 +279,8 @@ impl Hparams {
         2 * self.n_layer * self.kv_dim() * std::mem::size_of::<f32>()
     }
 
-    /// Whether layer `il` attends within the sliding window only: every layer of a Phi-3 file
-    /// that declares a window, all but every `sliding_window_pattern`-th in Gemma 3.
+    /// Whether layer `il` attends within the sliding window only: every layer of a file that
+    /// declares a window, all but every `sliding_window_pattern`-th in Gemma 3.
     pub fn is_sliding(&self, il: usize) -> bool {
         match (self.sliding_window, self.arch) {
             (None, _) => false,

@@ -91,6 +91,10 @@ fn load_path(
                     m.kv = cfg.kv_precision;
                     Some(m)
                 }
+                // Only the fast path runs these families: its error is the one to report.
+                Err(e) if matches!(hp.arch, Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3) => {
+                    return Err(e)
+                }
                 Err(e) if cfg.backend == BackendChoice::Auto => {
                     tracing::warn!(error = %e, "the fast CPU backend cannot run this file; using candle");
                     None
@@ -190,6 +194,7 @@ pub(crate) fn hparams_from_config(config: &serde_json::Value) -> Result<Hparams,
         sliding_window_pattern: 1,
         vocab_size: num("vocab_size")?,
         rope_freq_scale: 1.0,
+        rope_attn_factor: 1.0,
         arch_name,
     };
     hp.validate()?;

@@ -306,6 +306,7 @@ pub(crate) fn tiny_hparams(vocab_size: usize) -> Hparams {
         sliding_window_pattern: 1,
         vocab_size,
         rope_freq_scale: 1.0,
+        rope_attn_factor: 1.0,
     }
 }
 

@@ -253,9 +253,16 @@ pub(crate) fn from_gguf(
         }
         layers.push(layer);
     }
-    // Llama 3's RoPE scaling: one divisor per rotated pair.
+    // RoPE factors, one divisor per rotated pair: Llama 3's `rope_freqs`, or Phi-3's LongRoPE
+    // short factors (the file is served within its original context, `Hparams::context_length`,
+    // where llama.cpp uses them; the long ones are checked and left).
     let rope_factors = if rd.has("rope_freqs.weight") {
         Some(rd.vector("rope_freqs.weight", hd / 2)?)
+    } else if rd.has("rope_factors_short.weight") {
+        if rd.has("rope_factors_long.weight") {
+            rd.vector("rope_factors_long.weight", hd / 2)?;
+        }
+        Some(rd.vector("rope_factors_short.weight", hd / 2)?)
     } else {
         None
     };

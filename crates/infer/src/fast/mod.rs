@@ -297,7 +297,7 @@ impl Backend for FastModel {
         }
         // RoPE angles per base and row, as ggml computes them: each pair's angle divided by
         // its factor (Llama 3), then scaled (linear RoPE scaling).
-        let freq_scale = hp.rope_freq_scale;
+        let (freq_scale, mscale) = (hp.rope_freq_scale, hp.rope_attn_factor);
         for (b, &base) in rope_bases.iter().enumerate() {
             let cs = &mut s.cs[b];
             cs.clear();
@@ -312,7 +312,11 @@ impl Backend for FastModel {
                     if freq_scale != 1.0 {
                         t *= freq_scale;
                     }
-                    cs.push((t.cos(), t.sin()));
+                    if mscale == 1.0 {
+                        cs.push((t.cos(), t.sin()));
+                    } else {
+                        cs.push((t.cos() * mscale, t.sin() * mscale));
+                    }
                     theta *= scale;
                 }
             }

@@ -107,9 +107,11 @@ fn write_model_with(
             Value::F32(1e-6),
         ),
         (format!("{a}.rope.freq_base"), Value::F32(10_000.0)),
-        (format!("{a}.attention.sliding_window"), Value::U32(5)),
-        (format!("{a}.attention.sliding_window_type"), Value::U32(2)),
     ];
+    if a == "gemma3" {
+        meta.push((format!("{a}.attention.sliding_window"), Value::U32(5)));
+        meta.push((format!("{a}.attention.sliding_window_type"), Value::U32(2)));
+    }
     edit(&mut tensors, &mut meta);
     let path = dir.join(format!("{a}-{seed}.gguf"));
     let mut f = std::fs::File::create(&path).unwrap();

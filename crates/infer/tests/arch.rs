@@ -1,0 +1,209 @@
+//! Every architecture of the fast path against llama.cpp on generated models: tiny seeded
+//! random models of each family, quantized by llama.cpp's `llama-quantize` to Q8_0, Q4_0 and
+//! Q4_K_M, with llama.cpp's own outputs on them (`tests/fixtures/arch/`, made by
+//! `scripts/tiny-models.sh`; how, in that folder's README). For every model and case: the chat
+//! template renders as the generator's Jinja engine rendered the GGUF's own template, the prompt
+//! tokenizes to llama.cpp's ids, and teacher-forced along llama.cpp's greedy path Hearth picks
+//! llama.cpp's token at every step where llama.cpp's margin is at least 1.0. The RMS difference of
+//! the top-8 logits is printed per architecture and type (`--nocapture`).
+
+use std::path::{Path, PathBuf};
+
+use hearth_infer::{ChatMessage, Role, Step, TextModel, TextModelConfig};
+use serde_json::Value;
+
+/// The margin under which llama.cpp's choice is a near-tie that 8-bit activation rounding may
+/// flip either way (crates/infer/tests/parity.rs explains the figure).
+const NEAR_TIE: f64 = 1.0;
+const TYPES: [&str; 3] = ["q8_0", "q4_0", "q4_k_m"];
+
+fn dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/arch")
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn floats(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// One model's verdict.
+#[derive(Default)]
+struct Tally {
+    steps: usize,
+    agree: usize,
+    decisive: usize,
+    /// (case, step, hearth, llama.cpp, margin) on decisive steps where Hearth differs.
+    wrong: Vec<(String, usize, u32, u32, f64)>,
+    sq_diff: f64,
+    compared: usize,
+}
+
+/// The run of the fixture that is what Hearth does: for a file with a sliding window that
+/// llama.cpp ignores (Mistral's, on the `llama` architecture), the run that emulates the window
+/// in llama.cpp (Hearth applies it as the file says); for LongRoPE files, the run with the short
+/// factors (Hearth serves such files within their original context); else llama.cpp as it runs.
+fn reference_run(fx: &Value) -> &Value {
+    let runs = fx["runs"].as_array().unwrap();
+    let short = |r: &&Value| {
+        r["rope_factors_used"]
+            .as_str()
+            .is_none_or(|f| f == "rope_factors_short")
+    };
+    runs.iter()
+        .find(|r| r["sliding_window_emulated"].is_u64())
+        .or_else(|| runs.iter().find(short))
+        .expect("a run Hearth should match")
+}
+
+fn check_model(name: &str, ty: &str, tally: &mut Tally) {
+    let fx: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir().join(format!("{name}-{ty}.json"))).unwrap(),
+    )
+    .unwrap();
+    let run = reference_run(&fx);
+    let s = &run["llama_cpp_settings"];
+    assert_eq!(
+        (s["type_k"].as_str(), s["flash_attn"].as_bool()),
+        (Some("f32"), Some(false)),
+        "{name}-{ty}: the fixture was made with an f32 KV cache and no flash attention"
+    );
+    let mut cfg = TextModelConfig::local(dir().join(format!("{name}-{ty}.gguf")));
+    cfg.threads = 2;
+    let mut model =
+        TextModel::load(&cfg).unwrap_or_else(|e| panic!("{name}-{ty} does not load: {e}"));
+    let vocab = model.info().vocab_size;
+    for case in run["cases"].as_array().unwrap() {
+        let case_name = format!("{name}-{ty} {}", case["name"].as_str().unwrap());
+        let prompt = case["prompt"].as_str().unwrap();
+        if let Some(messages) = case["messages"].as_array() {
+            let messages: Vec<ChatMessage> = messages
+                .iter()
+                .map(|m| {
+                    ChatMessage::new(
+                        m["role"].as_str().unwrap().parse::<Role>().unwrap(),
+                        m["content"].as_str().unwrap(),
+                    )
+                })
+                .collect();
+            let rendered = model.tokenizer().apply_chat_template(&messages).unwrap();
+            assert_eq!(
+                rendered, prompt,
+                "{case_name}: the chat template renders differently"
+            );
+        }
+        let prompt_ids = model.tokenizer().encode(prompt).unwrap();
+        assert_eq!(
+            prompt_ids,
+            ids(&case["prompt_ids"]),
+            "{case_name}: prompt token ids differ"
+        );
+        let want = ids(&case["greedy_ids"]);
+        let margins = floats(&case["margins"]);
+        let tops = case["top_ids"].as_array().unwrap();
+        let top_logits = case["top_logits"].as_array().unwrap();
+        let mut seq = model.new_sequence(prompt_ids.len() + want.len()).unwrap();
+        let mut next = prompt_ids;
+        for (k, &id) in want.iter().enumerate() {
+            let logits = model
+                .forward(&mut [Step {
+                    seq: &mut seq,
+                    tokens: &next,
+                }])
+                .unwrap();
+            let logits = &logits[..vocab];
+            let got = argmax(logits);
+            tally.steps += 1;
+            tally.agree += usize::from(got == id);
+            if margins[k] >= NEAR_TIE {
+                tally.decisive += 1;
+                if got != id {
+                    tally
+                        .wrong
+                        .push((case_name.clone(), k, got, id, margins[k]));
+                }
+            }
+            for (t, l) in ids(&tops[k]).iter().zip(floats(&top_logits[k])) {
+                let d = f64::from(logits[*t as usize]) - l;
+                tally.sq_diff += d * d;
+                tally.compared += 1;
+            }
+            next = vec![id];
+        }
+    }
+}
+
+/// Every type of `name`, then one verdict listing every decisive step Hearth got wrong.
+fn check(name: &str) {
+    let mut failures = Vec::new();
+    for ty in TYPES {
+        let mut t = Tally::default();
+        check_model(name, ty, &mut t);
+        let rms = (t.sq_diff / t.compared.max(1) as f64).sqrt();
+        println!(
+            "{name} {ty}: {} of {} steps agree with llama.cpp, {} decisive; top-8 logit RMS difference {rms:.4}",
+            t.agree, t.steps, t.decisive
+        );
+        assert!(
+            t.decisive >= 10,
+            "{name}-{ty}: only {} of {} steps decisive: the fixture no longer tests much",
+            t.decisive,
+            t.steps
+        );
+        failures.extend(t.wrong);
+    }
+    assert!(
+        failures.is_empty(),
+        "(case, step, hearth, llama.cpp, llama.cpp's margin) where Hearth differs on a decisive step: {failures:?}"
+    );
+}
+
+#[test]
+fn llama_picks_llama_cpps_token_at_every_decisive_step() {
+    check("llama");
+}
+
+#[test]
+fn llama3_with_rope_factors_picks_llama_cpps_token_at_every_decisive_step() {
+    check("llama3");
+}
+
+#[test]
+fn qwen2_with_qkv_biases_picks_llama_cpps_token_at_every_decisive_step() {
+    check("qwen2");
+}
+
+#[test]
+fn qwen3_with_qk_norms_picks_llama_cpps_token_at_every_decisive_step() {
+    check("qwen3");
+}
+
+#[test]
+fn mistral_with_its_sliding_window_picks_llama_cpps_token_at_every_decisive_step() {
+    check("mistral");
+}
+
+#[test]
+fn phi3_with_fused_matrices_picks_llama_cpps_token_at_every_decisive_step() {
+    check("phi3");
+}
