@@ -61,6 +61,26 @@ impl Sequence {
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
     }
+    /// Makes this cache hold the first `len` positions of `from` (a cache of the same model),
+    /// for a sequence that starts with what another one computed; returns how many positions
+    /// it holds now (fewer when `from` has fewer, this cache is smaller, or the two are not of
+    /// the same model: then none).
+    pub fn copy_prefix(&mut self, from: &Sequence, len: usize) -> usize {
+        if from.kv_dim != self.kv_dim || from.k.len() != self.k.len() {
+            self.len = 0;
+            return 0;
+        }
+        let len = len.min(from.len).min(self.capacity);
+        let n = len * self.kv_dim;
+        for (dst, src) in self.k.iter_mut().zip(&from.k) {
+            dst[..n].copy_from_slice(&src[..n]);
+        }
+        for (dst, src) in self.v.iter_mut().zip(&from.v) {
+            dst[..n].copy_from_slice(&src[..n]);
+        }
+        self.len = len;
+        len
+    }
     /// Bytes of KV memory this sequence reserved.
     pub fn kv_bytes(&self) -> usize {
         2 * self.k.len() * self.capacity * self.kv_dim * std::mem::size_of::<f32>()

@@ -42,6 +42,9 @@ pub struct SchedulerConfig {
     pub shutdown_grace: Duration,
     /// What `Retry-After` suggests when a request is refused for load.
     pub retry_after: Duration,
+    /// Whether a request starts from a kept KV cache that holds the start of its prompt (the
+    /// previous turn of a chat, a shared system prompt) and prefills only the rest.
+    pub prefix_reuse: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -59,6 +62,7 @@ impl Default for SchedulerConfig {
             stall_timeout: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(10),
             retry_after: Duration::from_secs(1),
+            prefix_reuse: true,
         }
     }
 }

@@ -1,4 +1,5 @@
-//! KV caches of ended sequences, kept for the next requests.
+//! KV caches of ended sequences, kept for the next requests, for their memory and for their
+//! content.
 //!
 //! A fresh KV cache is memory the process has not touched yet: every page of it faults on first
 //! write, which on the development VM cost 5-35 ms for SmolLM2's 5 MB cache (most likely its
@@ -7,6 +8,14 @@
 //! once, the engine keeps the caches it has allocated and hands them to new sequences of about
 //! the same size. Kept caches count against the KV budget: they are dropped (oldest first) when
 //! a new allocation needs their room.
+//!
+//! **Prefix reuse.** A kept cache also keeps its keys and values and the tokens they are of. A
+//! new request whose prompt starts with those tokens (the next turn of a chat, whose prompt is
+//! the previous turn's prompt and answer and a new message; or a shared system prompt) takes
+//! that cache and prefills only the rest of its prompt. The cached positions hold exactly what
+//! a fresh prefill would compute: the forward computes each row on its own (the engine's batch
+//! invariance), so greedy output does not change (`tests/prefix.rs`). It works across users and
+//! routes: the cache is matched by tokens only.
 
 use hearth_infer::Sequence;
 
@@ -17,32 +26,101 @@ fn close_enough(capacity: usize, need: usize) -> bool {
     capacity >= need && capacity - need <= need / 4 + 32
 }
 
+/// A cached prefix at least this long is worth taking a cache of any size that holds the
+/// request (about one prefill chunk of work saved).
+const WORTH_A_LARGER_CACHE: usize = 64;
+
+/// A cached prefix at least this long is worth copying into a new, larger cache.
+const WORTH_A_COPY: usize = 16;
+
+/// What [`Spares::take`] hands out, with the positions of the prompt it holds.
+pub(crate) enum Taken {
+    /// A cache to run the request in.
+    Whole(Sequence, usize),
+    /// A cache too small for the request whose first positions are the prompt's: copy them
+    /// into a new cache, then drop it.
+    CopyFrom(Sequence, usize),
+}
+
+/// A kept cache and the tokens its positions hold (`seq.len()` of them).
+struct Kept {
+    seq: Sequence,
+    tokens: Vec<u32>,
+}
+
 #[derive(Default)]
 pub(crate) struct Spares {
     /// Oldest first.
-    kept: Vec<Sequence>,
+    kept: Vec<Kept>,
     bytes: u64,
 }
 
+/// How many leading tokens `a` and `b` share.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
 impl Spares {
-    /// The smallest kept cache that holds `need` positions, is close enough in size and takes
-    /// at most `max_bytes`; emptied.
-    pub(crate) fn take(&mut self, need: usize, max_bytes: u64) -> Option<Sequence> {
-        let best = self
+    /// A kept cache for a request of `need` positions whose prompt is `prompt`, taking at most
+    /// `max_bytes`, and how many of its positions are the prompt's own (kept; the rest is
+    /// emptied). With `reuse`, the cache sharing the longest prefix with the prompt wins (at
+    /// most all but the prompt's last token, which must be fed for its logits); otherwise, and
+    /// between equal prefixes, the smallest cache close enough in size. When the longest prefix
+    /// is in a cache too small for the request (the previous, shorter turn of a chat), that
+    /// cache is handed over to be copied from ([`Taken::CopyFrom`]).
+    pub(crate) fn take(
+        &mut self,
+        need: usize,
+        max_bytes: u64,
+        prompt: &[u32],
+        reuse: bool,
+    ) -> Option<Taken> {
+        let usable = prompt.len().saturating_sub(1);
+        let shared = |k: &Kept| {
+            if reuse {
+                common_prefix(&k.tokens, prompt).min(usable)
+            } else {
+                0
+            }
+        };
+        let fit = self
             .kept
             .iter()
             .enumerate()
-            .filter(|(_, s)| close_enough(s.capacity(), need) && s.kv_bytes() as u64 <= max_bytes)
-            .min_by_key(|(_, s)| s.capacity())
-            .map(|(i, _)| i)?;
-        let seq = self.kept.remove(best);
+            .filter(|(_, k)| k.seq.capacity() >= need && k.seq.kv_bytes() as u64 <= max_bytes)
+            .map(|(i, k)| (i, shared(k), k.seq.capacity()))
+            .filter(|&(i, shared, _)| {
+                shared >= WORTH_A_LARGER_CACHE || close_enough(self.kept[i].seq.capacity(), need)
+            })
+            .min_by_key(|&(_, shared, capacity)| (std::cmp::Reverse(shared), capacity))
+            .map(|(i, shared, _)| (i, shared));
+        let smaller = self
+            .kept
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| k.seq.capacity() < need)
+            .map(|(i, k)| (i, shared(k)))
+            .max_by_key(|&(_, shared)| shared)
+            .filter(|&(_, shared)| shared >= WORTH_A_COPY && shared > fit.map_or(0, |f| f.1));
+        let (i, shared, copy) = match (smaller, fit) {
+            (Some((i, shared)), _) => (i, shared, true),
+            (None, Some((i, shared))) => (i, shared, false),
+            (None, None) => return None,
+        };
+        let Kept { mut seq, .. } = self.kept.remove(i);
         self.bytes -= seq.kv_bytes() as u64;
-        Some(seq)
+        seq.truncate(shared);
+        Some(if copy {
+            Taken::CopyFrom(seq, shared)
+        } else {
+            Taken::Whole(seq, shared)
+        })
     }
 
-    /// Keeps `seq` for reuse if, with the caches already kept, it stays within `room` bytes
-    /// and `max_kept` caches; drops the oldest kept caches to make space for it.
-    pub(crate) fn put(&mut self, mut seq: Sequence, room: u64, max_kept: usize) {
+    /// Keeps `seq`, whose positions hold `tokens`, for reuse if, with the caches already kept,
+    /// it stays within `room` bytes and `max_kept` caches; drops the oldest kept caches to make
+    /// space for it.
+    pub(crate) fn put(&mut self, seq: Sequence, mut tokens: Vec<u32>, room: u64, max_kept: usize) {
         let bytes = seq.kv_bytes() as u64;
         if bytes > room || max_kept == 0 {
             return;
@@ -51,9 +129,9 @@ impl Spares {
         while self.kept.len() >= max_kept {
             self.drop_oldest();
         }
-        seq.truncate(0);
+        tokens.truncate(seq.len());
         self.bytes += bytes;
-        self.kept.push(seq);
+        self.kept.push(Kept { seq, tokens });
     }
 
     /// Drops kept caches, oldest first, until they hold at most `bytes`.
@@ -67,8 +145,8 @@ impl Spares {
         if self.kept.is_empty() {
             return;
         }
-        let seq = self.kept.remove(0);
-        self.bytes -= seq.kv_bytes() as u64;
+        let k = self.kept.remove(0);
+        self.bytes -= k.seq.kv_bytes() as u64;
     }
 
     #[cfg(test)]
@@ -78,36 +156,50 @@ impl Spares {
 
     #[cfg(test)]
     fn capacities(&self) -> Vec<usize> {
-        self.kept.iter().map(Sequence::capacity).collect()
+        self.kept.iter().map(|k| k.seq.capacity()).collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hearth_infer::TextModel;
+    use hearth_infer::{Step, TextModel};
 
     fn model() -> TextModel {
         TextModel::tiny_random(7)
+    }
+
+    /// A cache of `capacity` positions holding `tokens`.
+    fn filled(m: &mut TextModel, capacity: usize, tokens: &[u32]) -> Sequence {
+        let mut seq = m.new_sequence(capacity).unwrap();
+        if !tokens.is_empty() {
+            m.forward(&mut [Step {
+                seq: &mut seq,
+                tokens,
+            }])
+            .unwrap();
+        }
+        assert_eq!(seq.len(), tokens.len());
+        seq
     }
 
     #[test]
     fn a_kept_cache_is_reused_emptied_and_only_for_a_similar_size() {
         let m = model();
         let mut spares = Spares::default();
-        let mut seq = m.new_sequence(100).unwrap();
-        seq.truncate(0);
+        let seq = m.new_sequence(100).unwrap();
         let bytes = seq.kv_bytes() as u64;
-        spares.put(seq, u64::MAX, 8);
+        spares.put(seq, Vec::new(), u64::MAX, 8);
         assert_eq!(spares.bytes(), bytes);
+        let prompt = [1, 2, 3];
         // Far larger than needed: a 10-position request does not pin a 100-position cache.
-        assert!(spares.take(10, u64::MAX).is_none());
+        assert!(spares.take(10, u64::MAX, &prompt, true).is_none());
         // Too small.
-        assert!(spares.take(101, u64::MAX).is_none());
+        assert!(spares.take(101, u64::MAX, &prompt, true).is_none());
         // Larger than the budget left.
-        assert!(spares.take(90, bytes - 1).is_none());
-        let reused = spares.take(90, bytes).expect("a close size is reused");
-        assert_eq!(reused.capacity(), 100);
+        assert!(spares.take(90, bytes - 1, &prompt, true).is_none());
+        let (reused, shared) = whole(spares.take(90, bytes, &prompt, true));
+        assert_eq!((reused.capacity(), shared), (100, 0));
         assert!(reused.is_empty());
         assert_eq!(spares.bytes(), 0);
     }
@@ -117,17 +209,18 @@ mod tests {
         let m = model();
         let mut spares = Spares::default();
         for cap in [120, 100, 110] {
-            spares.put(m.new_sequence(cap).unwrap(), u64::MAX, 8);
+            spares.put(m.new_sequence(cap).unwrap(), Vec::new(), u64::MAX, 8);
         }
-        assert_eq!(spares.take(95, u64::MAX).map(|s| s.capacity()), Some(100));
+        let taken = whole(spares.take(95, u64::MAX, &[], true)).0.capacity();
+        assert_eq!(taken, 100);
         // Count limit: the oldest (120) goes.
-        spares.put(m.new_sequence(104).unwrap(), u64::MAX, 2);
+        spares.put(m.new_sequence(104).unwrap(), Vec::new(), u64::MAX, 2);
         assert_eq!(spares.capacities(), vec![110, 104]);
         // Room limit: only as many bytes as the budget leaves.
         let one = m.new_sequence(104).unwrap().kv_bytes() as u64;
-        spares.put(m.new_sequence(104).unwrap(), one, 8);
+        spares.put(m.new_sequence(104).unwrap(), Vec::new(), one, 8);
         assert_eq!(spares.capacities(), vec![104]);
-        spares.put(m.new_sequence(104).unwrap(), one - 1, 8);
+        spares.put(m.new_sequence(104).unwrap(), Vec::new(), one - 1, 8);
         assert_eq!(
             spares.capacities(),
             vec![104],
@@ -135,5 +228,46 @@ mod tests {
         );
         spares.shrink_to(0);
         assert_eq!((spares.bytes(), spares.capacities().len()), (0, 0));
+    }
+
+    #[test]
+    fn the_cache_sharing_the_longest_prefix_is_taken_and_keeps_it() {
+        let mut m = model();
+        let mut spares = Spares::default();
+        let history: Vec<u32> = (1..=80).collect();
+        let other: Vec<u32> = (1..=10).chain(200..270).collect();
+        let long_history = filled(&mut m, 400, &history);
+        spares.put(long_history, history.clone(), u64::MAX, 8);
+        spares.put(filled(&mut m, 120, &other), other.clone(), u64::MAX, 8);
+        // The next turn: the history and more. The 400-position cache is far larger than needed,
+        // but 80 shared tokens are worth it.
+        let prompt: Vec<u32> = history.iter().copied().chain(300..310).collect();
+        let (seq, shared) = whole(spares.take(100, u64::MAX, &prompt, true));
+        assert_eq!((seq.capacity(), shared, seq.len()), (400, 80, 80));
+        // Without reuse the same request gets the close-sized cache, emptied.
+        spares.put(seq, history.clone(), u64::MAX, 8);
+        let (seq, shared) = whole(spares.take(100, u64::MAX, &prompt, false));
+        assert_eq!((seq.capacity(), shared, seq.len()), (120, 0, 0));
+        // The same prompt again: all but its last token is reused (that one is fed for logits).
+        let (seq, shared) = whole(spares.take(60, u64::MAX, &history, true));
+        assert_eq!((seq.capacity(), shared), (400, 79));
+        // A longer next turn than the only cache holding its start can take: that cache (now
+        // holding 79 of the history's tokens) is handed over to copy from.
+        spares.put(seq, history.clone(), u64::MAX, 8);
+        let longer: Vec<u32> = history.iter().copied().chain(500..900).collect();
+        match spares.take(500, u64::MAX, &longer, true) {
+            Some(Taken::CopyFrom(from, shared)) => {
+                assert_eq!((from.capacity(), shared, from.len()), (400, 79, 79));
+            }
+            _ => panic!("expected the cache to copy from"),
+        }
+    }
+
+    fn whole(taken: Option<Taken>) -> (Sequence, usize) {
+        match taken {
+            Some(Taken::Whole(seq, shared)) => (seq, shared),
+            Some(Taken::CopyFrom(..)) => panic!("a cache to copy from, not to run in"),
+            None => panic!("no cache"),
+        }
     }
 }

@@ -135,8 +135,24 @@ impl Batch {
             };
             // A kept cache if one fits; else a new one, for which kept caches make room.
             let room = config.kv_budget_bytes - self.kv_reserved;
-            let seq = match self.spares.take(p.capacity, room) {
-                Some(seq) => Ok(seq),
+            let reused = &shared.metrics.prefix_reused_tokens;
+            let seq = match self
+                .spares
+                .take(p.capacity, room, &p.prompt, config.prefix_reuse)
+            {
+                Some(Taken::Whole(seq, n)) => {
+                    reused.fetch_add(n as u64, Relaxed);
+                    Ok(seq)
+                }
+                // The prompt's start sits in a smaller cache: a new cache, that start copied in.
+                Some(Taken::CopyFrom(from, n)) => {
+                    self.spares.shrink_to(room - p.kv_bytes);
+                    model.new_sequence(p.capacity).map(|mut seq| {
+                        let copied = seq.copy_prefix(&from, n);
+                        reused.fetch_add(copied as u64, Relaxed);
+                        seq
+                    })
+                }
                 None => {
                     self.spares.shrink_to(room - p.kv_bytes);
                     model.new_sequence(p.capacity)
@@ -420,7 +436,7 @@ impl Batch {
         }
         let config = &self.shared.config;
         let room = config.kv_budget_bytes.saturating_sub(self.kv_reserved);
-        self.spares.put(a.seq, room, config.max_active);
+        self.spares.put(a.seq, a.ids, room, config.max_active);
         self.shared
             .metrics
             .active

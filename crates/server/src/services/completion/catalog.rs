@@ -4,8 +4,8 @@
 //!
 //! Keys beyond the shipped file (all optional): `default_temperature`,
 //! `default_max_output_tokens`, `context_length` (caps the model's own), `max_active`,
-//! `max_queued`, `kv_budget_mb`, `queue_timeout_ms`, `prefill_chunk`, `max_step_tokens`, `gather_window_us`, `shutdown_grace_ms`,
-//! `device`, `threads`, `numerics`.
+//! `max_queued`, `kv_budget_mb`, `queue_timeout_ms`, `prefill_chunk`, `max_step_tokens`,
+//! `gather_window_us`, `shutdown_grace_ms`, `prefix_reuse`, `device`, `threads`, `numerics`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -118,6 +118,7 @@ struct RawTextModel {
     shutdown_grace_ms: Option<u64>,
     kv_precision: Option<String>,
     numerics: Option<String>,
+    prefix_reuse: Option<bool>,
 }
 
 use crate::services::model_table;
@@ -254,6 +255,7 @@ fn resolve(
             .shutdown_grace_ms
             .map(Duration::from_millis)
             .unwrap_or(base_cfg.shutdown_grace),
+        prefix_reuse: m.prefix_reuse.unwrap_or(base_cfg.prefix_reuse),
         ..base_cfg
     };
     Ok(TextModelEntry {
