@@ -7,10 +7,13 @@
 //! llama.cpp's token at every step where llama.cpp's margin is at least 1.0. The RMS difference of
 //! the top-8 logits is printed per architecture and type (`--nocapture`).
 
+mod support;
+
 use std::path::{Path, PathBuf};
 
 use hearth_infer::{ChatMessage, Role, Step, TextModel, TextModelConfig};
 use serde_json::Value;
+use support::{argmax, ids};
 
 /// The margin under which llama.cpp's choice is a near-tie that 8-bit activation rounding may
 /// flip either way (crates/infer/tests/parity.rs explains the figure).
@@ -21,30 +24,12 @@ fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/arch")
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
 fn floats(v: &Value) -> Vec<f64> {
     v.as_array()
         .unwrap()
         .iter()
         .map(|x| x.as_f64().unwrap())
         .collect()
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// One model's verdict.

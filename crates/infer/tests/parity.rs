@@ -6,12 +6,15 @@
 //! `cargo test -p hearth-infer --features parity`).
 //! They need `weights/` (scripts/fetch-weights.sh); without it they fail and say so.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 
 use hearth_infer::{
     ChatMessage, KvPrecision, Numerics, Role, Sampler, SamplingParams, Sequence, Step, TextModel,
     TextModelConfig,
 };
+use support::{argmax, ids};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -62,14 +65,6 @@ fn messages(case: &serde_json::Value) -> Vec<ChatMessage> {
                 m["content"].as_str().unwrap(),
             )
         })
-        .collect()
-}
-
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
         .collect()
 }
 
@@ -241,16 +236,6 @@ fn check_decisive_steps(model: &mut TextModel, fx: &serde_json::Value) {
         2 * judged >= total,
         "only {judged} of {total} steps decisive: the fixture no longer tests much"
     );
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 const SMOLLM2: &str = "weights/SmolLM2-135M-Instruct.Q4_1.gguf";

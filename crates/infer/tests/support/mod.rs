@@ -1,0 +1,22 @@
+//! What the llama.cpp comparison tests share: reading fixture ids and the greedy pick.
+#![allow(dead_code)] // each test file uses a different part
+
+/// A JSON array of token ids.
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// The first index of the largest logit, as llama.cpp's greedy sampler picks.
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
