@@ -20,4 +20,5 @@ mod metrics;
 mod openai;
 mod openapi;
 mod pages_browser;
+mod prefix_reuse;
 mod quickstart;
