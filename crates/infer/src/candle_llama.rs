@@ -279,6 +279,29 @@ pub(crate) fn embeddings_and_output(
     Ok((embeddings, output))
 }
 
+/// Refuses a llama-family file that needs what the candle forward does not apply (Llama 3's RoPE
+/// factors, Q/K/V biases, linear RoPE scaling, a sliding window), rather than run it wrong.
+fn can_run(file: &GgufFile, hp: &Hparams) -> Result<(), Error> {
+    let needs = if file.has_tensor("rope_freqs.weight") {
+        Some("rope_freqs.weight")
+    } else if file.has_tensor("blk.0.attn_q.bias") {
+        Some("blk.0.attn_q.bias")
+    } else if hp.rope_freq_scale != 1.0 {
+        Some("rope.scaling.type")
+    } else if hp.sliding_window.is_some() {
+        Some("attention.sliding_window")
+    } else {
+        None
+    };
+    match needs {
+        Some(what) => Err(Error::metadata(
+            what,
+            "not applied by the candle backend; use backend = \"fast\" (or \"auto\" on a CPU)",
+        )),
+        None => Ok(()),
+    }
+}
+
 /// The llama family from GGUF (its Q/K are permuted for interleaved RoPE).
 pub(crate) fn from_gguf(
     file: &GgufFile,
@@ -286,6 +309,7 @@ pub(crate) fn from_gguf(
     device: &Device,
 ) -> Result<CandleModel, Error> {
     debug_assert_eq!(hp.arch, Arch::Llama);
+    can_run(file, &hp)?;
     let (embeddings, output) = embeddings_and_output(file, device)?;
     let mut layers = Vec::with_capacity(hp.n_layer);
     for il in 0..hp.n_layer {

@@ -119,6 +119,12 @@ impl Arch {
         })
     }
 
+    /// Whether the candle backend (and so a GPU) runs this family; the others run on the fast
+    /// CPU path only.
+    pub fn has_candle_path(self) -> bool {
+        matches!(self, Arch::Llama | Arch::Gemma3)
+    }
+
     /// Whether RoPE rotates (i, i + d/2) pairs (GGUF llama files are permuted for (2i, 2i+1)).
     pub fn neox_rope(self) -> bool {
         !matches!(self, Arch::Llama)
@@ -161,18 +167,6 @@ impl Hparams {
         let arch = Arch::from_name(&arch_name)
             .ok_or_else(|| Error::UnsupportedArchitecture(arch_name.clone()))?;
         let k = |s: &str| format!("{arch_name}.{s}");
-        if let Some(rot) = meta.opt_usize(&k("rope.dimension_count"))? {
-            let head = meta.opt_usize(&k("attention.key_length"))?.unwrap_or(
-                meta.usize(&k("embedding_length"))?
-                    / meta.usize(&k("attention.head_count"))?.max(1),
-            );
-            if rot != head {
-                return Err(Error::metadata(
-                    k("rope.dimension_count"),
-                    format!("RoPE over {rot} of {head} head dimensions (partial rotary) is not supported"),
-                ));
-            }
-        }
         let rope_freq_scale = match meta.opt_string(&k("rope.scaling.type"))?.as_deref() {
             None | Some("none") => 1.0,
             Some("linear") => match meta.opt_f32(&k("rope.scaling.factor"))? {
@@ -197,6 +191,14 @@ impl Hparams {
         let head_dim = meta
             .opt_usize(&k("attention.key_length"))?
             .unwrap_or(n_embd / n_head.max(1));
+        if let Some(rot) = meta.opt_usize(&k("rope.dimension_count"))? {
+            if rot != head_dim {
+                return Err(Error::metadata(
+                    k("rope.dimension_count"),
+                    format!("RoPE over {rot} of {head_dim} head dimensions (partial rotary) is not supported"),
+                ));
+            }
+        }
         let vocab_size = match meta.opt_usize(&k("vocab_size"))? {
             Some(v) => v,
             None => meta.string_array("tokenizer.ggml.tokens")?.len(),

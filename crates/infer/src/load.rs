@@ -91,10 +91,8 @@ fn load_path(
                     m.kv = cfg.kv_precision;
                     Some(m)
                 }
-                // Only the fast path runs these families: its error is the one to report.
-                Err(e) if matches!(hp.arch, Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3) => {
-                    return Err(e)
-                }
+                // Only the fast path runs this family: its error is the one to report.
+                Err(e) if !hp.arch.has_candle_path() => return Err(e),
                 Err(e) if cfg.backend == BackendChoice::Auto => {
                     tracing::warn!(error = %e, "the fast CPU backend cannot run this file; using candle");
                     None
@@ -108,10 +106,7 @@ fn load_path(
         (Some(m), _) => Box::new(m),
         (None, arch) => {
             let mut m = match arch {
-                Arch::Llama => {
-                    candle_llama_can_run(&file, &hp)?;
-                    crate::candle_llama::from_gguf(&file, hp.clone(), device)?
-                }
+                Arch::Llama => crate::candle_llama::from_gguf(&file, hp.clone(), device)?,
                 Arch::Gemma3 => crate::candle_gemma3::from_gguf(&file, hp.clone(), device)?,
                 Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => {
                     return Err(Error::metadata(
@@ -130,29 +125,6 @@ fn load_path(
     let weights_bytes = file.file_bytes;
     drop(file); // unmap: the weights now live in the backend
     TextModel::assemble(hp, backend, tokenizer, weights_bytes, cfg.threads)
-}
-
-/// Refuses a llama-family file that needs what the candle forward does not apply (Llama 3's RoPE
-/// factors, Q/K/V biases, linear RoPE scaling, a sliding window), rather than run it wrong.
-fn candle_llama_can_run(file: &GgufFile, hp: &Hparams) -> Result<(), Error> {
-    let needs = if file.has_tensor("rope_freqs.weight") {
-        Some("rope_freqs.weight")
-    } else if file.has_tensor("blk.0.attn_q.bias") {
-        Some("blk.0.attn_q.bias")
-    } else if hp.rope_freq_scale != 1.0 {
-        Some("rope.scaling.type")
-    } else if hp.sliding_window.is_some() {
-        Some("attention.sliding_window")
-    } else {
-        None
-    };
-    match needs {
-        Some(what) => Err(Error::metadata(
-            what,
-            "not applied by the candle backend; use backend = \"fast\" (or \"auto\" on a CPU)",
-        )),
-        None => Ok(()),
-    }
 }
 
 /// Hyperparameters from a Hugging Face `config.json` (llama family).
