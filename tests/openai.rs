@@ -89,6 +89,14 @@ async fn the_openai_client_runs_every_kind_of_request() {
             usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap()
         )
     );
+    // ignore_eos: an answer that stops on its own goes on to exactly max_tokens.
+    let eos = &chat["ignore_eos"];
+    assert_eq!(eos["short_finish"], "stop", "{eos}");
+    assert!(eos["short_tokens"].as_u64().unwrap() < 64);
+    assert_eq!(eos["finish_reason"], "length");
+    assert_eq!(eos["completion_tokens"], 64);
+    let short = eos["short"].as_str().unwrap();
+    assert!(eos["content"].as_str().unwrap().starts_with(short), "{eos}");
     let hearth = &chat["hearth"];
     assert_eq!(hearth["input_cost"], spec["usage"]["inputCost"]);
     assert!(
@@ -164,6 +172,8 @@ async fn the_openai_client_runs_every_kind_of_request() {
     assert_eq!(e["bad_schema"]["param"], "response_format");
     assert_eq!(e["no_funds"]["status"], 402);
     assert_eq!(e["no_funds"]["code"], "insufficient_quota");
+    assert_eq!(e["ignore_eos_grammar"]["status"], 400);
+    assert_eq!(e["ignore_eos_grammar"]["param"], "ignore_eos");
 
     wait_no_holds(&app, "oa").await;
     assert_eq!(app.store().balance("oa-poor").unwrap(), dec("0"));

@@ -48,7 +48,16 @@ QUESTION = [
 def chat(client, model):
     r = client.chat.completions.create(model=model, messages=QUESTION, temperature=0, max_tokens=24)
     c = r.choices[0]
+    # vLLM's extension: past the end-of-sequence token, to exactly max_tokens.
+    short = [{"role": "user", "content": "Say hello."}]
+    ended = client.chat.completions.create(model=model, messages=short, temperature=0, max_tokens=64)
+    long = client.chat.completions.create(model=model, messages=short, temperature=0, max_tokens=64,
+                                          extra_body={"ignore_eos": True})
     return {
+        "ignore_eos": {"short": ended.choices[0].message.content, "short_finish": ended.choices[0].finish_reason,
+                       "short_tokens": ended.usage.completion_tokens,
+                       "content": long.choices[0].message.content, "finish_reason": long.choices[0].finish_reason,
+                       "completion_tokens": long.usage.completion_tokens},
         "id": r.id,
         "object": r.object,
         "content": c.message.content,
@@ -214,6 +223,8 @@ def errors(base_url, key, poor_key, model):
         "bad_schema": (openai.OpenAI(base_url=base_url, api_key=key, max_retries=0),
                        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}}}),
         "no_funds": (openai.OpenAI(base_url=base_url, api_key=poor_key, max_retries=0), {}),
+        "ignore_eos_grammar": (openai.OpenAI(base_url=base_url, api_key=key, max_retries=0),
+                               {"response_format": {"type": "json_object"}, "extra_body": {"ignore_eos": True}}),
     }
     for name, (client, extra) in cases.items():
         args = {"model": model, "messages": QUESTION, "max_tokens": 8}

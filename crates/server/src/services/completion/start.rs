@@ -192,7 +192,7 @@ async fn admit(
         params,
         stream_id: stream_id.to_string(),
         span: Span::current(),
-        ignore_eos: false,
+        ignore_eos: decode.ignore_eos,
         constraint,
     };
     match engine.submit(request).await {

@@ -91,6 +91,8 @@ pub struct Decode {
     /// The most likely alternatives to report with each token's log probability.
     pub logprobs: Option<usize>,
     pub grammar: Option<GrammarRequest>,
+    /// Keep generating past the end-of-sequence token (never with a grammar).
+    pub ignore_eos: bool,
 }
 
 impl Default for Decode {
@@ -103,6 +105,7 @@ impl Default for Decode {
             frequency_penalty: 0.0,
             logprobs: None,
             grammar: None,
+            ignore_eos: false,
         }
     }
 }

@@ -90,6 +90,12 @@ pub fn chat(req: ChatRequest, catalog: &Catalog) -> Result<Checked, ApiError> {
         (Some(format), None) => response_format(format)?,
         (None, None) => None,
     };
+    if decode.ignore_eos && decode.grammar.is_some() {
+        return Err(bad(
+            "ignore_eos",
+            "ignore_eos cannot be combined with a response_format or a forced tool call",
+        ));
+    }
     let prompt = match tools.offered() {
         Some(list) => Prompt::ChatWithTools {
             messages,
@@ -238,6 +244,7 @@ fn sampling(s: &SamplingFields, _spec: &TextModelSpec) -> Result<Decode, ApiErro
         frequency_penalty: penalty(s.frequency_penalty, "frequency_penalty")?,
         logprobs: None,
         grammar: None,
+        ignore_eos: s.ignore_eos.unwrap_or(false),
     })
 }
 

@@ -91,6 +91,9 @@ pub struct SamplingFields {
     pub logit_bias: Option<serde_json::Map<String, Value>>,
     /// An end user's id, for the caller's own tracking; logged, not stored.
     pub user: Option<String>,
+    /// vLLM's extension: generate past the end-of-sequence token, until `max_tokens` or a stop
+    /// sequence (for benchmarks that need a fixed length). Not with a grammar.
+    pub ignore_eos: Option<bool>,
     /// Hearth's extensions: the spec's attribution fields.
     pub developer_id: Option<String>,
     pub application_id: Option<String>,
