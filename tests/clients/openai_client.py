@@ -74,16 +74,19 @@ def stream(client, model):
         stream_options={"include_usage": True},
     )
     content, finish, usage, chunks, roles = "", None, None, 0, []
+    hearth = None
     for chunk in s:
         chunks += 1
         if chunk.usage is not None:
             usage = chunk.usage.model_dump()
+            hearth = (chunk.model_extra or {}).get("hearth")
         for choice in chunk.choices:
             if choice.delta.role:
                 roles.append(choice.delta.role)
             content += choice.delta.content or ""
             finish = choice.finish_reason or finish
-    return {"content": content, "finish_reason": finish, "usage": usage, "chunks": chunks, "roles": roles}
+    return {"content": content, "finish_reason": finish, "usage": usage, "hearth": hearth, "chunks": chunks,
+            "roles": roles}
 
 
 def json_schema(client, model):
@@ -192,8 +195,11 @@ def logprobs(client, model):
 
 def completions(client, model):
     r = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0)
-    s = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0, stream=True)
-    streamed = "".join(c.choices[0].text for c in s if c.choices)
+    s = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0,
+                                  stream=True, stream_options={"include_usage": True})
+    chunks = list(s)
+    streamed = "".join(c.choices[0].text for c in chunks if c.choices)
+    usage_chunk = chunks[-1]
     stopped = client.completions.create(
         model=model, prompt="Count: 1, 2, 3,", max_tokens=30, temperature=0, stop=[" 6"],
     )
@@ -202,6 +208,9 @@ def completions(client, model):
         "finish_reason": r.choices[0].finish_reason,
         "usage": r.usage.model_dump(),
         "streamed": streamed,
+        "streamed_usage": usage_chunk.usage.model_dump() if usage_chunk.usage else None,
+        "streamed_hearth": (usage_chunk.model_extra or {}).get("hearth"),
+        "hearth": (r.model_extra or {}).get("hearth"),
         "stopped_text": stopped.choices[0].text,
         "stopped_finish": stopped.choices[0].finish_reason,
     }

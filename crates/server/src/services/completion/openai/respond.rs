@@ -460,6 +460,7 @@ impl Answer for Text {
             let mut usage_chunk = self.answer(String::new(), None, None);
             usage_chunk.choices.clear();
             usage_chunk.usage = Some(usage(response));
+            usage_chunk.hearth = Some(cost(response));
             out.push(usage_chunk.json());
         }
         out
