@@ -13,24 +13,67 @@ pub(crate) enum RopeStyle {
     Neox,
 }
 
-/// Rotates `x` (`n_heads` heads of `head_dim` each, one position) in place, computing the angles
-/// as ggml does: `theta_i = pos * base^(-2i/d)` by repeated f32 multiplication.
+/// What turns a position into angles beyond the base frequency, as ggml applies it: one divisor
+/// per rotated pair (Llama 3's `rope_freqs`, Phi-3's LongRoPE factors), linear scaling of the
+/// angle, and a magnitude factor on cos and sin (LongRoPE's attention factor).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RopeScaling {
+    pub factors: Option<Vec<f32>>,
+    pub freq_scale: f32,
+    pub mscale: f32,
+}
+
+impl RopeScaling {
+    pub const NONE: RopeScaling = RopeScaling {
+        factors: None,
+        freq_scale: 1.0,
+        mscale: 1.0,
+    };
+}
+
+/// Appends the `head_dim / 2` (cos, sin) pairs of position `pos`, computing the angles as ggml
+/// does: `theta_i = pos * base^(-2i/d)` by repeated f32 multiplication, divided by pair `i`'s
+/// factor, then scaled.
+pub(crate) fn rope_angles(
+    head_dim: usize,
+    pos: usize,
+    base: f32,
+    scaling: &RopeScaling,
+    cs: &mut Vec<(f32, f32)>,
+) {
+    let scale = base.powf(-2.0 / head_dim as f32);
+    let mut theta = pos as f32;
+    for i in 0..head_dim / 2 {
+        let mut t = match &scaling.factors {
+            Some(f) => theta / f[i],
+            None => theta,
+        };
+        if scaling.freq_scale != 1.0 {
+            t *= scaling.freq_scale;
+        }
+        if scaling.mscale == 1.0 {
+            cs.push((t.cos(), t.sin()));
+        } else {
+            cs.push((t.cos() * scaling.mscale, t.sin() * scaling.mscale));
+        }
+        theta *= scale;
+    }
+}
+
+/// Rotates `x` (`n_heads` heads of `head_dim` each, one position) in place (angles as
+/// [`rope_angles`]).
 pub(crate) fn rope_row(
     x: &mut [f32],
     head_dim: usize,
     pos: usize,
     base: f32,
     style: RopeStyle,
+    scaling: &RopeScaling,
     cs: &mut Vec<(f32, f32)>,
 ) {
     let half = head_dim / 2;
     cs.clear();
-    let scale = base.powf(-2.0 / head_dim as f32);
-    let mut theta = pos as f32;
-    for _ in 0..half {
-        cs.push((theta.cos(), theta.sin()));
-        theta *= scale;
-    }
+    rope_angles(head_dim, pos, base, scaling, cs);
     for head in x.chunks_exact_mut(head_dim) {
         for (i, &(c, s)) in cs.iter().enumerate() {
             let (a, b) = match style {
@@ -171,9 +214,9 @@ mod tests {
         let orig: Vec<f32> = (0..16).map(|i| i as f32 * 0.1 - 0.5).collect();
         for style in [RopeStyle::Interleaved, RopeStyle::Neox] {
             let mut x = orig.clone();
-            rope_row(&mut x, 8, 0, 10000.0, style, &mut cs);
+            rope_row(&mut x, 8, 0, 10000.0, style, &RopeScaling::NONE, &mut cs);
             assert_eq!(x, orig);
-            rope_row(&mut x, 8, 17, 10000.0, style, &mut cs);
+            rope_row(&mut x, 8, 17, 10000.0, style, &RopeScaling::NONE, &mut cs);
             let n0: f32 = orig.iter().map(|v| v * v).sum();
             let n1: f32 = x.iter().map(|v| v * v).sum();
             assert!((n0 - n1).abs() < 1e-4);

@@ -1,5 +1,6 @@
-//! The batched transformer forward on candle ops, for the llama family (GGUF or safetensors).
-//! Gemma 3 builds the same structure with its extra norms and options (`candle_gemma3.rs`).
+//! The batched transformer forward on candle ops, for every family (built from GGUF by
+//! `candle_gguf.rs`, and from a llama-family safetensors checkpoint here): the llama layout with
+//! each family's options (biases, Q/K norms, fused matrices, post-norms, RoPE scaling).
 //!
 //! One call advances every step of the batch: all rows (prefill chunks and single decode tokens)
 //! go through the norms, projections and MLP as one `[rows, hidden]` matrix; RoPE uses each row's
@@ -12,9 +13,9 @@ use std::sync::Arc;
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
-use crate::attn::{self, AttnShape, RopeStyle, RowRef};
+use crate::attn::{self, AttnShape, RopeScaling, RopeStyle, RowRef};
 use crate::config::KvPrecision;
-use crate::gguf::{Arch, GgufFile, Hparams};
+use crate::gguf::Hparams;
 use crate::model::{Backend, Step};
 use crate::Error;
 
@@ -84,19 +85,91 @@ pub(crate) enum Activation {
     GeluTanh,
 }
 
+/// The Q, K and V projections: three matrices, or Phi-3's one fused `[q; k; v]`.
+pub(crate) enum Qkv {
+    Separate { q: QMatMul, k: QMatMul, v: QMatMul },
+    Fused(QMatMul),
+}
+
+impl Qkv {
+    /// Q, K and V of `h`'s rows on the host (`qd`, `kvd`, `kvd` wide per row), with `bias`
+    /// (`[q; k; v]`, Qwen2) added.
+    fn project(
+        &self,
+        h: &Tensor,
+        qd: usize,
+        kvd: usize,
+        bias: Option<&[f32]>,
+    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>), Error> {
+        let (mut q, mut k, mut v) = match self {
+            Qkv::Separate { q, k, v } => (
+                to_host(&q.forward(h)?)?,
+                to_host(&k.forward(h)?)?,
+                to_host(&v.forward(h)?)?,
+            ),
+            Qkv::Fused(w) => {
+                let all = to_host(&w.forward(h)?)?;
+                let rows = all.len() / (qd + 2 * kvd);
+                let (mut q, mut k, mut v) = (
+                    Vec::with_capacity(rows * qd),
+                    Vec::with_capacity(rows * kvd),
+                    Vec::with_capacity(rows * kvd),
+                );
+                for row in all.chunks_exact(qd + 2 * kvd) {
+                    q.extend_from_slice(&row[..qd]);
+                    k.extend_from_slice(&row[qd..qd + kvd]);
+                    v.extend_from_slice(&row[qd + kvd..]);
+                }
+                (q, k, v)
+            }
+        };
+        if let Some(b) = bias {
+            let (bq, rest) = b.split_at(qd);
+            let (bk, bv) = rest.split_at(kvd);
+            for (x, b) in [(&mut q, bq), (&mut k, bk), (&mut v, bv)] {
+                for row in x.chunks_exact_mut(b.len()) {
+                    row.iter_mut().zip(b).for_each(|(x, b)| *x += b);
+                }
+            }
+        }
+        Ok((q, k, v))
+    }
+}
+
+/// The MLP's gate and up projections: two matrices, or Phi-3's one fused `[gate; up]`.
+pub(crate) enum GateUp {
+    Separate { gate: QMatMul, up: QMatMul },
+    Fused(QMatMul),
+}
+
+impl GateUp {
+    fn forward(&self, h: &Tensor) -> Result<(Tensor, Tensor), Error> {
+        Ok(match self {
+            GateUp::Separate { gate, up } => (gate.forward(h)?, up.forward(h)?),
+            GateUp::Fused(w) => {
+                let both = w.forward(h)?;
+                let ff = both.dim(1)? / 2;
+                (
+                    both.narrow(1, 0, ff)?.contiguous()?,
+                    both.narrow(1, ff, ff)?.contiguous()?,
+                )
+            }
+        })
+    }
+}
+
 pub(crate) struct Layer {
     pub attn_norm: Tensor,
-    pub wq: QMatMul,
-    pub wk: QMatMul,
-    pub wv: QMatMul,
+    pub qkv: Qkv,
+    /// Qwen2 (and llama files that carry them): `[q; k; v]` biases, on the host.
+    pub qkv_bias: Option<Vec<f32>>,
     pub wo: QMatMul,
-    /// Gemma 3: RMSNorm over each head of Q and K (host weights, `head_dim` long).
+    /// Gemma 3, Qwen3: RMSNorm over each head of Q and K (host weights, `head_dim` long).
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     pub post_attn_norm: Option<Tensor>,
     pub ffn_norm: Tensor,
-    pub gate: QMatMul,
-    pub up: QMatMul,
+    pub gate_up: GateUp,
     pub down: QMatMul,
     pub post_ffn_norm: Option<Tensor>,
     pub rope_theta: f32,
@@ -114,6 +187,7 @@ pub(crate) struct CandleModel {
     pub norm: Tensor,
     pub output: QMatMul,
     pub rope: RopeStyle,
+    pub rope_scaling: RopeScaling,
     pub activation: Activation,
     pub attn_scale: f32,
     /// What the attention rounds to f16 (see [`KvPrecision`]).
@@ -162,9 +236,7 @@ impl Backend for CandleModel {
         let mut cs = Vec::with_capacity(hd / 2);
         for (il, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.attn_norm, eps)?;
-            let mut q = to_host(&layer.wq.forward(&h)?)?;
-            let mut k = to_host(&layer.wk.forward(&h)?)?;
-            let v = to_host(&layer.wv.forward(&h)?)?;
+            let (mut q, mut k, v) = layer.qkv.project(&h, qd, kvd, layer.qkv_bias.as_deref())?;
             if let Some(w) = &layer.q_norm {
                 attn::rms_norm_chunks(&mut q, w, eps);
             }
@@ -184,6 +256,7 @@ impl Backend for CandleModel {
                     row.pos,
                     layer.rope_theta,
                     self.rope,
+                    &self.rope_scaling,
                     &mut cs,
                 );
                 attn::rope_row(
@@ -192,6 +265,7 @@ impl Backend for CandleModel {
                     row.pos,
                     layer.rope_theta,
                     self.rope,
+                    &self.rope_scaling,
                     &mut cs,
                 );
                 if f16_kv {
@@ -227,12 +301,12 @@ impl Backend for CandleModel {
             };
             x = (x + attn_out)?;
             let h = rms_norm(&x, &layer.ffn_norm, eps)?;
-            let gate = layer.gate.forward(&h)?;
+            let (gate, up) = layer.gate_up.forward(&h)?;
             let gate = match self.activation {
                 Activation::Silu => gate.silu()?,
                 Activation::GeluTanh => gate.gelu()?,
             };
-            let ffn_out = layer.down.forward(&(gate * layer.up.forward(&h)?)?)?;
+            let ffn_out = layer.down.forward(&(gate * up)?)?;
             let ffn_out = match &layer.post_ffn_norm {
                 Some(w) => rms_norm(&ffn_out, w, eps)?,
                 None => ffn_out,
@@ -246,105 +320,6 @@ impl Backend for CandleModel {
         logits.extend(to_host(&out)?);
         Ok(())
     }
-}
-
-/// Reads a (small, f32) norm weight onto the device.
-pub(crate) fn norm_weight(file: &GgufFile, name: &str, device: &Device) -> Result<Tensor, Error> {
-    Ok(file.tensor(name, device)?.dequantize(device)?)
-}
-
-pub(crate) fn qmatmul(file: &GgufFile, name: &str, device: &Device) -> Result<QMatMul, Error> {
-    Ok(QMatMul::from_qtensor(file.tensor(name, device)?)?)
-}
-
-/// Embedding table (host) and output head (device); a missing `output.weight` means tied.
-pub(crate) fn embeddings_and_output(
-    file: &GgufFile,
-    device: &Device,
-) -> Result<(Embeddings, QMatMul), Error> {
-    let table = Arc::new(file.tensor("token_embd.weight", &Device::Cpu)?);
-    let output = if file.has_tensor("output.weight") {
-        qmatmul(file, "output.weight", device)?
-    } else if device.is_cpu() {
-        QMatMul::from_arc(Arc::clone(&table))?
-    } else {
-        qmatmul(file, "token_embd.weight", device)?
-    };
-    let embeddings = match table.dtype() {
-        GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
-            Embeddings::Dense(table.dequantize(&Device::Cpu)?)
-        }
-        _ => Embeddings::quantized(table)?,
-    };
-    Ok((embeddings, output))
-}
-
-/// Refuses a llama-family file that needs what the candle forward does not apply (Llama 3's RoPE
-/// factors, Q/K/V biases, linear RoPE scaling, a sliding window), rather than run it wrong.
-fn can_run(file: &GgufFile, hp: &Hparams) -> Result<(), Error> {
-    let needs = if file.has_tensor("rope_freqs.weight") {
-        Some("rope_freqs.weight")
-    } else if file.has_tensor("blk.0.attn_q.bias") {
-        Some("blk.0.attn_q.bias")
-    } else if hp.rope_freq_scale != 1.0 {
-        Some("rope.scaling.type")
-    } else if hp.sliding_window.is_some() {
-        Some("attention.sliding_window")
-    } else {
-        None
-    };
-    match needs {
-        Some(what) => Err(Error::metadata(
-            what,
-            "not applied by the candle backend; use backend = \"fast\" (or \"auto\" on a CPU)",
-        )),
-        None => Ok(()),
-    }
-}
-
-/// The llama family from GGUF (its Q/K are permuted for interleaved RoPE).
-pub(crate) fn from_gguf(
-    file: &GgufFile,
-    hp: Hparams,
-    device: &Device,
-) -> Result<CandleModel, Error> {
-    debug_assert_eq!(hp.arch, Arch::Llama);
-    can_run(file, &hp)?;
-    let (embeddings, output) = embeddings_and_output(file, device)?;
-    let mut layers = Vec::with_capacity(hp.n_layer);
-    for il in 0..hp.n_layer {
-        let p = |s: &str| format!("blk.{il}.{s}.weight");
-        layers.push(Layer {
-            attn_norm: norm_weight(file, &p("attn_norm"), device)?,
-            wq: qmatmul(file, &p("attn_q"), device)?,
-            wk: qmatmul(file, &p("attn_k"), device)?,
-            wv: qmatmul(file, &p("attn_v"), device)?,
-            wo: qmatmul(file, &p("attn_output"), device)?,
-            q_norm: None,
-            k_norm: None,
-            post_attn_norm: None,
-            ffn_norm: norm_weight(file, &p("ffn_norm"), device)?,
-            gate: qmatmul(file, &p("ffn_gate"), device)?,
-            up: qmatmul(file, &p("ffn_up"), device)?,
-            down: qmatmul(file, &p("ffn_down"), device)?,
-            post_ffn_norm: None,
-            rope_theta: hp.rope_theta,
-            window: None,
-        });
-    }
-    Ok(CandleModel {
-        norm: norm_weight(file, "output_norm.weight", device)?,
-        attn_scale: 1.0 / (hp.head_dim as f32).sqrt(),
-        kv: KvPrecision::default(),
-        hp,
-        device: device.clone(),
-        embeddings,
-        embed_scale: None,
-        layers,
-        output,
-        rope: RopeStyle::Interleaved,
-        activation: Activation::Silu,
-    })
 }
 
 /// The llama family from Hugging Face tensor names (`model.layers.N.self_attn.q_proj.weight`, ...),
@@ -370,16 +345,21 @@ pub(crate) fn from_hf_tensors(
         let p = |s: &str| format!("model.layers.{il}.{s}.weight");
         layers.push(Layer {
             attn_norm: take(&p("input_layernorm"))?,
-            wq: QMatMul::Tensor(take(&p("self_attn.q_proj"))?),
-            wk: QMatMul::Tensor(take(&p("self_attn.k_proj"))?),
-            wv: QMatMul::Tensor(take(&p("self_attn.v_proj"))?),
+            qkv: Qkv::Separate {
+                q: QMatMul::Tensor(take(&p("self_attn.q_proj"))?),
+                k: QMatMul::Tensor(take(&p("self_attn.k_proj"))?),
+                v: QMatMul::Tensor(take(&p("self_attn.v_proj"))?),
+            },
+            qkv_bias: None,
             wo: QMatMul::Tensor(take(&p("self_attn.o_proj"))?),
             q_norm: None,
             k_norm: None,
             post_attn_norm: None,
             ffn_norm: take(&p("post_attention_layernorm"))?,
-            gate: QMatMul::Tensor(take(&p("mlp.gate_proj"))?),
-            up: QMatMul::Tensor(take(&p("mlp.up_proj"))?),
+            gate_up: GateUp::Separate {
+                gate: QMatMul::Tensor(take(&p("mlp.gate_proj"))?),
+                up: QMatMul::Tensor(take(&p("mlp.up_proj"))?),
+            },
             down: QMatMul::Tensor(take(&p("mlp.down_proj"))?),
             post_ffn_norm: None,
             rope_theta: hp.rope_theta,
@@ -397,6 +377,7 @@ pub(crate) fn from_hf_tensors(
         layers,
         output: QMatMul::Tensor(output),
         rope: RopeStyle::Neox,
+        rope_scaling: RopeScaling::NONE,
         activation: Activation::Silu,
     })
 }

@@ -9,6 +9,7 @@ use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::QTensor;
 use candle_core::Device;
 
+use crate::attn::RopeScaling;
 use crate::Error;
 
 /// Typed reads of GGUF metadata with errors that name the key.
@@ -117,12 +118,6 @@ impl Arch {
             "gemma3" => Arch::Gemma3,
             _ => return None,
         })
-    }
-
-    /// Whether the candle backend (and so a GPU) runs this family; the others run on the fast
-    /// CPU path only.
-    pub fn has_candle_path(self) -> bool {
-        matches!(self, Arch::Llama | Arch::Gemma3)
     }
 
     /// Whether RoPE rotates (i, i + d/2) pairs (GGUF llama files are permuted for (2i, 2i+1)).
@@ -272,6 +267,15 @@ impl Hparams {
     }
 
     /// Width of one position's K (or V) in one layer: `n_head_kv * head_dim`.
+    /// RoPE as this file's forward applies it, given the factors tensor's values.
+    pub(crate) fn rope_scaling(&self, factors: Option<Vec<f32>>) -> RopeScaling {
+        RopeScaling {
+            factors,
+            freq_scale: self.rope_freq_scale,
+            mscale: self.rope_attn_factor,
+        }
+    }
+
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
@@ -338,4 +342,47 @@ impl GgufFile {
 fn mmap(file: &File) -> std::io::Result<memmap2::Mmap> {
     // SAFETY: read-only map of a weights file that nothing writes while the model loads.
     unsafe { memmap2::Mmap::map(file) }
+}
+
+/// The tensors of RoPE factors (one divisor per rotated pair, `head_dim / 2` long) in a file:
+/// the one the forward applies (Llama 3's `rope_freqs`, or Phi-3's LongRoPE short factors: the
+/// file is served within its original context, `Hparams::context_length`, where llama.cpp uses
+/// them), and one that is only checked (LongRoPE's long factors).
+pub(crate) fn rope_factor_tensors(
+    has: impl Fn(&str) -> bool,
+) -> (Option<&'static str>, Option<&'static str>) {
+    if has("rope_freqs.weight") {
+        (Some("rope_freqs.weight"), None)
+    } else if has("rope_factors_short.weight") {
+        let long = "rope_factors_long.weight";
+        (Some("rope_factors_short.weight"), has(long).then_some(long))
+    } else {
+        (None, None)
+    }
+}
+
+/// Refuses a file with a tensor the loader never read (say, a bias or scaling table the
+/// `backend`'s forward for `arch` does not apply): running without it would give wrong answers.
+pub(crate) fn refuse_unused(
+    content: &gguf_file::Content,
+    used: impl Fn(&str) -> bool,
+    backend: &str,
+    arch: &str,
+) -> Result<(), Error> {
+    let mut unused: Vec<&String> = content
+        .tensor_infos
+        .keys()
+        .filter(|k| !used(k.as_str()))
+        .collect();
+    unused.sort();
+    match unused.first() {
+        None => Ok(()),
+        Some(first) => Err(Error::metadata(
+            first.as_str(),
+            format!(
+                "tensor not understood by the {backend} backend for architecture {arch} ({} such tensor(s)); running without it would give wrong answers",
+                unused.len()
+            ),
+        )),
+    }
 }

@@ -8,7 +8,7 @@
 //! together, the server decides what a request may ask for.
 
 mod attn;
-mod candle_gemma3;
+mod candle_gguf;
 mod candle_llama;
 mod config;
 mod constraint;

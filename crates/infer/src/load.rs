@@ -91,8 +91,6 @@ fn load_path(
                     m.kv = cfg.kv_precision;
                     Some(m)
                 }
-                // Only the fast path runs this family: its error is the one to report.
-                Err(e) if !hp.arch.has_candle_path() => return Err(e),
                 Err(e) if cfg.backend == BackendChoice::Auto => {
                     tracing::warn!(error = %e, "the fast CPU backend cannot run this file; using candle");
                     None
@@ -102,22 +100,10 @@ fn load_path(
         }
         _ => None,
     };
-    let backend: Box<dyn Backend> = match (fast, hp.arch) {
-        (Some(m), _) => Box::new(m),
-        (None, arch) => {
-            let mut m = match arch {
-                Arch::Llama => crate::candle_llama::from_gguf(&file, hp.clone(), device)?,
-                Arch::Gemma3 => crate::candle_gemma3::from_gguf(&file, hp.clone(), device)?,
-                Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => {
-                    return Err(Error::metadata(
-                        "general.architecture",
-                        format!(
-                            "{} runs on the fast CPU backend only (backend = \"fast\" or \"auto\" on a CPU)",
-                            hp.arch_name
-                        ),
-                    ))
-                }
-            };
+    let backend: Box<dyn Backend> = match fast {
+        Some(m) => Box::new(m),
+        None => {
+            let mut m = crate::candle_gguf::from_gguf(&file, hp.clone(), device)?;
             m.kv = cfg.kv_precision;
             Box::new(m)
         }

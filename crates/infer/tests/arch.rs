@@ -1,17 +1,18 @@
-//! Every architecture of the fast path against llama.cpp on generated models: tiny seeded
+//! Every architecture, on both backends (the fast CPU path and candle, the GPU's), against
+//! llama.cpp on generated models: tiny seeded
 //! random models of each family, quantized by llama.cpp's `llama-quantize` to Q8_0, Q4_0 and
 //! Q4_K_M, with llama.cpp's own outputs on them (`tests/fixtures/arch/`, made by
 //! `scripts/tiny-models.sh`; how, in that folder's README). For every model and case: the chat
 //! template renders as the generator's Jinja engine rendered the GGUF's own template, the prompt
 //! tokenizes to llama.cpp's ids, and teacher-forced along llama.cpp's greedy path Hearth picks
 //! llama.cpp's token at every step where llama.cpp's margin is at least 1.0. The RMS difference of
-//! the top-8 logits is printed per architecture and type (`--nocapture`).
+//! the top-8 logits is printed per architecture, type and backend (`--nocapture`).
 
 mod support;
 
 use std::path::{Path, PathBuf};
 
-use hearth_infer::{ChatMessage, Role, Step, TextModel, TextModelConfig};
+use hearth_infer::{BackendChoice, ChatMessage, Role, Step, TextModel, TextModelConfig};
 use serde_json::Value;
 use support::{argmax, ids};
 
@@ -61,7 +62,7 @@ fn reference_run(fx: &Value) -> &Value {
         .expect("a run Hearth should match")
 }
 
-fn check_model(name: &str, ty: &str, tally: &mut Tally) {
+fn check_model(name: &str, ty: &str, backend: BackendChoice, tally: &mut Tally) {
     let fx: Value = serde_json::from_str(
         &std::fs::read_to_string(dir().join(format!("{name}-{ty}.json"))).unwrap(),
     )
@@ -75,11 +76,12 @@ fn check_model(name: &str, ty: &str, tally: &mut Tally) {
     );
     let mut cfg = TextModelConfig::local(dir().join(format!("{name}-{ty}.gguf")));
     cfg.threads = 2;
-    let mut model =
-        TextModel::load(&cfg).unwrap_or_else(|e| panic!("{name}-{ty} does not load: {e}"));
+    cfg.backend = backend;
+    let mut model = TextModel::load(&cfg)
+        .unwrap_or_else(|e| panic!("{name}-{ty} does not load on {backend:?}: {e}"));
     let vocab = model.info().vocab_size;
     for case in run["cases"].as_array().unwrap() {
-        let case_name = format!("{name}-{ty} {}", case["name"].as_str().unwrap());
+        let case_name = format!("{name}-{ty} {backend:?} {}", case["name"].as_str().unwrap());
         let prompt = case["prompt"].as_str().unwrap();
         if let Some(messages) = case["messages"].as_array() {
             let messages: Vec<ChatMessage> = messages
@@ -141,12 +143,15 @@ fn check_model(name: &str, ty: &str, tally: &mut Tally) {
 /// Every type of `name`, then one verdict listing every decisive step Hearth got wrong.
 fn check(name: &str) {
     let mut failures = Vec::new();
-    for ty in TYPES {
+    for (ty, backend) in TYPES
+        .iter()
+        .flat_map(|ty| [(ty, BackendChoice::Fast), (ty, BackendChoice::Candle)])
+    {
         let mut t = Tally::default();
-        check_model(name, ty, &mut t);
+        check_model(name, ty, backend, &mut t);
         let rms = (t.sq_diff / t.compared.max(1) as f64).sqrt();
         println!(
-            "{name} {ty}: {} of {} steps agree with llama.cpp, {} decisive; top-8 logit RMS difference {rms:.4}",
+            "{name} {ty} {backend:?}: {} of {} steps agree with llama.cpp, {} decisive; top-8 logit RMS difference {rms:.4}",
             t.agree, t.steps, t.decisive
         );
         assert!(

@@ -30,23 +30,7 @@ impl<'a> Reader<'a> {
     /// Refuses a file with a tensor nothing read (say, a bias or scaling table this
     /// architecture's forward does not apply).
     pub(super) fn all_used(&self, arch: &str) -> Result<(), Error> {
-        let mut unused: Vec<&String> = self
-            .content
-            .tensor_infos
-            .keys()
-            .filter(|k| !self.used.contains(k.as_str()))
-            .collect();
-        unused.sort();
-        match unused.first() {
-            None => Ok(()),
-            Some(first) => Err(Error::metadata(
-                first.as_str(),
-                format!(
-                    "tensor not understood by the fast backend for architecture {arch} ({} such tensor(s)); running without it would give wrong answers",
-                    unused.len()
-                ),
-            )),
-        }
+        crate::gguf::refuse_unused(self.content, |k| self.used.contains(k), "fast", arch)
     }
 
     pub(super) fn has(&self, name: &str) -> bool {
@@ -253,19 +237,12 @@ pub(crate) fn from_gguf(
         }
         layers.push(layer);
     }
-    // RoPE factors, one divisor per rotated pair: Llama 3's `rope_freqs`, or Phi-3's LongRoPE
-    // short factors (the file is served within its original context, `Hparams::context_length`,
-    // where llama.cpp uses them; the long ones are checked and left).
-    let rope_factors = if rd.has("rope_freqs.weight") {
-        Some(rd.vector("rope_freqs.weight", hd / 2)?)
-    } else if rd.has("rope_factors_short.weight") {
-        if rd.has("rope_factors_long.weight") {
-            rd.vector("rope_factors_long.weight", hd / 2)?;
-        }
-        Some(rd.vector("rope_factors_short.weight", hd / 2)?)
-    } else {
-        None
-    };
+    let (factors, checked) = crate::gguf::rope_factor_tensors(|n| rd.has(n));
+    if let Some(name) = checked {
+        rd.vector(name, hd / 2)?;
+    }
+    let rope_factors = factors.map(|n| rd.vector(n, hd / 2)).transpose()?;
+    let rope_scaling = hp.rope_scaling(rope_factors);
     let norm = rd.vector("output_norm.weight", e)?;
     rd.all_used(&hp.arch_name)?;
     let rope_style = if hp.arch.neox_rope() {
@@ -301,7 +278,7 @@ pub(crate) fn from_gguf(
         layers,
         rope_style,
         rope_bases,
-        rope_factors,
+        rope_scaling,
         embed_scale,
         activation,
     };

@@ -27,7 +27,7 @@ use candle_core::quantized::gguf_file::{Content, TensorInfo};
 use candle_core::quantized::GgmlDType;
 use hearth_kernels::{matmul, ops, GgmlType, KernelPath, QActs, QMatrix, ThreadPool};
 
-use crate::attn::RopeStyle;
+use crate::attn::{self, RopeScaling, RopeStyle};
 use crate::candle_llama::Activation;
 use crate::config::KvPrecision;
 use crate::gguf::{Arch, Hparams};
@@ -161,8 +161,8 @@ pub(crate) struct FastModel {
     layers: Vec<Layer>,
     rope_style: RopeStyle,
     rope_bases: Vec<f32>,
-    /// Llama 3's `rope_freqs`: pair `i`'s angle is divided by `rope_factors[i]`.
-    rope_factors: Option<Vec<f32>>,
+    /// Llama 3's or LongRoPE's factors, linear scaling, LongRoPE's attention factor.
+    rope_scaling: RopeScaling,
     embed_scale: Option<f32>,
     activation: Activation,
     attn_scale: f32,
@@ -258,7 +258,7 @@ impl Backend for FastModel {
             layers,
             rope_style,
             rope_bases,
-            rope_factors,
+            rope_scaling,
             embed_scale,
             activation,
             attn_scale,
@@ -295,30 +295,12 @@ impl Backend for FastModel {
         if let Some(sc) = *embed_scale {
             x.iter_mut().for_each(|v| *v *= sc);
         }
-        // RoPE angles per base and row, as ggml computes them: each pair's angle divided by
-        // its factor (Llama 3), then scaled (linear RoPE scaling).
-        let (freq_scale, mscale) = (hp.rope_freq_scale, hp.rope_attn_factor);
+        // RoPE angles per base and row, as ggml computes them (`attn::rope_angles`).
         for (b, &base) in rope_bases.iter().enumerate() {
             let cs = &mut s.cs[b];
             cs.clear();
-            let scale = base.powf(-2.0 / hd as f32);
             for &(_, pos) in &s.rows {
-                let mut theta = pos as f32;
-                for i in 0..half {
-                    let mut t = match rope_factors {
-                        Some(f) => theta / f[i],
-                        None => theta,
-                    };
-                    if freq_scale != 1.0 {
-                        t *= freq_scale;
-                    }
-                    if mscale == 1.0 {
-                        cs.push((t.cos(), t.sin()));
-                    } else {
-                        cs.push((t.cos() * mscale, t.sin() * mscale));
-                    }
-                    theta *= scale;
-                }
+                attn::rope_angles(hd, pos, base, rope_scaling, cs);
             }
         }
 

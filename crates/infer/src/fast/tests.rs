@@ -190,15 +190,8 @@ fn compare(spec: &Spec, seed: u64) {
     let path = write_model(dir.path(), spec, seed);
     let file = GgufFile::open(&path).unwrap();
     let hp = Hparams::from_gguf(&file.content).unwrap();
-    let mut candle: Box<dyn Backend> = match hp.arch {
-        Arch::Llama => {
-            Box::new(crate::candle_llama::from_gguf(&file, hp.clone(), &Device::Cpu).unwrap())
-        }
-        Arch::Gemma3 => {
-            Box::new(crate::candle_gemma3::from_gguf(&file, hp.clone(), &Device::Cpu).unwrap())
-        }
-        other => panic!("no candle reference for {other:?}"),
-    };
+    let mut candle: Box<dyn Backend> =
+        Box::new(crate::candle_gguf::from_gguf(&file, hp.clone(), &Device::Cpu).unwrap());
     let reference = run_schedule(candle.as_mut(), &hp);
     let mut fast = from_gguf(&path, &file.content, hp.clone(), 2).unwrap();
     for path in KernelPath::available() {
@@ -296,7 +289,7 @@ fn smollm2_greedy_tokens_equal_the_candle_backend() {
     }
     let file = GgufFile::open(&path).unwrap();
     let hp = Hparams::from_gguf(&file.content).unwrap();
-    let mut candle = crate::candle_llama::from_gguf(&file, hp.clone(), &Device::Cpu).unwrap();
+    let mut candle = crate::candle_gguf::from_gguf(&file, hp.clone(), &Device::Cpu).unwrap();
     let mut fast = from_gguf(&path, &file.content, hp.clone(), 2).unwrap();
     // "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
     let prompt: Vec<u32> = vec![
@@ -368,6 +361,17 @@ fn a_tensor_the_forward_would_ignore_is_a_load_error_naming_it() {
     let err = load_error(&path);
     assert!(
         err.contains("blk.1.attn_output.bias") && err.contains("not understood"),
+        "{err}"
+    );
+    // The candle backend refuses it the same way.
+    let file = GgufFile::open(&path).unwrap();
+    let hp = Hparams::from_gguf(&file.content).unwrap();
+    let err = match crate::candle_gguf::from_gguf(&file, hp, &Device::Cpu) {
+        Ok(_) => panic!("the candle backend loaded it"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("blk.1.attn_output.bias") && err.contains("candle"),
         "{err}"
     );
 }
