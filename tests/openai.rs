@@ -122,8 +122,14 @@ async fn the_openai_client_runs_every_kind_of_request() {
     assert_eq!(text["usage"]["completion_tokens"], 8);
     // The streamed usage chunk carries the same usage and cost as the whole answer.
     assert_eq!(text["streamed_usage"], text["usage"]);
-    assert_eq!(text["streamed_hearth"]["input_cost"], text["hearth"]["input_cost"]);
-    assert_eq!(text["streamed_hearth"]["output_cost"], text["hearth"]["output_cost"]);
+    assert_eq!(
+        text["streamed_hearth"]["input_cost"],
+        text["hearth"]["input_cost"]
+    );
+    assert_eq!(
+        text["streamed_hearth"]["output_cost"],
+        text["hearth"]["output_cost"]
+    );
     assert!(!text["stopped_text"].as_str().unwrap().contains(" 6"));
     assert_eq!(text["stopped_finish"], "stop");
 
