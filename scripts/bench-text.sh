@@ -1,24 +1,59 @@
 #!/usr/bin/env bash
 # Text inference: llama.cpp vs Hearth on the same GGUF, same thread count, same run.
 #
-#   Part 1 (single stream): llama-bench -t T -p 128 -n 128 and Hearth's bench_text example,
-#   interleaved REPS times (default 5); medians of prefill tok/s (128-token prompt), decode tok/s
-#   (128 tokens), peak RSS (/usr/bin/time -v), and the Hearth/llama.cpp ratios. Both sides run
-#   the same two tests the same way: a warm-up, then prefill into an empty cache, and decode
-#   from an empty cache.
+#   Part 1 (single stream): llama.cpp's llama-bench, ik_llama.cpp's (when IK_LLAMA_BIN names its
+#   bin/ folder) and Hearth's bench_text example, interleaved REPS times (default 5), same threads;
+#   medians of prefill tok/s (PROMPTS-token prompts into an empty cache), decode tok/s (GEN tokens
+#   after DEPTHS tokens already in the cache), peak RSS (/usr/bin/time -v), and Hearth's ratio to
+#   each. Every engine runs the same tests the same way: a warm-up, then each test once per run.
 #   Part 2 (concurrent streams): scripts/bench-scheduler.sh with 1 and 8 streams: Hearth's
 #   scheduler and llama-server -np 8 (over HTTP) under the same load, same run.
 #
 # Usage: scripts/bench-text.sh [gguf] [threads] [reps]
+#        scripts/bench-text.sh archs [threads] [reps]
 #   env: BACKEND=auto|candle|fast (Hearth backend), SKIP_BUILD=1 (reuse the built binaries),
+#        PROMPTS=128,512,2048 DEPTHS=0,2048 GEN=128, IK_LLAMA_BIN=.cache/ik_llama.cpp/build/bin,
 #        SKIP_STREAMS=1 (part 1 only; part 2 always uses SmolLM2)
+#   `archs`: part 1 on one generated model of each architecture issue 18 added (llama3, qwen2,
+#   qwen3, mistral, phi3) at the size of the family's smallest published model (random weights,
+#   SmolLM2's vocabulary; scripts/tiny_models_specs.py BENCH_SHAPES), quantized to Q4_K_M by
+#   llama-quantize into .cache/bench-models/ (made once, about a minute each); PROMPTS=128,512 and
+#   DEPTHS=0 unless set.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MODEL="${1:-$ROOT/weights/SmolLM2-135M-Instruct.Q4_1.gguf}"
 THREADS="${2:-2}"
 REPS="${3:-5}"
+
+if [ "$MODEL" = archs ]; then
+    DIR="$ROOT/.cache/bench-models"
+    VENV="$ROOT/.cache/tiny-models/venv"
+    mkdir -p "$DIR"
+    [ -x "$VENV/bin/python" ] || "$ROOT/scripts/tiny-models.sh" llama
+    BIN="$("$ROOT/scripts/build-llama-cpp.sh")"
+    [ -n "${SKIP_BUILD:-}" ] || (cd "$ROOT" && cargo build --release -q -p hearth-infer --example bench_text)
+    for name in llama3 qwen2 qwen3 mistral phi3; do
+        gguf="$DIR/$name-q4_k_m.gguf"
+        if [ ! -f "$gguf" ]; then
+            "$VENV/bin/python" "$ROOT/scripts/tiny-models.py" write --bench-shapes --only "$name" \
+                --smollm2 "$ROOT/weights/SmolLM2-135M-Instruct.Q4_1.gguf" --vocab-size 49152 --out "$DIR"
+            "$BIN/llama-quantize" "$DIR/$name-f32.gguf" "$gguf.tmp" Q4_K_M 2 >"$DIR/$name.quantize.log" 2>&1
+            mv "$gguf.tmp" "$gguf"
+            rm -f "$DIR/$name-f32.gguf"
+        fi
+    done
+    for name in llama3 qwen2 qwen3 mistral phi3; do
+        echo
+        PROMPTS="${PROMPTS:-128,512}" DEPTHS="${DEPTHS:-0}" SKIP_BUILD=1 SKIP_STREAMS=1 \
+            "$0" "$DIR/$name-q4_k_m.gguf" "$THREADS" "$REPS"
+    done
+    exit 0
+fi
 BACKEND="${BACKEND:-auto}"
+PROMPTS="${PROMPTS:-128,512,2048}"
+DEPTHS="${DEPTHS:-0,2048}"
+export GEN="${GEN:-128}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
@@ -33,42 +68,79 @@ else
 fi
 HEARTH="$CARGO_TARGET_DIR/release/examples/bench_text"
 
+IK_BIN="${IK_LLAMA_BIN:-}"
+if [ -n "$IK_BIN" ] && [ ! -x "$IK_BIN/llama-bench" ]; then
+    echo "IK_LLAMA_BIN=$IK_BIN has no llama-bench (scripts/build-ik-llama-cpp.sh builds it)" >&2; exit 1
+fi
+[ -n "$IK_BIN" ] || echo "ik_llama.cpp: not measured (set IK_LLAMA_BIN to its bin/ folder; scripts/build-ik-llama-cpp.sh)"
+
 echo "== single stream: $(basename "$MODEL"), $THREADS threads, $REPS interleaved runs =="
+echo "prefill of $PROMPTS tokens into an empty cache; decode of $GEN tokens after $DEPTHS tokens"
 echo "machine: $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 for i in $(seq 1 "$REPS"); do
-    /usr/bin/time -v "$LLAMA_BIN/llama-bench" -m "$MODEL" -t "$THREADS" -p 128 -n 128 -r 1 -o json \
+    # llama.cpp: the prefill tests, then the decode tests at each depth (-d applies to every test).
+    /usr/bin/time -v "$LLAMA_BIN/llama-bench" -m "$MODEL" -t "$THREADS" -p "$PROMPTS" -n 0 -r 1 -o json \
         >"$OUT/llama-$i.json" 2>"$OUT/llama-$i.time"
-    /usr/bin/time -v "$HEARTH" --model "$MODEL" --threads "$THREADS" --prompt 128 --gen 128 --backend "$BACKEND" \
-        >"$OUT/hearth-$i.json" 2>"$OUT/hearth-$i.time"
+    /usr/bin/time -v "$LLAMA_BIN/llama-bench" -m "$MODEL" -t "$THREADS" -p 0 -n "$GEN" -d "$DEPTHS" -r 1 -o json \
+        >"$OUT/llama-$i.dec.json" 2>"$OUT/llama-$i.dec.time"
+    if [ -n "$IK_BIN" ]; then
+        # ik_llama.cpp: -gp D,N decodes N tokens after a D-token prompt, timing the N only.
+        GP=()
+        for d in ${DEPTHS//,/ }; do [ "$d" = 0 ] || GP+=(-gp "$d,$GEN"); done
+        /usr/bin/time -v "$IK_BIN/llama-bench" -m "$MODEL" -t "$THREADS" -p "$PROMPTS" -n "$GEN" "${GP[@]}" -r 1 -o json \
+            >"$OUT/ik-$i.json" 2>"$OUT/ik-$i.time"
+    fi
+    /usr/bin/time -v "$HEARTH" --model "$MODEL" --threads "$THREADS" --prompt "$PROMPTS" --gen "$GEN" \
+        --depth "$DEPTHS" --backend "$BACKEND" >"$OUT/hearth-$i.json" 2>"$OUT/hearth-$i.time"
     echo "run $i done (load average $(cut -d' ' -f1 /proc/loadavg))"
 done
 
 python3 - "$OUT" "$REPS" <<'EOF'
-import json, re, statistics, sys
+import json, os, re, statistics, sys
 out, reps = sys.argv[1], int(sys.argv[2])
-def rss_mib(path):
-    m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", open(path).read())
-    return int(m.group(1)) / 1024 if m else float("nan")
-rows = {"llama.cpp": {"prefill": [], "decode": [], "rss": []}, "hearth": {"prefill": [], "decode": [], "rss": [], "load": []}}
+gen = os.environ.get("GEN", "128")
+def rss_mib(paths):
+    vals = []
+    for path in paths:
+        m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", open(path).read())
+        if m:
+            vals.append(int(m.group(1)) / 1024)
+    return max(vals) if vals else float("nan")
+def llama_rows(paths):
+    """prefill[n] and decode[depth] from llama-bench JSON (mainline: -d; ik: -gp)."""
+    got = {}
+    for path in paths:
+        for r in json.load(open(path)):
+            p, g, d = r["n_prompt"], r["n_gen"], r.get("n_depth", 0)
+            key = ("prefill", p) if g == 0 else ("decode", d if p == 0 else p)
+            got[key] = r["avg_ts"]
+    return got
+runs = {"llama.cpp": [], "ik_llama.cpp": [], "hearth": []}
 for i in range(1, reps + 1):
-    for r in json.load(open(f"{out}/llama-{i}.json")):
-        key = "prefill" if r["n_prompt"] > 0 else "decode"
-        rows["llama.cpp"][key].append(r["avg_ts"])
-    rows["llama.cpp"]["rss"].append(rss_mib(f"{out}/llama-{i}.time"))
+    runs["llama.cpp"].append((llama_rows([f"{out}/llama-{i}.json", f"{out}/llama-{i}.dec.json"]),
+                              rss_mib([f"{out}/llama-{i}.time", f"{out}/llama-{i}.dec.time"])))
+    if os.path.exists(f"{out}/ik-{i}.json"):
+        runs["ik_llama.cpp"].append((llama_rows([f"{out}/ik-{i}.json"]), rss_mib([f"{out}/ik-{i}.time"])))
     h = json.loads(open(f"{out}/hearth-{i}.json").read().strip().splitlines()[-1])
-    rows["hearth"]["prefill"].append(h["prefill_tok_s"])
-    rows["hearth"]["decode"].append(h["decode_tok_s"])
-    rows["hearth"]["load"].append(h["load_s"])
-    rows["hearth"]["rss"].append(rss_mib(f"{out}/hearth-{i}.time"))
-med = {e: {k: statistics.median(v) for k, v in d.items() if v} for e, d in rows.items()}
-print(f"{'engine':<10} {'prefill tok/s':>14} {'decode tok/s':>13} {'peak RSS MiB':>13}")
-for e in ("llama.cpp", "hearth"):
-    m = med[e]
-    print(f"{e:<10} {m['prefill']:>14.1f} {m['decode']:>13.2f} {m['rss']:>13.1f}")
-l, h = med["llama.cpp"], med["hearth"]
-print(f"{'ratio':<10} {h['prefill']/l['prefill']:>14.3f} {h['decode']/l['decode']:>13.3f} {h['rss']/l['rss']:>13.3f}   (hearth / llama.cpp)")
-print(f"hearth load time median: {h['load']*1000:.0f} ms")
-print("raw:", json.dumps(rows))
+    rows = {("prefill", int(n)): v for n, v in h["prefill"].items()}
+    rows.update({("decode", int(d)): v for d, v in h["decode"].items()})
+    runs["hearth"].append((rows, rss_mib([f"{out}/hearth-{i}.time"])))
+engines = [e for e in runs if runs[e]]
+others = [e for e in engines if e != "hearth"]
+tests = sorted({k for e in engines for rows, _ in runs[e] for k in rows})
+med = {e: {t: statistics.median(rows[t] for rows, _ in runs[e] if t in rows) for t in tests} for e in engines}
+rss = {e: statistics.median(r for _, r in runs[e]) for e in engines}
+print("| test | " + " | ".join(f"{e} tok/s" for e in engines) + " | "
+      + " | ".join(f"hearth / {e}" for e in others) + " |")
+print("|---|" + "---:|" * (len(engines) + len(others)))
+for t in tests:
+    name = f"prefill {t[1]}" if t[0] == "prefill" else f"decode {gen} after {t[1]}"
+    print(f"| {name} | " + " | ".join(f"{med[e][t]:.1f}" for e in engines) + " | "
+          + " | ".join(f"{med['hearth'][t] / med[e][t]:.3f}" for e in others) + " |")
+print("| peak RSS MiB | " + " | ".join(f"{rss[e]:.1f}" for e in engines) + " | "
+      + " | ".join(f"{rss['hearth'] / rss[e]:.3f}" for e in others) + " |")
+print("raw:", json.dumps({e: [[{f"{k[0]} {k[1]}": v for k, v in rows.items()}, r] for rows, r in runs[e]]
+                          for e in engines}))
 EOF
 
 # == concurrent streams: Hearth's scheduler vs llama-server -np 8, same model, threads, load ====

@@ -1,11 +1,14 @@
-//! Hearth's side of `scripts/bench-text.sh`: load a GGUF, then measure the two tests
-//! `llama-bench -p N -n M` runs, the same way: after one warm-up of each, prefill a fixed
-//! N-token prompt in one step into an empty cache, and, separately, decode M tokens greedily
-//! one at a time starting from an empty cache (B sequences in lock-step with `--batch B`).
-//! Prints one JSON line with load time, tokens/s and peak RSS.
+//! Hearth's side of `scripts/bench-text.sh`: load a GGUF, then measure the tests `llama-bench -p
+//! N1,N2 -n M -d 0,D` runs, the same way: after one warm-up of each, prefill a fixed N-token
+//! prompt in one step into an empty cache (for each N), and, separately, decode M tokens greedily
+//! one at a time from a cache that already holds D tokens (for each D; the D tokens are filled
+//! before the clock starts), B sequences in lock-step with `--batch B`.
+//! Prints one JSON line: load time, peak RSS, `prefill` {N: tok/s}, `decode` {D: tok/s}, and the
+//! first of each as `prefill_tok_s` / `decode_tok_s`.
 //!
 //! cargo run --release -p hearth-infer --example bench_text -- \
-//!     --model weights/SmolLM2-135M-Instruct.Q4_1.gguf --threads 2 --prompt 128 --gen 128
+//!     --model weights/SmolLM2-135M-Instruct.Q4_1.gguf --threads 2 --prompt 128,512 --gen 128 \
+//!     [--depth 0,2048]
 
 use std::time::Instant;
 
@@ -14,18 +17,26 @@ use hearth_infer::{BackendChoice, Sampler, SamplingParams, Step, TextModel, Text
 struct Args {
     model: String,
     threads: usize,
-    prompt: usize,
+    prompts: Vec<usize>,
     gen: usize,
+    depths: Vec<usize>,
     batch: usize,
     backend: BackendChoice,
+}
+
+fn list(flag: &str, v: String) -> Result<Vec<usize>, String> {
+    v.split(',')
+        .map(|n| n.trim().parse().map_err(|e| format!("{flag}: {e}")))
+        .collect()
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
         model: "weights/SmolLM2-135M-Instruct.Q4_1.gguf".into(),
         threads: 2,
-        prompt: 128,
+        prompts: vec![128],
         gen: 128,
+        depths: vec![0],
         batch: 1,
         backend: BackendChoice::Auto,
     };
@@ -35,15 +46,16 @@ fn parse_args() -> Result<Args, String> {
         match flag.as_str() {
             "--model" => a.model = value()?,
             "--threads" => a.threads = value()?.parse().map_err(|e| format!("--threads: {e}"))?,
-            "--prompt" => a.prompt = value()?.parse().map_err(|e| format!("--prompt: {e}"))?,
+            "--prompt" => a.prompts = list("--prompt", value()?)?,
             "--gen" => a.gen = value()?.parse().map_err(|e| format!("--gen: {e}"))?,
+            "--depth" => a.depths = list("--depth", value()?)?,
             "--batch" => a.batch = value()?.parse().map_err(|e| format!("--batch: {e}"))?,
             "--backend" => a.backend = value()?.parse()?,
             other => return Err(format!("unknown flag {other}")),
         }
     }
-    if a.prompt == 0 || a.batch == 0 {
-        return Err("--prompt and --batch must be at least 1".into());
+    if a.prompts.contains(&0) || a.batch == 0 || a.depths.is_empty() {
+        return Err("--prompt lengths and --batch must be at least 1".into());
     }
     Ok(a)
 }
@@ -69,45 +81,47 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let load_s = t0.elapsed().as_secs_f64();
     let vocab = model.info().vocab_size;
 
-    // A fixed prompt of exactly `--prompt` ids: real text, repeated as needed.
+    // A fixed text of as many ids as the longest prompt or depth: real text, repeated.
     let tok = model.tokenizer();
     let text =
         "The quick brown fox jumps over the lazy dog. Hearth serves language models on small \
                 machines, one batch at a time, and counts every token it makes. ";
-    let mut prompt = Vec::new();
-    while prompt.len() < args.prompt {
-        prompt.extend(tok.encode(text)?);
+    let longest = args.prompts.iter().chain(&args.depths).copied().max().unwrap_or(1).max(1);
+    let mut ids = Vec::new();
+    while ids.len() < longest {
+        ids.extend(tok.encode(text)?);
     }
-    prompt.truncate(args.prompt);
+    ids.truncate(longest);
+    let capacity = longest + args.gen + 1;
 
     let mut samplers: Vec<Sampler> = (0..args.batch)
         .map(|_| Sampler::new(&SamplingParams::default()))
         .collect();
     let fresh = |model: &TextModel| {
         (0..args.batch)
-            .map(|_| model.new_sequence(args.prompt + args.gen + 1))
+            .map(|_| model.new_sequence(capacity))
             .collect::<Result<Vec<_>, _>>()
     };
 
-    // Prefill: every sequence's prompt in one batched step.
-    let prefill = |model: &mut TextModel, seqs: &mut Vec<hearth_infer::Sequence>| {
+    // Prefill: every sequence's first `n` ids in one batched step.
+    let prefill = |model: &mut TextModel, seqs: &mut Vec<hearth_infer::Sequence>, n: usize| {
         let mut steps: Vec<Step> = seqs
             .iter_mut()
             .map(|seq| Step {
                 seq,
-                tokens: &prompt,
+                tokens: &ids[..n],
             })
             .collect();
         model.forward(&mut steps).map(|l| l.len())
     };
-    // Decode: one token per sequence per step, greedy, not stopping at EOS, from an empty
-    // cache whose first input is the prompt's first token (llama-bench starts from BOS).
+    // Decode: one token per sequence per step, greedy, not stopping at EOS; the first input is
+    // the text's first id (llama-bench starts from BOS).
     let decode = |model: &mut TextModel,
                   seqs: &mut Vec<hearth_infer::Sequence>,
                   samplers: &mut Vec<Sampler>,
                   n: usize|
      -> Result<(), hearth_infer::Error> {
-        let mut next = vec![prompt[0]; seqs.len()];
+        let mut next = vec![ids[0]; seqs.len()];
         for _ in 0..n {
             let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
             let mut steps: Vec<Step> = seqs
@@ -125,32 +139,47 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Warm-up (pages the weights in, sizes the scratch buffers), as llama-bench does.
     let mut warm = fresh(&model)?;
-    prefill(&mut model, &mut warm)?;
+    prefill(&mut model, &mut warm, args.prompts[0])?;
     let mut warm = fresh(&model)?;
     decode(&mut model, &mut warm, &mut samplers, 1)?;
     drop(warm);
 
-    let mut seqs = fresh(&model)?;
-    let t1 = Instant::now();
-    prefill(&mut model, &mut seqs)?;
-    let prefill_s = t1.elapsed().as_secs_f64();
-    drop(seqs);
+    let mut prefill_rates = Vec::new();
+    for &n in &args.prompts {
+        let mut seqs = fresh(&model)?;
+        let t = Instant::now();
+        prefill(&mut model, &mut seqs, n)?;
+        prefill_rates.push((n, (n * args.batch) as f64 / t.elapsed().as_secs_f64()));
+    }
+    let mut decode_rates = Vec::new();
+    for &depth in &args.depths {
+        let mut seqs = fresh(&model)?;
+        if depth > 0 {
+            prefill(&mut model, &mut seqs, depth)?;
+        }
+        let t = Instant::now();
+        decode(&mut model, &mut seqs, &mut samplers, args.gen)?;
+        decode_rates.push((depth, (args.gen * args.batch) as f64 / t.elapsed().as_secs_f64()));
+    }
 
-    let mut seqs = fresh(&model)?;
-    let t2 = Instant::now();
-    decode(&mut model, &mut seqs, &mut samplers, args.gen)?;
-    let decode_s = t2.elapsed().as_secs_f64();
-
+    let map = |rates: &[(usize, f64)]| {
+        rates
+            .iter()
+            .map(|(n, r)| format!("\"{n}\":{r:.2}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
     println!(
-        "{{\"engine\":\"hearth\",\"backend\":\"{}\",\"threads\":{},\"batch\":{},\"load_s\":{:.4},\"prefill_tokens\":{},\"prefill_tok_s\":{:.2},\"decode_tokens\":{},\"decode_tok_s\":{:.2},\"peak_rss_kib\":{},\"weights_bytes\":{}}}",
+        "{{\"engine\":\"hearth\",\"backend\":\"{}\",\"threads\":{},\"batch\":{},\"load_s\":{:.4},\"gen\":{},\"prefill\":{{{}}},\"decode\":{{{}}},\"prefill_tok_s\":{:.2},\"decode_tok_s\":{:.2},\"peak_rss_kib\":{},\"weights_bytes\":{}}}",
         model.info().backend,
         model.threads(),
         args.batch,
         load_s,
-        args.prompt * args.batch,
-        (args.prompt * args.batch) as f64 / prefill_s,
-        args.gen * args.batch,
-        (args.gen * args.batch) as f64 / decode_s,
+        args.gen,
+        map(&prefill_rates),
+        map(&decode_rates),
+        prefill_rates[0].1,
+        decode_rates[0].1,
         peak_rss_kib(),
         model.info().weights_bytes,
     );
