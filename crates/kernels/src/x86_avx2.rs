@@ -8,7 +8,7 @@
 
 use crate::acts::QActs;
 use crate::pack::QMatrix;
-use crate::{L_S8, L_U4, L_U5, L_U6};
+use crate::{fifth_bit, stored_min, L_S8, L_U5, L_U6};
 use std::arch::x86_64::*;
 
 /// Half `h` (elements `32h..32h+32`) of chunk `base` as bytes.
@@ -25,7 +25,7 @@ unsafe fn unpack<const L: u8>(w: &QMatrix, base: usize, h: usize) -> __m256i {
     } else {
         _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)
     };
-    if L == L_U5 {
+    if fifth_bit(L) {
         let bits = (w.hi.as_ptr().add(base * 8 + 4 * h) as *const i32).read_unaligned();
         let b = _mm256_shuffle_epi8(
             _mm256_set1_epi32(bits),
@@ -117,7 +117,7 @@ pub(crate) unsafe fn tile<const L: u8, const MR: usize, const NR: usize>(
                 }
                 let wq = unpack::<L>(w, r * chunks + c, h);
                 let ws = expand::<L>(w.scales.as_ptr().add(r * groups + c * gpc), h);
-                let wm = if L == L_U4 {
+                let wm = if stored_min(L) {
                     expand::<L>(w.mins.as_ptr().add(r * groups + c * gpc), h)
                 } else {
                     _mm256_mul_ps(ws, _mm256_set1_ps(zero))
