@@ -7,8 +7,10 @@
 //! a multiple of 64 columns ("chunks"). Within a 64-element chunk:
 //! - the low 4 bits of `q` sit in 32 bytes: byte `j` holds element `j` in its low nibble and
 //!   element `j + 32` in its high nibble, so one 32-byte load unpacks to the chunk in order;
-//! - the fifth bit of Q5_0/Q5_1/Q5_K sits in an 8-byte plane: bit `e` is the fifth bit of
-//!   element `e`;
+//! - the fifth bits of Q5_0/Q5_1/Q5_K sit in one little-endian u64 per chunk: element `e`'s is
+//!   bit `8 t + j + 4 (1 - h)` with `h = e / 32`, `j = e % 32 / 8`, `t = e % 8` (see
+//!   `hi5_bit`), so that a shift of each 64-bit lane by a constant brings every fifth bit of
+//!   a 32-element half to bit 4 of its element's byte;
 //! - Q6_K's two top bits sit in a 16-byte plane: bits `2*(e/16)..` of byte `e % 16`.
 //!
 //! Interleaved variant ([`QMatrix::for_ggml_on`] with the VNNI path, for the 4-bit, 5-bit and
@@ -109,6 +111,15 @@ pub struct QMatrix {
     pub(crate) mins: Vec<u16>,
     /// Stored in the interleaved arrangement (see the module documentation).
     pub(crate) il: bool,
+}
+
+/// The bit of a chunk's fifth-bit word that holds element `i` (< 64) of the chunk: in 64-bit
+/// lane `j` of a 32-element half `h`, bit 4 of byte `t` after a shift right by `j` (half 0) or
+/// left by `4 - j` (half 1).
+#[inline]
+pub(crate) fn hi5_bit(i: usize) -> u32 {
+    let (h, j, t) = (i / 32, i % 32 / 8, i % 8);
+    (8 * t + j + 4 * (1 - h)) as u32
 }
 
 fn to_f16_bits(x: f32) -> u16 {
@@ -366,7 +377,7 @@ impl QMatrix {
                 Layout::U5 | Layout::U5Min => {
                     let mut bits = 0u64;
                     for (e, &v) in q.iter().enumerate() {
-                        bits |= (((v >> 4) & 1) as u64) << e;
+                        bits |= (((v >> 4) & 1) as u64) << hi5_bit(e);
                     }
                     hi.copy_from_slice(&bits.to_le_bytes());
                 }
@@ -424,7 +435,9 @@ impl QMatrix {
                 let byte = self.qs[base * 32 + i % 32];
                 let mut q = if i < 32 { byte & 15 } else { byte >> 4 } as i32;
                 if l.fifth_bit() {
-                    q |= (((self.hi[base * 8 + i / 8] >> (i % 8)) & 1) as i32) << 4;
+                    let at = base * 8..base * 8 + 8;
+                    let word = u64::from_le_bytes(self.hi[at].try_into().unwrap());
+                    q |= (((word >> hi5_bit(i)) & 1) as i32) << 4;
                 } else if l == Layout::U6 {
                     q |= (((self.hi[base * 16 + i % 16] >> (2 * (i / 16))) & 3) as i32) << 4;
                 }

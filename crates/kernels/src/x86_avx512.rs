@@ -32,8 +32,12 @@ unsafe fn unpack<const L: u8>(w: &QMatrix, base: usize) -> __m512i {
         _mm512_set1_epi8(0x0F),
     );
     if fifth_bit(L) {
-        let bits = (w.hi.as_ptr().add(base * 8) as *const u64).read_unaligned();
-        _mm512_or_si512(q, _mm512_maskz_set1_epi8(bits, 0x10))
+        // The chunk's fifth-bit word in every 64-bit lane, rotated so that bit 4 of each byte
+        // is its element's fifth bit (`pack::hi5_bit`): lanes 0-3 (half 0) right by the lane
+        // index, lanes 4-7 (half 1) left by 4 minus it.
+        let word = _mm512_set1_epi64((w.hi.as_ptr().add(base * 8) as *const i64).read_unaligned());
+        let at4 = _mm512_rolv_epi64(word, _mm512_setr_epi64(0, 63, 62, 61, 4, 3, 2, 1));
+        _mm512_or_si512(q, _mm512_and_si512(at4, _mm512_set1_epi8(0x10)))
     } else if L == L_U6 {
         let h = _mm512_broadcast_i32x4(_mm_loadu_si128(
             w.hi.as_ptr().add(base * 16) as *const __m128i
