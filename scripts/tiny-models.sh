@@ -8,7 +8,8 @@
 #   2. prepares .cache/tiny-models/venv (gguf + numpy + llama-cpp-python from the sdist that
 #      build-llama-cpp.sh downloaded, its own CMake build switched off),
 #   3. writes .cache/tiny-models/<name>-f32.gguf (tiny-models.py write),
-#   4. quantizes each to Q8_0, Q4_0 and Q4_K_M into tests/fixtures/arch/<name>-<type>.gguf,
+#   4. quantizes each to Q8_0, Q4_0 and Q4_K_M (llama and qwen3 also to Q5_K_M) into
+#      tests/fixtures/arch/<name>-<type>.gguf,
 #   5. runs llama.cpp on each quantized model: tests/fixtures/arch/<name>-<type>.json.
 #
 # Idempotent: every step is deterministic, and a file whose new bytes equal the old is left alone.
@@ -23,6 +24,9 @@ VERSION=0.3.36             # llama-cpp-python, as in build-llama-cpp.sh and refe
 GGUF_VERSION=0.19.0
 NUMPY_VERSION=2.4.6        # pinned: the seeded weights come from numpy's generator
 TYPES=(Q8_0 Q4_0 Q4_K_M)
+# Q5_K_M for two families only (its Q5_K tensors are the 256-wide rows: ffn_down, and qwen3's
+# attn_output), to keep the fixtures small.
+declare -A EXTRA_TYPES=([llama]=Q5_K_M [qwen3]=Q5_K_M)
 VOCAB_SIZE=1536
 
 log() { echo "tiny-models: $*" >&2; }
@@ -51,7 +55,7 @@ NAMES=("$@")
 # Quantizing takes a second a file: always redo it, keep the old file when the bytes agree.
 mkdir -p "$OUT"
 for name in "${NAMES[@]}"; do
-    for type in "${TYPES[@]}"; do
+    for type in "${TYPES[@]}" ${EXTRA_TYPES[$name]:-}; do
         dst="$OUT/$name-${type,,}.gguf"
         qlog="$CACHE/$name-${type,,}.quantize.log"
         "$BIN/llama-quantize" "$CACHE/$name-f32.gguf" "$dst.tmp" "$type" 2 >"$qlog" 2>&1 \

@@ -29,7 +29,7 @@ fn matrix(ty: GgmlType, rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
     for blk in b.chunks_exact_mut(bb) {
         match ty {
             GgmlType::Q6_K => blk[208..210].copy_from_slice(&scale),
-            GgmlType::Q4_1 | GgmlType::Q4_K => {
+            GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => {
                 blk[0..2].copy_from_slice(&scale);
                 blk[2..4].copy_from_slice(&scale);
             }
@@ -69,8 +69,10 @@ fn main() {
         ("down 576x1536", GgmlType::Q4_1, 576, 1536),
         ("lm_head 49152x576", GgmlType::Q8_0, 49152, 576),
         ("q4_k 2048x640", GgmlType::Q4_K, 2048, 640 / 256 * 256 + 256),
+        ("q5_k 2048x768", GgmlType::Q5_K, 2048, 768),
         ("q6_k 1024x768", GgmlType::Q6_K, 1024, 768),
         ("q5_0 1024x576", GgmlType::Q5_0, 1024, 576),
+        ("q5_1 1024x576", GgmlType::Q5_1, 1024, 576),
     ];
     println!(
         "{:<20} {:>4} {:>11} {:>3} {:>10} {:>9} {:>11}",

@@ -2,8 +2,8 @@
 //! Q8_0/Q8_1 dot products (`d = amax / 127`, `q = round(x / d)`), kept in a layout the kernels
 //! read without shuffles: besides the quants, every 4-element "lane" (one 32-bit SIMD lane of
 //! a `vpdpbusd`/`pmaddubsw` result) carries its block's scale `d` and `d * (sum of its 4 q)`,
-//! which turns a weight block's min (Q4_1, Q4_K, the zero points of Q5_0/Q6_K) into one
-//! fused multiply-add. One scale per 32 elements is at least as precise as Q8_K's one per 256,
+//! which turns a weight block's min (Q4_1, Q5_1, Q4_K, Q5_K, the zero points of Q5_0/Q6_K) into
+//! one fused multiply-add. One scale per 32 elements is at least as precise as Q8_K's one per 256,
 //! so K-quant weights use the same activation blocks.
 
 use crate::Error;

@@ -7,9 +7,14 @@
 //! - `Q4_1` (20/32): `d: f16`, `m: f16`, `qs[16]` as Q4_0; value `d * q + m`.
 //! - `Q5_0` (22/32): `d: f16`, `qh: u32`, `qs[16]`; bit `j` of `qh` is the fifth bit of element `j`;
 //!   value `d * (q - 16)`.
+//! - `Q5_1` (24/32): `d: f16`, `m: f16`, `qh: u32`, `qs[16]` as Q5_0; value `d * q + m`.
 //! - `Q8_0` (34/32): `d: f16`, `qs: [i8; 32]`; value `d * q`.
 //! - `Q4_K` (144/256): `d: f16`, `dmin: f16`, `scales[12]` (eight 6-bit scale/min pairs), `qs[128]`;
-//!   value `d * sc[j] * q - dmin * m[j]` for the 32-element sub-block `j`.
+//!   value `d * sc[j] * q - dmin * m[j]` for the 32-element sub-block `j`. Byte `32 c + l` of
+//!   `qs` holds element `64 c + l` in its low nibble and `64 c + 32 + l` in its high nibble.
+//! - `Q5_K` (176/256): `d: f16`, `dmin: f16`, `scales[12]` as Q4_K, `qh[32]`, `qs[128]` as Q4_K;
+//!   bit `2 c` of `qh[l]` is the fifth bit of element `64 c + l`, bit `2 c + 1` that of
+//!   `64 c + 32 + l`; value as Q4_K with a 5-bit `q`.
 //! - `Q6_K` (210/256): `ql[128]`, `qh[64]`, `scales: [i8; 16]`, `d: f16`; value
 //!   `d * scales[e / 16] * (q - 32)` with a 6-bit `q`.
 //! - `Q8_K` (292/256): `d: f32`, `qs: [i8; 256]`, `bsums: [i16; 16]`; value `d * q`.
@@ -27,8 +32,10 @@ pub enum GgmlType {
     Q4_0,
     Q4_1,
     Q5_0,
+    Q5_1,
     Q8_0,
     Q4_K,
+    Q5_K,
     Q6_K,
     Q8_K,
 }
@@ -42,8 +49,10 @@ impl GgmlType {
             2 => GgmlType::Q4_0,
             3 => GgmlType::Q4_1,
             6 => GgmlType::Q5_0,
+            7 => GgmlType::Q5_1,
             8 => GgmlType::Q8_0,
             12 => GgmlType::Q4_K,
+            13 => GgmlType::Q5_K,
             14 => GgmlType::Q6_K,
             15 => GgmlType::Q8_K,
             30 => GgmlType::BF16,
@@ -55,8 +64,10 @@ impl GgmlType {
     pub fn block_elems(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0 => 32,
-            GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_K => 256,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
+                32
+            }
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => 256,
         }
     }
 
@@ -68,8 +79,10 @@ impl GgmlType {
             GgmlType::Q4_0 => 18,
             GgmlType::Q4_1 => 20,
             GgmlType::Q5_0 => 22,
+            GgmlType::Q5_1 => 24,
             GgmlType::Q8_0 => 34,
             GgmlType::Q4_K => 144,
+            GgmlType::Q5_K => 176,
             GgmlType::Q6_K => 210,
             GgmlType::Q8_K => 292,
         }
@@ -107,6 +120,43 @@ pub(crate) fn k4_scale_min(j: usize, s: &[u8]) -> (u8, u8) {
     }
 }
 
+/// Q5_0 (`m == None`) or Q5_1: the block's `(d, m, qh, qs)`.
+#[inline]
+pub(crate) fn q5_fields(ty: GgmlType, blk: &[u8]) -> (f32, Option<f32>, u32, &[u8]) {
+    let at = if ty == GgmlType::Q5_1 { 4 } else { 2 };
+    let m = (ty == GgmlType::Q5_1).then(|| f16_at(blk, 2));
+    let qh = u32::from_le_bytes([blk[at], blk[at + 1], blk[at + 2], blk[at + 3]]);
+    (f16_at(blk, 0), m, qh, &blk[at + 4..at + 20])
+}
+
+/// The unsigned 5-bit quant of element `e` (0..32) of a Q5_0/Q5_1 block's `qh` and `qs`.
+#[inline]
+pub(crate) fn q5_q(qh: u32, qs: &[u8], e: usize) -> u8 {
+    let low = if e < 16 { qs[e] & 15 } else { qs[e - 16] >> 4 };
+    low | ((((qh >> e) & 1) as u8) << 4)
+}
+
+/// Q4_K (`qh == None`) or Q5_K: the block's `(d, dmin, scales[12], qh[32], qs[128])`.
+#[inline]
+pub(crate) fn k45_fields(ty: GgmlType, blk: &[u8]) -> (f32, f32, &[u8], Option<&[u8]>, &[u8]) {
+    let (d, dmin, scales) = (f16_at(blk, 0), f16_at(blk, 2), &blk[4..16]);
+    if ty == GgmlType::Q5_K {
+        (d, dmin, scales, Some(&blk[16..48]), &blk[48..176])
+    } else {
+        (d, dmin, scales, None, &blk[16..144])
+    }
+}
+
+/// The unsigned quant of element `e` (0..256) of a Q4_K block's `qs` (4 bits), or with `qh` of
+/// a Q5_K block (5 bits).
+#[inline]
+pub(crate) fn k45_q(qh: Option<&[u8]>, qs: &[u8], e: usize) -> u8 {
+    let (c, upper, l) = (e / 64, (e / 32) % 2, e % 32);
+    let byte = qs[32 * c + l];
+    let low = if upper == 0 { byte & 15 } else { byte >> 4 };
+    low | qh.map_or(0, |h| ((h[l] >> (2 * c + upper)) & 1) << 4)
+}
+
 /// Scalar reference: dequantizes one row (`bytes` = whole blocks) into `out` (`out.len()` elements).
 pub fn dequantize_row(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), Error> {
     let need = ty.row_bytes(out.len())?;
@@ -138,14 +188,14 @@ pub fn dequantize_row(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(),
                     y[j + 16] = d * (blk[4 + j] >> 4) as f32 + m;
                 }
             }
-            GgmlType::Q5_0 => {
-                let d = f16_at(blk, 0);
-                let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
-                for j in 0..16 {
-                    let h0 = ((qh >> j) & 1) << 4;
-                    let h1 = ((qh >> (j + 16)) & 1) << 4;
-                    y[j] = d * (((blk[6 + j] & 15) as u32 | h0) as i32 - 16) as f32;
-                    y[j + 16] = d * (((blk[6 + j] >> 4) as u32 | h1) as i32 - 16) as f32;
+            GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                let (d, m, qh, qs) = q5_fields(ty, blk);
+                for (e, y) in y.iter_mut().enumerate() {
+                    let q = q5_q(qh, qs, e) as i32;
+                    *y = match m {
+                        None => d * (q - 16) as f32,
+                        Some(m) => d * q as f32 + m,
+                    };
                 }
             }
             GgmlType::Q8_0 => {
@@ -154,19 +204,13 @@ pub fn dequantize_row(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(),
                     y[j] = d * (blk[2 + j] as i8) as f32;
                 }
             }
-            GgmlType::Q4_K => {
-                let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
-                let scales = &blk[4..16];
-                let qs = &blk[16..144];
-                for c in 0..4 {
-                    let (s0, m0) = k4_scale_min(2 * c, scales);
-                    let (s1, m1) = k4_scale_min(2 * c + 1, scales);
-                    let (d0, mm0) = (d * s0 as f32, dmin * m0 as f32);
-                    let (d1, mm1) = (d * s1 as f32, dmin * m1 as f32);
-                    for l in 0..32 {
-                        let q = qs[32 * c + l];
-                        y[64 * c + l] = d0 * (q & 15) as f32 - mm0;
-                        y[64 * c + 32 + l] = d1 * (q >> 4) as f32 - mm1;
+            GgmlType::Q4_K | GgmlType::Q5_K => {
+                let (d, dmin, scales, qh, qs) = k45_fields(ty, blk);
+                for (j, ys) in y.chunks_exact_mut(32).enumerate() {
+                    let (sc, m) = k4_scale_min(j, scales);
+                    let (dj, mj) = (d * sc as f32, dmin * m as f32);
+                    for (l, y) in ys.iter_mut().enumerate() {
+                        *y = dj * k45_q(qh, qs, 32 * j + l) as f32 - mj;
                     }
                 }
             }
@@ -233,6 +277,28 @@ mod tests {
         assert_eq!(y[3], 0.0); // 16 - 16
         assert_eq!(y[20], 0.0);
         assert_eq!(y[4], -16.0);
+    }
+
+    #[test]
+    fn q5_k_fifth_bits_are_two_per_qh_byte_per_64_elements() {
+        let mut blk = vec![0u8; 176];
+        blk[0..2].copy_from_slice(&f16::from_f32(1.0).to_bits().to_le_bytes()); // d
+        blk[2..4].copy_from_slice(&f16::from_f32(0.5).to_bits().to_le_bytes()); // dmin
+                                                                                // Every sub-block's 6-bit scale 1; mins 0, except sub-block 7's: 3 (low nibble of
+                                                                                // scales[11]'s high half) + 16 (bit 6 of scales[7]).
+        blk[4..16].copy_from_slice(&[1, 1, 1, 1, 0, 0, 0, 0x40, 1, 1, 1, 0x31]);
+        blk[16 + 3] = 1 << 4; // qh[3], bit 2*2: element 128 + 3
+        blk[16 + 5] = 1 << 7; // qh[5], bit 2*3 + 1: element 192 + 32 + 5
+        blk[48 + 64 + 3] = 0xF2; // qs[32*2 + 3]: element 131 low 2, element 163 high 15
+        let mut y = vec![0f32; 256];
+        dequantize_row(GgmlType::Q5_K, &blk, &mut y).unwrap();
+        assert_eq!(y[131], 18.0); // 2 | 16
+        assert_eq!(y[163], 15.0);
+        assert_eq!(y[229], 16.0 - 0.5 * 19.0);
+        assert_eq!(y[3], 0.0);
+        assert_eq!(y[230], -0.5 * 19.0);
+        assert_eq!(GgmlType::from_id(13).unwrap(), GgmlType::Q5_K);
+        assert_eq!(GgmlType::from_id(7).unwrap(), GgmlType::Q5_1);
     }
 
     #[test]

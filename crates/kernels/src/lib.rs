@@ -1,7 +1,7 @@
 //! Quantized matrix kernels and the CPU thread pool behind Hearth's fast decode path.
 //!
-//! This crate owns: the GGML/GGUF block formats the default models use (Q4_0, Q4_1, Q5_0, Q8_0,
-//! Q4_K, Q6_K, plus Q8_K and F32/F16/BF16) with a scalar reference dequantizer
+//! This crate owns: the GGML/GGUF block formats the default models use (Q4_0, Q4_1, Q5_0, Q5_1,
+//! Q8_0, Q4_K, Q5_K, Q6_K, plus Q8_K and F32/F16/BF16) with a scalar reference dequantizer
 //! ([`formats`]); a load-time repacking of weight rows into one SIMD-friendly layout
 //! ([`QMatrix`]); activations quantized to 8-bit blocks per row ([`QActs`]); register-blocked
 //! matrix x activation-rows products on a portable scalar path, AVX2+FMA, AVX-512 (F/BW/VL) and
@@ -36,10 +36,22 @@ pub use pack::{Layout, QMatrix};
 pub use pool::{physical_cores, ThreadPool};
 
 // Layout ids as const-generic parameters of the SIMD tiles.
-pub(crate) const L_U4: u8 = 0;
-pub(crate) const L_U5: u8 = 1;
-pub(crate) const L_U6: u8 = 2;
-pub(crate) const L_S8: u8 = 3;
+pub(crate) const L_U4: u8 = Layout::U4Min as u8;
+pub(crate) const L_U5: u8 = Layout::U5 as u8;
+pub(crate) const L_U5M: u8 = Layout::U5Min as u8;
+pub(crate) const L_U6: u8 = Layout::U6 as u8;
+pub(crate) const L_S8: u8 = Layout::S8 as u8;
+
+/// Whether layout `l` has a fifth-bit plane (Q5_0; Q5_1 and Q5_K).
+pub(crate) const fn fifth_bit(l: u8) -> bool {
+    l == L_U5 || l == L_U5M
+}
+
+/// Whether layout `l` stores a min per group (Q4_0/Q4_1/Q4_K; Q5_1/Q5_K), rather than deriving
+/// a zero point from the scale (Q5_0, Q6_K) or having none (8-bit).
+pub(crate) const fn stored_min(l: u8) -> bool {
+    l == L_U4 || l == L_U5M
+}
 
 #[cfg(test)]
 mod tests;

@@ -11,7 +11,7 @@ use crate::pack::{Layout, QMatrix};
 use crate::pool::ThreadPool;
 use crate::Error;
 #[cfg(target_arch = "x86_64")]
-use crate::{L_S8, L_U4, L_U5, L_U6};
+use crate::{L_S8, L_U4, L_U5, L_U5M, L_U6};
 
 /// Which implementation runs the products. [`KernelPath::detect`] picks the best the CPU has;
 /// tests and benchmarks force each one.
@@ -120,6 +120,8 @@ macro_rules! pick {
             (Layout::U4Min, false) => pick_nr!($f, L_U4, 1, $nr),
             (Layout::U5, true) => pick_nr!($f, L_U5, 4, $nr),
             (Layout::U5, false) => pick_nr!($f, L_U5, 1, $nr),
+            (Layout::U5Min, true) => pick_nr!($f, L_U5M, 4, $nr),
+            (Layout::U5Min, false) => pick_nr!($f, L_U5M, 1, $nr),
             (Layout::U6, true) => pick_nr!($f, L_U6, 4, $nr),
             (Layout::U6, false) => pick_nr!($f, L_U6, 1, $nr),
             (Layout::S8, true) => pick_nr!($f, L_S8, 4, $nr),
@@ -281,10 +283,11 @@ fn matmul_il(w: &QMatrix, a: &QActs, out: &mut [f32], pool: &ThreadPool) {
                 let f = match layout {
                     Layout::S8 => pick_il!(L_S8, nr),
                     Layout::U5 => pick_il!(L_U5, nr),
+                    Layout::U5Min => pick_il!(L_U5M, nr),
                     _ => pick_il!(L_U4, nr),
                 };
                 // SAFETY: `matmul` checked the VNNI path is available and the shapes (w is
-                // interleaved, so its layout is U4Min, U5 or S8 and its rows a multiple of 16);
+                // interleaved, so its layout is not U6 and its rows are a multiple of 16);
                 // g < m / 16, a0 + nr <= n, `out` holds n * m floats, and the 16 outputs of
                 // group g in each activation row belong to this chunk only.
                 unsafe { f(w, g, a, a0, outp.0, m) };

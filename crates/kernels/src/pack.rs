@@ -7,11 +7,14 @@
 //! a multiple of 64 columns ("chunks"). Within a 64-element chunk:
 //! - the low 4 bits of `q` sit in 32 bytes: byte `j` holds element `j` in its low nibble and
 //!   element `j + 32` in its high nibble, so one 32-byte load unpacks to the chunk in order;
-//! - Q5_0's fifth bit sits in an 8-byte plane: bit `e` is the fifth bit of element `e`;
+//! - the fifth bits of Q5_0/Q5_1/Q5_K sit in one little-endian u64 per chunk: element `e`'s is
+//!   bit `8 t + j + 4 (1 - h)` with `h = e / 32`, `j = e % 32 / 8`, `t = e % 8` (see
+//!   `hi5_bit`), so that a shift of each 64-bit lane by a constant brings every fifth bit of
+//!   a 32-element half to bit 4 of its element's byte;
 //! - Q6_K's two top bits sit in a 16-byte plane: bits `2*(e/16)..` of byte `e % 16`.
 //!
-//! Interleaved variant ([`QMatrix::for_ggml_on`] with the VNNI path, for the 4-bit-with-min
-//! and 8-bit layouts when the rows are a multiple of 16): rows are taken 16 at a time, and for
+//! Interleaved variant ([`QMatrix::for_ggml_on`] with the VNNI path, for the 4-bit, 5-bit and
+//! 8-bit layouts when the rows are a multiple of 16): rows are taken 16 at a time, and for
 //! each 32-element block the 16 rows' quants are stored so that one 64-byte load holds 4
 //! consecutive quants of each of the 16 rows (32-bit lane `r` = row `r`):
 //! - 4-bit: 256 bytes per (16 rows, block); byte `64 h + 4 r + t` holds element `8 h + t` of
@@ -25,21 +28,25 @@
 //! The products then accumulate a whole block per lane in i32 and apply one scale per block,
 //! and each 16-lane result is 16 consecutive outputs (no horizontal sums).
 //!
-//! Q4_0/Q4_1/Q5_0/Q8_0 scales are f16 in the file and stay exact. K-quant scales are products
-//! `d * sc` of an f16 and a 6/8-bit integer, rounded here to f16 (relative error <= 2^-11,
-//! far below the 4/6-bit quantization step).
+//! Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 scales are f16 in the file and stay exact. K-quant scales are
+//! products `d * sc` of an f16 and a 6/8-bit integer, rounded here to f16 (relative error
+//! <= 2^-11, far below the 4/5/6-bit quantization step).
 
-use crate::formats::{f16_at, k4_scale_min, q6k_q, GgmlType};
+use crate::formats::{f16_at, k45_fields, k45_q, k4_scale_min, q5_fields, q5_q, q6k_q, GgmlType};
 use crate::Error;
 use half::f16;
 
-/// The repacked quant layout of a [`QMatrix`].
+/// The repacked quant layout of a [`QMatrix`]. The discriminants are the SIMD tiles'
+/// const-generic layout ids (`crate::L_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub enum Layout {
     /// 4-bit unsigned q, per-32 scale and stored min (Q4_0, Q4_1, Q4_K).
     U4Min,
     /// 5-bit unsigned q, per-32 scale, min = -16 * scale (Q5_0).
     U5,
+    /// 5-bit unsigned q, per-32 scale and stored min (Q5_1, Q5_K).
+    U5Min,
     /// 6-bit unsigned q, per-16 scale, min = -32 * scale (Q6_K).
     U6,
     /// Signed 8-bit q, per-32 scale, no min (Q8_0, Q8_K, and F32/F16/BF16 quantized at load).
@@ -63,10 +70,18 @@ impl Layout {
     /// Bytes of the high-bit plane per 64-element chunk.
     pub(crate) fn hi_per_chunk(self) -> usize {
         match self {
-            Layout::U5 => 8,
+            Layout::U5 | Layout::U5Min => 8,
             Layout::U6 => 16,
             _ => 0,
         }
+    }
+    /// Whether quants have a fifth bit (in the 8-byte plane).
+    pub(crate) fn fifth_bit(self) -> bool {
+        crate::fifth_bit(self as u8)
+    }
+    /// Whether each group stores its min (else it is `-zero() * scale`).
+    pub(crate) fn stored_min(self) -> bool {
+        crate::stored_min(self as u8)
     }
     /// Zero point for the derived-min layouts.
     pub(crate) fn zero(self) -> f32 {
@@ -92,10 +107,19 @@ pub struct QMatrix {
     pub(crate) hi: Vec<u8>,
     /// f16 bits, `rows * kp / group`.
     pub(crate) scales: Vec<u16>,
-    /// f16 bits, `rows * kp / group` for `U4Min`, else empty.
+    /// f16 bits, `rows * kp / group` for the stored-min layouts, else empty.
     pub(crate) mins: Vec<u16>,
     /// Stored in the interleaved arrangement (see the module documentation).
     pub(crate) il: bool,
+}
+
+/// The bit of a chunk's fifth-bit word that holds element `i` (< 64) of the chunk: in 64-bit
+/// lane `j` of a 32-element half `h`, bit 4 of byte `t` after a shift right by `j` (half 0) or
+/// left by `4 - j` (half 1).
+#[inline]
+pub(crate) fn hi5_bit(i: usize) -> u32 {
+    let (h, j, t) = (i / 32, i % 32 / 8, i % 8);
+    (8 * t + j + 4 * (1 - h)) as u32
 }
 
 fn to_f16_bits(x: f32) -> u16 {
@@ -129,6 +153,7 @@ impl QMatrix {
         let layout = match ty {
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K => Layout::U4Min,
             GgmlType::Q5_0 => Layout::U5,
+            GgmlType::Q5_1 | GgmlType::Q5_K => Layout::U5Min,
             GgmlType::Q6_K => Layout::U6,
             GgmlType::Q8_0 | GgmlType::Q8_K | GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
                 Layout::S8
@@ -148,7 +173,10 @@ impl QMatrix {
     ) -> Result<QMatrix, Error> {
         let mut m = QMatrix::for_ggml(ty, rows, cols)?;
         if path == crate::KernelPath::Avx512Vnni
-            && matches!(m.layout, Layout::U4Min | Layout::U5 | Layout::S8)
+            && matches!(
+                m.layout,
+                Layout::U4Min | Layout::U5 | Layout::U5Min | Layout::S8
+            )
             && rows > 0
             && rows.is_multiple_of(16)
         {
@@ -237,7 +265,7 @@ impl QMatrix {
             qs: vec![0; rows * chunks * layout.qs_per_chunk()],
             hi: vec![0; rows * chunks * layout.hi_per_chunk()],
             scales: vec![0; rows * groups],
-            mins: if layout == Layout::U4Min {
+            mins: if layout.stored_min() {
                 vec![0; rows * groups]
             } else {
                 Vec::new()
@@ -306,7 +334,7 @@ impl QMatrix {
                     (_, true) => (self.qs[at] & 0x0F) | ((v & 15) << 4),
                     (_, false) => (self.qs[at] & 0xF0) | (v & 15),
                 };
-                if self.layout == Layout::U5 {
+                if self.layout.fifth_bit() {
                     let (at, m) = self.il_hi_bit(r, 32 * b + i);
                     self.hi[at] = (self.hi[at] & !m) | if v & 16 != 0 { m } else { 0 };
                 }
@@ -324,7 +352,7 @@ impl QMatrix {
         for gi in 0..groups {
             let at = self.group_index(r, gi);
             self.scales[at] = to_f16_bits(rb.scale[gi]);
-            if self.layout == Layout::U4Min {
+            if self.layout.stored_min() {
                 self.mins[at] = to_f16_bits(rb.min[gi]);
             }
         }
@@ -346,10 +374,10 @@ impl QMatrix {
             }
             let hi = &mut self.hi[(r * chunks + c) * hpc..(r * chunks + c + 1) * hpc];
             match self.layout {
-                Layout::U5 => {
+                Layout::U5 | Layout::U5Min => {
                     let mut bits = 0u64;
                     for (e, &v) in q.iter().enumerate() {
-                        bits |= (((v >> 4) & 1) as u64) << e;
+                        bits |= (((v >> 4) & 1) as u64) << hi5_bit(e);
                     }
                     hi.copy_from_slice(&bits.to_le_bytes());
                 }
@@ -392,7 +420,7 @@ impl QMatrix {
                 (_, true) => (byte >> 4) as i32,
                 (_, false) => (byte & 15) as i32,
             };
-            if self.layout == Layout::U5 {
+            if self.layout.fifth_bit() {
                 let (at, m) = self.il_hi_bit(r, e);
                 return q | if self.hi[at] & m != 0 { 16 } else { 0 };
             }
@@ -406,8 +434,10 @@ impl QMatrix {
             l => {
                 let byte = self.qs[base * 32 + i % 32];
                 let mut q = if i < 32 { byte & 15 } else { byte >> 4 } as i32;
-                if l == Layout::U5 {
-                    q |= (((self.hi[base * 8 + i / 8] >> (i % 8)) & 1) as i32) << 4;
+                if l.fifth_bit() {
+                    let at = base * 8..base * 8 + 8;
+                    let word = u64::from_le_bytes(self.hi[at].try_into().unwrap());
+                    q |= (((word >> hi5_bit(i)) & 1) as i32) << 4;
                 } else if l == Layout::U6 {
                     q |= (((self.hi[base * 16 + i % 16] >> (2 * (i / 16))) & 3) as i32) << 4;
                 }
@@ -421,9 +451,10 @@ impl QMatrix {
     pub(crate) fn scale_min_at(&self, r: usize, e: usize) -> (f32, f32) {
         let at = self.group_index(r, e / self.layout.group());
         let s = f16::from_bits(self.scales[at]).to_f32();
-        let m = match self.layout {
-            Layout::U4Min => f16::from_bits(self.mins[at]).to_f32(),
-            l => -l.zero() * s,
+        let m = if self.layout.stored_min() {
+            f16::from_bits(self.mins[at]).to_f32()
+        } else {
+            -self.layout.zero() * s
         };
         (s, m)
     }
@@ -485,13 +516,12 @@ fn decode_row(ty: GgmlType, src: &[u8], rb: &mut RowBuf) {
                     rb.q[32 * b + j + 16] = blk[off + j] >> 4;
                 }
             }
-            GgmlType::Q5_0 => {
-                rb.scale[b] = f16_at(blk, 0);
-                let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
-                for j in 0..16 {
-                    rb.q[32 * b + j] = (blk[6 + j] & 15) | ((((qh >> j) & 1) as u8) << 4);
-                    rb.q[32 * b + j + 16] =
-                        (blk[6 + j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+            GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                let (d, m, qh, qs) = q5_fields(ty, blk);
+                rb.scale[b] = d;
+                rb.min[b] = m.unwrap_or(-16.0 * d); // Q5_0's is derived, not stored
+                for (e, q) in rb.q[32 * b..32 * b + 32].iter_mut().enumerate() {
+                    *q = q5_q(qh, qs, e);
                 }
             }
             GgmlType::Q8_0 => {
@@ -505,20 +535,15 @@ fn decode_row(ty: GgmlType, src: &[u8], rb: &mut RowBuf) {
                 }
                 rb.q[256 * b..256 * b + 256].copy_from_slice(&blk[4..260]);
             }
-            GgmlType::Q4_K => {
-                let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
-                let scales = &blk[4..16];
+            GgmlType::Q4_K | GgmlType::Q5_K => {
+                let (d, dmin, scales, qh, qs) = k45_fields(ty, blk);
                 for j in 0..8 {
                     let (sc, mn) = k4_scale_min(j, scales);
                     rb.scale[8 * b + j] = d * sc as f32;
                     rb.min[8 * b + j] = -dmin * mn as f32;
                 }
-                for c in 0..4 {
-                    for l in 0..32 {
-                        let q = blk[16 + 32 * c + l];
-                        rb.q[256 * b + 64 * c + l] = q & 15;
-                        rb.q[256 * b + 64 * c + 32 + l] = q >> 4;
-                    }
+                for (e, q) in rb.q[256 * b..256 * b + 256].iter_mut().enumerate() {
+                    *q = k45_q(qh, qs, e);
                 }
             }
             GgmlType::Q6_K => {

@@ -63,7 +63,7 @@ fn make_block(ty: GgmlType, rng: &mut Rng, fill: Fill) -> Vec<u8> {
             let s = scale(rng);
             b[0..2].copy_from_slice(&s);
         }
-        GgmlType::Q4_1 | GgmlType::Q4_K => {
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => {
             let s = scale(rng);
             b[0..2].copy_from_slice(&s);
             let s = scale(rng);
@@ -103,14 +103,21 @@ fn make_acts(rows: usize, cols: usize, rng: &mut Rng) -> Vec<f32> {
         .collect()
 }
 
-const TYPES: [GgmlType; 6] = [
+const TYPES: [GgmlType; 8] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::Q8_0,
     GgmlType::Q4_K,
     GgmlType::Q6_K,
+    GgmlType::Q5_1,
+    GgmlType::Q5_K,
 ];
+
+/// K-quants: composite scales rounded to f16 when packed.
+fn k_quant(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+}
 
 fn check(ty: GgmlType, rows: usize, cols: usize, n: usize, fill: Fill, seed: u64) {
     let mut rng = Rng(seed);
@@ -150,7 +157,6 @@ fn check_matrix(
         )
         .unwrap();
     }
-    let k_quant = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K);
     let pool = ThreadPool::new(2);
     let mut scalar = vec![0f32; n * rows];
     matmul(KernelPath::Scalar, &w, &acts, &mut scalar, &pool).unwrap();
@@ -175,8 +181,10 @@ fn check_matrix(
                         .sum();
                     act_err += wsum * amax / 254.0;
                 }
-                let tol =
-                    act_err * 1.001 + if k_quant { mag / 1024.0 } else { 0.0 } + 1e-4 * mag + 1e-6;
+                let tol = act_err * 1.001
+                    + if k_quant(ty) { mag / 1024.0 } else { 0.0 }
+                    + 1e-4 * mag
+                    + 1e-6;
                 let got = out[j * rows + i] as f64;
                 assert!(
                     (got - reference).abs() <= tol,
@@ -305,22 +313,65 @@ fn packed_rows_dequantize_like_the_reference() {
         for r in 0..rows {
             dequantize_row(ty, &bytes[r * rb..(r + 1) * rb], &mut a).unwrap();
             w.row_to_f32(r, &mut b).unwrap();
-            // Exact for f16-scaled formats; K-quant composite scales/mins are rounded to f16,
-            // so allow 2^-11 of (|scale * q| + |min|), bounded by the group's largest values.
-            let kq = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K);
-            for k in 0..cols {
-                let g = &a[k / 16 * 16..k / 16 * 16 + 16];
-                let gmax = g.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let tol = if kq { 3.0 * gmax / 2048.0 + 1e-6 } else { 0.0 };
-                assert!(
-                    (a[k] - b[k]).abs() <= tol,
-                    "{ty:?} r{r} k{k}: {} vs {}",
-                    a[k],
-                    b[k]
-                );
-            }
+            assert_packed_row_eq(ty, &a, &b, &format!("{ty:?} r{r}"));
         }
     }
+}
+
+/// A packed row against reference values: exact for f16-scaled formats; K-quant composite
+/// scales/mins are rounded to f16, so allow 2^-11 of (|scale * q| + |min|), bounded by the
+/// group's largest values.
+fn assert_packed_row_eq(ty: GgmlType, reference: &[f32], packed: &[f32], what: &str) {
+    for (k, (&a, &b)) in reference.iter().zip(packed).enumerate() {
+        let g = &reference[k / 16 * 16..k / 16 * 16 + 16];
+        let gmax = g.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let tol = if k_quant(ty) {
+            3.0 * gmax / 2048.0 + 1e-6
+        } else {
+            0.0
+        };
+        assert!((a - b).abs() <= tol, "{what} k{k}: {a} vs {b}");
+    }
+}
+
+/// Blocks and their values as the `gguf` Python package dequantizes them
+/// (`scripts/kernels-reference.py`; random Q5_K bytes, Q5_1 quantized by gguf): the scalar
+/// reference gives the same f32 bits, the packed rows the same values.
+#[test]
+fn five_bit_blocks_dequantize_as_the_gguf_package_does() {
+    let mut data: &[u8] = include_bytes!("../testdata/gguf_q5.bin");
+    let u32_at = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let mut seen = Vec::new();
+    while !data.is_empty() {
+        let ty = GgmlType::from_id(u32_at(data)).unwrap();
+        let n = u32_at(&data[4..]) as usize;
+        let (blocks, rest) = data[8..].split_at(n * ty.block_bytes());
+        let (values, rest) = rest.split_at(n * ty.block_elems() * 4);
+        data = rest;
+        let want: Vec<f32> = values
+            .chunks_exact(4)
+            .map(|v| f32::from_le_bytes([v[0], v[1], v[2], v[3]]))
+            .collect();
+        let mut got = vec![0f32; want.len()];
+        dequantize_row(ty, blocks, &mut got).unwrap();
+        for (e, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "{ty:?} element {e}: {g} vs gguf's {w}"
+            );
+        }
+        // Each block a row of the packed matrix.
+        let be = ty.block_elems();
+        let m = QMatrix::from_ggml(ty, n, be, blocks).unwrap();
+        let mut row = vec![0f32; be];
+        for (r, w) in want.chunks_exact(be).enumerate() {
+            m.row_to_f32(r, &mut row).unwrap();
+            assert_packed_row_eq(ty, w, &row, &format!("{ty:?} gguf block {r}"));
+        }
+        seen.push(ty);
+    }
+    assert_eq!(seen, [GgmlType::Q5_1, GgmlType::Q5_K]);
 }
 
 #[test]

@@ -8,7 +8,7 @@
 
 use crate::acts::QActs;
 use crate::pack::QMatrix;
-use crate::{L_S8, L_U4, L_U5, L_U6};
+use crate::{fifth_bit, stored_min, L_S8, L_U5, L_U6};
 use std::arch::x86_64::*;
 
 /// Half `h` (elements `32h..32h+32`) of chunk `base` as bytes.
@@ -25,18 +25,16 @@ unsafe fn unpack<const L: u8>(w: &QMatrix, base: usize, h: usize) -> __m256i {
     } else {
         _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)
     };
-    if L == L_U5 {
-        let bits = (w.hi.as_ptr().add(base * 8 + 4 * h) as *const i32).read_unaligned();
-        let b = _mm256_shuffle_epi8(
-            _mm256_set1_epi32(bits),
-            _mm256_setr_epi8(
-                0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3,
-                3, 3, 3, 3,
-            ),
-        );
-        let m = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-        let sel = _mm256_cmpeq_epi8(_mm256_and_si256(b, m), m);
-        _mm256_or_si256(q, _mm256_and_si256(sel, _mm256_set1_epi8(0x10)))
+    if fifth_bit(L) {
+        // The chunk's fifth-bit word in every 64-bit lane; lane `j` shifted so that bit 4 of
+        // each byte is its element's fifth bit (`pack::hi5_bit`).
+        let word = _mm256_set1_epi64x((w.hi.as_ptr().add(base * 8) as *const i64).read_unaligned());
+        let at4 = if h == 0 {
+            _mm256_srlv_epi64(word, _mm256_setr_epi64x(0, 1, 2, 3))
+        } else {
+            _mm256_sllv_epi64(word, _mm256_setr_epi64x(4, 3, 2, 1))
+        };
+        _mm256_or_si256(q, _mm256_and_si256(at4, _mm256_set1_epi8(0x10)))
     } else if L == L_U6 {
         let hb = _mm256_broadcastsi128_si256(_mm_loadu_si128(
             w.hi.as_ptr().add(base * 16) as *const __m128i
@@ -117,7 +115,7 @@ pub(crate) unsafe fn tile<const L: u8, const MR: usize, const NR: usize>(
                 }
                 let wq = unpack::<L>(w, r * chunks + c, h);
                 let ws = expand::<L>(w.scales.as_ptr().add(r * groups + c * gpc), h);
-                let wm = if L == L_U4 {
+                let wm = if stored_min(L) {
                     expand::<L>(w.mins.as_ptr().add(r * groups + c * gpc), h)
                 } else {
                     _mm256_mul_ps(ws, _mm256_set1_ps(zero))

@@ -13,7 +13,7 @@
 
 use crate::acts::QActs;
 use crate::pack::QMatrix;
-use crate::{L_S8, L_U4, L_U5, L_U6};
+use crate::{fifth_bit, stored_min, L_S8, L_U5, L_U6};
 use std::arch::x86_64::*;
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
@@ -31,9 +31,13 @@ unsafe fn unpack<const L: u8>(w: &QMatrix, base: usize) -> __m512i {
         _mm512_mask_srli_epi16::<4>(v, 0xFFFF_0000, v),
         _mm512_set1_epi8(0x0F),
     );
-    if L == L_U5 {
-        let bits = (w.hi.as_ptr().add(base * 8) as *const u64).read_unaligned();
-        _mm512_or_si512(q, _mm512_maskz_set1_epi8(bits, 0x10))
+    if fifth_bit(L) {
+        // The chunk's fifth-bit word in every 64-bit lane, rotated so that bit 4 of each byte
+        // is its element's fifth bit (`pack::hi5_bit`): lanes 0-3 (half 0) right by the lane
+        // index, lanes 4-7 (half 1) left by 4 minus it.
+        let word = _mm512_set1_epi64((w.hi.as_ptr().add(base * 8) as *const i64).read_unaligned());
+        let at4 = _mm512_rolv_epi64(word, _mm512_setr_epi64(0, 63, 62, 61, 4, 3, 2, 1));
+        _mm512_or_si512(q, _mm512_and_si512(at4, _mm512_set1_epi8(0x10)))
     } else if L == L_U6 {
         let h = _mm512_broadcast_i32x4(_mm_loadu_si128(
             w.hi.as_ptr().add(base * 16) as *const __m128i
@@ -155,12 +159,12 @@ macro_rules! avx512_tile {
                     }
                 }
             }
-            // Groups of 32 with an offset (Q4_1/Q4_K mins, Q5_0's -16 zero point): the offset
+            // Groups of 32 with an offset (stored mins, Q5_0's -16 zero point): the offset
             // times the activation block's sum, once per group (as llama.cpp adds `m * s`).
-            if L == L_U4 || L == L_U5 {
+            if L != L_U6 && L != L_S8 {
                 for (i, acc_i) in acc.iter_mut().enumerate() {
                     let r = r0 + i;
-                    let src = if L == L_U4 { &w.mins } else { &w.scales };
+                    let src = if stored_min(L) { &w.mins } else { &w.scales };
                     let wo = src.as_ptr().add(r * groups);
                     for (j, acc_ij) in acc_i.iter_mut().enumerate() {
                         let bs = a.block_sum.as_ptr().add((a0 + j) * groups);
@@ -212,12 +216,12 @@ avx512_tile!(
 /// Each 512-bit weight register holds 4 consecutive quants of 16 rows (lane = row); the 4
 /// activation bytes they meet are broadcast. A lane sums its row's whole 32-element block in
 /// i32 (two chains of four `vpdpbusd`), then the block is scaled once: `d_w * d_a * dot`, plus
-/// `min * d_a * sum(q_a)` for the 4-bit layout (and the 5-bit one, whose min is `-16 d_w`), or
-/// minus `128 * sum(q_a)` before scaling for 8-bit weights stored as `q + 128`.
+/// `min * d_a * sum(q_a)` for the 4-bit and 5-bit layouts (Q5_0's min is `-16 d_w`), or minus
+/// `128 * sum(q_a)` before scaling for 8-bit weights stored as `q + 128`.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F/BW/VL, VNNI, F16C and FMA; `w` must be interleaved with layout
-/// `L` (`L_U4`, `L_U5` or `L_S8`), `g16 < w.rows / 16`, rows `a0..a0 + NR` must exist in `a` with
+/// `L` (any but `L_U6`), `g16 < w.rows / 16`, rows `a0..a0 + NR` must exist in `a` with
 /// `a.kp == w.kp`, and `out` must hold `(a0 + NR) * m` floats with `m == w.rows`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
 pub(crate) unsafe fn tile_il<const L: u8, const NR: usize>(
@@ -252,7 +256,7 @@ pub(crate) unsafe fn tile_il<const L: u8, const NR: usize>(
                 wv[2 * h] = _mm512_and_si512(v, low);
                 wv[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
             }
-            if L == L_U5 {
+            if fifth_bit(L) {
                 let hp = w.hi.as_ptr().add((base + b) * 64) as *const u64;
                 for (k, v) in wv.iter_mut().enumerate() {
                     let bits = hp.add(k).read_unaligned();
@@ -264,7 +268,7 @@ pub(crate) unsafe fn tile_il<const L: u8, const NR: usize>(
         let wd = _mm512_cvtph_ps(_mm256_loadu_si256(
             w.scales.as_ptr().add(si) as *const __m256i
         ));
-        let wm = if L == L_U4 {
+        let wm = if stored_min(L) {
             _mm512_cvtph_ps(_mm256_loadu_si256(w.mins.as_ptr().add(si) as *const __m256i))
         } else if L == L_U5 {
             _mm512_mul_ps(wd, _mm512_set1_ps(-16.0))
@@ -297,7 +301,7 @@ pub(crate) unsafe fn tile_il<const L: u8, const NR: usize>(
                 _mm512_mul_ps(wd, _mm512_set1_ps(da)),
                 *fj,
             );
-            if L == L_U4 || L == L_U5 {
+            if L != L_S8 {
                 *fj = _mm512_fmadd_ps(
                     wm,
                     _mm512_set1_ps(*a.block_sum.get_unchecked(row * blocks + b)),

@@ -179,8 +179,10 @@ fn ggml_type(name: &str, t: GgmlDType) -> Result<GgmlType, Error> {
         GgmlDType::Q4_0 => GgmlType::Q4_0,
         GgmlDType::Q4_1 => GgmlType::Q4_1,
         GgmlDType::Q5_0 => GgmlType::Q5_0,
+        GgmlDType::Q5_1 => GgmlType::Q5_1,
         GgmlDType::Q8_0 => GgmlType::Q8_0,
         GgmlDType::Q4K => GgmlType::Q4_K,
+        GgmlDType::Q5K => GgmlType::Q5_K,
         GgmlDType::Q6K => GgmlType::Q6_K,
         GgmlDType::Q8K => GgmlType::Q8_K,
         other => {

@@ -257,21 +257,42 @@ fn gemma3_q4_k_m_shaped_model_matches_the_candle_backend() {
 }
 
 #[test]
+fn llama_q5_k_m_shaped_model_matches_the_candle_backend() {
+    use GgmlDType::*;
+    // The types of llama-quantize's Q5_K_M: Q5_K, Q6_K for V (the layers given more bits), and
+    // Q5_1 (its fallback for rows that are not whole 256-element blocks) for the embeddings and
+    // attn_output.
+    let l = [Q5K, Q5K, Q6K, Q5_1, Q5K, Q5K, Q5K];
+    compare(
+        &Spec {
+            arch: "llama",
+            embd: Q5_1,
+            layer: l,
+        },
+        5,
+    );
+}
+
+#[test]
 fn unsupported_block_types_are_a_typed_error() {
     use GgmlDType::*;
     let dir = tempfile::tempdir().unwrap();
     let spec = Spec {
         arch: "llama",
         embd: Q8_0,
-        layer: [Q5_1, Q4_0, Q4_0, Q4_0, Q4_0, Q4_0, Q4_0],
+        layer: [Q3K, Q4_0, Q4_0, Q4_0, Q4_0, Q4_0, Q4_0],
     };
     let path = write_model(dir.path(), &spec, 4);
     let file = GgufFile::open(&path).unwrap();
     let hp = Hparams::from_gguf(&file.content).unwrap();
     let err = from_gguf(&path, &file.content, hp, 1)
         .err()
-        .expect("Q5_1 is refused");
+        .expect("Q3_K is refused");
     assert!(matches!(err, Error::Metadata { .. }), "{err}");
+    assert!(
+        err.to_string().contains("Q3K"),
+        "the error names the type: {err}"
+    );
 }
 
 /// Greedy decoding on the real SmolLM2-135M-Instruct Q4_1 weights: the fast backend's tokens
