@@ -3,7 +3,9 @@
 # It has no source package on the registries here: bring its public repository in first (the
 # tool library's `fetch github:ikawrakow/ik_llama.cpp`, or `git clone` where GitHub is reachable)
 # and give its git directory or work tree as IK_LLAMA_SRC. Release build, native CPU flags, static
-# libraries, as its README builds it. Idempotent: a finished build of the same commit is reused.
+# libraries, as its README builds it, except that its flash-attention kernels are compiled for the
+# f16 KV cache only (the one llama-bench uses), not for every cache type. Idempotent: a finished
+# build of the same commit is reused.
 # Prints the bin folder on stdout (use it as IK_LLAMA_BIN).
 #
 #   IK_LLAMA_SRC=/work/.mirror/ikawrakow+ik_llama.cpp/repo scripts/build-ik-llama-cpp.sh
@@ -58,6 +60,7 @@ command -v ninja >/dev/null && GENERATOR=(-G Ninja)
 log "configuring and building llama-bench with $JOBS jobs (about 11 minutes on 2 cores)"
 cmake -S "$CACHE/src" -B "$CACHE/build" "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Release \
     -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+    -DGGML_IQK_FA_ALL_QUANTS=OFF \
     >"$CACHE/cmake.log" 2>&1 || { tail -30 "$CACHE/cmake.log" >&2; exit 1; }
 cmake --build "$CACHE/build" --target llama-bench -j "$JOBS" >"$CACHE/build.log" 2>&1 \
     || { tail -30 "$CACHE/build.log" >&2; exit 1; }
