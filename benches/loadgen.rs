@@ -13,13 +13,15 @@
 
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use serde_json::{json, Value};
 
+#[path = "shared/http.rs"]
+mod http;
 #[path = "../crates/scheduler/benches/shared/prompts.rs"]
 mod prompts;
 #[path = "../crates/scheduler/benches/shared/stats.rs"]
 mod stats;
+use http::read_sse;
 use prompts::PROMPTS;
 use stats::{decode_rate, quantile};
 
@@ -58,7 +60,7 @@ fn parse_args() -> Result<Args, String> {
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
         match flag.as_str() {
-            "--url" => args.url = value()?.trim_end_matches('/').to_string(),
+            "--url" => args.url = http::loopback(&value()?)?,
             "--token" => args.token = value()?,
             "--model" => args.model = value()?,
             "--label" => args.label = Some(value()?),
@@ -84,15 +86,8 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown argument {other}")),
         }
     }
-    let host = args
-        .url
-        .strip_prefix("http://")
-        .and_then(|rest| rest.split(['/', ':']).next())
-        .ok_or("--url must be http://127.0.0.1:PORT (loopback only)")?;
-    if !(host == "localhost" || host.starts_with("127.") || host == "[") {
-        return Err(format!(
-            "--url host {host}: only loopback targets are allowed"
-        ));
+    if args.url.is_empty() {
+        return Err("--url is required".into());
     }
     if args.target == Target::Hearth && args.token.is_empty() {
         return Err("--token is required for --target hearth".into());
@@ -105,31 +100,6 @@ struct StreamStats {
     tokens: usize,
     ttft_ms: f64,
     gaps_ms: Vec<f64>,
-}
-
-/// Reads a server-sent-events body, calling `on_data` with each `data:` payload as it arrives;
-/// `on_data` returns false to stop.
-async fn read_sse(
-    response: reqwest::Response,
-    mut on_data: impl FnMut(&str) -> bool,
-) -> Result<(), String> {
-    let mut body = response.bytes_stream();
-    let mut buf: Vec<u8> = Vec::new();
-    while let Some(chunk) = body.next().await {
-        buf.extend_from_slice(&chunk.map_err(|e| format!("body: {e}"))?);
-        while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
-            let event: Vec<u8> = buf.drain(..end + 2).collect();
-            let text = String::from_utf8_lossy(&event);
-            for line in text.lines() {
-                if let Some(data) = line.strip_prefix("data:") {
-                    if !on_data(data.trim_start()) {
-                        return Ok(());
-                    }
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 async fn one_stream(

@@ -46,7 +46,8 @@ N_THREADS = 2
 
 # The chat templates and the table of models live beside this script.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tiny_models_specs import N_CTX, SPECS  # noqa: E402
+from tiny_models_specs import BENCH_SHAPES, N_CTX, SPECS  # noqa: E402
+import dataclasses  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # write
@@ -251,6 +252,10 @@ def cmd_write(args):
     os.makedirs(args.out, exist_ok=True)
     tokens, types, merges = load_smollm2_vocab(args.smollm2, args.vocab_size)
     for s in SPECS:
+        if args.bench_shapes:
+            if s.name not in BENCH_SHAPES:
+                continue
+            s = dataclasses.replace(s, **BENCH_SHAPES[s.name])
         if not args.only or s.name in args.only:
             write_model(s, tokens, types, merges, args.out)
 
@@ -459,6 +464,8 @@ def main():
     w.add_argument("--vocab-size", type=int, default=1536)
     w.add_argument("--out", required=True)
     w.add_argument("--only", nargs="*")
+    w.add_argument("--bench-shapes", action="store_true",
+                   help="the families of BENCH_SHAPES at their benchmark sizes (scripts/bench-text.sh archs)")
     o = sub.add_parser("oracle", help="run llama.cpp on the quantized models")
     o.add_argument("--models", required=True, help="folder of <name>-<type>.gguf")
     o.add_argument("--sources", required=True, help="folder of the <name>-f32.json descriptions")

@@ -149,3 +149,23 @@ SPECS = [
          fused=True, sliding_window=262144,
          longrope=dict(original_context_length=4096), oracle_n_ctx=(N_CTX, 8192)),
 ]
+
+# ---------------------------------------------------------------------------------------------
+# Benchmark shapes (scripts/bench-text.sh archs): each family at the size of its smallest
+# published model, so that speed is measured where people run them. Random weights, the same
+# seeds and scales; the vocabulary is all of SmolLM2's (49,152 tokens, fewer than Qwen's 151,936
+# or Llama 3's 128,256, which makes the output head a smaller share of the work than in the real
+# models).
+BENCH_SHAPES = {
+    # Llama 3.2 1B
+    "llama3": dict(n_layer=16, n_embd=2048, n_head=32, n_head_kv=8, head_dim=64, n_ff=8192),
+    # Qwen2.5 0.5B
+    "qwen2": dict(n_layer=24, n_embd=896, n_head=14, n_head_kv=2, head_dim=64, n_ff=4864),
+    # Qwen3 0.6B
+    "qwen3": dict(n_layer=28, n_embd=1024, n_head=16, n_head_kv=8, head_dim=128, n_ff=3072),
+    # Mistral's layout (4:1 GQA, a window wider than the benchmark's context) at about 0.5B
+    "mistral": dict(n_layer=24, n_embd=1024, n_head=16, n_head_kv=4, head_dim=64, n_ff=3584,
+                    sliding_window=4096),
+    # Phi-3's layout (fused QKV and gate/up, as many KV heads as query heads) at about 0.5B
+    "phi3": dict(n_layer=24, n_embd=1024, n_head=16, n_head_kv=16, head_dim=64, n_ff=2816),
+}

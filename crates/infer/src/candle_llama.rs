@@ -85,6 +85,9 @@ pub(crate) enum Activation {
     GeluTanh,
 }
 
+/// Q, K and V of a step's rows, on the host.
+type HostQkv = (Vec<f32>, Vec<f32>, Vec<f32>);
+
 /// The Q, K and V projections: three matrices, or Phi-3's one fused `[q; k; v]`.
 pub(crate) enum Qkv {
     Separate { q: QMatMul, k: QMatMul, v: QMatMul },
@@ -100,7 +103,7 @@ impl Qkv {
         qd: usize,
         kvd: usize,
         bias: Option<&[f32]>,
-    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>), Error> {
+    ) -> Result<HostQkv, Error> {
         let (mut q, mut k, mut v) = match self {
             Qkv::Separate { q, k, v } => (
                 to_host(&q.forward(h)?)?,

@@ -17,6 +17,10 @@ use hearth_infer::{ChatMessage, Role, SamplingParams, TextModel, TextModelConfig
 use hearth_scheduler::{Request, Scheduler, SchedulerConfig, SchedulerHandle};
 use hearth_types::TokenEvent;
 
+#[path = "shared/turns.rs"]
+mod turns;
+use turns::{user_message, SYSTEM};
+
 struct Args {
     model: PathBuf,
     threads: usize,
@@ -54,27 +58,6 @@ fn args() -> Args {
     a
 }
 
-/// The user's message of `turn` in conversation `c`: about 150 tokens, different per turn and
-/// conversation.
-fn user_message(c: usize, turn: usize) -> String {
-    let topics = [
-        "the harbour",
-        "the old mill",
-        "the night train",
-        "the orchard",
-        "the lighthouse",
-    ];
-    let topic = topics[(c + turn) % topics.len()];
-    format!(
-        "Conversation {c}, question {turn}. I am writing a short story set near {topic}. Here is \
-         what I have so far: the morning fog lifted slowly, the bells rang twice, and a stranger \
-         with a grey coat asked for directions to {topic}, carrying a letter that nobody in the \
-         village could read. The baker said she had seen him before, years ago, when the river \
-         flooded and the bridge was closed for a whole winter. Suggest what happens next in two \
-         sentences, keeping the tone quiet and a little mysterious, and name one new character."
-    )
-}
-
 /// One conversation of `turns` turns; the TTFT (ms) and prompt length of each.
 async fn conversation(
     sched: SchedulerHandle,
@@ -83,10 +66,7 @@ async fn conversation(
     max_tokens: usize,
 ) -> Vec<(f64, usize)> {
     let tok = sched.tokenizer();
-    let mut messages = vec![ChatMessage::new(
-        Role::System,
-        "You are a helpful writing assistant. Answer briefly.",
-    )];
+    let mut messages = vec![ChatMessage::new(Role::System, SYSTEM)];
     let mut out = Vec::with_capacity(turns);
     for turn in 0..turns {
         messages.push(ChatMessage::new(Role::User, user_message(c, turn)));

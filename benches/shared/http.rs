@@ -1,0 +1,45 @@
+//! What the HTTP load generators (`loadgen`, `chat_turns`) share: reading server-sent events and
+//! refusing any target but this machine.
+
+use futures::StreamExt;
+
+/// Reads a server-sent-events body, calling `on_data` with each `data:` payload as it arrives;
+/// `on_data` returns false to stop.
+pub async fn read_sse(
+    response: reqwest::Response,
+    mut on_data: impl FnMut(&str) -> bool,
+) -> Result<(), String> {
+    let mut body = response.bytes_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    while let Some(chunk) = body.next().await {
+        buf.extend_from_slice(&chunk.map_err(|e| format!("body: {e}"))?);
+        while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = buf.drain(..end + 2).collect();
+            let text = String::from_utf8_lossy(&event);
+            for line in text.lines() {
+                if let Some(data) = line.strip_prefix("data:") {
+                    if !on_data(data.trim_start()) {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `url` without a trailing slash, if it is `http://` on a loopback host.
+pub fn loopback(url: &str) -> Result<String, String> {
+    let url = url.trim_end_matches('/');
+    let host = url
+        .strip_prefix("http://")
+        .and_then(|rest| rest.split(['/', ':']).next())
+        .ok_or("--url must be http://127.0.0.1:PORT (loopback only)")?;
+    if host == "localhost" || host.starts_with("127.") || host == "[" {
+        Ok(url.to_string())
+    } else {
+        Err(format!(
+            "--url host {host}: only loopback targets are allowed"
+        ))
+    }
+}
