@@ -7,6 +7,7 @@
 mod concurrency;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "sled")]
 mod sled;
 mod suite;
 
@@ -24,6 +25,7 @@ pub(crate) struct TestDb {
 }
 
 impl TestDb {
+    #[cfg(feature = "sled")]
     pub(crate) fn sled() -> Self {
         let dir = tempfile::tempdir().unwrap();
         Self {
@@ -96,6 +98,7 @@ impl TestDb {
 /// module it is used in.
 macro_rules! both_backends {
     ($($name:ident),* $(,)?) => {
+        #[cfg(feature = "sled")]
         mod on_sled {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

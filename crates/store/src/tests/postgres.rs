@@ -44,6 +44,7 @@ async fn a_node_releases_only_its_own_stale_holds_and_an_operator_releases_a_dea
 }
 
 #[tokio::test]
+#[allow(irrefutable_let_patterns)] // irrefutable when PostgreSQL is the only backend built
 async fn the_database_itself_refuses_a_negative_balance() {
     let Some(db) = TestDb::postgres().await else {
         return;
