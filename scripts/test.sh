@@ -30,6 +30,16 @@ apt_need() {
 
 # ---- system packages --------------------------------------------------------------------
 apt_need chromium chromium-driver    # browser tests of the /ui pages (tests/browser_*.rs)
+apt_need postgresql                  # the PostgreSQL store's tests (scripts/postgres.sh)
+
+# ---- a throwaway PostgreSQL for the store's second backend ------------------------------
+# Without HEARTH_TEST_POSTGRES_URL, `cargo test` skips those tests (with a message); here they
+# must run, so a cluster is started (unless one was given) and stopped when the script ends.
+if [ -z "${HEARTH_TEST_POSTGRES_URL:-}" ]; then
+    eval "$(scripts/postgres.sh start)"
+    trap 'scripts/postgres.sh stop "$HEARTH_PG_DIR"' EXIT
+fi
+export HEARTH_TEST_POSTGRES_URL
 
 # ---- fetch steps: weights, documents, python deps ---------------------------------------
 # Each service adds its fetch step here. Steps must be idempotent and quick when done already.

@@ -260,7 +260,7 @@ async fn logout_revokes_the_token() {
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert!(assert_error(&body, "InvalidCredentials").contains("revoked"));
     // The in-process check the completion and image services use agrees.
-    assert!(app.running().state.authenticate(&token).is_err());
+    assert!(app.running().state.authenticate(&token).await.is_err());
 }
 
 #[tokio::test]

@@ -105,8 +105,13 @@ fn cli_manages_balances_with_the_server_stopped() {
 async fn cli_goes_through_the_admin_api_while_the_server_runs() {
     let app = spawn_app().await;
     let d = dir_arg(&app.data_dir());
-    let addr = app.running().addr(Service::Auth).unwrap().to_string();
-    let env = [("HEARTH_AUTH_ADDR", addr.as_str())];
+    // No address given: the server listens on an ephemeral port, and the CLI finds it through
+    // the data dir (`server.json`, written at start).
+    let info = hearth_server::app::read_server_file(&app.data_dir().join("server.json"))
+        .expect("the server recorded itself in its data dir");
+    let addr = app.running().addr(Service::Auth).unwrap();
+    assert_eq!(info.auth_url, format!("http://{addr}"));
+    let env: [(&str, &str); 0] = [];
     let (d2, e2) = (d.clone(), env.map(|(k, v)| (k.to_string(), v.to_string())));
     let run = move |args: Vec<&'static str>| {
         let (d, e) = (d2.clone(), e2.clone());

@@ -130,13 +130,13 @@ impl App {
     /// Signs `user` in for real and sets their balance to exactly `balance`.
     pub(crate) async fn user(&self, user: &str, balance: &str) -> String {
         let token = self.app.token(user).await;
-        let now = self.store().balance(user).unwrap();
+        let now = self.store().balance(user).await.unwrap();
         let want = dec(balance);
         let meta = LedgerMeta::reason("test funds");
         if want > now {
-            self.store().credit(user, want - now, &meta).unwrap();
+            self.store().credit(user, want - now, &meta).await.unwrap();
         } else if want < now {
-            self.store().debit(user, now - want, &meta).unwrap();
+            self.store().debit(user, now - want, &meta).await.unwrap();
         }
         token
     }
@@ -220,8 +220,8 @@ async fn post_returns_the_spec_completion_shape_and_bills_it() {
     let after = dec(body["balanceAfter"].as_str().unwrap());
     assert_eq!(before, dec("10"));
     assert_eq!(before - after, cost_of(&body));
-    assert_eq!(app.store().balance("shape").unwrap(), after);
-    assert!(app.store().holds("shape").unwrap().is_empty());
+    assert_eq!(app.store().balance("shape").await.unwrap(), after);
+    assert!(app.store().holds("shape").await.unwrap().is_empty());
     let object_keys: Vec<&str> = body
         .as_object()
         .unwrap()
@@ -369,7 +369,7 @@ async fn shutting_down_a_live_stream_aborts_it_bills_the_partial_output_and_answ
     let before = dec(partial["balanceBefore"].as_str().unwrap());
     let after = dec(partial["balanceAfter"].as_str().unwrap());
     assert_eq!(before - after, cost_of(partial));
-    assert_eq!(app.store().balance("stopper").unwrap(), after);
+    assert_eq!(app.store().balance("stopper").await.unwrap(), after);
     // Stopping it again, or an id that never existed: 404 in the error shape.
     let (status, again) = app
         .post("/stream/shutdown", json!({ "streamId": id }))
@@ -401,7 +401,7 @@ async fn a_client_that_disconnects_stops_generation_and_is_billed_for_what_was_g
     );
     let full_cost = cost_of(&full);
 
-    let balance = app.store().balance("leaver").unwrap();
+    let balance = app.store().balance("leaver").await.unwrap();
     let response = app.stream(request(&token, prompt, 300)).await;
     let mut body = response.bytes_stream();
     let first = body.next().await.unwrap().unwrap();
@@ -409,18 +409,18 @@ async fn a_client_that_disconnects_stops_generation_and_is_billed_for_what_was_g
     drop(body);
     // The hold settles once the engine notices; wait for it.
     for _ in 0..600 {
-        if app.store().holds("leaver").unwrap().is_empty()
-            && app.store().balance("leaver").unwrap() != balance
+        if app.store().holds("leaver").await.unwrap().is_empty()
+            && app.store().balance("leaver").await.unwrap() != balance
         {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(
-        app.store().holds("leaver").unwrap().is_empty(),
+        app.store().holds("leaver").await.unwrap().is_empty(),
         "the hold was never settled"
     );
-    let charged = balance - app.store().balance("leaver").unwrap();
+    let charged = balance - app.store().balance("leaver").await.unwrap();
     assert!(charged > Decimal::ZERO);
     assert!(
         charged < full_cost,
@@ -523,7 +523,7 @@ async fn every_validation_error_is_an_invalid_request_naming_its_field() {
         .unwrap();
     assert_eq!(r.status(), 400);
     // Nothing was charged for any of it.
-    assert_eq!(app.store().balance("validator").unwrap(), dec("10"));
+    assert_eq!(app.store().balance("validator").await.unwrap(), dec("10"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -545,6 +545,7 @@ async fn missing_bad_expired_or_revoked_tokens_are_invalid_credentials() {
         .unwrap();
     app.store()
         .revoke_token(&revoked.jti, revoked.expires_at)
+        .await
         .unwrap();
     let mut missing = request(&good, "hi", 4);
     missing.as_object_mut().unwrap().remove("serviceToken");
@@ -574,7 +575,7 @@ async fn a_worst_case_beyond_the_balance_is_refused_with_insufficient_funds() {
         assert_eq!(err["error"]["details"]["available"], "0.001000");
         assert!(dec(err["error"]["details"]["needed"].as_str().unwrap()) > dec("0.001"));
     }
-    assert_eq!(app.store().balance("poor").unwrap(), dec("0.001"));
+    assert_eq!(app.store().balance("poor").await.unwrap(), dec("0.001"));
     // A request whose worst case fits goes through.
     let (status, ok) = app.post("/", request(&token, "hi", 8)).await;
     assert_eq!(status, 200, "{ok}");
@@ -584,8 +585,8 @@ async fn a_worst_case_beyond_the_balance_is_refused_with_insufficient_funds() {
 async fn balances_add_up_exactly_over_many_concurrent_requests() {
     let app = spawn_completion().await;
     let token = app.user("many", "5").await;
-    let initial = app.store().balance("many").unwrap();
-    let ledger_before = app.store().ledger("many").unwrap().len();
+    let initial = app.store().balance("many").await.unwrap();
+    let ledger_before = app.store().ledger("many").await.unwrap().len();
     let mut tasks = Vec::new();
     for i in 0..12u64 {
         let (http, url) = (app.http.clone(), app.url.clone());
@@ -630,9 +631,9 @@ async fn balances_add_up_exactly_over_many_concurrent_requests() {
         total += cost;
         costs.push(cost);
     }
-    let final_balance = app.store().balance("many").unwrap();
+    let final_balance = app.store().balance("many").await.unwrap();
     assert_eq!(final_balance, initial - total);
-    let ledger = app.store().ledger("many").unwrap();
+    let ledger = app.store().ledger("many").await.unwrap();
     let rows = &ledger[ledger_before..];
     assert_eq!(rows.len(), 12, "one ledger row per request");
     let mut debits: Vec<Decimal> = rows.iter().map(|r| -r.amount).collect();
@@ -647,7 +648,7 @@ async fn balances_add_up_exactly_over_many_concurrent_requests() {
         .as_deref()
         .is_some_and(|d| d.starts_with("dev-"))));
     assert_eq!(ledger.last().unwrap().balance_after, final_balance);
-    assert!(app.store().holds("many").unwrap().is_empty());
+    assert!(app.store().holds("many").await.unwrap().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -675,7 +676,7 @@ async fn a_model_whose_weights_failed_to_load_is_a_gateway_error() {
         .as_str()
         .unwrap()
         .starts_with("unavailable"));
-    assert_eq!(app.store().balance("gw").unwrap(), dec("10"));
+    assert_eq!(app.store().balance("gw").await.unwrap(), dec("10"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -688,7 +689,7 @@ async fn health_checks_the_store_and_answers_500_when_it_is_unusable() {
     assert_eq!(body["env"], "development");
     assert!(body["ui"].as_str().unwrap().ends_with("/ui"));
     // Take the database away from under the running server.
-    std::fs::remove_dir_all(app.store().path()).unwrap();
+    std::fs::remove_dir_all(app.store().path().expect("the embedded store")).unwrap();
     let r = app.http.get(format!("{}/", app.url)).send().await.unwrap();
     assert_eq!(r.status(), 500);
     let body: Value = r.json().await.unwrap();

@@ -23,11 +23,12 @@ async fn chat_page_signs_in_streams_stops_and_shows_the_balance_drop() {
         .spawn()
         .await;
     let store = &app.running().state.store;
-    store.ensure_user("wren", false).unwrap();
+    store.ensure_user("wren", false).await.unwrap();
     store
         .credit("wren", Decimal::from(10), &LedgerMeta::reason("test funds"))
+        .await
         .unwrap();
-    let start_balance = store.balance("wren").unwrap();
+    let start_balance = store.balance("wren").await.unwrap();
 
     // Not signed in: the page links to the auth page with itself as the callback.
     browser
@@ -107,6 +108,6 @@ async fn chat_page_signs_in_streams_stops_and_shows_the_balance_drop() {
         after_second < after_first,
         "{after_second} !< {after_first}"
     );
-    assert_eq!(store.balance("wren").unwrap(), after_second);
+    assert_eq!(store.balance("wren").await.unwrap(), after_second);
     browser.close().await;
 }

@@ -23,7 +23,7 @@ const LONG: &str = "Count from 1 to 1000, separated by commas.";
 /// Waits up to 10 s for `user`'s open holds to number `n`.
 async fn holds_become(app: &App, user: &str, n: usize) -> bool {
     for _ in 0..1000 {
-        if app.store().holds(user).unwrap().len() == n {
+        if app.store().holds(user).await.unwrap().len() == n {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -59,7 +59,7 @@ async fn a_client_that_gives_up_while_queued_is_charged_nothing_and_its_hold_is_
     let mut body = running.bytes_stream();
     assert!(next_event(&mut body).await.unwrap()["token"].is_string());
 
-    let ledger_before = app.store().ledger("waiter").unwrap().len();
+    let ledger_before = app.store().ledger("waiter").await.unwrap().len();
     let (http, url, req) = (
         app.http.clone(),
         app.url.clone(),
@@ -82,9 +82,9 @@ async fn a_client_that_gives_up_while_queued_is_charged_nothing_and_its_hold_is_
         holds_become(&app, "waiter", 0).await,
         "the queued request's hold was stranded"
     );
-    assert_eq!(app.store().balance("waiter").unwrap(), dec("10"));
+    assert_eq!(app.store().balance("waiter").await.unwrap(), dec("10"));
     assert_eq!(
-        app.store().ledger("waiter").unwrap().len(),
+        app.store().ledger("waiter").await.unwrap().len(),
         ledger_before,
         "nothing was charged"
     );
@@ -119,7 +119,7 @@ async fn one_user_past_the_cap_gets_429_rate_limited_while_other_users_are_serve
     assert_eq!(error["error"]["type"], "RateLimited", "{error}");
     assert_eq!(error["error"]["details"]["limit"], 1);
     // The refusal held nothing: only the running stream's hold is open.
-    assert_eq!(app.store().holds("ann").unwrap().len(), 1);
+    assert_eq!(app.store().holds("ann").await.unwrap().len(), 1);
 
     let (status, served) = app.post("/", request(&bob, "Hi", 5)).await;
     assert_eq!(status, 200, "another user is served: {served}");
@@ -165,7 +165,7 @@ async fn a_client_that_gives_up_while_its_model_loads_holds_nothing_and_frees_it
     })
     .await;
     let token = app.user("early", "10").await;
-    let ledger_before = app.store().ledger("early").unwrap().len();
+    let ledger_before = app.store().ledger("early").await.unwrap().len();
     let mut req = request(&token, "Hi", 8);
     req["model"] = "slow-1".into();
     let (http, url) = (app.http.clone(), app.url.clone());
@@ -180,9 +180,12 @@ async fn a_client_that_gives_up_while_its_model_loads_holds_nothing_and_frees_it
 
     // Nothing held or charged, and the slot is free for the user's next request.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(app.store().holds("early").unwrap().is_empty());
-    assert_eq!(app.store().balance("early").unwrap(), dec("10"));
-    assert_eq!(app.store().ledger("early").unwrap().len(), ledger_before);
+    assert!(app.store().holds("early").await.unwrap().is_empty());
+    assert_eq!(app.store().balance("early").await.unwrap(), dec("10"));
+    assert_eq!(
+        app.store().ledger("early").await.unwrap().len(),
+        ledger_before
+    );
     let (status, body) = app.post("/", request(&token, "Hi", 4)).await;
     assert_eq!(
         status, 200,

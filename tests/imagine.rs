@@ -67,8 +67,8 @@ impl ImagineApp {
         self.app.post(Service::Imagine, "/", body).await
     }
 
-    fn balance_now(&self, user: &str) -> Decimal {
-        self.app.running().state.store.balance(user).unwrap()
+    async fn balance_now(&self, user: &str) -> Decimal {
+        self.app.running().state.store.balance(user).await.unwrap()
     }
 }
 
@@ -170,13 +170,14 @@ async fn balance_arithmetic_is_exact_for_size_steps_and_margin() {
     assert_eq!(r["usage"]["cost"], "0.004688");
     assert_eq!(r["balanceBefore"], "0.998750");
     assert_eq!(r["balanceAfter"], "0.994062");
-    assert_eq!(img.balance_now("carol"), d("0.994062"));
+    assert_eq!(img.balance_now("carol").await, d("0.994062"));
     assert!(
         img.app
             .running()
             .state
             .store
             .holds("carol")
+            .await
             .unwrap()
             .is_empty(),
         "no hold left behind"
@@ -194,7 +195,7 @@ async fn insufficient_funds_is_refused_before_generating_and_charges_nothing() {
         .await;
     assert_eq!(status, StatusCode::PAYMENT_REQUIRED, "{r}");
     assert_error(&r, "InsufficientFunds");
-    assert_eq!(img.balance_now("dave"), d("0.001"));
+    assert_eq!(img.balance_now("dave").await, d("0.001"));
 }
 
 #[tokio::test]
@@ -253,7 +254,7 @@ async fn every_validation_error_names_its_field() {
         assert_error(&r, "InvalidRequest");
         assert_eq!(r["error"]["details"]["field"], field, "{body} -> {r}");
     }
-    assert_eq!(img.balance_now("erin"), d("10"), "nothing charged");
+    assert_eq!(img.balance_now("erin").await, d("10"), "nothing charged");
 }
 
 #[tokio::test]
@@ -386,14 +387,14 @@ async fn a_full_queue_answers_overloaded_and_abandoned_requests_cost_nothing() {
     let store = img.app.running().state.store.clone();
     let mut holds = usize::MAX;
     for _ in 0..1200 {
-        holds = store.holds("frank").unwrap().len();
+        holds = store.holds("frank").await.unwrap().len();
         if holds == 0 {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     assert_eq!(holds, 0, "holds of abandoned requests are released");
-    assert_eq!(img.balance_now("frank"), d("100"));
+    assert_eq!(img.balance_now("frank").await, d("100"));
 }
 
 #[tokio::test]
@@ -409,13 +410,13 @@ async fn a_user_past_the_cap_gets_429_rate_limited_and_the_refusal_holds_nothing
     let first = tokio::spawn(img.app.client.post(&url).json(&big).send());
     let store = img.app.running().state.store.clone();
     for _ in 0..500 {
-        if !store.holds("gail").unwrap().is_empty() {
+        if !store.holds("gail").await.unwrap().is_empty() {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     assert_eq!(
-        store.holds("gail").unwrap().len(),
+        store.holds("gail").await.unwrap().len(),
         1,
         "the first image is under way"
     );
@@ -427,7 +428,7 @@ async fn a_user_past_the_cap_gets_429_rate_limited_and_the_refusal_holds_nothing
     let body: Value = refused.json().await.unwrap();
     assert_error(&body, "RateLimited");
     assert_eq!(
-        store.holds("gail").unwrap().len(),
+        store.holds("gail").await.unwrap().len(),
         1,
         "the refusal placed no hold"
     );

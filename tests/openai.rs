@@ -43,7 +43,7 @@ fn client_args(app: &App, key: &str, poor: &str, cases: &str) -> Vec<String> {
 
 async fn wait_no_holds(app: &App, user: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !app.store().holds(user).unwrap().is_empty() {
+    while !app.store().holds(user).await.unwrap().is_empty() {
         assert!(Instant::now() < deadline, "{user}'s hold was never settled");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -187,18 +187,18 @@ async fn the_openai_client_runs_every_kind_of_request() {
     assert_eq!(e["ignore_eos_grammar"]["param"], "ignore_eos");
 
     wait_no_holds(&app, "oa").await;
-    assert_eq!(app.store().balance("oa-poor").unwrap(), dec("0"));
+    assert_eq!(app.store().balance("oa-poor").await.unwrap(), dec("0"));
 }
 
 #[tokio::test]
 async fn a_stream_the_client_abandons_stops_and_is_billed_for_what_it_made() {
     let app = spawn().await;
     let key = app.user("quitter", "10").await;
-    let before = app.store().balance("quitter").unwrap();
+    let before = app.store().balance("quitter").await.unwrap();
     let out = run_client(client_args(&app, &key, &key, "cancel")).await;
     assert_eq!(out["cancel"]["chunks_read"], 4);
     wait_no_holds(&app, "quitter").await;
-    let charged = before - app.store().balance("quitter").unwrap();
+    let charged = before - app.store().balance("quitter").await.unwrap();
     // The worst case held 1,500 output tokens (at 2.40 per million); a few dozen were made.
     let worst_output = dec("2.40") * dec("1500") / dec("1000000");
     assert!(charged > dec("0"), "the tokens made are billed");
@@ -332,7 +332,7 @@ async fn hostile_requests_get_the_apis_error_shape_quickly_and_hold_nothing() {
         assert!(answer["error"]["message"].is_string(), "{name}");
         assert!(took < Duration::from_secs(10), "{name} took {took:?}");
     }
-    assert_eq!(app.store().balance("mallory").unwrap(), dec("5"));
+    assert_eq!(app.store().balance("mallory").await.unwrap(), dec("5"));
     // Grammars built to be expensive (a huge alternation, a regex whose automaton explodes):
     // refused, or generated within their bounds; either way answered in seconds.
     let many: Vec<String> = (0..5_000)
@@ -392,8 +392,8 @@ async fn the_openai_client_generates_an_image_and_it_is_billed() {
     assert_eq!(hearth["seed"], 42);
     let store = &img.app.running().state.store;
     assert_eq!(
-        store.balance("painter").unwrap(),
+        store.balance("painter").await.unwrap(),
         dec("10") - dec("0.00125")
     );
-    assert!(store.holds("painter").unwrap().is_empty());
+    assert!(store.holds("painter").await.unwrap().is_empty());
 }

@@ -17,6 +17,7 @@ mod markdown;
 mod markdown_browser;
 mod markdown_hostile;
 mod metrics;
+mod multinode;
 mod openai;
 mod openapi;
 mod pages_browser;

@@ -17,7 +17,7 @@ pub use idp::{
     IdentityProvider, IdpIdentity, SharedSecretIdp, SHARED_SECRET_AUDIENCE, SHARED_SECRET_ISSUER,
 };
 pub use oidc::{JwksSource, OidcConfig, OidcIdp};
-pub use secret::{load_or_create_secret, token_id};
+pub use secret::{load_or_create_secret, new_secret, token_id};
 pub use service::{IssuedToken, ServiceClaims, ServiceTokens};
 
 pub use jsonwebtoken::Algorithm;

@@ -8,6 +8,13 @@ use std::path::Path;
 
 const SECRET_BYTES: usize = 32;
 
+/// A new secret: 32 random bytes from the OS, in hex.
+pub fn new_secret() -> String {
+    let mut bytes = [0u8; SECRET_BYTES];
+    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    hex(&bytes)
+}
+
 /// Reads the hex-encoded secret at `path`, or creates it (32 random bytes, mode 0600) when the
 /// file does not exist yet. Returns the hex text, which is also what the key material is made of.
 pub fn load_or_create_secret(path: &Path) -> Result<String, Error> {
@@ -28,9 +35,7 @@ pub fn load_or_create_secret(path: &Path) -> Result<String, Error> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(io)?;
     }
-    let mut bytes = [0u8; SECRET_BYTES];
-    rand::rngs::OsRng.fill_bytes(&mut bytes);
-    let hex = hex(&bytes);
+    let hex = new_secret();
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create_new(true);
     #[cfg(unix)]

@@ -74,17 +74,16 @@ impl Meter {
 
     /// The user's spendable balance.
     pub async fn balance(&self, user_id: &str) -> Result<Decimal> {
-        let (store, user) = (self.store.clone(), user_id.to_string());
-        blocking(move || store.balance(&user)).await
+        Ok(self.store.balance(user_id).await?)
     }
 
     /// Reserves `amount` for a request; [`Error::InsufficientFunds`] when the balance is short
     /// (nothing is held then).
     ///
-    /// The hold comes back as [`HeldFunds`], which releases it when dropped. It is wrapped on
-    /// the blocking thread that placed it, so a caller that goes away while the hold is being
-    /// placed (its future dropped mid-await) releases it too: the value is dropped with the
-    /// task's unread output.
+    /// The hold comes back as [`HeldFunds`], which releases it when dropped. It is wrapped in
+    /// the task that placed it, so a caller that goes away while the hold is being placed (its
+    /// future dropped mid-await) releases it too: the value is dropped with the task's unread
+    /// output.
     pub async fn hold(
         &self,
         user_id: &str,
@@ -93,17 +92,17 @@ impl Meter {
     ) -> Result<HeldFunds> {
         let (store, user) = (self.store.clone(), user_id.to_string());
         let (flows, service) = (Arc::clone(&self.flows), self.service);
-        blocking(move || {
-            let hold = store.place_hold(&user, amount, &meta)?;
+        let placing = tokio::spawn(async move {
+            let hold = store.place_hold(&user, amount, &meta).await?;
             flows.add(service, |t| t.held += hold.amount);
-            Ok(HeldFunds {
+            Ok::<_, crate::Error>(HeldFunds {
                 store,
                 hold: Some(hold),
                 flows,
                 service,
             })
-        })
-        .await
+        });
+        placing.await?
     }
 }
 
@@ -139,9 +138,8 @@ impl HeldFunds {
         let Some(hold) = self.hold.take() else {
             unreachable!("a HeldFunds holds its hold until it is consumed");
         };
-        let store = self.store.clone();
-        let id = hold.id;
-        match blocking(move || store.settle_hold(id, cost)).await {
+        // The store finishes the settlement even if this future is dropped meanwhile.
+        match self.store.settle_hold(hold.id, cost).await {
             Ok(change) => {
                 self.flows.add(self.service, |t| {
                     t.charged += cost;
@@ -154,6 +152,7 @@ impl HeldFunds {
                 })
             }
             Err(e) => {
+                let e = crate::Error::from(e);
                 // Put it back so that if this future is dropped now, dropping `self` releases it.
                 self.hold = Some(hold);
                 if let Err(release) = self.release_now().await {
@@ -173,9 +172,8 @@ impl HeldFunds {
         let Some((id, amount)) = self.hold.as_ref().map(|h| (h.id, h.amount)) else {
             return Ok(());
         };
-        let store = self.store.clone();
         // Taken only once released, so a drop mid-await still releases it.
-        blocking(move || store.release_hold(id)).await?;
+        self.store.release_hold(id).await?;
         self.hold = None;
         self.flows.add(self.service, |t| t.released += amount);
         Ok(())
@@ -185,25 +183,19 @@ impl HeldFunds {
 impl Drop for HeldFunds {
     fn drop(&mut self) {
         let Some(hold) = self.hold.take() else { return };
-        let store = self.store.clone();
         let (flows, service) = (Arc::clone(&self.flows), self.service);
-        let release = move || match store.release_hold(hold.id) {
+        let (id, user, amount) = (hold.id, hold.user_id, hold.amount);
+        self.store.release_in_background(id, move |result| match result {
             Ok(_) => {
-                flows.add(service, |t| t.released += hold.amount);
-                tracing::info!(hold = %hold.id, user = %hold.user_id, amount = %hold.amount, "hold released: the request ended without settling")
+                flows.add(service, |t| t.released += amount);
+                tracing::info!(hold = %id, user = %user, amount = %amount, "hold released: the request ended without settling")
             }
-            // Still in the store: `release_stale_holds` gives it back at the next start.
+            // Still in the store: its node gives it back at its next start (or
+            // `hearth holds release --node` does).
             Err(e) => {
-                tracing::warn!(hold = %hold.id, error = %e, "releasing a dropped hold failed")
+                tracing::warn!(hold = %id, error = %e, "releasing a dropped hold failed")
             }
-        };
-        // The store flushes to disk: off the async workers when there are any.
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn_blocking(release);
-            }
-            Err(_) => release(),
-        }
+        });
     }
 }
 
@@ -213,13 +205,6 @@ impl std::fmt::Debug for HeldFunds {
             .field("hold", &self.hold.as_ref().map(|h| h.id))
             .finish()
     }
-}
-
-/// Store calls flush to disk: keep them off the async workers.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, hearth_store::Error> + Send + 'static,
-) -> Result<T> {
-    Ok(tokio::task::spawn_blocking(f).await??)
 }
 
 #[cfg(test)]
@@ -232,12 +217,13 @@ mod tests {
         Decimal::from_str(s).unwrap()
     }
 
-    fn store_with(user: &str, balance: &str) -> (tempfile::TempDir, Store) {
+    async fn store_with(user: &str, balance: &str) -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path(), Default::default()).unwrap();
-        store.ensure_user(user, false).unwrap();
+        store.ensure_user(user, false).await.unwrap();
         store
             .credit(user, d(balance), &LedgerMeta::reason("test funds"))
+            .await
             .unwrap();
         (dir, store)
     }
@@ -245,7 +231,7 @@ mod tests {
     /// Waits (up to 5 s) until `user` has no open hold.
     async fn holds_end(store: &Store, user: &str) -> bool {
         for _ in 0..500 {
-            if store.holds(user).unwrap().is_empty() {
+            if store.holds(user).await.unwrap().is_empty() {
                 return true;
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
@@ -255,7 +241,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_hold_whose_caller_goes_away_while_it_is_being_placed_is_released() {
-        let (_dir, store) = store_with("ann", "10");
+        let (_dir, store) = store_with("ann", "10").await;
         let meter = Meter::new(store.clone(), Margin::ZERO);
         // Poll the placement once (it is then on its blocking thread) and drop it: the caller
         // went away mid-await, as a handler does when its client disconnects.
@@ -267,26 +253,26 @@ mod tests {
         );
         drop(placing);
         assert!(holds_end(&store, "ann").await, "the hold was stranded");
-        assert_eq!(store.balance("ann").unwrap(), d("10"));
+        assert_eq!(store.balance("ann").await.unwrap(), d("10"));
     }
 
     #[tokio::test]
     async fn held_funds_settle_once_and_are_released_when_dropped() {
-        let (_dir, store) = store_with("bob", "10");
+        let (_dir, store) = store_with("bob", "10").await;
         let meter = Meter::new(store.clone(), Margin::ZERO);
         let meta = || LedgerMeta::reason("test");
         let held = meter.hold("bob", d("4"), meta()).await.unwrap();
         assert_eq!(held.amount(), d("4"));
-        assert_eq!(store.balance("bob").unwrap(), d("6"));
+        assert_eq!(store.balance("bob").await.unwrap(), d("6"));
         let charge = held.settle(d("1.5")).await.unwrap();
         assert_eq!(
             (charge.balance_before, charge.balance_after),
             (d("10"), d("8.5"))
         );
-        assert!(store.holds("bob").unwrap().is_empty());
+        assert!(store.holds("bob").await.unwrap().is_empty());
 
         let dropped = meter.hold("bob", d("8"), meta()).await.unwrap();
-        assert_eq!(store.balance("bob").unwrap(), d("0.5"));
+        assert_eq!(store.balance("bob").await.unwrap(), d("0.5"));
         drop(dropped);
         assert!(holds_end(&store, "bob").await, "a dropped hold stayed");
         assert_eq!(meter.balance("bob").await.unwrap(), d("8.5"));
@@ -296,12 +282,12 @@ mod tests {
             matches!(refused, Error::InsufficientFunds { needed, available } if needed == d("9") && available == d("8.5")),
             "{refused:?}"
         );
-        assert!(store.holds("bob").unwrap().is_empty());
+        assert!(store.holds("bob").await.unwrap().is_empty());
     }
 
     #[tokio::test]
     async fn a_settlement_the_store_refuses_releases_the_hold() {
-        let (_dir, store) = store_with("cy", "10");
+        let (_dir, store) = store_with("cy", "10").await;
         let meter = Meter::new(store.clone(), Margin::ZERO);
         let held = meter
             .hold("cy", d("2"), LedgerMeta::reason("test"))
@@ -310,15 +296,15 @@ mod tests {
         // More than was held: the store refuses the settlement, and the hold is back at once.
         assert!(held.settle(d("3")).await.is_err());
         assert!(
-            store.holds("cy").unwrap().is_empty(),
+            store.holds("cy").await.unwrap().is_empty(),
             "the refused settlement kept its hold"
         );
-        assert_eq!(store.balance("cy").unwrap(), d("10"));
+        assert_eq!(store.balance("cy").await.unwrap(), d("10"));
     }
 
     #[tokio::test]
     async fn money_moved_is_counted_per_service_and_every_hold_ends_in_the_totals() {
-        let (_dir, store) = store_with("dee", "10");
+        let (_dir, store) = store_with("dee", "10").await;
         let base = Meter::new(store.clone(), Margin::ZERO);
         let chat = base.for_service("completion");
         let images = base.for_service("imagine");

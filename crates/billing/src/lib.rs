@@ -43,8 +43,8 @@ pub enum Error {
     Overflow,
     #[error(transparent)]
     Store(hearth_store::Error),
-    /// The blocking task that ran a store call failed (it panicked or the runtime is gone).
-    #[error("the store call did not complete: {0}")]
+    /// The task that placed a hold failed (it panicked or the runtime is gone).
+    #[error("placing the hold did not complete: {0}")]
     Task(#[from] tokio::task::JoinError),
 }
 

@@ -8,7 +8,7 @@ use axum::Router;
 use chrono::{DateTime, Utc};
 use hearth_auth::{IdentityProvider, OidcIdp, ServiceTokens, SharedSecretIdp};
 use hearth_billing::Meter;
-use hearth_store::{Store, StoreOptions};
+use hearth_store::{Location, Store, StoreOptions};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tower_http::trace::{DefaultMakeSpan, TraceLayer};
 use tracing::Level;
 
-use crate::config::{Config, IdpChoice};
+use crate::config::{Config, IdpChoice, StoreChoice};
 use crate::error::{ApiError, ErrorKind};
 use crate::metrics::Metrics;
 use crate::serve::{self, BodyTimeout};
@@ -45,6 +45,15 @@ pub mod paths {
     /// Key that authorizes the admin API on the auth listener (0600).
     pub fn admin_key(data_dir: &Path) -> PathBuf {
         data_dir.join("admin.key")
+    }
+    /// Written while a server runs on this data dir: its pid and the admin API's address, so
+    /// that the CLI finds it whatever addresses it was started with.
+    pub fn server(data_dir: &Path) -> PathBuf {
+        data_dir.join("server.json")
+    }
+    /// This node's id on its holds, made at first start when `[store] node_id` is not set.
+    pub fn node_id(data_dir: &Path) -> PathBuf {
+        data_dir.join("node-id")
     }
 }
 
@@ -105,7 +114,7 @@ impl AppState {
     /// Checks a `serviceToken` from a request body: signature, issuer, audience, expiry
     /// (`SessionExpired`) and revocation (`InvalidCredentials`), in-process against the same key
     /// and store the auth service uses.
-    pub fn authenticate(&self, token: &str) -> Result<Session, ApiError> {
+    pub async fn authenticate(&self, token: &str) -> Result<Session, ApiError> {
         if token.trim().is_empty() {
             return Err(ApiError::invalid_credentials("serviceToken is empty"));
         }
@@ -113,6 +122,7 @@ impl AppState {
         if self
             .store
             .is_token_revoked(&claims.jti)
+            .await
             .map_err(ApiError::internal)?
         {
             return Err(ApiError::invalid_credentials(
@@ -198,45 +208,93 @@ impl Running {
             let _ = t.await;
         }
         // Make sure every acknowledged write is on disk before the process goes.
-        if let Err(e) = self.state.store.health_check() {
+        if let Err(e) = self.state.store.health_check().await {
             tracing::warn!(error = %e, "store not healthy at shutdown");
+        }
+        let file = paths::server(&self.state.config.data_dir);
+        if read_server_file(&file).is_some_and(|s| s.pid == std::process::id()) {
+            let _ = std::fs::remove_file(file);
         }
     }
 }
 
-fn open_identity_provider(config: &Config) -> Result<IdentityProvider, StartError> {
+async fn open_identity_provider(
+    config: &Config,
+    store: &Store,
+) -> Result<IdentityProvider, StartError> {
     Ok(match &config.auth.identity_provider {
         IdpChoice::SharedSecret => {
-            let secret = hearth_auth::load_or_create_secret(&paths::idp_secret(&config.data_dir))?;
+            let secret = shared_secret(store, &paths::idp_secret(&config.data_dir)).await?;
             IdentityProvider::SharedSecret(SharedSecretIdp::new(secret.as_bytes()))
         }
         IdpChoice::Oidc(oidc) => IdentityProvider::Oidc(OidcIdp::new(oidc.clone())?),
     })
 }
 
-/// Opens the store with the configured initial balance.
-pub fn open_store(config: &Config) -> Result<Store, hearth_store::Error> {
-    Store::open(
-        paths::store(&config.data_dir),
-        StoreOptions {
-            initial_balance: config.billing.initial_balance,
-        },
-    )
+/// A secret every node must agree on (the service-token key, the built-in identity provider's
+/// key), named by its file in the data dir. With the embedded store it is that file (0600,
+/// made at first start). With a shared store it lives in the database's `meta` table under the
+/// file's name, made by the first node to start, so every node signs and verifies alike; it is
+/// stored as it is (whoever can write that database can already change balances).
+pub async fn shared_secret(store: &Store, file: &Path) -> Result<String, StartError> {
+    if !store.is_shared() {
+        return Ok(hearth_auth::load_or_create_secret(file)?);
+    }
+    let key = file
+        .file_name()
+        .map_or_else(|| "secret".into(), |n| n.to_string_lossy().into_owned());
+    Ok(store.shared_value(&key, hearth_auth::new_secret).await?)
+}
+
+/// Opens the configured store (sled in the data dir, or PostgreSQL) with the configured
+/// initial balance, as this node.
+pub async fn open_store(config: &Config) -> Result<Store, hearth_store::Error> {
+    let location = match &config.store.choice {
+        StoreChoice::Embedded => Location::Dir(paths::store(&config.data_dir)),
+        StoreChoice::Postgres(url) => Location::Url(url.clone()),
+    };
+    let options = StoreOptions {
+        initial_balance: config.billing.initial_balance,
+        node_id: node_id(config)?,
+        max_connections: config.store.max_connections,
+    };
+    Store::open_at(&location, options).await
+}
+
+/// `[store] node_id`, else the id kept in the data dir, made at first start.
+fn node_id(config: &Config) -> Result<String, hearth_store::Error> {
+    if let Some(id) = &config.store.node_id {
+        return Ok(id.clone());
+    }
+    let path = paths::node_id(&config.data_dir);
+    let io = |source| hearth_store::Error::Io {
+        path: path.clone(),
+        source,
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    std::fs::create_dir_all(&config.data_dir).map_err(io)?;
+    let id = format!("node-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    std::fs::write(&path, format!("{id}\n")).map_err(io)?;
+    Ok(id)
 }
 
 /// Starts the configured services and returns once every listener is bound and serving.
 pub async fn start(config: Config) -> Result<Running, StartError> {
-    let store = open_store(&config)?;
-    store.release_stale_holds()?;
-    store.purge_expired(Utc::now())?;
-    let secret =
-        hearth_auth::load_or_create_secret(&paths::service_token_secret(&config.data_dir))?;
+    let store = open_store(&config).await?;
+    store.release_stale_holds().await?;
+    store.purge_expired(Utc::now()).await?;
+    let secret = shared_secret(&store, &paths::service_token_secret(&config.data_dir)).await?;
     let tokens = ServiceTokens::new(
         secret.as_bytes(),
         config.auth.issuer.clone(),
         config.auth.audience.clone(),
     );
-    let idp = open_identity_provider(&config)?;
+    let idp = open_identity_provider(&config, &store).await?;
     let admin_key = hearth_auth::load_or_create_secret(&paths::admin_key(&config.data_dir))?;
 
     // Bind everything first so that URLs derived from ephemeral ports are known to every page.
@@ -311,6 +369,9 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         state.store.clone(),
         shutdown.clone(),
     )));
+    if let Some(&auth) = addrs.get(&Service::Auth) {
+        write_server_file(&state.config.data_dir, auth);
+    }
     Ok(Running {
         addrs,
         state,
@@ -388,16 +449,43 @@ async fn purge_loop(store: Store, shutdown: CancellationToken) {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {
-                let store = store.clone();
-                match tokio::task::spawn_blocking(move || store.purge_expired(Utc::now())).await {
-                    Ok(Ok(n)) if n > 0 => tracing::info!(removed = n, "purged expired revocations"),
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => tracing::warn!(error = %e, "purging expired revocations failed"),
-                    Err(e) => tracing::warn!(error = %e, "purge task failed"),
+                match store.purge_expired(Utc::now()).await {
+                    Ok(n) if n > 0 => tracing::info!(removed = n, "purged expired revocations"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "purging expired revocations failed"),
                 }
             }
         }
     }
+}
+
+/// What `<data_dir>/server.json` says about the server running there.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ServerFile {
+    pub pid: u32,
+    /// Base URL of the auth listener (the admin API), reachable from this machine.
+    pub auth_url: String,
+}
+
+fn write_server_file(data_dir: &Path, auth: SocketAddr) {
+    let mut addr = auth;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let info = ServerFile {
+        pid: std::process::id(),
+        auth_url: format!("http://{addr}"),
+    };
+    let path = paths::server(data_dir);
+    let text = serde_json::to_string(&info).unwrap_or_default();
+    if let Err(e) = std::fs::write(&path, text) {
+        tracing::warn!(path = %path.display(), error = %e, "cannot record the server's address for the CLI");
+    }
+}
+
+/// The server recorded in `path`, if the file is there and readable.
+pub fn read_server_file(path: &Path) -> Option<ServerFile> {
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
 }
 
 /// Makes `path` absolute against the current directory (for messages and stable data dirs).

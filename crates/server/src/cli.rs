@@ -1,16 +1,22 @@
-//! The `hearth` command line: `serve`, `idp mint`, `users list`, `balance show|credit`.
+//! The `hearth` command line: `serve`, `idp mint`, `users list`, `balance show|credit`,
+//! `ledger`, `holds release`, `migrate`.
 //! The only place that reads the process environment.
 
+mod access;
+mod signals;
+
 use clap::{Args, Parser, Subcommand};
-use serde::de::DeserializeOwned;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use access::{admin_call, open_store_directly};
+use signals::Signals;
+
 use crate::app::{self, paths};
 use crate::config::{
     Config, IdpChoice, Layers, RawAuthConfig, RawCompletionConfig, RawConfig, RawImagineConfig,
-    RawMarkdownConfig,
+    RawMarkdownConfig, StoreChoice,
 };
 use crate::error::ApiError;
 use crate::services::admin::{self, BalanceResponse, CreditResponse, UsersResponse};
@@ -47,9 +53,41 @@ enum Command {
     /// Balances: show or change them (works with the server running or stopped).
     #[command(subcommand)]
     Balance(BalanceCommand),
+    /// A user's ledger: every credit and debit, oldest first.
+    #[command(after_help = "Example:\n  hearth ledger alice")]
+    Ledger {
+        user: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Holds: funds reserved for requests in flight.
+    #[command(subcommand)]
+    Holds(HoldsCommand),
+    /// Create or upgrade the PostgreSQL tables of `[store] url` (every node also does at start).
+    #[command(
+        after_help = "Example:\n  HEARTH_STORE_URL=postgres://hearth@db/hearth hearth migrate"
+    )]
+    Migrate {
+        #[command(flatten)]
+        common: Common,
+    },
     /// Developer tools.
     #[command(subcommand)]
     Dev(DevCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum HoldsCommand {
+    /// Give back the open holds of node ID: a node that crashed and will not start again
+    /// (a node that restarts releases its own). Never use it on a node that is running.
+    #[command(after_help = "Example:\n  hearth holds release --node node-3f2a9c01b7e4")]
+    Release {
+        /// The node's id (its `[store] node_id`, or `<data dir>/node-id`).
+        #[arg(long, value_name = "ID")]
+        node: String,
+        #[command(flatten)]
+        common: Common,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -269,7 +307,14 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             if ttl < 1 {
                 return Err(CliError::Usage("--ttl must be at least 1 second".into()));
             }
-            let secret = hearth_auth::load_or_create_secret(&paths::idp_secret(&config.data_dir))?;
+            let path = paths::idp_secret(&config.data_dir);
+            let secret = match config.store.choice {
+                // The file: the server may hold the database open.
+                StoreChoice::Embedded => hearth_auth::load_or_create_secret(&path)?,
+                StoreChoice::Postgres(_) => {
+                    app::shared_secret(&app::open_store(&config).await?, &path).await?
+                }
+            };
             let idp = hearth_auth::SharedSecretIdp::new(secret.as_bytes());
             println!(
                 "{}",
@@ -279,8 +324,10 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Users(UsersCommand::List { common }) => {
             let config = load_config(&common, RawConfig::default())?;
-            let resp: UsersResponse =
-                admin_call(&config, "users", json!({}), admin::list_users).await?;
+            let resp: UsersResponse = admin_call(&config, "users", json!({}), |s| async move {
+                admin::list_users(&s).await
+            })
+            .await?;
             println!(
                 "{:<32} {:>20}  {:<9}  CREATED",
                 "USER", "BALANCE", "MARKETING"
@@ -296,6 +343,39 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             }
             Ok(())
         }
+        Command::Ledger { user, common } => {
+            let store = open_store_directly(&load_config(&common, RawConfig::default())?).await?;
+            println!(
+                "{:>8}  {:<20}  {:>16}  {:>16}  REASON",
+                "SEQ", "AT", "AMOUNT", "BALANCE"
+            );
+            for e in store.ledger(&user).await? {
+                println!(
+                    "{:>8}  {:<20}  {:>16}  {:>16}  {}",
+                    e.seq,
+                    e.at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                    hearth_billing::money(e.amount),
+                    hearth_billing::money(e.balance_after),
+                    e.reason
+                );
+            }
+            Ok(())
+        }
+        Command::Holds(HoldsCommand::Release { node, common }) => {
+            let store = open_store_directly(&load_config(&common, RawConfig::default())?).await?;
+            let released = store.release_holds_of_node(&node).await?;
+            println!("released {released} hold(s) of node {node}");
+            Ok(())
+        }
+        Command::Migrate { common } => {
+            let config = load_config(&common, RawConfig::default())?;
+            open_store_directly(&config).await?;
+            match config.store.choice {
+                StoreChoice::Embedded => println!("embedded store: nothing to migrate"),
+                StoreChoice::Postgres(_) => println!("the PostgreSQL schema is up to date"),
+            }
+            Ok(())
+        }
         Command::Dev(DevCommand::TinySdxl { dir, seed }) => {
             hearth_imagine::write_tiny_sdxl(&dir, seed)
                 .map_err(|e| CliError::Usage(e.to_string()))?;
@@ -308,11 +388,13 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Balance(BalanceCommand::Show { user, common }) => {
             let config = load_config(&common, RawConfig::default())?;
             let u = user.clone();
-            let resp: BalanceResponse =
-                admin_call(&config, "balance", json!({ "userId": user }), move |s| {
-                    admin::show_balance(s, &u)
-                })
-                .await?;
+            let resp: BalanceResponse = admin_call(
+                &config,
+                "balance",
+                json!({ "userId": user }),
+                |s| async move { admin::show_balance(&s, &u).await },
+            )
+            .await?;
             println!("{} {}", resp.user_id, resp.balance);
             Ok(())
         }
@@ -326,8 +408,8 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             let config = load_config(&common, RawConfig::default())?;
             admin::parse_amount(&amount).map_err(CliError::Api)?;
             let body = json!({ "userId": user, "amount": amount, "note": note, "debit": debit });
-            let resp: CreditResponse = admin_call(&config, "credit", body, move |s| {
-                admin::apply_credit(s, &user, &amount, note.as_deref(), debit)
+            let resp: CreditResponse = admin_call(&config, "credit", body, |s| async move {
+                admin::apply_credit(&s, &user, &amount, note.as_deref(), debit).await
             })
             .await?;
             println!(
@@ -388,117 +470,3 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
 /// Exit status of `hearth serve` when a second signal cuts its shutdown short (128 + SIGINT, as
 /// shells report an interrupted command).
 pub const EXIT_ON_SECOND_SIGNAL: i32 = 130;
-
-/// Ctrl-C and SIGTERM, listened to from the start, so that none is missed between two waits.
-struct Signals {
-    #[cfg(unix)]
-    interrupt: Option<tokio::signal::unix::Signal>,
-    #[cfg(unix)]
-    terminate: Option<tokio::signal::unix::Signal>,
-}
-
-impl Signals {
-    fn new() -> Self {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            let listen = |kind| match signal(kind) {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot listen for a signal");
-                    None
-                }
-            };
-            Self {
-                interrupt: listen(SignalKind::interrupt()),
-                terminate: listen(SignalKind::terminate()),
-            }
-        }
-        #[cfg(not(unix))]
-        Self {}
-    }
-
-    /// Waits for the next Ctrl-C or SIGTERM.
-    async fn next(&mut self) {
-        #[cfg(unix)]
-        {
-            async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
-                match s {
-                    Some(s) => {
-                        s.recv().await;
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            }
-            tokio::select! {
-                _ = recv(&mut self.interrupt) => {},
-                _ = recv(&mut self.terminate) => {},
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-}
-
-/// Runs an admin operation on the store directly when no server holds it, or through the
-/// running server's admin API (auth listener, key from the data dir) when one does.
-async fn admin_call<T, F>(
-    config: &Config,
-    endpoint: &str,
-    mut body: serde_json::Value,
-    direct: F,
-) -> Result<T, CliError>
-where
-    T: DeserializeOwned,
-    F: FnOnce(&hearth_store::Store) -> Result<T, ApiError>,
-{
-    match app::open_store(config) {
-        Ok(store) => return direct(&store).map_err(CliError::Api),
-        Err(hearth_store::Error::Locked { .. }) => {}
-        Err(e) => return Err(e.into()),
-    }
-    let key_path = paths::admin_key(&config.data_dir);
-    let key = std::fs::read_to_string(&key_path).map_err(|e| {
-        CliError::Usage(format!(
-            "the database is in use but {} is unreadable: {e}",
-            key_path.display()
-        ))
-    })?;
-    body["adminKey"] = json!(key.trim());
-    let base = config
-        .auth
-        .public_url
-        .clone()
-        .unwrap_or_else(|| format!("http://{}", config.auth.addr));
-    let url = format!("{base}/admin/{endpoint}");
-    let resp = reqwest::Client::new()
-        .post(&url)
-        .json(&body)
-        .send()
-        .await
-        .map_err(|source| CliError::AdminUnreachable {
-            url: url.clone(),
-            source,
-        })?;
-    let status = resp.status();
-    let value: serde_json::Value =
-        resp.json()
-            .await
-            .map_err(|source| CliError::AdminUnreachable {
-                url: url.clone(),
-                source,
-            })?;
-    if !status.is_success() {
-        let message = value["error"]["message"]
-            .as_str()
-            .unwrap_or("request failed")
-            .to_string();
-        return Err(CliError::Usage(format!(
-            "server refused: {message} (HTTP {status})"
-        )));
-    }
-    serde_json::from_value(value)
-        .map_err(|e| CliError::Usage(format!("unexpected answer from {url}: {e}")))
-}

@@ -83,6 +83,8 @@ pub struct RawConfig {
     pub billing: RawBillingConfig,
     #[serde(default)]
     pub server: crate::serve::RawServerConfig,
+    #[serde(default)]
+    pub store: RawStoreConfig,
 }
 
 /// Layers of raw configuration, lowest first.
@@ -306,6 +308,7 @@ pub struct Config {
     pub imagine: ImagineConfig,
     pub billing: BillingConfig,
     pub server: crate::serve::ServerConfig,
+    pub store: StoreConfig,
 }
 
 fn addr(key: &str, raw: &Option<String>, default: &str) -> Result<SocketAddr, ConfigError> {
@@ -404,6 +407,7 @@ impl RawConfig {
             imagine: self.imagine.resolve()?,
             billing: self.billing.resolve()?,
             server: self.server.resolve()?,
+            store: self.store.resolve()?,
         })
     }
 }
@@ -413,11 +417,13 @@ mod billing;
 mod completion;
 mod imagine;
 mod markdown;
+mod store;
 pub use auth::{AuthConfig, IdpChoice, RawAuthConfig, RawOidcConfig};
 pub use billing::{BillingConfig, RawBillingConfig};
 pub use completion::{CompletionConfig, RawCompletionConfig};
 pub use imagine::{ImagineConfig, RawImagineConfig};
 pub use markdown::{MarkdownConfig, RawMarkdownConfig};
+pub use store::{RawStoreConfig, StoreChoice, StoreConfig};
 
 #[cfg(test)]
 mod tests;

@@ -3,7 +3,7 @@ use std::path::PathBuf;
 
 use crate::HoldId;
 
-/// Everything the store can refuse or fail with.
+/// Everything the store can refuse or fail with, whichever backend runs.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("insufficient funds: {needed} needed, {available} available")]
@@ -30,8 +30,25 @@ pub enum Error {
         what: &'static str,
         source: serde_json::Error,
     },
+    #[error("stored value {0:?} is not UTF-8")]
+    CorruptValue(String),
     #[error("health marker read back differs from what was written")]
     HealthMismatch,
+    /// The configuration asks for a backend this build left out (a cargo feature).
+    #[error("this build has no {0} store (built without the cargo feature of that name)")]
+    NotBuilt(&'static str),
+    #[error("store url {0:?} is not a postgres:// or postgresql:// url")]
+    BadUrl(String),
+    /// The task running a store call ended without an answer (the runtime is shutting down).
+    #[error("the store call was interrupted: the runtime is shutting down")]
+    Interrupted,
+    #[cfg(feature = "sled")]
     #[error("storage: {0}")]
     Storage(#[from] sled::Error),
+    #[cfg(feature = "postgres")]
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[cfg(feature = "postgres")]
+    #[error("database migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
 }

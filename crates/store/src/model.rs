@@ -45,6 +45,28 @@ pub struct LedgerEntry {
     pub at: DateTime<Utc>,
 }
 
+impl LedgerEntry {
+    pub(crate) fn new(
+        seq: u64,
+        user_id: &str,
+        amount: Decimal,
+        balance_after: Decimal,
+        meta: &LedgerMeta,
+        at: DateTime<Utc>,
+    ) -> Self {
+        Self {
+            seq,
+            user_id: user_id.to_string(),
+            amount,
+            balance_after,
+            reason: meta.reason.clone(),
+            developer_id: meta.developer_id.clone(),
+            application_id: meta.application_id.clone(),
+            at,
+        }
+    }
+}
+
 /// The balance around one money-changing operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BalanceChange {
@@ -73,6 +95,10 @@ pub struct Hold {
     /// The spendable balance just before the hold was placed.
     pub balance_before: Decimal,
     pub meta: LedgerMeta,
+    /// The node whose request placed it: only that node releases it when it restarts (holds
+    /// written before nodes had ids read back as `""`).
+    #[serde(default)]
+    pub node_id: String,
     pub placed_at: DateTime<Utc>,
 }
 
@@ -89,33 +115,29 @@ pub(crate) fn check_user_id(user_id: &str) -> Result<(), Error> {
     Ok(())
 }
 
-// Keys: `user \0 seq(be)` for the ledger, `idp-token-id \0 jti` for idp sessions. User ids and
-// token ids never contain NUL (control characters are refused), so prefixes cannot collide.
-pub(crate) fn ledger_prefix(user: &str) -> Vec<u8> {
-    let mut k = user.as_bytes().to_vec();
-    k.push(0);
-    k
+/// The ledger reason of the credit a new user starts with.
+pub(crate) const INITIAL_BALANCE: &str = "initial balance";
+
+/// `before + delta`, or [`Error::InsufficientFunds`] when that is below zero. Every backend
+/// decides with this, inside the transaction that holds the balance.
+pub(crate) fn checked_after(before: Decimal, delta: Decimal) -> Result<Decimal, Error> {
+    let after = before + delta;
+    if after < Decimal::ZERO {
+        return Err(Error::InsufficientFunds {
+            needed: -delta,
+            available: before,
+        });
+    }
+    Ok(after)
 }
 
-pub(crate) fn ledger_key(user: &str, seq: u64) -> Vec<u8> {
-    let mut k = ledger_prefix(user);
-    k.extend_from_slice(&seq.to_be_bytes());
-    k
-}
-
-pub(crate) fn session_prefix(idp_token_id: &str) -> Vec<u8> {
-    let mut k = idp_token_id.as_bytes().to_vec();
-    k.push(0);
-    k
-}
-
-pub(crate) fn session_key(idp_token_id: &str, jti: &str) -> Vec<u8> {
-    let mut k = session_prefix(idp_token_id);
-    k.extend_from_slice(jti.as_bytes());
-    k
-}
-
-pub(crate) fn session_jti(key: &[u8]) -> &str {
-    let pos = key.iter().position(|b| *b == 0).map_or(0, |p| p + 1);
-    std::str::from_utf8(&key[pos..]).unwrap_or_default()
+/// A hold settles for at most what it holds.
+pub(crate) fn check_settle(hold: &Hold, actual: Decimal) -> Result<(), Error> {
+    if actual > hold.amount {
+        return Err(Error::SettleExceedsHold {
+            held: hold.amount,
+            actual,
+        });
+    }
+    Ok(())
 }

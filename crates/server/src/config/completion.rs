@@ -11,6 +11,9 @@ use super::{addr, invalid, public_url, ConfigError};
 pub struct RawCompletionConfig {
     pub addr: Option<String>,
     pub public_url: Option<String>,
+    /// Where the other nodes of a shared store reach this node's completion service, to stop
+    /// a stream it runs (default: http:// + the bound address).
+    pub internal_url: Option<String>,
     /// Completions one user may run at once (default 4; 0 = no cap).
     pub max_concurrent_per_user: Option<usize>,
     /// Seconds a stream may wait on a client that reads nothing before it is aborted and
@@ -22,6 +25,7 @@ pub struct RawCompletionConfig {
 pub struct CompletionConfig {
     pub addr: SocketAddr,
     pub public_url: Option<String>,
+    pub internal_url: Option<String>,
     pub max_concurrent_per_user: usize,
     pub client_stall_timeout: std::time::Duration,
 }
@@ -31,6 +35,7 @@ impl RawCompletionConfig {
         Ok(CompletionConfig {
             addr: addr("completion.addr", &self.addr, "127.0.0.1:8082")?,
             public_url: public_url("completion.public_url", &self.public_url)?,
+            internal_url: public_url("completion.internal_url", &self.internal_url)?,
             max_concurrent_per_user: self.max_concurrent_per_user.unwrap_or(4),
             client_stall_timeout: match self.client_stall_timeout_secs.unwrap_or(30) {
                 0 => {

@@ -1,5 +1,6 @@
 //! The admin API on the auth listener, used by `hearth users list` and `hearth balance ...`
-//! while the server runs (sled lets one process open the database). Every request carries the
+//! while the server runs on the embedded store (sled lets one process open the database; on
+//! PostgreSQL the CLI uses the database directly). Every request carries the
 //! admin key from `<data_dir>/admin.key` in its `adminKey` body field.
 
 use axum::extract::State;
@@ -100,14 +101,6 @@ fn check_key(state: &AppState, key: &str) -> Result<(), ApiError> {
     }
 }
 
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(ApiError::internal)?
-}
-
 /// Every user with their balance (`hearth users list`).
 #[utoipa::path(
     post,
@@ -127,8 +120,7 @@ async fn users(
     AppJson(req): AppJson<KeyOnly>,
 ) -> Result<Json<UsersResponse>, ApiError> {
     check_key(&state, &req.admin_key)?;
-    let store = state.store.clone();
-    Ok(Json(blocking(move || list_users(&store)).await?))
+    Ok(Json(list_users(&state.store).await?))
 }
 
 /// One user's balance (`hearth balance show`).
@@ -150,10 +142,7 @@ async fn balance(
     AppJson(req): AppJson<BalanceRequest>,
 ) -> Result<Json<BalanceResponse>, ApiError> {
     check_key(&state, &req.admin_key)?;
-    let store = state.store.clone();
-    Ok(Json(
-        blocking(move || show_balance(&store, &req.user_id)).await?,
-    ))
+    Ok(Json(show_balance(&state.store, &req.user_id).await?))
 }
 
 /// Credits or debits a user (`hearth balance credit`).
@@ -176,16 +165,13 @@ async fn credit(
     AppJson(req): AppJson<CreditRequest>,
 ) -> Result<Json<CreditResponse>, ApiError> {
     check_key(&state, &req.admin_key)?;
-    let store = state.store.clone();
-    let (resp, moved) = blocking(move || {
-        change_balance(
-            &store,
-            &req.user_id,
-            &req.amount,
-            req.note.as_deref(),
-            req.debit,
-        )
-    })
+    let (resp, moved) = change_balance(
+        &state.store,
+        &req.user_id,
+        &req.amount,
+        req.note.as_deref(),
+        req.debit,
+    )
     .await?;
     state.billing.record_admin_change(moved);
     tracing::info!(user = %resp.user_id, before = %resp.balance_before, after = %resp.balance_after, "admin balance change");
@@ -193,9 +179,10 @@ async fn credit(
 }
 
 /// Every user with their balance.
-pub fn list_users(store: &Store) -> Result<UsersResponse, ApiError> {
+pub async fn list_users(store: &Store) -> Result<UsersResponse, ApiError> {
     let users = store
-        .users()?
+        .users()
+        .await?
         .into_iter()
         .map(|(u, balance)| UserRow {
             user_id: u.user_id,
@@ -210,8 +197,8 @@ pub fn list_users(store: &Store) -> Result<UsersResponse, ApiError> {
 }
 
 /// One user's spendable balance.
-pub fn show_balance(store: &Store, user_id: &str) -> Result<BalanceResponse, ApiError> {
-    let balance = store.balance(user_id)?;
+pub async fn show_balance(store: &Store, user_id: &str) -> Result<BalanceResponse, ApiError> {
+    let balance = store.balance(user_id).await?;
     Ok(BalanceResponse {
         user_id: user_id.to_string(),
         balance: money(balance),
@@ -241,18 +228,19 @@ pub fn parse_amount(text: &str) -> Result<Decimal, ApiError> {
 /// Credits (or, with `debit`, debits) a user; a user not seen before is created first (and gets
 /// the initial balance). A negative amount is refused unless `debit` is set; with `debit` the
 /// amount's absolute value is taken away, never below zero.
-pub fn apply_credit(
+pub async fn apply_credit(
     store: &Store,
     user_id: &str,
     amount: &str,
     note: Option<&str>,
     debit: bool,
 ) -> Result<CreditResponse, ApiError> {
-    change_balance(store, user_id, amount, note, debit).map(|(response, _)| response)
+    let (response, _) = change_balance(store, user_id, amount, note, debit).await?;
+    Ok(response)
 }
 
 /// [`apply_credit`], also saying how much the balance moved (negative for a debit).
-fn change_balance(
+async fn change_balance(
     store: &Store,
     user_id: &str,
     amount: &str,
@@ -266,8 +254,8 @@ fn change_balance(
             "a negative amount is a debit: say --debit (\"debit\": true)",
         ));
     }
-    if store.user(user_id)?.is_none() {
-        store.ensure_user(user_id, false)?;
+    if store.user(user_id).await?.is_none() {
+        store.ensure_user(user_id, false).await?;
     }
     let reason = note.map(str::to_string).unwrap_or_else(|| {
         if debit {
@@ -278,9 +266,9 @@ fn change_balance(
     });
     let meta = LedgerMeta::reason(reason);
     let change = if debit {
-        store.debit(user_id, amount.abs(), &meta)?
+        store.debit(user_id, amount.abs(), &meta).await?
     } else {
-        store.credit(user_id, amount, &meta)?
+        store.credit(user_id, amount, &meta).await?
     };
     let response = CreditResponse {
         user_id: user_id.to_string(),

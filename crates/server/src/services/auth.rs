@@ -86,12 +86,9 @@ pub struct Health {
 )]
 #[instrument(skip_all)]
 async fn health(State(state): State<AppState>) -> Response {
-    let store = state.store.clone();
-    let store_ok = tokio::task::spawn_blocking(move || store.health_check()).await;
-    let problem = match (store_ok, state.tokens.self_check()) {
-        (Ok(Ok(())), Ok(())) => None,
-        (Ok(Err(e)), _) => Some(format!("store: {e}")),
-        (Err(e), _) => Some(format!("store check: {e}")),
+    let problem = match (state.store.health_check().await, state.tokens.self_check()) {
+        (Ok(()), Ok(())) => None,
+        (Err(e), _) => Some(format!("store: {e}")),
         (_, Err(e)) => Some(format!("signing key: {e}")),
     };
     let ui = state.urls.ui(Service::Auth);
@@ -193,29 +190,20 @@ async fn token(
             "userId does not match the identity token's subject",
         ));
     }
-    let store = state.store.clone();
-    let (tokens, user_id, token_id) = (
-        state.tokens.clone(),
-        req.user_id.clone(),
-        identity.token_id.clone(),
-    );
-    let issued = tokio::task::spawn_blocking(move || {
-        if store.is_idp_token_revoked(&token_id)? {
-            return Ok(Err(ApiError::invalid_credentials(
-                "the identity token was logged out",
-            )));
-        }
-        store.ensure_user(&user_id, identity.is_marketing)?;
-        let issued =
-            match tokens.issue(&user_id, identity.is_marketing, Duration::seconds(lifetime)) {
-                Ok(t) => t,
-                Err(e) => return Ok(Err(ApiError::internal(e))),
-            };
-        store.record_idp_session(&token_id, &issued.jti, issued.expires_at)?;
-        Ok::<_, hearth_store::Error>(Ok(issued))
-    })
-    .await
-    .map_err(ApiError::internal)???;
+    let (store, user_id, token_id) = (&state.store, &req.user_id, &identity.token_id);
+    if store.is_idp_token_revoked(token_id).await? {
+        return Err(ApiError::invalid_credentials(
+            "the identity token was logged out",
+        ));
+    }
+    store.ensure_user(user_id, identity.is_marketing).await?;
+    let issued = state
+        .tokens
+        .issue(user_id, identity.is_marketing, Duration::seconds(lifetime))
+        .map_err(ApiError::internal)?;
+    store
+        .record_idp_session(token_id, &issued.jti, issued.expires_at)
+        .await?;
     tracing::info!(lifetime, "service token issued");
     Ok(Json(TokenResponse {
         service_token: issued.token,
@@ -261,7 +249,7 @@ async fn validate(
     State(state): State<AppState>,
     AppJson(req): AppJson<ValidateRequest>,
 ) -> Result<Json<ValidateResponse>, ApiError> {
-    let session = state.authenticate(&req.service_token)?;
+    let session = state.authenticate(&req.service_token).await?;
     Ok(Json(ValidateResponse {
         valid: true,
         user_id: session.user_id,
@@ -290,12 +278,8 @@ async fn balance(
     State(state): State<AppState>,
     AppJson(req): AppJson<ValidateRequest>,
 ) -> Result<Json<BalanceResponse>, ApiError> {
-    let session = state.authenticate(&req.service_token)?;
-    let store = state.store.clone();
-    let answer = tokio::task::spawn_blocking(move || show_balance(&store, &session.user_id))
-        .await
-        .map_err(ApiError::internal)??;
-    Ok(Json(answer))
+    let session = state.authenticate(&req.service_token).await?;
+    Ok(Json(show_balance(&state.store, &session.user_id).await?))
 }
 
 /// Logout request (spec 2.3).
@@ -362,22 +346,19 @@ async fn logout(
             Some(id)
         }
     };
-    let store = state.store.clone();
-    let (jti, exp) = (claims.jti.clone(), claims.expires_at());
-    let revoked_sessions = tokio::task::spawn_blocking(move || {
-        if exp > Utc::now() {
-            store.revoke_token(&jti, exp)?;
-        }
-        match identity {
-            Some(id) => store
+    let exp = claims.expires_at();
+    if exp > Utc::now() {
+        state.store.revoke_token(&claims.jti, exp).await?;
+    }
+    let revoked_sessions = match identity {
+        Some(id) => Some(
+            state
+                .store
                 .revoke_idp_sessions(&id.token_id, id.expires_at.max(exp))
-                .map(Some),
-            None => Ok(None),
-        }
-    })
-    .await
-    .map_err(ApiError::internal)?
-    .map_err(ApiError::from)?;
+                .await?,
+        ),
+        None => None,
+    };
     let message = match revoked_sessions {
         None => "service token revoked".to_string(),
         Some(n) => format!(

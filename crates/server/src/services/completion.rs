@@ -14,6 +14,7 @@ mod engines;
 mod grammar;
 mod openai;
 pub mod openapi;
+mod peers;
 mod start;
 mod stream;
 mod validate;
@@ -95,9 +96,11 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
             .map(|d| d.as_secs())
             .unwrap_or_default(),
     });
-    let (token, drain) = (state.shutdown.clone(), Arc::clone(&core));
+    peers::announce(&state).await;
+    let (token, drain, app) = (state.shutdown.clone(), Arc::clone(&core), state.clone());
     tokio::spawn(async move {
         token.cancelled().await;
+        peers::withdraw(&app).await;
         info!("draining the text engines");
         drain.engines.shutdown().await;
     });
@@ -142,11 +145,8 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
     )
 )]
 async fn health(State(cs): State<CompletionState>) -> Response {
-    let store = cs.app.store.clone();
-    let checked = tokio::task::spawn_blocking(move || store.health_check()).await;
-    let failure = match checked {
-        Ok(Ok(())) => None,
-        Ok(Err(e)) => Some(e.to_string()),
+    let failure = match cs.app.store.health_check().await {
+        Ok(()) => None,
         Err(e) => Some(e.to_string()),
     };
     let mut body = json!({
@@ -293,6 +293,8 @@ struct ShutdownRequest {
 /// `POST /stream/shutdown`: stops an active stream and answers, once it has stopped and been
 /// billed, `200 {"streamId", "status": "terminated", "response": <partial response>}`. Unknown or
 /// already finished ids answer 404 `NotFound`; a stream that does not stop within 10 s, 500.
+/// With a shared store, a stream another node runs is stopped there and its answer relayed
+/// (`peers.rs`).
 #[utoipa::path(
     post,
     path = "/stream/shutdown",
@@ -307,10 +309,18 @@ struct ShutdownRequest {
 )]
 async fn shutdown_stream(
     State(cs): State<CompletionState>,
+    headers: axum::http::HeaderMap,
     AppJson(body): AppJson<ShutdownRequest>,
-) -> Result<Json<ShutdownResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     let id = body.stream_id;
     let Some(mut done) = cs.core.streams.stop(&id) else {
+        if !headers.contains_key(peers::FORWARDED_HEADER) {
+            if let Some((status, answer)) =
+                peers::forward_shutdown(&cs.app, &id, SHUTDOWN_WAIT).await
+            {
+                return Ok((status, Json(answer)).into_response());
+            }
+        }
         return Err(ApiError::not_found(format!("no active stream {id:?}"))
             .with_details(json!({ "streamId": id })));
     };
@@ -322,7 +332,8 @@ async fn shutdown_stream(
                 stream_id: id,
                 status: "terminated",
                 response,
-            }))
+            })
+            .into_response())
         }
         Ok(Err(_)) => Err(ApiError::internal(format!(
             "stream {id} lost its driver while stopping"

@@ -152,11 +152,8 @@ fn weights_kind(p: &Provenance) -> &'static str {
     )
 )]
 async fn health(State(st): State<ImagineState>) -> Response {
-    let store = st.app.store.clone();
-    let store_check = tokio::task::spawn_blocking(move || store.health_check()).await;
-    let mut failure = match store_check {
-        Ok(Ok(())) => None,
-        Ok(Err(e)) => Some(format!("database check failed: {e}")),
+    let mut failure = match st.app.store.health_check().await {
+        Ok(()) => None,
         Err(e) => Some(format!("database check failed: {e}")),
     };
     let id = &st.entry.id;
@@ -300,7 +297,7 @@ async fn generate(
 ) -> Result<Json<ImageResponse>, ApiError> {
     let token = validate::service_token(&raw)
         .ok_or_else(|| ApiError::invalid_credentials("serviceToken is required"))?;
-    let session = st.app.authenticate(token)?;
+    let session = st.app.authenticate(token).await?;
     Span::current().record("user", session.user_id.as_str());
     let valid = validate::validate(&raw, &st.entry.limits, &st.entry.id)?;
     let made = produce(&st, &session, &valid).await?;

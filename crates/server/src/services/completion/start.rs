@@ -35,7 +35,7 @@ pub fn field_error(e: FieldError) -> ApiError {
 /// `POST /` and `POST /stream`: the spec's request, credentials in its body.
 #[instrument(skip_all, fields(model, user))]
 pub async fn start(cs: &CompletionState, raw: RawCompletionRequest) -> Result<Started, ApiError> {
-    let session = authenticate(cs, validate::service_token(&raw))?;
+    let session = authenticate(cs, validate::service_token(&raw)).await?;
     let valid = validate::validate(&raw, &cs.core.catalog).map_err(field_error)?;
     Span::current().record("model", valid.model.as_str());
     start_valid(cs, session, valid).await
@@ -88,9 +88,9 @@ pub async fn start_valid(
 /// The service token's session. The completion service's error types (spec section 7) have no
 /// `SessionExpired`: an expired token is `InvalidCredentials` here, with the reason in the
 /// message.
-pub fn authenticate(cs: &CompletionState, token: Option<&str>) -> Result<Session, ApiError> {
+pub async fn authenticate(cs: &CompletionState, token: Option<&str>) -> Result<Session, ApiError> {
     let token = token.ok_or_else(|| ApiError::invalid_credentials("serviceToken is required"))?;
-    let session = cs.app.authenticate(token).map_err(|e| match e.kind {
+    let session = cs.app.authenticate(token).await.map_err(|e| match e.kind {
         ErrorKind::SessionExpired => ApiError::invalid_credentials("the service token has expired"),
         _ => e,
     })?;

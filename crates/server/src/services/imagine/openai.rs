@@ -141,7 +141,7 @@ pub async fn generations(
             "no credentials: send the service token as Authorization: Bearer <serviceToken>",
         )
     })?;
-    let session = st.app.authenticate(token)?;
+    let session = st.app.authenticate(token).await?;
     Span::current().record("user", session.user_id.as_str());
     if req.n.is_some_and(|n| n != 1) {
         return Err(bad("n", "n must be 1: one image per request"));

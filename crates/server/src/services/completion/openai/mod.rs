@@ -75,13 +75,16 @@ pub fn routes() -> Router<CompletionState> {
         .route("/v1/completions", post(text))
 }
 
-fn session(cs: &CompletionState, headers: &HeaderMap) -> Result<crate::app::Session, OpenAiError> {
+async fn session(
+    cs: &CompletionState,
+    headers: &HeaderMap,
+) -> Result<crate::app::Session, OpenAiError> {
     let token = bearer_token(headers).ok_or_else(|| {
         ApiError::invalid_credentials(
             "no credentials: send the service token as Authorization: Bearer <serviceToken>",
         )
     })?;
-    Ok(authenticate(cs, Some(token))?)
+    Ok(authenticate(cs, Some(token)).await?)
 }
 
 fn model_object(cs: &CompletionState, id: &str) -> ModelObject {
@@ -167,7 +170,7 @@ async fn chat(
     headers: HeaderMap,
     OpenAiJson(body): OpenAiJson<ChatRequest>,
 ) -> Result<Response, OpenAiError> {
-    let session = session(&cs, &headers)?;
+    let session = session(&cs, &headers).await?;
     if let Some(end_user) = &body.sampling.user {
         debug!(end_user = %end_user, "request for an end user");
     }
@@ -210,7 +213,7 @@ async fn text(
     headers: HeaderMap,
     OpenAiJson(body): OpenAiJson<TextRequest>,
 ) -> Result<Response, OpenAiError> {
-    let session = session(&cs, &headers)?;
+    let session = session(&cs, &headers).await?;
     let checked = request::text(body, &cs.core.catalog)?;
     Span::current().record("model", checked.valid.model.as_str());
     let logprobs = checked.valid.decode.logprobs.is_some();
