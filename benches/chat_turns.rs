@@ -237,20 +237,5 @@ async fn run(args: Args) -> Result<(), String> {
 }
 
 fn main() {
-    let args = match parse_args() {
-        Ok(args) => args,
-        Err(e) => {
-            eprintln!("chat_turns: {e}");
-            std::process::exit(2);
-        }
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    if let Err(e) = runtime.block_on(run(args)) {
-        eprintln!("chat_turns: {e}");
-        std::process::exit(1);
-    }
+    http::main_with("chat_turns", parse_args(), run);
 }

@@ -1,5 +1,5 @@
-//! What the HTTP load generators (`loadgen`, `chat_turns`) share: reading server-sent events and
-//! refusing any target but this machine.
+//! What the HTTP load generators (`loadgen`, `chat_turns`) share: reading server-sent events,
+//! refusing any target but this machine, and their `main`.
 
 use futures::StreamExt;
 
@@ -41,5 +41,26 @@ pub fn loopback(url: &str) -> Result<String, String> {
         Err(format!(
             "--url host {host}: only loopback targets are allowed"
         ))
+    }
+}
+
+/// A load generator's `main`: `run(args)` on a one-worker runtime (the server under test keeps
+/// the cores); exits 2 on bad arguments and 1 when the run fails, with the message on stderr.
+pub fn main_with<A, F>(name: &str, args: Result<A, String>, run: impl FnOnce(A) -> F)
+where
+    F: std::future::Future<Output = Result<(), String>>,
+{
+    let args = args.unwrap_or_else(|e| {
+        eprintln!("{name}: {e}");
+        std::process::exit(2);
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    if let Err(e) = runtime.block_on(run(args)) {
+        eprintln!("{name}: {e}");
+        std::process::exit(1);
     }
 }
