@@ -100,20 +100,7 @@ async fn turn(client: &reqwest::Client, args: &Args, messages: &[Value]) -> Resu
         "ignore_eos": true,
     });
     let t0 = Instant::now();
-    let response = client
-        .post(&url)
-        .bearer_auth(&args.token)
-        .json(&body)
-        .send()
-        .await
-        .map_err(|e| format!("{url}: {e}"))?;
-    if !response.status().is_success() {
-        let status = response.status();
-        return Err(format!(
-            "{url}: {status}: {}",
-            response.text().await.unwrap_or_default()
-        ));
-    }
+    let response = http::send(client.post(&url).bearer_auth(&args.token).json(&body), &url).await?;
     let mut out = Turn {
         ttft_ms: f64::NAN,
         prompt_tokens: 0,

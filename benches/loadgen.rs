@@ -133,19 +133,7 @@ async fn one_stream(
             }),
         ),
     };
-    let response = client
-        .post(&url)
-        .json(&body)
-        .send()
-        .await
-        .map_err(|e| format!("{url}: {e}"))?;
-    if !response.status().is_success() {
-        let status = response.status();
-        return Err(format!(
-            "{url}: {status}: {}",
-            response.text().await.unwrap_or_default()
-        ));
-    }
+    let response = http::send(client.post(&url).json(&body), &url).await?;
     let mut stats = StreamStats {
         tokens: 0,
         ttft_ms: f64::NAN,

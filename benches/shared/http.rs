@@ -64,3 +64,20 @@ where
         std::process::exit(1);
     }
 }
+
+/// Sends `request`, a streamed POST to `url`; the response, or an error naming the url with the
+/// status and body of a refusal.
+pub async fn send(
+    request: reqwest::RequestBuilder,
+    url: &str,
+) -> Result<reqwest::Response, String> {
+    let response = request.send().await.map_err(|e| format!("{url}: {e}"))?;
+    if !response.status().is_success() {
+        let status = response.status();
+        return Err(format!(
+            "{url}: {status}: {}",
+            response.text().await.unwrap_or_default()
+        ));
+    }
+    Ok(response)
+}
