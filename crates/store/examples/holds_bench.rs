@@ -29,7 +29,9 @@ async fn main() {
         node_id: "bench".into(),
         max_connections: u32::try_from(tasks).unwrap_or(16).max(1),
     };
-    let store = Store::open_at(&location, options).await.expect("store opens");
+    let store = Store::open_at(&location, options)
+        .await
+        .expect("store opens");
     let stamp = std::process::id();
     let users: Vec<String> = (0..if one_user { 1 } else { tasks })
         .map(|i| format!("bench-{stamp}-{i}"))

@@ -147,8 +147,7 @@ fn the_example_file_lists_every_key_and_parses() {
 }
 
 #[test]
-fn a_string_key_set_from_the_environment_may_look_like_a_number_and_a_store_url_selects_postgres()
-{
+fn a_string_key_set_from_the_environment_may_look_like_a_number_and_a_store_url_selects_postgres() {
     let (layers, _) = Layers::new()
         .env(env(&[
             ("HEARTH_BILLING_INITIAL_BALANCE", "100"),
