@@ -166,6 +166,11 @@ impl Layers {
                             .expect("path segments walk objects");
                     }
                     *slot = env_value(&value);
+                    // A key that takes a string gets the text as it is, even when it reads
+                    // as a number (`HEARTH_BILLING_INITIAL_BALANCE=100`).
+                    if !slot.is_string() && check::<RawConfig>("", layer.clone()).is_err() {
+                        set_at(&mut layer, &path, Value::String(value.clone()));
+                    }
                 }
                 None => unknown.push(name),
             }
@@ -277,6 +282,15 @@ fn edit_distance(a: &str, b: &str) -> usize {
         }
     }
     row[b.len()]
+}
+
+/// Puts `value` at `path` in the object `root` (the path exists).
+fn set_at(root: &mut Value, path: &[String], value: Value) {
+    let mut slot = root;
+    for segment in path {
+        slot = &mut slot[segment.as_str()];
+    }
+    *slot = value;
 }
 
 fn env_value(text: &str) -> Value {

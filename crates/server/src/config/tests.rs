@@ -145,3 +145,27 @@ fn the_example_file_lists_every_key_and_parses() {
         "hearth.example.toml does not list {missing:?}"
     );
 }
+
+#[test]
+fn a_string_key_set_from_the_environment_may_look_like_a_number_and_a_store_url_selects_postgres() {
+    let (layers, _) = Layers::new()
+        .env(env(&[
+            ("HEARTH_BILLING_INITIAL_BALANCE", "100"),
+            ("HEARTH_STORE_URL", "postgres://h@db:5432/hearth"),
+            ("HEARTH_STORE_MAX_CONNECTIONS", "4"),
+        ]))
+        .unwrap();
+    let c = layers.build().unwrap().resolve().unwrap();
+    assert_eq!(c.billing.initial_balance, Decimal::from(100));
+    assert_eq!(
+        c.store.choice,
+        StoreChoice::Postgres("postgres://h@db:5432/hearth".into())
+    );
+    assert_eq!(c.store.max_connections, 4);
+    // No url: the embedded store; anything but postgres:// is refused.
+    let plain = RawConfig::default().resolve().unwrap();
+    assert_eq!(plain.store.choice, StoreChoice::Embedded);
+    let mut bad = RawConfig::default();
+    bad.store.url = Some("mysql://db/hearth".into());
+    assert!(bad.resolve().is_err());
+}
