@@ -86,7 +86,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let text =
         "The quick brown fox jumps over the lazy dog. Hearth serves language models on small \
                 machines, one batch at a time, and counts every token it makes. ";
-    let longest = args.prompts.iter().chain(&args.depths).copied().max().unwrap_or(1).max(1);
+    let longest = args
+        .prompts
+        .iter()
+        .chain(&args.depths)
+        .copied()
+        .max()
+        .unwrap_or(1)
+        .max(1);
     let mut ids = Vec::new();
     while ids.len() < longest {
         ids.extend(tok.encode(text)?);
@@ -159,7 +166,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let t = Instant::now();
         decode(&mut model, &mut seqs, &mut samplers, args.gen)?;
-        decode_rates.push((depth, (args.gen * args.batch) as f64 / t.elapsed().as_secs_f64()));
+        decode_rates.push((
+            depth,
+            (args.gen * args.batch) as f64 / t.elapsed().as_secs_f64(),
+        ));
     }
 
     let map = |rates: &[(usize, f64)]| {
