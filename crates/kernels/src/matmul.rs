@@ -264,8 +264,8 @@ macro_rules! pick_il {
 }
 
 /// An interleaved matrix on a SIMD path: chunks of 16-row groups over the pool, each group
-/// meeting the activation rows 8 (VNNI) or 4 (AVX2, which the AVX-512 BW path uses too) at a
-/// time. Shapes and the path were checked by [`matmul`].
+/// meeting the activation rows 8 at a time; the AVX-512 BW path runs the AVX2 tile. Shapes and
+/// the path were checked by [`matmul`].
 #[cfg(target_arch = "x86_64")]
 fn matmul_il(path: KernelPath, w: &QMatrix, a: &QActs, out: &mut [f32], pool: &ThreadPool) {
     let (n, m) = (a.rows, w.rows);
@@ -290,7 +290,12 @@ fn matmul_il(path: KernelPath, w: &QMatrix, a: &QActs, out: &mut [f32], pool: &T
                         [1, 2, 3, 4, 5, 6, 7, 8]
                     )
                 } else {
-                    pick_il!(crate::x86_avx2_il::tile_il, layout, nr, [1, 2, 3, 4])
+                    pick_il!(
+                        crate::x86_avx2_il::tile_il,
+                        layout,
+                        nr,
+                        [1, 2, 3, 4, 5, 6, 7, 8]
+                    )
                 };
                 // SAFETY: `matmul` checked the path is available (AVX-512 implies AVX2) and
                 // the shapes (w is interleaved, so its layout is not U6 and its rows are a

@@ -240,8 +240,8 @@ fn every_path_matches_the_reference_on_random_blocks() {
 
 #[test]
 fn interleaved_tiles_match_the_reference_for_every_activation_row_count() {
-    // Every tile width and remainder (1..=9 activation rows: the AVX2 tile takes 4 at a time,
-    // VNNI 8), one to three 16-row groups and a row count that is not a multiple of 16 (plain
+    // Every tile width and remainder (1..=9 activation rows; the interleaved tiles take up to 8
+    // at a time), one to three 16-row groups and a row count that is not a multiple of 16 (plain
     // arrangement), several blocks with a padded chunk for the 32-element formats.
     for (t, ty) in TYPES.into_iter().enumerate() {
         let be = ty.block_elems();

@@ -23,9 +23,10 @@ use crate::pack::QMatrix;
 use crate::{fifth_bit, stored_min, L_S8, L_U5};
 use std::arch::x86_64::*;
 
-/// Activation rows per AVX2 interleaved tile: 4 keeps the i16 sums, the f32 accumulators and the
-/// unpacked weights of a 4-bit block in the 16 ymm registers.
-pub(crate) const NR_MAX: usize = 4;
+/// Activation rows per AVX2 interleaved tile. At 8 the i16 sums of a 4-bit block still fit the
+/// 16 ymm registers beside the unpacked weights (the f32 accumulators, touched once per block,
+/// go to the stack); kbench measured 8 faster than 4 or 6 on every format (PERF.md).
+pub(crate) const NR_MAX: usize = 8;
 
 /// The fifth bits of one 32-bit half of an interleaved fifth-bit word (`pack`: bit `4 r + t` is
 /// the fifth bit of quant `t` of row `r`), each moved to bit 4 of its quant's byte.
