@@ -91,6 +91,9 @@ pub(crate) enum Qkv {
     Fused(QMatMul),
 }
 
+/// Q, K and V rows on the host, row-major.
+type HostQkv = (Vec<f32>, Vec<f32>, Vec<f32>);
+
 impl Qkv {
     /// Q, K and V of `h`'s rows on the host (`qd`, `kvd`, `kvd` wide per row), with `bias`
     /// (`[q; k; v]`, Qwen2) added.
@@ -100,7 +103,7 @@ impl Qkv {
         qd: usize,
         kvd: usize,
         bias: Option<&[f32]>,
-    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>), Error> {
+    ) -> Result<HostQkv, Error> {
         let (mut q, mut k, mut v) = match self {
             Qkv::Separate { q, k, v } => (
                 to_host(&q.forward(h)?)?,
