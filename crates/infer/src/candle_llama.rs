@@ -94,6 +94,9 @@ pub(crate) enum Qkv {
     Fused(QMatMul),
 }
 
+/// Q, K and V rows on the host, row-major.
+type HostQkv = (Vec<f32>, Vec<f32>, Vec<f32>);
+
 impl Qkv {
     /// Q, K and V of `h`'s rows on the host (`qd`, `kvd`, `kvd` wide per row), with `bias`
     /// (`[q; k; v]`, Qwen2) added.

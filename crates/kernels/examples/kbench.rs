@@ -73,6 +73,12 @@ fn main() {
         ("q6_k 1024x768", GgmlType::Q6_K, 1024, 768),
         ("q5_0 1024x576", GgmlType::Q5_0, 1024, 576),
         ("q5_1 1024x576", GgmlType::Q5_1, 1024, 576),
+        // Gemma 3 270M Q4_K_M: Q5_0 where a K-quant would not fit 640 columns, Q4_K where the
+        // columns allow it, a slice of the 262144 x 640 Q8_0 head.
+        ("g q5_0 2048x640", GgmlType::Q5_0, 2048, 640),
+        ("g q4_k 640x1024", GgmlType::Q4_K, 640, 1024),
+        ("g q4_k 640x2048", GgmlType::Q4_K, 640, 2048),
+        ("g q8_0 16384x640", GgmlType::Q8_0, 16384, 640),
     ];
     println!(
         "{:<20} {:>4} {:>11} {:>3} {:>10} {:>9} {:>11}",
@@ -84,15 +90,21 @@ fn main() {
         }
         let bytes = matrix(ty, rows, cols, &mut seed);
         let w = QMatrix::from_ggml(ty, rows, cols, &bytes).unwrap();
-        // The interleaved arrangement the VNNI path gets at load, where the shape allows it.
+        // The interleaved arrangement the AVX2 and VNNI paths get at load, where the shape
+        // allows it; the plain one runs on the 4x4 tiles.
         let mut wil = QMatrix::for_ggml_on(ty, rows, cols, KernelPath::Avx512Vnni).unwrap();
         wil.pack_ggml_rows(0, &bytes).unwrap();
         let mut runs: Vec<(&str, &QMatrix, KernelPath)> = KernelPath::available()
             .into_iter()
             .map(|p| (p.name(), &w, p))
             .collect();
-        if wil.interleaved() && KernelPath::Avx512Vnni.is_available() {
-            runs.push(("vnni-il", &wil, KernelPath::Avx512Vnni));
+        for (label, path) in [
+            ("avx2-il", KernelPath::Avx2),
+            ("vnni-il", KernelPath::Avx512Vnni),
+        ] {
+            if wil.interleaved() && path.is_available() {
+                runs.push((label, &wil, path));
+            }
         }
         // naive baseline: dequantized f32 weights, plain loop, one thread
         let mut wf = vec![0f32; rows * cols];

@@ -20,6 +20,8 @@ mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2;
 #[cfg(target_arch = "x86_64")]
+mod x86_avx2_il;
+#[cfg(target_arch = "x86_64")]
 mod x86_avx512;
 
 /// How far ahead in a weight matrix's packed quants the SIMD tiles prefetch. At decode every

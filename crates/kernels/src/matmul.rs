@@ -205,11 +205,11 @@ pub fn matmul(
         return Ok(());
     }
     #[cfg(target_arch = "x86_64")]
-    if w.il && path == KernelPath::Avx512Vnni {
-        matmul_il(w, a, out, pool);
+    if w.il && path != KernelPath::Scalar {
+        matmul_il(path, w, a, out, pool);
         return Ok(());
     }
-    // An interleaved matrix on another path (tests): the portable code reads any arrangement.
+    // An interleaved matrix on the scalar path: the portable code reads any arrangement.
     let path = if w.il { KernelPath::Scalar } else { path };
     // About eight chunks per thread (of at least 16 rows) so that a slow (descheduled) thread
     // costs little and the last chunk leaves little idle time.
@@ -249,29 +249,31 @@ type IlTileFn = unsafe fn(&QMatrix, usize, &QActs, usize, *mut f32, usize);
 
 #[cfg(target_arch = "x86_64")]
 macro_rules! pick_il {
-    ($l:ident, $nr:expr) => {{
-        use crate::x86_avx512::tile_il as t;
-        match $nr {
-            1 => t::<{ $l }, 1> as IlTileFn,
-            2 => t::<{ $l }, 2> as IlTileFn,
-            3 => t::<{ $l }, 3> as IlTileFn,
-            4 => t::<{ $l }, 4> as IlTileFn,
-            5 => t::<{ $l }, 5> as IlTileFn,
-            6 => t::<{ $l }, 6> as IlTileFn,
-            7 => t::<{ $l }, 7> as IlTileFn,
-            _ => t::<{ $l }, 8> as IlTileFn,
+    ($t:path, $layout:expr, $nr:expr, [$($n:literal),*]) => {{
+        use $t as t;
+        match ($layout, $nr) {
+            $(
+                (Layout::S8, $n) => t::<L_S8, $n> as IlTileFn,
+                (Layout::U5, $n) => t::<L_U5, $n> as IlTileFn,
+                (Layout::U5Min, $n) => t::<L_U5M, $n> as IlTileFn,
+                (_, $n) => t::<L_U4, $n> as IlTileFn,
+            )*
+            _ => unreachable!("at most the path's activation rows per interleaved tile"),
         }
     }};
 }
 
-/// The interleaved matrix on the VNNI path: chunks of 16-row groups over the pool, each group
-/// meeting the activation rows 8 at a time. Shapes and the path were checked by [`matmul`].
+/// An interleaved matrix on a SIMD path: chunks of 16-row groups over the pool, each group
+/// meeting the activation rows 8 at a time; the AVX-512 BW path runs the AVX2 tile. Shapes and
+/// the path were checked by [`matmul`].
 #[cfg(target_arch = "x86_64")]
-fn matmul_il(w: &QMatrix, a: &QActs, out: &mut [f32], pool: &ThreadPool) {
+fn matmul_il(path: KernelPath, w: &QMatrix, a: &QActs, out: &mut [f32], pool: &ThreadPool) {
     let (n, m) = (a.rows, w.rows);
     let groups = m / 16;
     let per = groups.div_ceil(pool.threads() * 8).max(1);
     let n_chunks = groups.div_ceil(per);
+    let vnni = path == KernelPath::Avx512Vnni;
+    let nr_max = if vnni { 8 } else { crate::x86_avx2_il::NR_MAX };
     let layout = w.layout;
     let outp = OutPtr(out.as_mut_ptr());
     let job = |ci: usize| {
@@ -279,17 +281,27 @@ fn matmul_il(w: &QMatrix, a: &QActs, out: &mut [f32], pool: &ThreadPool) {
         for g in ci * per..((ci + 1) * per).min(groups) {
             let mut a0 = 0;
             while a0 < n {
-                let nr = (n - a0).min(8);
-                let f = match layout {
-                    Layout::S8 => pick_il!(L_S8, nr),
-                    Layout::U5 => pick_il!(L_U5, nr),
-                    Layout::U5Min => pick_il!(L_U5M, nr),
-                    _ => pick_il!(L_U4, nr),
+                let nr = (n - a0).min(nr_max);
+                let f = if vnni {
+                    pick_il!(
+                        crate::x86_avx512::tile_il,
+                        layout,
+                        nr,
+                        [1, 2, 3, 4, 5, 6, 7, 8]
+                    )
+                } else {
+                    pick_il!(
+                        crate::x86_avx2_il::tile_il,
+                        layout,
+                        nr,
+                        [1, 2, 3, 4, 5, 6, 7, 8]
+                    )
                 };
-                // SAFETY: `matmul` checked the VNNI path is available and the shapes (w is
-                // interleaved, so its layout is not U6 and its rows are a multiple of 16);
-                // g < m / 16, a0 + nr <= n, `out` holds n * m floats, and the 16 outputs of
-                // group g in each activation row belong to this chunk only.
+                // SAFETY: `matmul` checked the path is available (AVX-512 implies AVX2) and
+                // the shapes (w is interleaved, so its layout is not U6 and its rows are a
+                // multiple of 16); g < m / 16, nr is at most the tile's, a0 + nr <= n, `out`
+                // holds n * m floats, and the 16 outputs of group g in each activation row
+                // belong to this chunk only.
                 unsafe { f(w, g, a, a0, outp.0, m) };
                 a0 += nr;
             }

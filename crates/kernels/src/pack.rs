@@ -13,10 +13,11 @@
 //!   a 32-element half to bit 4 of its element's byte;
 //! - Q6_K's two top bits sit in a 16-byte plane: bits `2*(e/16)..` of byte `e % 16`.
 //!
-//! Interleaved variant ([`QMatrix::for_ggml_on`] with the VNNI path, for the 4-bit, 5-bit and
-//! 8-bit layouts when the rows are a multiple of 16): rows are taken 16 at a time, and for
-//! each 32-element block the 16 rows' quants are stored so that one 64-byte load holds 4
-//! consecutive quants of each of the 16 rows (32-bit lane `r` = row `r`):
+//! Interleaved variant ([`QMatrix::for_ggml_on`] with the AVX2 or VNNI path, for the 4-bit,
+//! 5-bit and 8-bit layouts when the rows are a multiple of 16): rows are taken 16 at a time, and
+//! for each 32-element block the 16 rows' quants are stored so that one 64-byte load holds 4
+//! consecutive quants of each of the 16 rows (32-bit lane `r` = row `r`; AVX2 reads each
+//! 64-byte unit as two 32-byte halves of 8 rows):
 //! - 4-bit: 256 bytes per (16 rows, block); byte `64 h + 4 r + t` holds element `8 h + t` of
 //!   row `r` in its low nibble and element `8 h + 4 + t` in its high nibble;
 //! - 8-bit: 512 bytes per (16 rows, block); byte `64 k + 4 r + t` holds element `4 k + t` of
@@ -162,9 +163,9 @@ impl QMatrix {
         Ok(QMatrix::empty(ty, layout, rows, cols))
     }
 
-    /// Like [`QMatrix::for_ggml`], laid out for the kernel `path` that will run it: the VNNI
-    /// path gets the interleaved arrangement where the layout and row count allow it (other
-    /// paths still compute correct products from it, through the portable scalar code).
+    /// Like [`QMatrix::for_ggml`], laid out for the kernel `path` that will run it: the AVX2 and
+    /// VNNI paths get the interleaved arrangement where the layout and row count allow it (every
+    /// path computes correct products from either arrangement).
     pub fn for_ggml_on(
         ty: GgmlType,
         rows: usize,
@@ -172,12 +173,13 @@ impl QMatrix {
         path: crate::KernelPath,
     ) -> Result<QMatrix, Error> {
         let mut m = QMatrix::for_ggml(ty, rows, cols)?;
-        if path == crate::KernelPath::Avx512Vnni
-            && matches!(
-                m.layout,
-                Layout::U4Min | Layout::U5 | Layout::U5Min | Layout::S8
-            )
-            && rows > 0
+        if matches!(
+            path,
+            crate::KernelPath::Avx2 | crate::KernelPath::Avx512Vnni
+        ) && matches!(
+            m.layout,
+            Layout::U4Min | Layout::U5 | Layout::U5Min | Layout::S8
+        ) && rows > 0
             && rows.is_multiple_of(16)
         {
             m.il = true;

@@ -124,7 +124,8 @@ fn check(ty: GgmlType, rows: usize, cols: usize, n: usize, fill: Fill, seed: u64
     let bytes = make_matrix(ty, rows, cols, &mut rng, fill);
     let x = make_acts(n, cols, &mut rng);
     check_matrix(ty, rows, cols, n, fill, &bytes, &x, KernelPath::Scalar);
-    // The interleaved arrangement (built for the VNNI path; where the shape allows it).
+    // The interleaved arrangement (the AVX2 and VNNI paths' one; where the shape allows it),
+    // run by every path: the AVX2 tile on the AVX2 and AVX-512 paths, the VNNI tile on VNNI.
     check_matrix(ty, rows, cols, n, fill, &bytes, &x, KernelPath::Avx512Vnni);
 }
 
@@ -238,6 +239,29 @@ fn every_path_matches_the_reference_on_random_blocks() {
 }
 
 #[test]
+fn interleaved_tiles_match_the_reference_for_every_activation_row_count() {
+    // Every tile width and remainder (1..=9 activation rows; the interleaved tiles take up to 8
+    // at a time), one to three 16-row groups and a row count that is not a multiple of 16 (plain
+    // arrangement), several blocks with a padded chunk for the 32-element formats.
+    for (t, ty) in TYPES.into_iter().enumerate() {
+        let be = ty.block_elems();
+        let cols = if be == 32 { 5 * be } else { 2 * be };
+        for rows in [16, 32, 48, 40] {
+            for n in 1..=9 {
+                check(
+                    ty,
+                    rows,
+                    cols,
+                    n,
+                    Fill::Random,
+                    7 + 1000 * t as u64 + 10 * rows as u64 + n as u64,
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn every_path_matches_the_reference_on_edge_case_blocks() {
     for ty in TYPES {
         let cols = ty.block_elems() * 2;
@@ -249,6 +273,27 @@ fn every_path_matches_the_reference_on_edge_case_blocks() {
         ] {
             check(ty, 5, cols, 3, fill, 77);
             check(ty, 16, cols, 9, fill, 78);
+        }
+    }
+}
+
+#[test]
+fn integer_block_sums_do_not_saturate_on_extreme_blocks() {
+    // The largest quants (all bits set; Q8_0's -128) against activations that all quantize to
+    // +127 or -127: the AVX2 tiles' i16 pair and block sums reach their bounds here.
+    for ty in TYPES {
+        let cols = ty.block_elems() * 2;
+        let mut bytes = make_matrix(ty, 16, cols, &mut Rng(3), Fill::MaxBytes);
+        if ty == GgmlType::Q8_0 {
+            for blk in bytes.chunks_exact_mut(ty.block_bytes()) {
+                blk[2..].fill(0x80);
+            }
+        }
+        for sign in [1.0f32, -1.0] {
+            let x = vec![sign; 3 * cols];
+            for layout_for in [KernelPath::Scalar, KernelPath::Avx512Vnni] {
+                check_matrix(ty, 16, cols, 3, Fill::MaxBytes, &bytes, &x, layout_for);
+            }
         }
     }
 }
