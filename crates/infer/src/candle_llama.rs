@@ -85,9 +85,6 @@ pub(crate) enum Activation {
     GeluTanh,
 }
 
-/// Q, K and V of a step's rows, on the host.
-type HostQkv = (Vec<f32>, Vec<f32>, Vec<f32>);
-
 /// The Q, K and V projections: three matrices, or Phi-3's one fused `[q; k; v]`.
 pub(crate) enum Qkv {
     Separate { q: QMatMul, k: QMatMul, v: QMatMul },
