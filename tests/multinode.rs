@@ -96,6 +96,31 @@ fn two_nodes(url: &str) -> (tempfile::TempDir, ServerProcess, ServerProcess) {
     (dir, a, b)
 }
 
+/// Starts two auth + completion nodes on the database at `url` with the model table `models`
+/// (10 credits for a new user, no per-user cap).
+async fn completion_nodes(url: &str, models: std::path::PathBuf) -> (ServerProcess, ServerProcess) {
+    let url = url.to_string();
+    tokio::task::spawn_blocking(move || {
+        let env = [
+            ("HEARTH_STORE_URL", url.as_str()),
+            ("HEARTH_BILLING_INITIAL_BALANCE", "10"),
+            ("HEARTH_COMPLETION_MAX_CONCURRENT_PER_USER", "0"),
+        ];
+        let start = || ServerProcess::start(&["auth", "completion"], &models, &env);
+        (start(), start())
+    })
+    .await
+    .unwrap()
+}
+
+/// The id a node recorded in its data dir (`node-id`).
+fn node_id(node: &ServerProcess) -> String {
+    std::fs::read_to_string(node.data_dir().join("node-id"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_from_one_node_works_on_the_other_and_a_logout_on_either_ends_it_on_both() {
     let Some(url) = database("multinode_tokens").await else {
@@ -159,13 +184,7 @@ async fn each_node_has_its_own_id_and_the_operator_releases_a_dead_nodes_holds()
     })
     .await
     .unwrap();
-    let id = |n: &ServerProcess| {
-        std::fs::read_to_string(n.data_dir().join("node-id"))
-            .unwrap()
-            .trim()
-            .to_string()
-    };
-    let (id_a, id_b) = (id(&a), id(&b));
+    let (id_a, id_b) = (node_id(&a), node_id(&b));
     assert_ne!(id_a, id_b);
     // A hold left by node A (as a request in flight when A died leaves it).
     let store = hearth_store::Store::connect(
@@ -210,20 +229,14 @@ async fn a_stream_on_one_node_stops_through_the_other_and_both_nodes_bill_one_ba
     };
     let dir = tempfile::tempdir().unwrap();
     let models = models_toml(dir.path());
-    let (a, b) = tokio::task::spawn_blocking({
-        let url = url.clone();
-        move || {
-            let env = [
-                ("HEARTH_STORE_URL", url.as_str()),
-                ("HEARTH_BILLING_INITIAL_BALANCE", "10"),
-                ("HEARTH_COMPLETION_MAX_CONCURRENT_PER_USER", "0"),
-            ];
-            let start = || ServerProcess::start(&["auth", "completion"], &models, &env);
-            (start(), start())
-        }
-    })
-    .await
-    .unwrap();
+    // Room for every one of the concurrent requests below to wait its turn on one node.
+    let table = std::fs::read_to_string(&models).unwrap().replacen(
+        "shutdown_grace_ms = 500",
+        "shutdown_grace_ms = 500\nmax_queued = 256",
+        1,
+    );
+    std::fs::write(&models, table).unwrap();
+    let (a, b) = completion_nodes(&url, models).await;
     let idp = hearth(&["idp", "mint", "cat"], a.data_dir(), &url);
     let token = sign_in(&a, "cat", idp.trim()).await;
     let http = reqwest::Client::new();
@@ -282,7 +295,7 @@ async fn a_stream_on_one_node_stops_through_the_other_and_both_nodes_bill_one_ba
     }
 
     // Concurrent completions for the same user on both nodes.
-    const N: usize = 60;
+    const N: usize = 200;
     let start = dec(&after_stop);
     let tasks: Vec<_> = (0..N)
         .map(|i| {
@@ -291,8 +304,10 @@ async fn a_stream_on_one_node_stops_through_the_other_and_both_nodes_bill_one_ba
             let (http, body) = (http.clone(), request(&token, &format!("Say {i}."), 3));
             tokio::spawn(async move {
                 let r = http.post(url).json(&body).send().await.unwrap();
-                assert_eq!(r.status(), 200);
-                r.json::<Value>().await.unwrap()
+                let status = r.status();
+                let body = r.json::<Value>().await.unwrap();
+                assert_eq!(status, 200, "{body}");
+                body
             })
         })
         .collect();
@@ -305,4 +320,123 @@ async fn a_stream_on_one_node_stops_through_the_other_and_both_nodes_bill_one_ba
     let ledger = hearth(&["ledger", "cat"], b.data_dir(), &url);
     // The initial credit, the stopped stream and one row per completion.
     assert_eq!(ledger.lines().count(), 1 + 1 + 1 + N, "{ledger}");
+}
+
+/// Node A is killed with SIGKILL while streams run on it and B serves the same user; the holds
+/// A's streams left stay open (B's start-up or traffic never touches them) until A restarts in
+/// its data dir and gives them back. Afterwards no hold is open, the balance replays from the
+/// ledger, and it is the initial credit less exactly what the answers that finished said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_mid_traffic_gives_its_holds_back_at_restart_and_the_balance_is_exact() {
+    use crate::completion::{cost_of, dec, models_toml, request};
+    use futures::StreamExt;
+    let Some(url) = database("multinode_crash").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let models = models_toml(dir.path());
+    let (a, b) = completion_nodes(&url, models).await;
+    let id_a = node_id(&a);
+    let idp = hearth(&["idp", "mint", "dot"], b.data_dir(), &url);
+    let token = sign_in(&b, "dot", idp.trim()).await;
+    let initial = dec(&balance(&b, &token).await);
+    let http = reqwest::Client::new();
+
+    // Long streams on A; each reports once its first token arrived, then reads to the end (or
+    // to the broken connection) and returns the cost of a `completed` event if one came.
+    const STREAMS: usize = 6;
+    let (started_tx, mut started) = tokio::sync::mpsc::channel(STREAMS);
+    let streams: Vec<_> = (0..STREAMS)
+        .map(|i| {
+            let url = format!("{}/stream", a.url("completion"));
+            let body = request(
+                &token,
+                &format!("Count from {i} to one thousand in words."),
+                2000,
+            );
+            let (http, started_tx) = (http.clone(), started_tx.clone());
+            tokio::spawn(async move {
+                let response = http.post(url).json(&body).send().await.unwrap();
+                assert_eq!(response.status(), 200);
+                let mut body = response.bytes_stream();
+                let mut seen = String::new();
+                let mut told = false;
+                while let Some(Ok(chunk)) = body.next().await {
+                    seen.push_str(&String::from_utf8_lossy(&chunk));
+                    if !told && seen.contains("\"token\"") {
+                        told = true;
+                        let _ = started_tx.send(()).await;
+                    }
+                }
+                let completed = seen
+                    .split("data:")
+                    .filter_map(|e| serde_json::from_str::<Value>(e.trim()).ok())
+                    .find(|e| e["completed"] == true);
+                completed.map(|e| cost_of(&e["response"]))
+            })
+        })
+        .collect();
+    for _ in 0..STREAMS {
+        started
+            .recv()
+            .await
+            .expect("every stream on A produces a token");
+    }
+    // Short completions on B run while A dies.
+    const SHORT: usize = 20;
+    let shorts: Vec<_> = (0..SHORT)
+        .map(|i| {
+            let url = format!("{}/", b.url("completion"));
+            let (http, body) = (http.clone(), request(&token, &format!("Say {i}."), 3));
+            tokio::spawn(async move {
+                let r = http.post(url).json(&body).send().await.unwrap();
+                assert_eq!(r.status(), 200);
+                cost_of(&r.json::<Value>().await.unwrap())
+            })
+        })
+        .collect();
+    let store = hearth_store::Store::connect(&url, Default::default())
+        .await
+        .unwrap();
+    let mut a = a;
+    let a = tokio::task::spawn_blocking(move || {
+        a.signal("KILL");
+        a.exit_within(std::time::Duration::from_secs(10))
+            .expect("A dies at SIGKILL");
+        a
+    })
+    .await
+    .unwrap();
+    let mut spent = rust_decimal::Decimal::ZERO;
+    let mut finished_on_a = 0;
+    for s in streams {
+        if let Some(cost) = s.await.unwrap() {
+            spent += cost;
+            finished_on_a += 1;
+        }
+    }
+    for s in shorts {
+        spent += s.await.unwrap();
+    }
+    // A's unfinished streams still hold money: nobody but A (or an operator) gives it back.
+    let left_open = store.holds_of_node(&id_a).await.unwrap();
+    assert_eq!(left_open.len(), STREAMS - finished_on_a, "{left_open:?}");
+    assert!(store.balance("dot").await.unwrap() < initial - spent);
+
+    let mut a = a;
+    let a = tokio::task::spawn_blocking(move || {
+        a.kill_and_restart();
+        a
+    })
+    .await
+    .unwrap();
+    assert!(store.holds("dot").await.unwrap().is_empty());
+    let end = dec(&balance(&a, &token).await);
+    assert_eq!(dec(&balance(&b, &token).await), end);
+    assert_eq!(end, initial - spent);
+    let ledger = store.ledger("dot").await.unwrap();
+    let replayed: rust_decimal::Decimal = ledger.iter().map(|e| e.amount).sum();
+    assert_eq!(replayed, end, "{ledger:?}");
+    // The initial credit and one row per finished completion; nothing for the killed streams.
+    assert_eq!(ledger.len(), 1 + SHORT + finished_on_a, "{ledger:?}");
 }

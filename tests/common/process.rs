@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -14,27 +14,34 @@ use tempfile::TempDir;
 pub struct ServerProcess {
     child: Child,
     urls: HashMap<String, String>,
+    launch: Launch,
     _dir: TempDir,
 }
 
-impl ServerProcess {
-    /// Starts `hearth serve` for `services` on ephemeral ports with a fresh data dir and the
-    /// model table `models`, `env` added to its environment; returns once every service listens.
-    pub fn start(services: &[&str], models: &Path, env: &[(&str, &str)]) -> ServerProcess {
-        let dir = tempfile::tempdir().expect("temp dir");
+/// How a `ServerProcess` was started, to start it again.
+struct Launch {
+    services: Vec<String>,
+    models: PathBuf,
+    env: Vec<(String, String)>,
+}
+
+impl Launch {
+    /// Runs `hearth serve` on `data_dir`; returns the child once every service listens, with
+    /// each service's base URL.
+    fn spawn(&self, data_dir: &Path) -> (Child, HashMap<String, String>) {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hearth"));
         cmd.arg("serve")
             .arg("--data-dir")
-            .arg(dir.path())
+            .arg(data_dir)
             .arg("--models")
-            .arg(models)
+            .arg(&self.models)
             .arg("--services")
-            .arg(services.join(","));
-        for s in services {
+            .arg(self.services.join(","));
+        for s in &self.services {
             cmd.arg(format!("--{s}-addr")).arg("127.0.0.1:0");
         }
         cmd.env("RUST_LOG", "hearth=info")
-            .envs(env.iter().copied())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -51,7 +58,7 @@ impl ServerProcess {
             }
         });
         let mut urls = HashMap::new();
-        while urls.len() < services.len() {
+        while urls.len() < self.services.len() {
             let line = rx
                 .recv_timeout(Duration::from_secs(120))
                 .expect("hearth serve listens within 120 s");
@@ -63,11 +70,40 @@ impl ServerProcess {
                 urls.insert(service, format!("http://{addr}"));
             }
         }
+        (child, urls)
+    }
+}
+
+impl ServerProcess {
+    /// Starts `hearth serve` for `services` on ephemeral ports with a fresh data dir and the
+    /// model table `models`, `env` added to its environment; returns once every service listens.
+    pub fn start(services: &[&str], models: &Path, env: &[(&str, &str)]) -> ServerProcess {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let launch = Launch {
+            services: services.iter().map(|s| s.to_string()).collect(),
+            models: models.to_path_buf(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        let (child, urls) = launch.spawn(dir.path());
         ServerProcess {
             child,
             urls,
+            launch,
             _dir: dir,
         }
+    }
+
+    /// Kills the process with SIGKILL (no clean-up of any kind runs), then starts it again with
+    /// the same data dir, models and environment, on new ephemeral ports.
+    pub fn kill_and_restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let (child, urls) = self.launch.spawn(self._dir.path());
+        self.child = child;
+        self.urls = urls;
     }
 
     /// The base URL of `service` (`auth`, `completion`, `markdown`, `imagine`).
