@@ -229,10 +229,11 @@ async fn a_stream_on_one_node_stops_through_the_other_and_both_nodes_bill_one_ba
     };
     let dir = tempfile::tempdir().unwrap();
     let models = models_toml(dir.path());
-    // Room for every one of the concurrent requests below to wait its turn on one node.
+    // Room for every one of the concurrent requests below to wait its turn on one node, however
+    // slow a shared CI machine makes the turns.
     let table = std::fs::read_to_string(&models).unwrap().replacen(
         "shutdown_grace_ms = 500",
-        "shutdown_grace_ms = 500\nmax_queued = 256",
+        "shutdown_grace_ms = 500\nmax_queued = 256\nqueue_timeout_ms = 600000",
         1,
     );
     std::fs::write(&models, table).unwrap();
