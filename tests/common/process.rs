@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use tempfile::TempDir;
@@ -48,10 +48,18 @@ impl Launch {
         let mut child = cmd.spawn().expect("hearth serve starts");
         let stderr = child.stderr.take().expect("piped stderr");
         // Read the log on a thread of its own for the whole run, so the server never blocks on
-        // a full pipe; hand over `listening` lines.
+        // a full pipe; hand over `listening` lines, and keep the start of the log to show when
+        // the server never listens.
         let (tx, rx) = mpsc::channel();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&log);
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(mut kept) = kept.lock() {
+                    if kept.len() < 200 {
+                        kept.push(line.clone());
+                    }
+                }
                 if line.contains("listening") {
                     let _ = tx.send(line);
                 }
@@ -59,9 +67,11 @@ impl Launch {
         });
         let mut urls = HashMap::new();
         while urls.len() < self.services.len() {
-            let line = rx
-                .recv_timeout(Duration::from_secs(120))
-                .expect("hearth serve listens within 120 s");
+            let line = rx.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|e| {
+                let status = child.try_wait().ok().flatten();
+                let log = log.lock().map(|l| l.join("\n")).unwrap_or_default();
+                panic!("hearth serve listens within 120 s ({e}; exit status {status:?}); its log:\n{log}")
+            });
             let field = |key: &str| {
                 let rest = &line[line.find(&format!("{key}="))? + key.len() + 1..];
                 Some(rest.split_whitespace().next()?.to_string())

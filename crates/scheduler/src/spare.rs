@@ -15,7 +15,8 @@
 //! that cache and prefills only the rest of its prompt. The cached positions hold exactly what
 //! a fresh prefill would compute: the forward computes each row on its own (the engine's batch
 //! invariance), so greedy output does not change (`tests/prefix.rs`). It works across users and
-//! routes: the cache is matched by tokens only.
+//! routes: the cache is matched by tokens only. The caches of running sequences are matched too
+//! (`Batch::copy_from_running`): their fed positions are copied into the new request's cache.
 
 use hearth_infer::Sequence;
 
@@ -30,8 +31,9 @@ fn close_enough(capacity: usize, need: usize) -> bool {
 /// request (about one prefill chunk of work saved).
 const WORTH_A_LARGER_CACHE: usize = 64;
 
-/// A cached prefix at least this long is worth copying into a new, larger cache.
-const WORTH_A_COPY: usize = 16;
+/// A cached prefix at least this long is worth copying into a new, larger cache (from a kept
+/// cache, or from a running sequence's).
+pub(crate) const WORTH_A_COPY: usize = 16;
 
 /// What [`Spares::take`] hands out, with the positions of the prompt it holds.
 pub(crate) enum Taken {
@@ -56,7 +58,7 @@ pub(crate) struct Spares {
 }
 
 /// How many leading tokens `a` and `b` share.
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 

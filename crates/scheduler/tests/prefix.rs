@@ -1,7 +1,8 @@
 //! Prefix reuse with the real SmolLM2 weights: the next turn of a chat starts from the previous
 //! turn's kept KV cache and prefills only its new tokens, and its greedy output is the same as
 //! an engine without reuse gives; requests with different prompts (and other users) sharing only
-//! a system prompt reuse that much and no more.
+//! a system prompt reuse that much and no more, from an ended sequence's cache or from a running
+//! one's.
 
 mod support;
 
@@ -109,4 +110,51 @@ async fn requests_sharing_only_a_system_prompt_reuse_that_much() {
             "question {i}: reused {saved}, the prompts share {common}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_arriving_while_another_runs_copies_the_shared_start_from_it() {
+    let with = engine("running", true);
+    let without = engine("running-fresh", false);
+    let system = ChatMessage::new(
+        Role::System,
+        "You are a careful assistant for a small bakery. Answer in one sentence, mention the \
+         opening hours (7 to 18) when asked about visits, and never invent prices.",
+    );
+    let first = chat(
+        &with,
+        &[
+            system.clone(),
+            ChatMessage::new(Role::User, "Tell me about your bread."),
+        ],
+    );
+    // The first request keeps running (end-of-sequence ignored) while the second arrives; the
+    // engine is new, so no ended sequence's cache holds anything.
+    let mut running = with
+        .submit(long(first.clone(), 64, "running"))
+        .await
+        .expect("submit");
+    read_tokens(&mut running, 2).await;
+    let messages = [system, ChatMessage::new(Role::User, "Is there parking?")];
+    let second = chat(&with, &messages);
+    let common = first
+        .iter()
+        .zip(&second)
+        .take_while(|(x, y)| x == y)
+        .count();
+    assert!(common >= 16, "the prompts share {common} tokens");
+
+    let before = with.metrics().prefix_reused_tokens;
+    let reused = answer(&with, &messages, "second").await;
+    let saved = (with.metrics().prefix_reused_tokens - before) as usize;
+    assert_eq!(
+        saved, common,
+        "the shared start is copied from the running sequence"
+    );
+    let fresh = answer(&without, &messages, "second").await;
+    assert_eq!(reused.text, fresh.text);
+    assert_eq!(reused.usage, fresh.usage);
+    // The sequence it copied from is untouched and runs to its end.
+    let out = running.collect().await;
+    assert_eq!(out.usage.completion_tokens, 64);
 }

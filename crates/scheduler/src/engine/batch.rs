@@ -158,6 +158,15 @@ impl Batch {
                     model.new_sequence(p.capacity)
                 }
             };
+            // A running sequence may hold a longer start of the prompt than any kept cache
+            // (requests that arrive together with one system prompt): copy it from there.
+            let seq = seq.map(|mut seq| {
+                if config.prefix_reuse {
+                    let copied = self.copy_from_running(&mut seq, &p.prompt);
+                    reused.fetch_add(copied as u64, Relaxed);
+                }
+                seq
+            });
             // An allocation failure is the request's, not the engine's: refuse it and go on.
             match seq {
                 Ok(seq) => self.start(p, seq),
@@ -181,6 +190,26 @@ impl Batch {
             .kv_bytes_in_use
             .store(self.kv_reserved, Relaxed);
         draining
+    }
+
+    /// Copies into `seq` the positions of the running sequence that shares the longest start
+    /// with `prompt` (all but its last token), when that is at least [`WORTH_A_COPY`] longer
+    /// than what `seq` holds already; returns how many positions it added. Only fed positions
+    /// are read, which hold what a fresh prefill of the same tokens computes.
+    fn copy_from_running(&self, seq: &mut Sequence, prompt: &[u32]) -> usize {
+        let usable = prompt.len().saturating_sub(1).min(seq.capacity());
+        let best = self
+            .active
+            .iter()
+            .map(|a| (a, common_prefix(&a.ids[..a.fed()], prompt).min(usable)))
+            .max_by_key(|&(_, n)| n);
+        match best {
+            Some((a, n)) if n >= seq.len() + WORTH_A_COPY => {
+                let before = seq.len();
+                seq.copy_prefix(&a.seq, n).saturating_sub(before)
+            }
+            _ => 0,
+        }
     }
 
     pub(super) fn start(&mut self, p: Pending, seq: Sequence) {

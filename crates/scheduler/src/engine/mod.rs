@@ -16,7 +16,7 @@ use tokio::sync::mpsc::{self, error::TrySendError};
 use tracing::{debug, error, info, info_span, warn, Span};
 
 use crate::handle::{CancelHandle, Pending, RunState, Shared};
-use crate::spare::{Spares, Taken};
+use crate::spare::{common_prefix, Spares, Taken, WORTH_A_COPY};
 use crate::Error;
 
 /// How long the loop sleeps when every running stream is paused on a full channel.
