@@ -45,7 +45,7 @@ for backend in sled postgres; do
     many="$("$HOLDS" "$target" "$TASKS" "$SECS")"
     one="$("$HOLDS" "$target" "$TASKS" "$SECS" one)"
     log "$many"; log "$one"
-    pairs() { echo "$1" | grep -o '[0-9.]* pairs/s' | cut -d' ' -f1; }
+    pairs() { echo "$1" | grep -o '[0-9.]* hold+settle pairs/s' | cut -d' ' -f1; }
     RESULTS+=("| $backend | $rps | $p99 | $bad | $(pairs "$many") | $(pairs "$one") |")
 done
 
