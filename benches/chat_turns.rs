@@ -192,8 +192,12 @@ async fn level(client: &reqwest::Client, args: &Args, n: usize) -> Result<Value,
 }
 
 async fn run(args: Args) -> Result<(), String> {
+    // A new connection per request: llama-server closes a keep-alive connection after 5 s idle,
+    // and a pooled one closed in that instant fails the request. Connecting over loopback costs
+    // microseconds against TTFTs of tens of milliseconds, and every server gets the same.
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(1800))
+        .pool_max_idle_per_host(0)
         .build()
         .map_err(|e| e.to_string())?;
     // Warm-up: one short conversation of its own (connections, weights paged in, buffers).

@@ -17,6 +17,7 @@ pub mod ops;
 pub mod pack;
 pub mod pool;
 mod scalar;
+mod scores;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2;
 #[cfg(target_arch = "x86_64")]

@@ -135,81 +135,6 @@ fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn attend_body(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    stride: usize,
-    start: usize,
-    end: usize,
-    scale: f32,
-    f16_weights: bool,
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
-    let hd = q.len();
-    let out = &mut out[..hd];
-    out.fill(0.0);
-    if start >= end {
-        return;
-    }
-    // Scores once into the scratch, then the softmax over them, then the weighted sum of V.
-    let scores = &mut scores[..end - start];
-    let mut m = f32::NEG_INFINITY;
-    for (s, j) in scores.iter_mut().zip(start..end) {
-        *s = dot_body(q, &k[j * stride..j * stride + hd]) * scale;
-        m = if *s > m { *s } else { m };
-    }
-    for s in scores.iter_mut() {
-        *s -= m;
-    }
-    exp_in_place_body(scores);
-    let mut acc = [0f32; LANES];
-    let mut chunks = scores.chunks_exact(LANES);
-    for c in &mut chunks {
-        for l in 0..LANES {
-            acc[l] += c[l];
-        }
-    }
-    let mut l = reduce16(acc);
-    for &s in chunks.remainder() {
-        l += s;
-    }
-    let inv = 1.0 / l;
-    for w in scores.iter_mut() {
-        *w *= inv;
-        if f16_weights {
-            *w = half::f16::from_f32(*w).to_f32();
-        }
-    }
-    // The weighted sum of V, 64 output columns at a time held in registers (four 16-lane
-    // accumulators) with the keys inside; each column still sums its keys in order, one fused
-    // multiply-add each.
-    let mut c0 = 0;
-    while c0 + 64 <= hd {
-        let mut acc = [[0f32; LANES]; 4];
-        for (&w, j) in scores.iter().zip(start..end) {
-            let vr = &v[j * stride + c0..j * stride + c0 + 64];
-            for (u, acc_u) in acc.iter_mut().enumerate() {
-                for (l, a) in acc_u.iter_mut().enumerate() {
-                    *a = w.mul_add(vr[LANES * u + l], *a);
-                }
-            }
-        }
-        for (u, acc_u) in acc.iter().enumerate() {
-            out[c0 + LANES * u..c0 + LANES * (u + 1)].copy_from_slice(acc_u);
-        }
-        c0 += 64;
-    }
-    for (d, o) in out.iter_mut().enumerate().skip(c0) {
-        for (&w, j) in scores.iter().zip(start..end) {
-            *o = w.mul_add(v[j * stride + d], *o);
-        }
-    }
-}
-
-#[inline(always)]
 fn rms_norm_body(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let ss = dot_body(x, x);
     let r = 1.0 / (ss / x.len() as f32 + eps).sqrt();
@@ -317,53 +242,8 @@ multiversion! {
     pub fn dot(a: &[f32], b: &[f32]) -> f32 => dot_body
 }
 
-multiversion! {
-    fn attend_mv(q: &[f32], k: &[f32], v: &[f32], stride: usize, start: usize, end: usize, scale: f32, f16_weights: bool, scores: &mut [f32], out: &mut [f32]) => attend_body
-}
-
-thread_local! {
-    /// Per-thread score scratch for [`attend`]: grows to the longest context seen, then is
-    /// reused, so the decode step allocates nothing once warm.
-    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// One attention head: `out = softmax(scale * q . K[j]) V[j]` over `j in start..end`, where
-/// key `j` is `k[j * stride..][..q.len()]` and value `j` likewise in `v` (pass the cache
-/// slices starting at the head's offset). Numerically stable (max subtracted); each score is
-/// computed once. With `f16_weights` the softmax weights are rounded to f16 before the sum
-/// over V, as llama.cpp does with its default f16 KV cache.
-#[allow(clippy::too_many_arguments)]
-pub fn attend(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    stride: usize,
-    start: usize,
-    end: usize,
-    scale: f32,
-    f16_weights: bool,
-    out: &mut [f32],
-) {
-    SCORES.with(|cell| {
-        let mut scores = cell.borrow_mut();
-        let need = end.saturating_sub(start);
-        if scores.len() < need {
-            scores.resize(need, 0.0);
-        }
-        attend_mv(
-            q,
-            k,
-            v,
-            stride,
-            start,
-            end,
-            scale,
-            f16_weights,
-            &mut scores,
-            out,
-        );
-    });
-}
+mod attend;
+pub use attend::{attend, attend_heads};
 
 multiversion! {
     /// `x[i] = e^x[i]`, vectorized (see `exp_body` for the accuracy: within one f32 ulp of

@@ -360,38 +360,49 @@ impl Backend for FastModel {
                 let rows = &s.rows;
                 let qkv: &[f32] = qkv;
                 let (scale, window) = (*attn_scale, layer.window);
-                // With enough rows, one piece per (row, KV head) runs that KV head's query heads
-                // back to back, so its keys and values come from cache after the first; with
-                // few rows, one piece per query head keeps every thread busy. Each head's
-                // arithmetic is the same either way.
-                let heads_per_piece = if n * hp.n_head_kv >= 4 * kern.pool.threads() {
-                    group
-                } else {
-                    1
+                // Query heads `first..first + out.len() / hd` of row `r`, all of one KV head.
+                let attend_heads = |r: usize, first: usize, out: &mut [f32]| {
+                    let (si, pos) = rows[r];
+                    let seq: &crate::Sequence = steps_ro[si].seq;
+                    let kvh = first / group;
+                    let start = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                    let q = &qkv[r * qkv_w + first * hd..r * qkv_w + first * hd + out.len()];
+                    ops::attend_heads(
+                        q,
+                        hd,
+                        &seq.k[il][kvh * hd..],
+                        &seq.v[il][kvh * hd..],
+                        kvd,
+                        start,
+                        pos + 1,
+                        scale,
+                        f16_kv,
+                        out,
+                    );
                 };
-                kern.pool
-                    .for_each_piece_mut(att, heads_per_piece * hd, &|i, out| {
-                        let first = i * heads_per_piece;
-                        for (g, out) in out.chunks_exact_mut(hd).enumerate() {
-                            let (r, head) = ((first + g) / nh, (first + g) % nh);
-                            let (si, pos) = rows[r];
-                            let seq: &crate::Sequence = steps_ro[si].seq;
-                            let kvh = head / group;
-                            let start = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                            let q = &qkv[r * qkv_w + head * hd..r * qkv_w + (head + 1) * hd];
-                            ops::attend(
-                                q,
-                                &seq.k[il][kvh * hd..],
-                                &seq.v[il][kvh * hd..],
-                                kvd,
-                                start,
-                                pos + 1,
-                                scale,
-                                f16_kv,
-                                out,
-                            );
-                        }
-                    });
+                let threads = kern.pool.threads();
+                if n * hp.n_head_kv >= 4 * threads {
+                    // Enough rows: one piece per few rows, and inside it one KV head at a time
+                    // over all of them (its query heads together), so that head's keys and
+                    // values, read from memory for the first row, come from the core's cache
+                    // for the rest of a prefill chunk's rows instead of being read again for
+                    // each (the whole cache of a long prompt does not fit; one head's does).
+                    let rows_per_piece = (n / (4 * threads)).clamp(1, 32);
+                    kern.pool
+                        .for_each_piece_mut(att, rows_per_piece * qd, &|i, out| {
+                            let first = i * rows_per_piece;
+                            for kvh in 0..hp.n_head_kv {
+                                for (rr, out_row) in out.chunks_exact_mut(qd).enumerate() {
+                                    let heads = kvh * group * hd..(kvh + 1) * group * hd;
+                                    attend_heads(first + rr, kvh * group, &mut out_row[heads]);
+                                }
+                            }
+                        });
+                } else {
+                    // Few rows: one piece per query head keeps every thread busy.
+                    kern.pool
+                        .for_each_piece_mut(att, hd, &|i, out| attend_heads(i / nh, i % nh, out));
+                }
             }
             s.acts
                 .quantize(att, n, qd)

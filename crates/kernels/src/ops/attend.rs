@@ -1,0 +1,301 @@
+//! Attention over a contiguous KV cache: the query heads that share one KV head (grouped-query
+//! attention) against that head's keys and values.
+//!
+//! Per head: the scores once into a scratch (sixteen keys at a time on AVX-512, see
+//! [`crate::scores`]), the softmax over them, then the weighted sum of V. The heads of a group
+//! are summed over V together, up to four at a time: each value row is loaded once for all of
+//! them, and their 4 x 4 accumulator vectors are independent chains, where one head alone waits
+//! on its four FMA chains' latency at every key. Each output column still sums its keys in
+//! order with one fused multiply-add each, exactly as one head alone would, so the result of a
+//! head does not depend on the heads beside it.
+
+use super::{dot_body, exp_in_place_body, reduce16, LANES};
+
+thread_local! {
+    /// Per-thread score scratch: grows to the most heads x the longest context seen, then is
+    /// reused, so the decode step allocates nothing once warm.
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One attention head: `out = softmax(scale * q . K[j]) V[j]` over `j in start..end`, where
+/// key `j` is `k[j * stride..][..q.len()]` and value `j` likewise in `v` (pass the cache
+/// slices starting at the head's offset). Numerically stable (max subtracted); each score is
+/// computed once. With `f16_weights` the softmax weights are rounded to f16 before the sum
+/// over V, as llama.cpp does with its default f16 KV cache.
+#[allow(clippy::too_many_arguments)]
+pub fn attend(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    stride: usize,
+    start: usize,
+    end: usize,
+    scale: f32,
+    f16_weights: bool,
+    out: &mut [f32],
+) {
+    attend_heads(
+        q,
+        q.len(),
+        k,
+        v,
+        stride,
+        start,
+        end,
+        scale,
+        f16_weights,
+        out,
+    );
+}
+
+/// [`attend`] for `q.len() / head_dim` query heads of `head_dim` each, side by side in `q` and
+/// in `out`, that share the keys and values: the same result for each head as `attend` gives it
+/// alone, bit for bit.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_heads(
+    q: &[f32],
+    head_dim: usize,
+    k: &[f32],
+    v: &[f32],
+    stride: usize,
+    start: usize,
+    end: usize,
+    scale: f32,
+    f16_weights: bool,
+    out: &mut [f32],
+) {
+    if head_dim == 0 {
+        return;
+    }
+    SCORES.with(|cell| {
+        let mut scores = cell.borrow_mut();
+        let need = end.saturating_sub(start) * (q.len() / head_dim);
+        if scores.len() < need {
+            scores.resize(need, 0.0);
+        }
+        attend_mv(
+            q,
+            head_dim,
+            k,
+            v,
+            stride,
+            start,
+            end,
+            scale,
+            f16_weights,
+            &mut scores,
+            out,
+        );
+    });
+}
+
+multiversion! {
+    fn attend_mv(q: &[f32], hd: usize, k: &[f32], v: &[f32], stride: usize, start: usize, end: usize, scale: f32, f16_weights: bool, scores: &mut [f32], out: &mut [f32]) => attend_body
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attend_body(
+    q: &[f32],
+    hd: usize,
+    k: &[f32],
+    v: &[f32],
+    stride: usize,
+    start: usize,
+    end: usize,
+    scale: f32,
+    f16_weights: bool,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let heads = q.len() / hd;
+    let out = &mut out[..heads * hd];
+    out.fill(0.0);
+    if start >= end {
+        return;
+    }
+    let n = end - start;
+    let scores = &mut scores[..heads * n];
+    for (qh, sc) in q.chunks_exact(hd).zip(scores.chunks_exact_mut(n)) {
+        softmax_weights(qh, k, stride, start, scale, f16_weights, sc);
+    }
+    let mut h0 = 0;
+    while h0 < heads {
+        let ws = &scores[h0 * n..];
+        let o = &mut out[h0 * hd..];
+        h0 += match heads - h0 {
+            1 => weighted_sum::<1>(ws, n, v, stride, start, hd, o),
+            2 => weighted_sum::<2>(ws, n, v, stride, start, hd, o),
+            3 => weighted_sum::<3>(ws, n, v, stride, start, hd, o),
+            _ => weighted_sum::<4>(ws, n, v, stride, start, hd, o),
+        };
+    }
+}
+
+/// The softmax weights of one head over keys `start..start + w.len()`, into `w`.
+#[inline(always)]
+fn softmax_weights(
+    q: &[f32],
+    k: &[f32],
+    stride: usize,
+    start: usize,
+    scale: f32,
+    f16_weights: bool,
+    w: &mut [f32],
+) {
+    let hd = q.len();
+    if !crate::scores::block_scores(q, k, stride, start, scale, w) {
+        for (s, j) in w.iter_mut().zip(start..) {
+            *s = dot_body(q, &k[j * stride..j * stride + hd]) * scale;
+        }
+    }
+    // The maximum over 16 lanes, then across them (the maximum does not depend on the order).
+    let mut mx = [f32::NEG_INFINITY; LANES];
+    let mut chunks = w.chunks_exact(LANES);
+    for c in &mut chunks {
+        for l in 0..LANES {
+            mx[l] = if c[l] > mx[l] { c[l] } else { mx[l] };
+        }
+    }
+    let mut m = f32::NEG_INFINITY;
+    for &s in mx.iter().chain(chunks.remainder()) {
+        m = if s > m { s } else { m };
+    }
+    for s in w.iter_mut() {
+        *s -= m;
+    }
+    exp_in_place_body(w);
+    let mut acc = [0f32; LANES];
+    let mut chunks = w.chunks_exact(LANES);
+    for c in &mut chunks {
+        for l in 0..LANES {
+            acc[l] += c[l];
+        }
+    }
+    let mut total = reduce16(acc);
+    for &s in chunks.remainder() {
+        total += s;
+    }
+    let inv = 1.0 / total;
+    for s in w.iter_mut() {
+        *s *= inv;
+        if f16_weights {
+            *s = half::f16::from_f32(*s).to_f32();
+        }
+    }
+}
+
+/// The weighted sum of V for `G` heads at once: head `g`'s weights are `ws[g * n..][..n]`, its
+/// output `out[g * hd..][..hd]`. 64 output columns at a time held in registers (four 16-lane
+/// accumulators per head); each column sums its keys in order, one fused multiply-add each.
+/// Returns `G`.
+#[inline(always)]
+fn weighted_sum<const G: usize>(
+    ws: &[f32],
+    n: usize,
+    v: &[f32],
+    stride: usize,
+    start: usize,
+    hd: usize,
+    out: &mut [f32],
+) -> usize {
+    let w: [&[f32]; G] = std::array::from_fn(|g| &ws[g * n..(g + 1) * n]);
+    let mut c0 = 0;
+    while c0 + 64 <= hd {
+        let mut acc = [[[0f32; LANES]; 4]; G];
+        for (idx, j) in (start..start + n).enumerate() {
+            let vr = &v[j * stride + c0..j * stride + c0 + 64];
+            for (acc_g, w_g) in acc.iter_mut().zip(&w) {
+                let wj = w_g[idx];
+                for (u, acc_u) in acc_g.iter_mut().enumerate() {
+                    for (l, a) in acc_u.iter_mut().enumerate() {
+                        *a = wj.mul_add(vr[LANES * u + l], *a);
+                    }
+                }
+            }
+        }
+        for (g, acc_g) in acc.iter().enumerate() {
+            for (u, acc_u) in acc_g.iter().enumerate() {
+                let at = g * hd + c0 + LANES * u;
+                out[at..at + LANES].copy_from_slice(acc_u);
+            }
+        }
+        c0 += 64;
+    }
+    for (g, w_g) in w.iter().enumerate() {
+        for d in c0..hd {
+            let o = &mut out[g * hd + d];
+            for (&wj, j) in w_g.iter().zip(start..) {
+                *o = wj.mul_add(v[j * stride + d], *o);
+            }
+        }
+    }
+    G
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heads_together_give_each_head_what_it_gets_alone_bit_for_bit() {
+        // Head sizes below, at and above the 64-column block, with a remainder; 1 to 7 heads
+        // (so every group size 1..=4 of the sum over V runs); short and long contexts.
+        for hd in [24, 64, 96, 128] {
+            let stride = 2 * hd + 16;
+            let keys = 150;
+            let k: Vec<f32> = (0..keys * stride)
+                .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.3 / (hd as f32 / 24.0).sqrt())
+                .collect();
+            let v: Vec<f32> = (0..keys * stride)
+                .map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.2)
+                .collect();
+            for heads in 1..=7 {
+                let q: Vec<f32> = (0..heads * hd)
+                    .map(|i| ((i * 31 % 29) as f32 - 14.0) * 0.05)
+                    .collect();
+                for (start, end) in [(0, 1), (3, 20), (0, keys), (149, keys)] {
+                    for f16 in [false, true] {
+                        let mut together = vec![f32::NAN; heads * hd];
+                        attend_heads(
+                            &q,
+                            hd,
+                            &k[8..],
+                            &v[8..],
+                            stride,
+                            start,
+                            end,
+                            0.3,
+                            f16,
+                            &mut together,
+                        );
+                        for h in 0..heads {
+                            let mut alone = vec![f32::NAN; hd];
+                            let qh = &q[h * hd..(h + 1) * hd];
+                            attend(
+                                qh,
+                                &k[8..],
+                                &v[8..],
+                                stride,
+                                start,
+                                end,
+                                0.3,
+                                f16,
+                                &mut alone,
+                            );
+                            let got: Vec<u32> = together[h * hd..(h + 1) * hd]
+                                .iter()
+                                .map(|x| x.to_bits())
+                                .collect();
+                            let want: Vec<u32> = alone.iter().map(|x| x.to_bits()).collect();
+                            assert_eq!(
+                                got, want,
+                                "hd {hd} heads {heads} head {h} keys {start}..{end}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
