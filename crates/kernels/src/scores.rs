@@ -34,7 +34,7 @@ pub(crate) fn block_scores(
     {
         let hd = q.len();
         let end = start + scores.len();
-        if hd % 16 == 0
+        if hd.is_multiple_of(16)
             && hd > 0
             && (end == start || (end - 1) * stride + hd <= k.len())
             && is_x86_feature_detected!("avx512f")

@@ -27,6 +27,15 @@ fn chat(sched: &SchedulerHandle, messages: &[ChatMessage]) -> Vec<u32> {
         .unwrap()
 }
 
+/// A system prompt long enough that sharing it is worth a copy.
+fn bakery_system() -> ChatMessage {
+    ChatMessage::new(
+        Role::System,
+        "You are a careful assistant for a small bakery. Answer in one sentence, mention the \
+         opening hours (7 to 18) when asked about visits, and never invent prices.",
+    )
+}
+
 async fn answer(sched: &SchedulerHandle, messages: &[ChatMessage], id: &str) -> Output {
     run(sched, chat(sched, messages), greedy(24), id).await
 }
@@ -82,11 +91,7 @@ async fn the_next_turn_reuses_the_previous_one_and_answers_as_without_reuse() {
 async fn requests_sharing_only_a_system_prompt_reuse_that_much() {
     let with = engine("shared-system", true);
     let without = engine("shared-system-fresh", false);
-    let system = ChatMessage::new(
-        Role::System,
-        "You are a careful assistant for a small bakery. Answer in one sentence, mention the \
-         opening hours (7 to 18) when asked about visits, and never invent prices.",
-    );
+    let system = bakery_system();
     let questions = [
         "When can I come by?",
         "Do you bake rye bread?",
@@ -116,11 +121,7 @@ async fn requests_sharing_only_a_system_prompt_reuse_that_much() {
 async fn a_request_arriving_while_another_runs_copies_the_shared_start_from_it() {
     let with = engine("running", true);
     let without = engine("running-fresh", false);
-    let system = ChatMessage::new(
-        Role::System,
-        "You are a careful assistant for a small bakery. Answer in one sentence, mention the \
-         opening hours (7 to 18) when asked about visits, and never invent prices.",
-    );
+    let system = bakery_system();
     let first = chat(
         &with,
         &[
