@@ -243,7 +243,7 @@ multiversion! {
 }
 
 mod attend;
-pub use attend::{attend, attend_heads};
+pub use attend::attend;
 
 multiversion! {
     /// `x[i] = e^x[i]`, vectorized (see `exp_body` for the accuracy: within one f32 ulp of
@@ -298,7 +298,18 @@ mod tests {
             let q: Vec<f32> = (0..hd).map(|i| ((i % 24) as f32 - 12.0) * 0.1).collect();
             let off = 8;
             let mut out = vec![0f32; hd];
-            attend(&q, &k[off..], &v[off..], stride, 2, n, 0.5, false, &mut out);
+            attend(
+                &q,
+                hd,
+                &k[off..],
+                &v[off..],
+                stride,
+                2,
+                n,
+                0.5,
+                false,
+                &mut out,
+            );
             let scores: Vec<f32> = (2..n)
                 .map(|j| (0..hd).map(|d| q[d] * k[off + j * stride + d]).sum::<f32>() * 0.5)
                 .collect();
@@ -341,8 +352,8 @@ mod tests {
             .collect();
         let q: Vec<f32> = (0..hd).map(|i| i as f32 * 0.05).collect();
         let (mut a, mut b) = (vec![0f32; hd], vec![0f32; hd]);
-        attend(&q, &k, &v, hd, 0, 20, 0.25, false, &mut a);
-        attend(&q, &k, &v, hd, 0, 20, 0.25, true, &mut b);
+        attend(&q, hd, &k, &v, hd, 0, 20, 0.25, false, &mut a);
+        attend(&q, hd, &k, &v, hd, 0, 20, 0.25, true, &mut b);
         for d in 0..hd {
             assert!((a[d] - b[d]).abs() < 2e-3 && a[d] != 0.0);
         }
@@ -418,7 +429,7 @@ mod tests {
             .collect();
         let q: Vec<f32> = (0..hd).map(|i| (i as f32 - 32.0) * 0.05).collect();
         let mut out = vec![0f32; hd];
-        attend(&q, &k, &v, hd, 0, n, 0.125, false, &mut out);
+        attend(&q, hd, &k, &v, hd, 0, n, 0.125, false, &mut out);
         let s: Vec<f64> = (0..n)
             .map(|j| {
                 (0..hd)

@@ -367,7 +367,7 @@ impl Backend for FastModel {
                     let kvh = first / group;
                     let start = window.map_or(0, |w| (pos + 1).saturating_sub(w));
                     let q = &qkv[r * qkv_w + first * hd..r * qkv_w + first * hd + out.len()];
-                    ops::attend_heads(
+                    ops::attend(
                         q,
                         hd,
                         &seq.k[il][kvh * hd..],

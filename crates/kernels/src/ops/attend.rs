@@ -17,42 +17,15 @@ thread_local! {
     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// One attention head: `out = softmax(scale * q . K[j]) V[j]` over `j in start..end`, where
-/// key `j` is `k[j * stride..][..q.len()]` and value `j` likewise in `v` (pass the cache
-/// slices starting at the head's offset). Numerically stable (max subtracted); each score is
-/// computed once. With `f16_weights` the softmax weights are rounded to f16 before the sum
-/// over V, as llama.cpp does with its default f16 KV cache.
+/// Attention for the `q.len() / head_dim` query heads side by side in `q` (and in `out`) that
+/// share one KV head: for each, `out = softmax(scale * q . K[j]) V[j]` over `j in start..end`,
+/// where key `j` is `k[j * stride..][..head_dim]` and value `j` likewise in `v` (pass the cache
+/// slices starting at the KV head's offset). Numerically stable (max subtracted); each score is
+/// computed once. With `f16_weights` the softmax weights are rounded to f16 before the sum over
+/// V, as llama.cpp does with its default f16 KV cache. A head's result is the same, bit for bit,
+/// whether it is passed alone or with others.
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    stride: usize,
-    start: usize,
-    end: usize,
-    scale: f32,
-    f16_weights: bool,
-    out: &mut [f32],
-) {
-    attend_heads(
-        q,
-        q.len(),
-        k,
-        v,
-        stride,
-        start,
-        end,
-        scale,
-        f16_weights,
-        out,
-    );
-}
-
-/// [`attend`] for `q.len() / head_dim` query heads of `head_dim` each, side by side in `q` and
-/// in `out`, that share the keys and values: the same result for each head as `attend` gives it
-/// alone, bit for bit.
-#[allow(clippy::too_many_arguments)]
-pub fn attend_heads(
     q: &[f32],
     head_dim: usize,
     k: &[f32],
@@ -257,7 +230,7 @@ mod tests {
                 for (start, end) in [(0, 1), (3, 20), (0, keys), (149, keys)] {
                     for f16 in [false, true] {
                         let mut together = vec![f32::NAN; heads * hd];
-                        attend_heads(
+                        attend(
                             &q,
                             hd,
                             &k[8..],
@@ -274,6 +247,7 @@ mod tests {
                             let qh = &q[h * hd..(h + 1) * hd];
                             attend(
                                 qh,
+                                hd,
                                 &k[8..],
                                 &v[8..],
                                 stride,
