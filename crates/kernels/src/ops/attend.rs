@@ -229,34 +229,15 @@ mod tests {
                     .collect();
                 for (start, end) in [(0, 1), (3, 20), (0, keys), (149, keys)] {
                     for f16 in [false, true] {
+                        let run = |q: &[f32], out: &mut [f32]| {
+                            let (k, v) = (&k[8..], &v[8..]);
+                            attend(q, hd, k, v, stride, start, end, 0.3, f16, out)
+                        };
                         let mut together = vec![f32::NAN; heads * hd];
-                        attend(
-                            &q,
-                            hd,
-                            &k[8..],
-                            &v[8..],
-                            stride,
-                            start,
-                            end,
-                            0.3,
-                            f16,
-                            &mut together,
-                        );
+                        run(&q, &mut together);
                         for h in 0..heads {
                             let mut alone = vec![f32::NAN; hd];
-                            let qh = &q[h * hd..(h + 1) * hd];
-                            attend(
-                                qh,
-                                hd,
-                                &k[8..],
-                                &v[8..],
-                                stride,
-                                start,
-                                end,
-                                0.3,
-                                f16,
-                                &mut alone,
-                            );
+                            run(&q[h * hd..(h + 1) * hd], &mut alone);
                             let got: Vec<u32> = together[h * hd..(h + 1) * hd]
                                 .iter()
                                 .map(|x| x.to_bits())
