@@ -2,7 +2,9 @@
 //!
 //! Work is a number of chunks claimed dynamically through one atomic word that packs
 //! `(job epoch, next chunk)`, so a worker that the OS has descheduled (another process took
-//! its core) never holds the job up: the caller simply claims every chunk itself. Idle workers
+//! its core) never holds the job up: the caller simply claims every chunk itself. The word is
+//! closed while a job is published, so a claim read from the last job can never succeed
+//! against the next one's chunk count. Idle workers
 //! spin for a short, bounded time (the gap between two matmuls of one forward pass), then
 //! sleep on a condition variable; the caller waiting for the last chunks does the same.
 
@@ -20,8 +22,11 @@ use std::thread::JoinHandle;
 
 type JobFn = dyn Fn(usize) + Sync;
 
+/// The chunk half of the claim word while a job is being published: nothing can be claimed.
+const CLOSED: u64 = 0xFFFF_FFFF;
+
 struct Shared {
-    /// `(epoch << 32) | next_chunk`.
+    /// `(epoch << 32) | next_chunk`, or `(epoch << 32) | CLOSED` while the job is published.
     claim: AtomicU64,
     /// Chunks of the current job.
     n_chunks: AtomicUsize,
@@ -143,6 +148,10 @@ impl ThreadPool {
         let _serial = self.run_lock.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
         let epoch = (s.claim.load(Relaxed) >> 32).wrapping_add(1) & 0xFFFF_FFFF;
+        // Close the word first: a worker that read the last job's word and is about to claim
+        // from it now fails its compare-exchange, instead of succeeding against the new chunk
+        // count (and running a chunk of this job outside its epoch, counted twice).
+        s.claim.store((epoch << 32) | CLOSED, SeqCst);
         // SAFETY: no chunk of any earlier epoch is outstanding (the previous `run` waited for
         // them), and workers only read `job` after claiming a chunk of the new epoch.
         unsafe {
@@ -222,6 +231,11 @@ fn work_on(s: &Shared, epoch: u64) {
         let cur = s.claim.load(Acquire);
         if cur >> 32 != epoch {
             return;
+        }
+        if cur & 0xFFFF_FFFF == CLOSED {
+            // The caller is publishing this epoch's job: a few stores away.
+            std::hint::spin_loop();
+            continue;
         }
         let idx = (cur & 0xFFFF_FFFF) as usize;
         if idx >= s.n_chunks.load(Acquire) {
@@ -305,6 +319,36 @@ mod tests {
                 hits[i].fetch_add(1, Relaxed);
             });
             assert!(hits.iter().all(|h| h.load(Relaxed) == 1), "n = {n}");
+        }
+    }
+
+    /// Back-to-back jobs whose chunk count grows by one: a worker that read the previous job's
+    /// claim word just before the next job was published must not claim a chunk of the new
+    /// one under the old epoch (it would run twice and its completion would be counted twice,
+    /// leaving the caller waiting forever for a count that wrapped below zero).
+    #[test]
+    fn a_worker_late_from_the_last_job_never_claims_a_chunk_of_the_next() {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // More threads than cores, so that one is often descheduled at the wrong moment.
+            let pool = ThreadPool::new(8);
+            for round in 0..200_000 {
+                let n = 2 + round % 2;
+                let hits: Vec<AtomicU32> = (0..n).map(|_| AtomicU32::new(0)).collect();
+                pool.run(n, &|i| {
+                    hits[i].fetch_add(1, Relaxed);
+                });
+                let counts: Vec<u32> = hits.iter().map(|h| h.load(Relaxed)).collect();
+                if counts.iter().any(|&c| c != 1) {
+                    let _ = done_tx.send(Err(format!("round {round}: chunk runs {counts:?}")));
+                    return;
+                }
+            }
+            let _ = done_tx.send(Ok(()));
+        });
+        match done_rx.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(result) => result.unwrap(),
+            Err(_) => panic!("a job never completed: its caller waits for a chunk nobody runs"),
         }
     }
 
