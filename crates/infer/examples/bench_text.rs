@@ -145,11 +145,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
 
     // Warm-up (pages the weights in, sizes the scratch buffers), as llama-bench does.
-    let mut warm = fresh(&model)?;
-    prefill(&mut model, &mut warm, args.prompts[0])?;
-    let mut warm = fresh(&model)?;
-    decode(&mut model, &mut warm, &mut samplers, 1)?;
-    drop(warm);
+    // Each warm-up cache is dropped before the next is made (a shadowed binding would live on).
+    {
+        let mut warm = fresh(&model)?;
+        prefill(&mut model, &mut warm, args.prompts[0])?;
+    }
+    {
+        let mut warm = fresh(&model)?;
+        decode(&mut model, &mut warm, &mut samplers, 1)?;
+    }
 
     let mut prefill_rates = Vec::new();
     for &n in &args.prompts {
