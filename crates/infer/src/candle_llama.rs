@@ -281,10 +281,8 @@ impl Backend for CandleModel {
                 seq.k[il][at.clone()].copy_from_slice(&k[r * kvd..(r + 1) * kvd]);
                 seq.v[il][at].copy_from_slice(&v[r * kvd..(r + 1) * kvd]);
             }
-            let caches: Vec<(&[f32], &[f32])> = steps
-                .iter()
-                .map(|s| (s.seq.k[il].as_slice(), s.seq.v[il].as_slice()))
-                .collect();
+            let caches: Vec<(&[f32], &[f32])> =
+                steps.iter().map(|s| (&s.seq.k[il], &s.seq.v[il])).collect();
             let mut out = vec![0.0f32; n_rows * qd];
             let shape = AttnShape {
                 n_head: hp.n_head,

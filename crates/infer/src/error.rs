@@ -30,6 +30,11 @@ pub enum Error {
     InvalidToken { id: u32, vocab_size: usize },
     #[error("invalid batch: {0}")]
     InvalidBatch(String),
+    #[error("no memory for a KV cache of {bytes} bytes: {source}")]
+    KvMemory {
+        bytes: usize,
+        source: std::io::Error,
+    },
     #[error("device {0} is not available in this build (enable the `cuda` feature)")]
     DeviceUnavailable(String),
     #[error("Hugging Face hub: {0}")]

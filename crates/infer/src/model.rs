@@ -32,16 +32,27 @@ pub struct ModelInfo {
 /// Layout (shared by every backend): for each layer `l`, `k[l]` and `v[l]` are plain `Vec<f32>`
 /// of `capacity * kv_dim` elements, row-major `[position][kv_head][head_dim]`, with
 /// `kv_dim = n_head_kv * head_dim`. K is stored after RoPE. Positions `0..len` are valid.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Sequence {
-    pub(crate) k: Vec<Vec<f32>>,
-    pub(crate) v: Vec<Vec<f32>>,
+    pub(crate) k: crate::kv::KvCache,
+    pub(crate) v: crate::kv::KvCache,
     pub(crate) len: usize,
     pub(crate) capacity: usize,
     pub(crate) kv_dim: usize,
 }
 
 impl Sequence {
+    /// An empty cache of `capacity` positions for `layers` layers of `kv_dim` floats.
+    pub(crate) fn empty(layers: usize, kv_dim: usize, capacity: usize) -> Result<Self, Error> {
+        let alloc = || crate::kv::KvCache::new(layers, capacity * kv_dim);
+        Ok(Sequence {
+            k: alloc()?,
+            v: alloc()?,
+            len: 0,
+            capacity,
+            kv_dim,
+        })
+    }
     /// Positions filled so far.
     pub fn len(&self) -> usize {
         self.len
@@ -72,11 +83,9 @@ impl Sequence {
         }
         let len = len.min(from.len).min(self.capacity);
         let n = len * self.kv_dim;
-        for (dst, src) in self.k.iter_mut().zip(&from.k) {
-            dst[..n].copy_from_slice(&src[..n]);
-        }
-        for (dst, src) in self.v.iter_mut().zip(&from.v) {
-            dst[..n].copy_from_slice(&src[..n]);
+        for il in 0..self.k.len() {
+            self.k[il][..n].copy_from_slice(&from.k[il][..n]);
+            self.v[il][..n].copy_from_slice(&from.v[il][..n]);
         }
         self.len = len;
         len
@@ -225,7 +234,8 @@ impl TextModel {
     }
 
     /// A fresh sequence with its KV cache preallocated for `max_tokens` positions (prompt +
-    /// output). Memory is zero-filled lazily by the OS, so it becomes resident as it fills.
+    /// output). Memory is zero-filled lazily by the OS, so it becomes resident as it fills, and
+    /// it goes back to the OS when the sequence is dropped (`kv.rs`).
     pub fn new_sequence(&self, max_tokens: usize) -> Result<Sequence, Error> {
         if max_tokens > self.hp.context_length {
             return Err(Error::SequenceTooLong {
@@ -233,24 +243,12 @@ impl TextModel {
                 max: self.hp.context_length,
             });
         }
-        let kv_dim = self.hp.kv_dim();
-        let alloc = || {
-            (0..self.hp.n_layer)
-                .map(|_| vec![0.0f32; max_tokens * kv_dim])
-                .collect()
-        };
-        Ok(Sequence {
-            k: alloc(),
-            v: alloc(),
-            len: 0,
-            capacity: max_tokens,
-            kv_dim,
-        })
+        Sequence::empty(self.hp.n_layer, self.hp.kv_dim(), max_tokens)
     }
 
     /// One batched step: appends each step's tokens to its sequence and returns the logits of
     /// each step's last position, row-major `[steps.len() * vocab_size]`. On error no sequence
-    /// advances.
+    /// advances. More than 512 rows in all run as several backend calls (`pieces.rs`).
     pub fn forward(&mut self, steps: &mut [Step<'_>]) -> Result<&[f32], Error> {
         self.validate(steps)?;
         if steps.is_empty() {
@@ -261,12 +259,11 @@ impl TextModel {
             pool,
             backend,
             logits,
+            hp,
             ..
         } = self;
-        pool.install(|| backend.forward(steps, logits))?;
-        for st in steps.iter_mut() {
-            st.seq.len += st.tokens.len();
-        }
+        let (vocab, max_rows) = (hp.vocab_size, crate::pieces::MAX_ROWS);
+        pool.install(|| crate::pieces::forward(&mut **backend, steps, logits, vocab, max_rows))?;
         Ok(&self.logits)
     }
 

@@ -122,19 +122,7 @@ fn write_model_with(
 }
 
 fn new_seq(hp: &Hparams, cap: usize) -> Sequence {
-    let kv_dim = hp.kv_dim();
-    let alloc = || {
-        (0..hp.n_layer)
-            .map(|_| vec![0.0f32; cap * kv_dim])
-            .collect()
-    };
-    Sequence {
-        k: alloc(),
-        v: alloc(),
-        len: 0,
-        capacity: cap,
-        kv_dim,
-    }
+    Sequence::empty(hp.n_layer, hp.kv_dim(), cap).unwrap()
 }
 
 /// Runs the same schedule (two sequences: a prefill, then mixed prefill-chunk + decode steps)
