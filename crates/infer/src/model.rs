@@ -129,34 +129,6 @@ impl std::fmt::Debug for TextModel {
     }
 }
 
-/// Cores to use when the config says 0: physical cores from /proc/cpuinfo, else logical CPUs.
-pub(crate) fn physical_cores() -> usize {
-    let logical = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
-        return logical;
-    };
-    let mut cores = std::collections::HashSet::new();
-    let mut physical = String::new();
-    for line in info.lines() {
-        if let Some((key, value)) = line.split_once(':') {
-            match key.trim() {
-                "physical id" => physical = value.trim().to_string(),
-                "core id" => {
-                    cores.insert((physical.clone(), value.trim().to_string()));
-                }
-                _ => {}
-            }
-        }
-    }
-    if cores.is_empty() {
-        logical
-    } else {
-        cores.len().min(logical)
-    }
-}
-
 pub(crate) fn device_for(spec: DeviceSpec) -> Result<Device, Error> {
     match spec {
         DeviceSpec::Cpu => Ok(Device::Cpu),
@@ -176,7 +148,7 @@ impl TextModel {
         threads: usize,
     ) -> Result<TextModel, Error> {
         let threads = if threads == 0 {
-            physical_cores()
+            hearth_kernels::physical_cores()
         } else {
             threads
         };
