@@ -370,14 +370,8 @@ fn logits_and_tensors_match_a_llama_cpp_dump() {
     };
     let prompt = ids(&fx["cases"][case]["prompt_ids"]);
     let forced = ids(&fx["cases"][case]["greedy_ids"]);
-    let (cap, kvd) = (prompt.len() + n_forced, hp.kv_dim());
-    let mut seq = crate::Sequence {
-        k: vec![vec![0.0; cap * kvd]; hp.n_layer],
-        v: vec![vec![0.0; cap * kvd]; hp.n_layer],
-        len: 0,
-        capacity: cap,
-        kv_dim: kvd,
-    };
+    let cap = prompt.len() + n_forced;
+    let mut seq = crate::Sequence::empty(hp.n_layer, hp.kv_dim(), cap).unwrap();
     let mut logits = Vec::new();
     let mut bad = Vec::new();
     for k in 0..=n_forced {
