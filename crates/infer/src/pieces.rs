@@ -30,22 +30,27 @@ pub(crate) fn forward(
         return Ok(());
     }
     let start: Vec<usize> = steps.iter().map(|s| s.seq.len).collect();
-    let result = feed(backend, steps, logits, vocab, max_rows.max(1));
-    if result.is_err() {
-        for (st, &len) in steps.iter_mut().zip(&start) {
-            st.seq.len = len;
+    match in_pieces(backend, steps, vocab, max_rows.max(1)) {
+        Ok(out) => {
+            *logits = out;
+            Ok(())
+        }
+        Err(e) => {
+            for (st, &len) in steps.iter_mut().zip(&start) {
+                st.seq.len = len;
+            }
+            Err(e)
         }
     }
-    result
 }
 
-fn feed(
+/// The calls themselves; returns each step's logits, row-major.
+fn in_pieces(
     backend: &mut dyn Backend,
     steps: &mut [Step<'_>],
-    logits: &mut Vec<f32>,
     vocab: usize,
     max_rows: usize,
-) -> Result<(), Error> {
+) -> Result<Vec<f32>, Error> {
     let total: Vec<usize> = steps.iter().map(|s| s.tokens.len()).collect();
     let mut fed = vec![0usize; steps.len()];
     let mut out = vec![0.0f32; steps.len() * vocab];
@@ -81,8 +86,7 @@ fn feed(
             }
         }
     }
-    *logits = out;
-    Ok(())
+    Ok(out)
 }
 
 #[cfg(test)]
