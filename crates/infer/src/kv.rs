@@ -19,7 +19,7 @@ impl KvCache {
     /// `layers` zeroed slices of `per_layer` floats each.
     pub(crate) fn new(layers: usize, per_layer: usize) -> Result<KvCache, Error> {
         let bytes = layers * per_layer * std::mem::size_of::<f32>();
-        // A mapping cannot be empty; one page stands in for a cache of no positions.
+        // A mapping cannot be empty: a cache of no positions maps one float (a page).
         let map = memmap2::MmapMut::map_anon(bytes.max(std::mem::size_of::<f32>()))
             .map_err(|source| Error::KvMemory { bytes, source })?;
         Ok(KvCache {

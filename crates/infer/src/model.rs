@@ -29,8 +29,8 @@ pub struct ModelInfo {
 
 /// One sequence's KV cache, preallocated for `capacity` positions and written in place.
 ///
-/// Layout (shared by every backend): for each layer `l`, `k[l]` and `v[l]` are plain `Vec<f32>`
-/// of `capacity * kv_dim` elements, row-major `[position][kv_head][head_dim]`, with
+/// Layout (shared by every backend): for each layer `l`, `k[l]` and `v[l]` are `[f32]` slices
+/// (of one mapping per cache, `kv.rs`) of `capacity * kv_dim` elements, row-major `[position][kv_head][head_dim]`, with
 /// `kv_dim = n_head_kv * head_dim`. K is stored after RoPE. Positions `0..len` are valid.
 #[derive(Debug)]
 pub struct Sequence {

@@ -22,8 +22,10 @@ use std::thread::JoinHandle;
 
 type JobFn = dyn Fn(usize) + Sync;
 
-/// The chunk half of the claim word while a job is being published: nothing can be claimed.
-const CLOSED: u64 = 0xFFFF_FFFF;
+/// A half of the claim word as a mask: the epoch is the upper half, the next chunk the lower.
+const HALF: u64 = 0xFFFF_FFFF;
+/// The chunk half while a job is being published: nothing can be claimed.
+const CLOSED: u64 = HALF;
 
 struct Shared {
     /// `(epoch << 32) | next_chunk`, or `(epoch << 32) | CLOSED` while the job is published.
@@ -147,7 +149,7 @@ impl ThreadPool {
         }
         let _serial = self.run_lock.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
-        let epoch = (s.claim.load(Relaxed) >> 32).wrapping_add(1) & 0xFFFF_FFFF;
+        let epoch = (s.claim.load(Relaxed) >> 32).wrapping_add(1) & HALF;
         // Close the word first: a worker that read the last job's word and is about to claim
         // from it now fails its compare-exchange, instead of succeeding against the new chunk
         // count (and running a chunk of this job outside its epoch, counted twice).
@@ -232,12 +234,12 @@ fn work_on(s: &Shared, epoch: u64) {
         if cur >> 32 != epoch {
             return;
         }
-        if cur & 0xFFFF_FFFF == CLOSED {
+        if cur & HALF == CLOSED {
             // The caller is publishing this epoch's job: a few stores away.
             std::hint::spin_loop();
             continue;
         }
-        let idx = (cur & 0xFFFF_FFFF) as usize;
+        let idx = (cur & HALF) as usize;
         if idx >= s.n_chunks.load(Acquire) {
             return;
         }
