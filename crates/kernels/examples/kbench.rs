@@ -101,6 +101,7 @@ fn main() {
         for (label, path) in [
             ("avx2-il", KernelPath::Avx2),
             ("vnni-il", KernelPath::Avx512Vnni),
+            ("amx-il", KernelPath::Amx),
         ] {
             if wil.interleaved() && path.is_available() {
                 runs.push((label, &wil, path));

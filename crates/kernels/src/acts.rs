@@ -6,7 +6,18 @@
 //! one fused multiply-add. One scale per 32 elements is at least as precise as Q8_K's one per 256,
 //! so K-quant weights use the same activation blocks.
 
-use crate::Error;
+use crate::{Error, ThreadPool};
+use std::sync::Mutex;
+
+/// One piece of rows of the input and of every output buffer.
+struct RowsMut<'a> {
+    x: &'a [f32],
+    qs: &'a mut [i8],
+    ls: &'a mut [f32],
+    lsum: &'a mut [f32],
+    bsum: &'a mut [f32],
+    isum: &'a mut [i32],
+}
 
 /// Quantized activation rows; allocate once and reuse (re-quantizing never reallocates once
 /// the buffers have grown to the largest shape seen).
@@ -57,6 +68,19 @@ impl QActs {
 
     /// Quantizes `rows` rows of `cols` floats (row-major `x`).
     pub fn quantize(&mut self, x: &[f32], rows: usize, cols: usize) -> Result<(), Error> {
+        self.quantize_on(x, rows, cols, None)
+    }
+
+    /// Like [`QActs::quantize`], with the rows spread over `pool` when there are enough of them
+    /// to pay for it (a prompt's rows; a decode step's one row stays on the caller). Each row
+    /// is quantized alone, so the result is the same either way.
+    pub fn quantize_on(
+        &mut self,
+        x: &[f32],
+        rows: usize,
+        cols: usize,
+        pool: Option<&ThreadPool>,
+    ) -> Result<(), Error> {
         if x.len() != rows * cols {
             return Err(Error::ShapeMismatch {
                 what: "QActs::quantize input length",
@@ -78,14 +102,44 @@ impl QActs {
         self.block_sum.resize(rows * kp / 32, 0.0);
         self.block_isum.clear();
         self.block_isum.resize(rows * kp / 32, 0);
-        for r in 0..rows {
-            let xr = &x[r * cols..(r + 1) * cols];
-            let qr = &mut self.qs[r * kp..(r + 1) * kp];
-            let ls = &mut self.lane_scale[r * kp / 4..(r + 1) * kp / 4];
-            let lsum = &mut self.lane_sum[r * kp / 4..(r + 1) * kp / 4];
-            let bsum = &mut self.block_sum[r * kp / 32..(r + 1) * kp / 32];
-            let isum = &mut self.block_isum[r * kp / 32..(r + 1) * kp / 32];
-            crate::ops::quantize_row(xr, qr, ls, lsum, bsum, isum);
+        let threads = pool.map_or(1, ThreadPool::threads);
+        // At least 4 rows a piece, about 4 pieces a thread.
+        let per = rows.div_ceil(4 * threads).max(4);
+        let pieces: Vec<Mutex<RowsMut<'_>>> = x
+            .chunks((per * cols).max(1))
+            .zip(self.qs.chunks_mut(per * kp))
+            .zip(self.lane_scale.chunks_mut(per * kp / 4))
+            .zip(self.lane_sum.chunks_mut(per * kp / 4))
+            .zip(self.block_sum.chunks_mut(per * kp / 32))
+            .zip(self.block_isum.chunks_mut(per * kp / 32))
+            .map(|(((((x, qs), ls), lsum), bsum), isum)| {
+                Mutex::new(RowsMut {
+                    x,
+                    qs,
+                    ls,
+                    lsum,
+                    bsum,
+                    isum,
+                })
+            })
+            .collect();
+        let job = |i: usize| {
+            let mut p = pieces[i].lock().unwrap_or_else(|e| e.into_inner());
+            let p = &mut *p;
+            for r in 0..p.x.len() / cols.max(1) {
+                crate::ops::quantize_row(
+                    &p.x[r * cols..(r + 1) * cols],
+                    &mut p.qs[r * kp..(r + 1) * kp],
+                    &mut p.ls[r * kp / 4..(r + 1) * kp / 4],
+                    &mut p.lsum[r * kp / 4..(r + 1) * kp / 4],
+                    &mut p.bsum[r * kp / 32..(r + 1) * kp / 32],
+                    &mut p.isum[r * kp / 32..(r + 1) * kp / 32],
+                );
+            }
+        };
+        match pool {
+            Some(pool) if pieces.len() > 1 => pool.run(pieces.len(), &job),
+            _ => (0..pieces.len()).for_each(job),
         }
         Ok(())
     }
@@ -126,6 +180,23 @@ mod tests {
         a.quantize(&[0.0; 64], 1, 64).unwrap();
         assert!(a.qs.iter().all(|&q| q == 0));
         assert!(a.lane_scale.iter().all(|&d| d == 0.0));
+    }
+
+    #[test]
+    fn quantizing_on_a_pool_gives_the_serial_result() {
+        let x: Vec<f32> = (0..37 * 200)
+            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 0.01)
+            .collect();
+        let pool = ThreadPool::new(3);
+        let (mut serial, mut pooled) = (QActs::new(), QActs::new());
+        serial.quantize(&x, 37, 200).unwrap();
+        pooled.quantize_on(&x, 37, 200, Some(&pool)).unwrap();
+        assert_eq!(serial.qs, pooled.qs);
+        assert_eq!(serial.lane_scale, pooled.lane_scale);
+        assert_eq!(serial.lane_sum, pooled.lane_sum);
+        assert_eq!(serial.block_sum, pooled.block_sum);
+        assert_eq!(serial.block_isum, pooled.block_isum);
+        assert!(pooled.qs.iter().any(|&q| q != 0));
     }
 
     #[test]

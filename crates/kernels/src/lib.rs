@@ -5,7 +5,7 @@
 //! ([`formats`]); a load-time repacking of weight rows into one SIMD-friendly layout
 //! ([`QMatrix`]); activations quantized to 8-bit blocks per row ([`QActs`]); register-blocked
 //! matrix x activation-rows products on a portable scalar path, AVX2+FMA, AVX-512 (F/BW/VL) and
-//! AVX-512 VNNI, picked at run time ([`KernelPath`]); and a persistent thread pool sized to the
+//! AVX-512 VNNI and Intel AMX (for batches), picked at run time ([`KernelPath`]); and a persistent thread pool sized to the
 //! physical cores ([`ThreadPool`]). It deliberately knows nothing of models, tokenizers, GGUF
 //! files as a whole or candle: callers hand it the bytes of one tensor at a time.
 
@@ -18,6 +18,8 @@ pub mod pack;
 pub mod pool;
 mod scalar;
 mod scores;
+#[cfg(target_arch = "x86_64")]
+mod x86_amx;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2;
 #[cfg(target_arch = "x86_64")]

@@ -21,14 +21,18 @@ pub enum KernelPath {
     Avx2,
     Avx512,
     Avx512Vnni,
+    /// AVX-512 VNNI, with Intel AMX tile multiplies for 16 activation rows at a time (batches
+    /// and prompts; fewer rows take the VNNI tiles).
+    Amx,
 }
 
 impl KernelPath {
-    pub const ALL: [KernelPath; 4] = [
+    pub const ALL: [KernelPath; 5] = [
         KernelPath::Scalar,
         KernelPath::Avx2,
         KernelPath::Avx512,
         KernelPath::Avx512Vnni,
+        KernelPath::Amx,
     ];
 
     /// Whether this CPU can run the path.
@@ -52,17 +56,32 @@ impl KernelPath {
             KernelPath::Avx512Vnni => {
                 KernelPath::Avx512.is_available() && is_x86_feature_detected!("avx512vnni")
             }
+            #[cfg(target_arch = "x86_64")]
+            KernelPath::Amx => KernelPath::Avx512Vnni.is_available() && crate::x86_amx::available(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
     }
 
-    /// The fastest path this CPU has.
+    /// The fastest path this CPU has, or the one `HEARTH_KERNEL` names (`avx512vnni`, ...)
+    /// where the CPU has it: for comparing paths on one machine.
     pub fn detect() -> KernelPath {
-        [KernelPath::Avx512Vnni, KernelPath::Avx512, KernelPath::Avx2]
-            .into_iter()
-            .find(|p| p.is_available())
-            .unwrap_or(KernelPath::Scalar)
+        if let Some(p) = std::env::var("HEARTH_KERNEL")
+            .ok()
+            .and_then(|v| KernelPath::from_name(&v))
+            .filter(|p| p.is_available())
+        {
+            return p;
+        }
+        [
+            KernelPath::Amx,
+            KernelPath::Avx512Vnni,
+            KernelPath::Avx512,
+            KernelPath::Avx2,
+        ]
+        .into_iter()
+        .find(|p| p.is_available())
+        .unwrap_or(KernelPath::Scalar)
     }
 
     /// Every path this CPU can run, slowest first.
@@ -79,12 +98,21 @@ impl KernelPath {
             KernelPath::Avx2 => "avx2",
             KernelPath::Avx512 => "avx512",
             KernelPath::Avx512Vnni => "avx512vnni",
+            KernelPath::Amx => "amx",
         }
     }
 
     /// Parses [`KernelPath::name`] back.
     pub fn from_name(s: &str) -> Option<KernelPath> {
         KernelPath::ALL.into_iter().find(|p| p.name() == s)
+    }
+
+    /// Whether the path reads the interleaved arrangement (see [`QMatrix::for_ggml_on`]).
+    pub(crate) fn interleaves(self) -> bool {
+        matches!(
+            self,
+            KernelPath::Avx2 | KernelPath::Avx512Vnni | KernelPath::Amx
+        )
     }
 
     /// Activation rows per tile.
@@ -158,7 +186,7 @@ fn run_tile(
             unsafe { f(w, r0, a, a0, res) }
         }
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512Vnni => {
+        KernelPath::Avx512Vnni | KernelPath::Amx => {
             let f = pick!(crate::x86_avx512::tile_vnni, w.layout, mr, nr);
             // SAFETY: as above.
             unsafe { f(w, r0, a, a0, res) }
@@ -264,22 +292,40 @@ macro_rules! pick_il {
 }
 
 /// An interleaved matrix on a SIMD path: chunks of 16-row groups over the pool, each group
-/// meeting the activation rows 8 at a time; the AVX-512 BW path runs the AVX2 tile. Shapes and
-/// the path were checked by [`matmul`].
+/// meeting the activation rows 8 at a time (on AMX, 16 at a time and the remainder 8 at a time);
+/// the AVX-512 BW path runs the AVX2 tile. Shapes and the path were checked by [`matmul`].
 #[cfg(target_arch = "x86_64")]
 fn matmul_il(path: KernelPath, w: &QMatrix, a: &QActs, out: &mut [f32], pool: &ThreadPool) {
     let (n, m) = (a.rows, w.rows);
     let groups = m / 16;
     let per = groups.div_ceil(pool.threads() * 8).max(1);
     let n_chunks = groups.div_ceil(per);
-    let vnni = path == KernelPath::Avx512Vnni;
+    let vnni = matches!(path, KernelPath::Avx512Vnni | KernelPath::Amx);
+    let amx_chunks = if path == KernelPath::Amx {
+        n / crate::x86_amx::ROWS
+    } else {
+        0
+    };
     let nr_max = if vnni { 8 } else { crate::x86_avx2_il::NR_MAX };
     let layout = w.layout;
     let outp = OutPtr(out.as_mut_ptr());
     let job = |ci: usize| {
         let outp = &outp;
+        // SAFETY: `matmul` checked that the AMX path is available.
+        let mut tiles = (amx_chunks > 0).then(|| unsafe { crate::x86_amx::Tiles::new() });
         for g in ci * per..((ci + 1) * per).min(groups) {
-            let mut a0 = 0;
+            if let Some(tiles) = tiles.as_mut() {
+                let f = match layout {
+                    Layout::S8 => crate::x86_amx::group::<L_S8>,
+                    Layout::U5 => crate::x86_amx::group::<L_U5>,
+                    Layout::U5Min => crate::x86_amx::group::<L_U5M>,
+                    _ => crate::x86_amx::group::<L_U4>,
+                };
+                // SAFETY: as for the tiles below; `tiles` was made on this thread, and the
+                // first 16 * amx_chunks <= n activation rows exist.
+                unsafe { f(tiles, w, g, a, amx_chunks, outp.0, m) };
+            }
+            let mut a0 = amx_chunks * crate::x86_amx::ROWS;
             while a0 < n {
                 let nr = (n - a0).min(nr_max);
                 let f = if vnni {

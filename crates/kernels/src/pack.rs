@@ -173,13 +173,12 @@ impl QMatrix {
         path: crate::KernelPath,
     ) -> Result<QMatrix, Error> {
         let mut m = QMatrix::for_ggml(ty, rows, cols)?;
-        if matches!(
-            path,
-            crate::KernelPath::Avx2 | crate::KernelPath::Avx512Vnni
-        ) && matches!(
-            m.layout,
-            Layout::U4Min | Layout::U5 | Layout::U5Min | Layout::S8
-        ) && rows > 0
+        if path.interleaves()
+            && matches!(
+                m.layout,
+                Layout::U4Min | Layout::U5 | Layout::U5Min | Layout::S8
+            )
+            && rows > 0
             && rows.is_multiple_of(16)
         {
             m.il = true;

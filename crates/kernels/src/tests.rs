@@ -451,3 +451,48 @@ fn paths_that_the_cpu_lacks_are_refused() {
     assert!(KernelPath::detect().is_available());
     assert_eq!(KernelPath::from_name("avx2"), Some(KernelPath::Avx2));
 }
+
+/// The AMX path gives the VNNI path's results bit for bit (same exact integer dots, same float
+/// steps in the same order) for every interleaved layout, at activation row counts with and
+/// without a remainder past the 16-row tiles, odd and even block pairs, one to three groups.
+#[test]
+fn amx_tiles_equal_the_vnni_tiles_bit_for_bit() {
+    if !KernelPath::Amx.is_available() {
+        eprintln!("skipped: this CPU (or OS) has no AMX-INT8");
+        return;
+    }
+    let pool = ThreadPool::new(2);
+    for (t, ty) in TYPES.into_iter().enumerate() {
+        let be = ty.block_elems();
+        let cols_set = if be == 32 {
+            vec![64, 5 * 32, 576]
+        } else {
+            vec![256, 3 * 256]
+        };
+        for (ci, &cols) in cols_set.iter().enumerate() {
+            for (rows, n) in [(16, 16), (32, 17), (48, 40), (16, 64), (32, 33)] {
+                let mut rng = Rng(5 + 1000 * t as u64 + 100 * ci as u64 + n as u64);
+                let bytes = make_matrix(ty, rows, cols, &mut rng, Fill::Random);
+                let x = make_acts(n, cols, &mut rng);
+                let mut w = QMatrix::for_ggml_on(ty, rows, cols, KernelPath::Amx).unwrap();
+                w.pack_ggml_rows(0, &bytes).unwrap();
+                if !w.interleaved() {
+                    continue; // Q6_K: the VNNI tiles on both paths
+                }
+                let mut acts = QActs::new();
+                acts.quantize(&x, n, cols).unwrap();
+                let mut vnni = vec![f32::NAN; n * rows];
+                let mut amx = vec![f32::NAN; n * rows];
+                matmul(KernelPath::Avx512Vnni, &w, &acts, &mut vnni, &pool).unwrap();
+                matmul(KernelPath::Amx, &w, &acts, &mut amx, &pool).unwrap();
+                for (i, (v, a)) in vnni.iter().zip(&amx).enumerate() {
+                    assert_eq!(
+                        v.to_bits(),
+                        a.to_bits(),
+                        "{ty:?} rows={rows} cols={cols} n={n} at {i}: vnni {v}, amx {a}"
+                    );
+                }
+            }
+        }
+    }
+}

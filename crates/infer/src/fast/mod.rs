@@ -228,11 +228,21 @@ fn rope_head(x: &mut [f32], cs: &[(f32, f32)], style: RopeStyle) {
 }
 
 /// RMSNorm of each `dim`-wide row of `x` into `out`.
-fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], pool: &ThreadPool) {
     let dim = w.len();
-    for (xr, or) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
-        ops::rms_norm(xr, w, eps, or);
-    }
+    let per = rows_per_piece(x.len() / dim.max(1), pool.threads());
+    pool.for_each_piece_mut(out, per * dim, &|i, op| {
+        let xs = &x[i * per * dim..];
+        for (xr, or) in xs.chunks_exact(dim).zip(op.chunks_exact_mut(dim)) {
+            ops::rms_norm(xr, w, eps, or);
+        }
+    });
+}
+
+/// Rows per piece when a row-wise step is spread over the pool: about four pieces a thread,
+/// at least 4 rows a piece (a decode step's few rows stay on the caller).
+fn rows_per_piece(rows: usize, threads: usize) -> usize {
+    rows.div_ceil(4 * threads).max(4)
 }
 
 /// RMSNorm of each `dim`-wide row of `x` in place.
@@ -309,9 +319,9 @@ impl Backend for FastModel {
         for (il, layer) in layers.iter().enumerate() {
             // --- attention ---
             let h = fit(&mut s.h, n * e);
-            norm_rows(&s.x[..n * e], &layer.attn_norm, eps, h);
+            norm_rows(&s.x[..n * e], &layer.attn_norm, eps, h, &kern.pool);
             s.acts
-                .quantize(h, n, e)
+                .quantize_on(h, n, e, Some(&kern.pool))
                 .map_err(|err| Error::InvalidBatch(format!("fast backend: {err}")))?;
             let qkv = fit(&mut s.qkv, n * qkv_w);
             layer.qkv.run(kern, &s.acts, qkv, &mut s.tmp)?;
@@ -405,7 +415,7 @@ impl Backend for FastModel {
                 }
             }
             s.acts
-                .quantize(att, n, qd)
+                .quantize_on(att, n, qd, Some(&kern.pool))
                 .map_err(|err| Error::InvalidBatch(format!("fast backend: {err}")))?;
             let proj = fit(&mut s.proj, n * e);
             kern.matmul(&layer.wo, &s.acts, proj)?;
@@ -418,23 +428,27 @@ impl Backend for FastModel {
 
             // --- MLP ---
             let h = fit(&mut s.h, n * e);
-            norm_rows(&s.x[..n * e], &layer.ffn_norm, eps, h);
+            norm_rows(&s.x[..n * e], &layer.ffn_norm, eps, h, &kern.pool);
             s.acts
-                .quantize(h, n, e)
+                .quantize_on(h, n, e, Some(&kern.pool))
                 .map_err(|err| Error::InvalidBatch(format!("fast backend: {err}")))?;
             let gu = fit(&mut s.gu, n * 2 * ff);
             layer.gate_up.run(kern, &s.acts, gu, &mut s.tmp)?;
             let f = fit(&mut s.ff, n * ff);
-            for r in 0..n {
-                let (g, u) = gu[r * 2 * ff..(r + 1) * 2 * ff].split_at(ff);
-                let fr = &mut f[r * ff..(r + 1) * ff];
-                match activation {
-                    Activation::Silu => ops::silu_mul(g, u, fr),
-                    Activation::GeluTanh => ops::gelu_tanh_mul(g, u, fr),
+            let gu: &[f32] = gu;
+            let per = rows_per_piece(n, kern.pool.threads());
+            kern.pool.for_each_piece_mut(f, per * ff, &|i, fp| {
+                for (rr, fr) in fp.chunks_exact_mut(ff).enumerate() {
+                    let r = i * per + rr;
+                    let (g, u) = gu[r * 2 * ff..(r + 1) * 2 * ff].split_at(ff);
+                    match activation {
+                        Activation::Silu => ops::silu_mul(g, u, fr),
+                        Activation::GeluTanh => ops::gelu_tanh_mul(g, u, fr),
+                    }
                 }
-            }
+            });
             s.acts
-                .quantize(f, n, ff)
+                .quantize_on(f, n, ff, Some(&kern.pool))
                 .map_err(|err| Error::InvalidBatch(format!("fast backend: {err}")))?;
             let proj = fit(&mut s.proj, n * e);
             kern.matmul(&layer.down, &s.acts, proj)?;

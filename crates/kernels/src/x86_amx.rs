@@ -1,0 +1,334 @@
+//! Intel AMX (TMUL) for batches: 16 activation rows x 16 weight rows of an interleaved matrix
+//! per tile multiply.
+//!
+//! The interleaved arrangement (`pack`) already is the layout `tdpbsud` wants for its second
+//! operand: a 64-byte row holds 4 consecutive quants of each of 16 weight rows, so a block of 32
+//! elements is a tile of 8 such rows (unpacked from nibbles first for the 4- and 5-bit layouts,
+//! read in place for 8-bit), and the activation rows' quants, row after row, are the first
+//! operand as they lie. One `tdpbsud` per block gives the same exact i32 dots as the VNNI tile's
+//! eight `vpdpbusd`; the same float steps follow in the same order (scale, then min, block by
+//! block), so the results are bit-identical to the VNNI path (`tests::amx_*`). What AMX saves is
+//! the integer work and the weight unpacking per activation row; the float epilogue per
+//! (activation row, block) stays, and bounds it.
+//!
+//! Linux grants the tile state per process on request (`arch_prctl(ARCH_REQ_XCOMP_PERM)`);
+//! [`available`] asks once. Each pool job loads the tile configuration, and releases the tiles
+//! when it ends, so no thread holds tile state between jobs.
+
+// Unsafe is needed for the AMX instructions (inline assembly: the intrinsics are not stable),
+// the AVX-512 intrinsics of the epilogue and raw-pointer loads. The kernel is reached only
+// through `matmul::matmul_il` after `KernelPath::Amx` was checked available and the shapes
+// were checked.
+#![allow(unsafe_code)]
+
+use crate::acts::QActs;
+use crate::pack::QMatrix;
+use crate::{fifth_bit, stored_min, L_S8, L_U5};
+use std::arch::asm;
+use std::arch::x86_64::*;
+use std::sync::OnceLock;
+
+/// Activation rows per tile multiply (the tile's row count).
+pub(crate) const ROWS: usize = 16;
+
+/// Whether the CPU has AMX-TILE and AMX-INT8, the OS enabled their state, and this process was
+/// granted it.
+pub(crate) fn available() -> bool {
+    static READY: OnceLock<bool> = OnceLock::new();
+    *READY.get_or_init(|| {
+        if !is_x86_feature_detected!("xsave") {
+            return false;
+        }
+        // SAFETY: CPUID is present on every x86_64 CPU; xgetbv only after OSXSAVE is confirmed
+        // (the xsave feature check above reads it).
+        unsafe {
+            let leaf7 = __cpuid_count(7, 0);
+            let (tile, int8) = (1 << 24, 1 << 25);
+            if leaf7.edx & (tile | int8) != tile | int8 {
+                return false;
+            }
+            let (cfg, data) = (1u64 << 17, 1u64 << 18);
+            if xcr0() & (cfg | data) != cfg | data {
+                return false;
+            }
+        }
+        request_tile_state()
+    })
+}
+
+#[target_feature(enable = "xsave")]
+unsafe fn xcr0() -> u64 {
+    _xgetbv(0)
+}
+
+#[cfg(target_os = "linux")]
+fn request_tile_state() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: arch_prctl with these arguments only changes this process's permitted xsave
+    // features; it reads and writes no memory of ours.
+    unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) == 0
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn request_tile_state() -> bool {
+    false // other systems: not tried here, so not used
+}
+
+/// The tile configuration (palette 1): `tmm0..tmm3` accumulators (16 rows of 16 i32),
+/// `tmm4`/`tmm5` activation quants (16 rows of 32 bytes: one block), `tmm6`/`tmm7` weight
+/// quants (8 rows of 64 bytes: one block of 16 interleaved rows).
+#[repr(C, align(64))]
+struct TileConfig([u8; 64]);
+
+impl TileConfig {
+    fn new() -> TileConfig {
+        let mut c = [0u8; 64];
+        c[0] = 1;
+        let shapes: [(u16, u8); 8] = [
+            (64, 16),
+            (64, 16),
+            (64, 16),
+            (64, 16),
+            (32, 16),
+            (32, 16),
+            (64, 8),
+            (64, 8),
+        ];
+        for (t, (colsb, rows)) in shapes.into_iter().enumerate() {
+            c[16 + 2 * t..18 + 2 * t].copy_from_slice(&colsb.to_le_bytes());
+            c[48 + t] = rows;
+        }
+        TileConfig(c)
+    }
+}
+
+/// The tiles of one pool job: configured when made, released when dropped (so a thread never
+/// keeps tile state, or a stale configuration, past the job that loaded it).
+pub(crate) struct Tiles {
+    /// The weight blocks of one 16-row group, unpacked to bytes (4- and 5-bit layouts).
+    unpacked: Vec<u8>,
+    /// The group's scales and mins as f32, 16 per block each.
+    scales: Vec<f32>,
+    mins: Vec<f32>,
+    /// Two chunks' dots as stored from the accumulator tiles: `[chunk % 2][block][row][16]`.
+    dots: Vec<i32>,
+}
+
+impl Tiles {
+    /// # Safety
+    /// [`available`] must have returned true.
+    pub(crate) unsafe fn new() -> Tiles {
+        let cfg = TileConfig::new();
+        asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
+        Tiles {
+            unpacked: Vec::new(),
+            scales: Vec::new(),
+            mins: Vec::new(),
+            dots: Vec::new(),
+        }
+    }
+}
+
+impl Drop for Tiles {
+    fn drop(&mut self) {
+        // SAFETY: tiles were configured by `new` on this thread (a `Tiles` is never sent).
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    }
+}
+
+/// Two blocks' dots into accumulator tiles `$c0`/`$c1`, stored to `c` and `c + 256` i32.
+macro_rules! pair {
+    ($c0:literal, $c1:literal, $a:expr, $sa:expr, $b:expr, $c:expr) => {
+        asm!(
+            concat!("tilezero ", $c0),
+            concat!("tilezero ", $c1),
+            "tileloadd tmm4, [{a} + {sa}*1]",
+            "tileloadd tmm6, [{b} + {sb}*1]",
+            concat!("tdpbsud ", $c0, ", tmm4, tmm6"),
+            "tileloadd tmm5, [{a2} + {sa}*1]",
+            "tileloadd tmm7, [{b2} + {sb}*1]",
+            concat!("tdpbsud ", $c1, ", tmm5, tmm7"),
+            concat!("tilestored [{c} + {sb}*1], ", $c0),
+            concat!("tilestored [{c2} + {sb}*1], ", $c1),
+            a = in(reg) $a,
+            a2 = in(reg) $a.add(32),
+            sa = in(reg) $sa,
+            b = in(reg) $b,
+            b2 = in(reg) $b.add(512),
+            sb = in(reg) 64usize,
+            c = in(reg) $c,
+            c2 = in(reg) $c.add(256),
+            options(nostack),
+        )
+    };
+}
+
+/// Rows of a chunk scaled together in the epilogue (independent chains of fused multiply-adds,
+/// enough to cover their latency).
+const EPI_ROWS: usize = 8;
+
+/// `out[(16 c + j) * m + 16 g16 + i]` for weight rows `16 g16 + i` and the first
+/// `16 * chunks` activation rows.
+///
+/// # Safety
+/// `tiles` was made on this thread; the CPU has AVX-512 F/BW/VL, VNNI, F16C and FMA; `w` is
+/// interleaved with layout `L` (any but `L_U6`); `g16 < w.rows / 16`; `a` has at least
+/// `16 * chunks` rows and `a.kp == w.kp`; `out` holds `a.rows * m` floats with `m == w.rows`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
+pub(crate) unsafe fn group<const L: u8>(
+    tiles: &mut Tiles,
+    w: &QMatrix,
+    g16: usize,
+    a: &QActs,
+    chunks: usize,
+    out: *mut f32,
+    m: usize,
+) {
+    let blocks = w.kp / 32;
+    let base = g16 * blocks;
+    let wq: *const u8 = if L == L_S8 {
+        w.qs.as_ptr().add(base * 512)
+    } else {
+        unpack::<L>(w, base, blocks, &mut tiles.unpacked);
+        tiles.unpacked.as_ptr()
+    };
+    group_scales::<L>(w, base, blocks, tiles);
+    tiles.dots.resize(2 * blocks * 256, 0);
+    let dots = tiles.dots.as_mut_ptr();
+    // All of chunk c + 1's tile multiplies are issued before chunk c's epilogue, into the other
+    // half of `dots`, so that the tile unit works while the vector units scale.
+    let issue = |c: usize| {
+        let ap = a.qs.as_ptr().add(ROWS * c * a.kp);
+        let cp = dots.add((c % 2) * blocks * 256);
+        // kp is a multiple of 64: blocks come in pairs.
+        for p in 0..blocks / 2 {
+            let b = 2 * p;
+            let (ap, bp, cp) = (ap.add(32 * b), wq.add(512 * b), cp.add(256 * b));
+            // Alternate accumulator tiles, so that a pair's multiplies need not wait for the
+            // previous pair's stores.
+            if p % 2 == 0 {
+                pair!("tmm0", "tmm1", ap, a.kp, bp, cp);
+            } else {
+                pair!("tmm2", "tmm3", ap, a.kp, bp, cp);
+            }
+        }
+    };
+    issue(0);
+    for c in 0..chunks {
+        if c + 1 < chunks {
+            issue(c + 1);
+        }
+        let cp = dots.add((c % 2) * blocks * 256);
+        for j0 in (0..ROWS).step_by(EPI_ROWS) {
+            epilogue::<L>(
+                tiles,
+                blocks,
+                a,
+                ROWS * c + j0,
+                cp.add(16 * j0),
+                out.add(16 * g16),
+                m,
+            );
+        }
+    }
+}
+
+/// The group's per-block weight scales and mins as f32 vectors (one lane per weight row).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
+unsafe fn group_scales<const L: u8>(w: &QMatrix, base: usize, blocks: usize, t: &mut Tiles) {
+    t.scales.resize(16 * blocks, 0.0);
+    t.mins.resize(16 * blocks, 0.0);
+    for b in 0..blocks {
+        let si = (base + b) * 16;
+        let wd = _mm512_cvtph_ps(_mm256_loadu_si256(
+            w.scales.as_ptr().add(si) as *const __m256i
+        ));
+        let wm = if stored_min(L) {
+            _mm512_cvtph_ps(_mm256_loadu_si256(w.mins.as_ptr().add(si) as *const __m256i))
+        } else if L == L_U5 {
+            _mm512_mul_ps(wd, _mm512_set1_ps(-16.0))
+        } else {
+            _mm512_setzero_ps()
+        };
+        _mm512_storeu_ps(t.scales.as_mut_ptr().add(16 * b), wd);
+        _mm512_storeu_ps(t.mins.as_mut_ptr().add(16 * b), wm);
+    }
+}
+
+/// Activation rows `a0..a0 + EPI_ROWS` of one chunk: the VNNI tile's float steps over every
+/// block in order (scale, then min), from the stored dots (`dots[b * 256 + j * 16 + i]` for
+/// row `a0 + j`), written to `out[(a0 + j) * m + i]`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
+#[inline]
+unsafe fn epilogue<const L: u8>(
+    t: &Tiles,
+    blocks: usize,
+    a: &QActs,
+    a0: usize,
+    dots: *const i32,
+    out: *mut f32,
+    m: usize,
+) {
+    let mut facc = [_mm512_setzero_ps(); EPI_ROWS];
+    let ls = a.lane_scale.as_ptr().add(a0 * a.kp / 4);
+    let (bsum, isum) = (
+        a.block_sum.as_ptr().add(a0 * blocks),
+        a.block_isum.as_ptr().add(a0 * blocks),
+    );
+    let lanes = a.kp / 4;
+    for b in 0..blocks {
+        let wd = _mm512_loadu_ps(t.scales.as_ptr().add(16 * b));
+        let wm = _mm512_loadu_ps(t.mins.as_ptr().add(16 * b));
+        for (j, fj) in facc.iter_mut().enumerate() {
+            let mut dot = _mm512_loadu_si512(dots.add(256 * b + 16 * j) as *const _);
+            if L == L_S8 {
+                dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * *isum.add(j * blocks + b)));
+            }
+            let da = *ls.add(j * lanes + 8 * b);
+            *fj = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(dot),
+                _mm512_mul_ps(wd, _mm512_set1_ps(da)),
+                *fj,
+            );
+            if L != L_S8 {
+                *fj = _mm512_fmadd_ps(wm, _mm512_set1_ps(*bsum.add(j * blocks + b)), *fj);
+            }
+        }
+    }
+    for (j, fj) in facc.iter().enumerate() {
+        _mm512_storeu_ps(out.add((a0 + j) * m), *fj);
+    }
+}
+
+/// The 16-row group's blocks as bytes, 512 per block: 8 rows of 64 (the VNNI tile's `wv`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
+unsafe fn unpack<const L: u8>(w: &QMatrix, base: usize, blocks: usize, dst: &mut Vec<u8>) {
+    dst.resize(blocks * 512, 0);
+    let low = _mm512_set1_epi8(0x0F);
+    for b in 0..blocks {
+        let p = w.qs.as_ptr().add((base + b) * 256);
+        let mut wv = [_mm512_setzero_si512(); 8];
+        for h in 0..4 {
+            let v = _mm512_loadu_si512(p.add(64 * h) as *const _);
+            wv[2 * h] = _mm512_and_si512(v, low);
+            wv[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+        }
+        if fifth_bit(L) {
+            let hp = w.hi.as_ptr().add((base + b) * 64) as *const u64;
+            for (k, v) in wv.iter_mut().enumerate() {
+                let bits = hp.add(k).read_unaligned();
+                *v = _mm512_or_si512(*v, _mm512_maskz_set1_epi8(bits, 0x10));
+            }
+        }
+        for (k, v) in wv.iter().enumerate() {
+            _mm512_storeu_si512(dst.as_mut_ptr().add(512 * b + 64 * k) as *mut _, *v);
+        }
+    }
+}
