@@ -267,9 +267,40 @@ multiversion! {
 }
 
 multiversion! {
-    /// Quantizes one activation row into 8-bit blocks of 32 (see `acts`); the output slices
-    /// are the row's padded quants and per-lane scales/sums, pre-zeroed by the caller.
-    pub fn quantize_row(x: &[f32], q: &mut [i8], lane_scale: &mut [f32], lane_sum: &mut [f32], block_sum: &mut [f32], block_isum: &mut [i32]) => quantize_row_body
+    fn quantize_row_any(x: &[f32], q: &mut [i8], lane_scale: &mut [f32], lane_sum: &mut [f32], block_sum: &mut [f32], block_isum: &mut [i32]) => quantize_row_body
+}
+
+mod quantize;
+
+/// Quantizes one activation row into 8-bit blocks of 32 (see `acts`); the output slices are the
+/// row's padded quants and per-lane scales/sums, pre-zeroed by the caller.
+pub fn quantize_row(
+    x: &[f32],
+    q: &mut [i8],
+    lane_scale: &mut [f32],
+    lane_sum: &mut [f32],
+    block_sum: &mut [f32],
+    block_isum: &mut [i32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if quantize::available() {
+        let whole = x.len() / 32;
+        // SAFETY: the features were just detected; the output slices hold a row's padded
+        // blocks (at least `whole` of each), as `acts` allocates them.
+        unsafe { quantize::quantize_row_avx512(x, q, lane_scale, lane_sum, block_sum, block_isum) };
+        if whole * 32 == x.len() {
+            return;
+        }
+        return quantize_row_any(
+            &x[32 * whole..],
+            &mut q[32 * whole..],
+            &mut lane_scale[8 * whole..],
+            &mut lane_sum[8 * whole..],
+            &mut block_sum[whole..],
+            &mut block_isum[whole..],
+        );
+    }
+    quantize_row_any(x, q, lane_scale, lane_sum, block_sum, block_isum)
 }
 
 /// Rounds every element to the nearest f16 value (what an f16 KV cache keeps).

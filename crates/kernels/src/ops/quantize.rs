@@ -1,0 +1,191 @@
+//! The activation quantizer (`ops::quantize_row`) written out for AVX-512 with F16C: the same
+//! arithmetic as the portable body, bit for bit (`tests`), without its per-block calls into the
+//! f16 conversions and its scalar lane sums. A prompt's rows are quantized before every matrix
+//! product, so on the portable body this was a tenth of a prefill.
+
+// Unsafe is needed for the intrinsics and unaligned loads; `quantize_row` calls this only after
+// detecting the features, and every index is inside the slices it was given (checked below).
+#![allow(unsafe_code)]
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// Whether this CPU can run [`quantize_row_avx512`].
+#[cfg(target_arch = "x86_64")]
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// The whole blocks of 32 of `x` (the tail block, if any, is the caller's), into the outputs
+/// as `quantize_row_body` writes them.
+///
+/// # Safety
+/// [`available`] returned true; `q` holds `32 * blocks`, `lane_scale` and `lane_sum`
+/// `8 * blocks`, `block_sum` and `block_isum` `blocks` elements, `blocks = x.len() / 32`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
+pub(super) unsafe fn quantize_row_avx512(
+    x: &[f32],
+    q: &mut [i8],
+    lane_scale: &mut [f32],
+    lane_sum: &mut [f32],
+    block_sum: &mut [f32],
+    block_isum: &mut [i32],
+) {
+    let blocks = x.len() / 32;
+    assert!(
+        q.len() >= 32 * blocks
+            && lane_scale.len() >= 8 * blocks
+            && lane_sum.len() >= 8 * blocks
+            && block_sum.len() >= blocks
+            && block_isum.len() >= blocks
+    );
+    let zero = _mm512_setzero_ps();
+    let sign = _mm512_set1_epi32(0x7FFF_FFFF);
+    let ones8 = _mm256_set1_epi8(1);
+    let ones16 = _mm256_set1_epi16(1);
+    for b in 0..blocks {
+        let v0 = _mm512_loadu_ps(x.as_ptr().add(32 * b));
+        let v1 = _mm512_loadu_ps(x.as_ptr().add(32 * b + 16));
+        // |x| with NaN read as 0: vmaxps returns its second operand when either is NaN.
+        let a0 = _mm512_max_ps(
+            _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v0), sign)),
+            zero,
+        );
+        let a1 = _mm512_max_ps(
+            _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v1), sign)),
+            zero,
+        );
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+        let d = amax / 127.0;
+        let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        let idv = _mm512_set1_ps(id);
+        let (p0, p1) = (_mm512_mul_ps(v0, idv), _mm512_mul_ps(v1, idv));
+        // Round to nearest, ties to even (the default rounding mode), NaN to 0 as `as i8` does.
+        // The clamp comes first here (the conversion cannot represent an infinite product, which
+        // a subnormal block's scale gives): clamping to +-127 before or after rounding to an
+        // integer gives the same integer.
+        let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+        let c0 = _mm512_min_ps(_mm512_max_ps(p0, lo), hi);
+        let c1 = _mm512_min_ps(_mm512_max_ps(p1, lo), hi);
+        let q0 = _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(p0, p0), c0);
+        let q1 = _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(p1, p1), c1);
+        let qb = _mm256_set_m128i(_mm512_cvtepi32_epi8(q1), _mm512_cvtepi32_epi8(q0));
+        _mm256_storeu_si256(q.as_mut_ptr().add(32 * b) as *mut __m256i, qb);
+        let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        // The 8 lane sums of 4 quants: byte pairs, then pairs of pairs.
+        let lanes_i = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, qb), ones16);
+        let lane_f = _mm256_mul_ps(_mm256_cvtepi32_ps(lanes_i), _mm256_set1_ps(d));
+        let mut ls = [0f32; 8];
+        _mm256_storeu_ps(ls.as_mut_ptr(), lane_f);
+        let mut lanes = 0f32;
+        for v in &ls[..7] {
+            lanes += v;
+        }
+        let d16 = f16_round(d);
+        let total = f16_round(d * sum as f32);
+        ls[7] = total - lanes;
+        _mm256_storeu_ps(lane_scale.as_mut_ptr().add(8 * b), _mm256_set1_ps(d16));
+        _mm256_storeu_ps(
+            lane_sum.as_mut_ptr().add(8 * b),
+            _mm256_loadu_ps(ls.as_ptr()),
+        );
+        block_sum[b] = total;
+        block_isum[b] = sum;
+    }
+}
+
+/// `x` rounded to the nearest f16 (ties to even) and back, as `half::f16::from_f32` does.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
+#[inline]
+unsafe fn f16_round(x: f32) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(
+        _mm_set_ss(x),
+    )))
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_avx512_quantizer_is_bit_identical_to_the_portable_one() {
+        if !available() {
+            eprintln!("skipped: no AVX-512 with F16C");
+            return;
+        }
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let specials = [
+            0.0,
+            -0.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            1e-40,
+            65504.0,
+            1e9,
+            0.5,
+            -0.5,
+            1.5,
+        ];
+        for case in 0..400 {
+            let blocks = 1 + case % 7;
+            let scale = [1e-3f32, 1.0, 100.0, 1e5][case % 4];
+            let x: Vec<f32> = (0..32 * blocks)
+                .map(|i| {
+                    let r = next();
+                    if case % 5 == 0 && r % 17 == 0 {
+                        specials[(r >> 8) as usize % specials.len()]
+                    } else if case % 7 == 1 {
+                        // exact halves of the step: ties for the rounding
+                        ((r >> 40) % 255) as f32 - 127.0 + if i % 2 == 0 { 0.5 } else { 0.0 }
+                    } else if case % 11 == 3 {
+                        0.0
+                    } else {
+                        ((r >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+                    }
+                })
+                .collect();
+            let n = 32 * blocks;
+            let mut want = (vec![0i8; n], vec![0f32; n / 4], vec![0f32; n / 4]);
+            let mut want_b = (vec![0f32; blocks], vec![0i32; blocks]);
+            super::super::quantize_row_body(
+                &x,
+                &mut want.0,
+                &mut want.1,
+                &mut want.2,
+                &mut want_b.0,
+                &mut want_b.1,
+            );
+            let mut got = (vec![0i8; n], vec![0f32; n / 4], vec![0f32; n / 4]);
+            let mut got_b = (vec![0f32; blocks], vec![0i32; blocks]);
+            // SAFETY: checked available; the buffers have the documented sizes.
+            unsafe {
+                quantize_row_avx512(
+                    &x,
+                    &mut got.0,
+                    &mut got.1,
+                    &mut got.2,
+                    &mut got_b.0,
+                    &mut got_b.1,
+                )
+            };
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(want.0, got.0, "quants, case {case}");
+            assert_eq!(bits(&want.1), bits(&got.1), "lane scales, case {case}");
+            assert_eq!(bits(&want.2), bits(&got.2), "lane sums, case {case}");
+            assert_eq!(bits(&want_b.0), bits(&got_b.0), "block sums, case {case}");
+            assert_eq!(want_b.1, got_b.1, "block int sums, case {case}");
+        }
+    }
+}
