@@ -67,25 +67,29 @@ unsafe fn block_scores512(
     let mut done = 0;
     while done < n {
         let keys = (n - done).min(16);
-        // Lane vectors of each key's products; absent keys (the last block's) stay zero.
+        // Lane vectors of each key's products. The sixteen keys' chains run side by side, one
+        // query vector loaded per step for all of them (each key's chain still adds its
+        // products in column order). Absent keys (the last block's) read the last present key
+        // and are zeroed after.
         let mut v = [_mm512_setzero_ps(); 16];
-        for (slot, acc) in v.iter_mut().enumerate() {
-            let key = KEY_OF_SLOT[slot];
-            if key >= keys {
-                continue;
+        let kps: [*const f32; 16] = std::array::from_fn(|slot| {
+            k.as_ptr()
+                .add((start + done + KEY_OF_SLOT[slot].min(keys - 1)) * stride)
+        });
+        let mut d = 0;
+        while d < hd {
+            let qd = _mm512_loadu_ps(q.as_ptr().add(d));
+            for (acc, kp) in v.iter_mut().zip(&kps) {
+                *acc = _mm512_fmadd_ps(qd, _mm512_loadu_ps(kp.add(d)), *acc);
             }
-            let kp = k.as_ptr().add((start + done + key) * stride);
-            let mut a = _mm512_setzero_ps();
-            let mut d = 0;
-            while d < hd {
-                a = _mm512_fmadd_ps(
-                    _mm512_loadu_ps(q.as_ptr().add(d)),
-                    _mm512_loadu_ps(kp.add(d)),
-                    a,
-                );
-                d += 16;
+            d += 16;
+        }
+        if keys < 16 {
+            for (slot, acc) in v.iter_mut().enumerate() {
+                if KEY_OF_SLOT[slot] >= keys {
+                    *acc = _mm512_setzero_ps();
+                }
             }
-            *acc = a;
         }
         // Level 1: 256-bit halves, (q0 + q2, q1 + q3) of vectors i and i + 8 in one vector.
         let mut b = [_mm512_setzero_ps(); 8];
