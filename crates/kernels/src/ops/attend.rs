@@ -158,6 +158,28 @@ fn softmax_weights(
     }
 }
 
+/// Keys ahead of the one being summed whose value rows are prefetched: a long context's rows
+/// come from L2 (one head's rows are a stride apart, which the hardware prefetcher followed
+/// too late).
+const PREFETCH_KEYS: usize = 8;
+
+/// Hints the 64 floats of `x` from `at` (if inside `x`) into L1.
+#[inline(always)]
+fn prefetch(x: &[f32], at: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if at + 64 <= x.len() {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let p = x[at..].as_ptr() as *const i8;
+        // SAFETY: a prefetch never faults and reads nothing architecturally; both addresses
+        // are inside `x` anyway.
+        unsafe {
+            for line in 0..4 {
+                _mm_prefetch::<_MM_HINT_T0>(p.add(64 * line));
+            }
+        }
+    }
+}
+
 /// The weighted sum of V for `G` heads at once: head `g`'s weights are `ws[g * n..][..n]`, its
 /// output `out[g * hd..][..hd]`. 64 output columns at a time held in registers (four 16-lane
 /// accumulators per head); each column sums its keys in order, one fused multiply-add each.
@@ -177,6 +199,7 @@ fn weighted_sum<const G: usize>(
     while c0 + 64 <= hd {
         let mut acc = [[[0f32; LANES]; 4]; G];
         for (idx, j) in (start..start + n).enumerate() {
+            prefetch(v, (j + PREFETCH_KEYS) * stride + c0);
             let vr = &v[j * stride + c0..j * stride + c0 + 64];
             for (acc_g, w_g) in acc.iter_mut().zip(&w) {
                 let wj = w_g[idx];
