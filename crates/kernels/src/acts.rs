@@ -17,6 +17,9 @@ struct RowsMut<'a> {
     lsum: &'a mut [f32],
     bsum: &'a mut [f32],
     isum: &'a mut [i32],
+    t_scale: &'a mut [f32],
+    t_bsum: &'a mut [f32],
+    t_isum: &'a mut [i32],
 }
 
 /// Quantized activation rows; allocate once and reuse (re-quantizing never reallocates once
@@ -37,6 +40,12 @@ pub struct QActs {
     /// `rows * kp / 32`: the exact sum of each block's 32 q (the interleaved 8-bit kernel
     /// takes `128 * sum` off its dot against weights stored as `q + 128`).
     pub(crate) block_isum: Vec<i32>,
+    /// The block scales, `block_sum` and `block_isum` again, arranged per 16-row chunk and
+    /// block: element `(chunk * blocks + b) * 16 + row % 16`. The AMX epilogue reads the 16
+    /// rows of one block at fixed offsets from one pointer. Rows padded to a multiple of 16.
+    pub(crate) t_scale: Vec<f32>,
+    pub(crate) t_bsum: Vec<f32>,
+    pub(crate) t_isum: Vec<i32>,
 }
 
 impl QActs {
@@ -56,6 +65,9 @@ impl QActs {
             lane_sum: Vec::with_capacity(rows * kp / 4),
             block_sum: Vec::with_capacity(rows * kp / 32),
             block_isum: Vec::with_capacity(rows * kp / 32),
+            t_scale: Vec::with_capacity(rows.div_ceil(16) * 16 * kp / 32),
+            t_bsum: Vec::with_capacity(rows.div_ceil(16) * 16 * kp / 32),
+            t_isum: Vec::with_capacity(rows.div_ceil(16) * 16 * kp / 32),
         }
     }
 
@@ -102,9 +114,17 @@ impl QActs {
         self.block_sum.resize(rows * kp / 32, 0.0);
         self.block_isum.clear();
         self.block_isum.resize(rows * kp / 32, 0);
+        let (blocks, padded) = (kp / 32, rows.div_ceil(16) * 16);
+        for t in [&mut self.t_scale, &mut self.t_bsum] {
+            t.clear();
+            t.resize(padded * blocks, 0.0);
+        }
+        self.t_isum.clear();
+        self.t_isum.resize(padded * blocks, 0);
         let threads = pool.map_or(1, ThreadPool::threads);
-        // At least 4 rows a piece, about 4 pieces a thread.
-        let per = rows.div_ceil(4 * threads).max(4);
+        // About 4 pieces a thread, of whole 16-row chunks (so that each piece's part of the
+        // chunk-arranged copies is one range).
+        let per = rows.div_ceil(4 * threads).div_ceil(16).max(1) * 16;
         let pieces: Vec<Mutex<RowsMut<'_>>> = x
             .chunks((per * cols).max(1))
             .zip(self.qs.chunks_mut(per * kp))
@@ -112,16 +132,24 @@ impl QActs {
             .zip(self.lane_sum.chunks_mut(per * kp / 4))
             .zip(self.block_sum.chunks_mut(per * kp / 32))
             .zip(self.block_isum.chunks_mut(per * kp / 32))
-            .map(|(((((x, qs), ls), lsum), bsum), isum)| {
-                Mutex::new(RowsMut {
-                    x,
-                    qs,
-                    ls,
-                    lsum,
-                    bsum,
-                    isum,
-                })
-            })
+            .zip(self.t_scale.chunks_mut(per * blocks))
+            .zip(self.t_bsum.chunks_mut(per * blocks))
+            .zip(self.t_isum.chunks_mut(per * blocks))
+            .map(
+                |((((((((x, qs), ls), lsum), bsum), isum), t_scale), t_bsum), t_isum)| {
+                    Mutex::new(RowsMut {
+                        x,
+                        qs,
+                        ls,
+                        lsum,
+                        bsum,
+                        isum,
+                        t_scale,
+                        t_bsum,
+                        t_isum,
+                    })
+                },
+            )
             .collect();
         let job = |i: usize| {
             let mut p = pieces[i].lock().unwrap_or_else(|e| e.into_inner());
@@ -135,6 +163,12 @@ impl QActs {
                     &mut p.bsum[r * kp / 32..(r + 1) * kp / 32],
                     &mut p.isum[r * kp / 32..(r + 1) * kp / 32],
                 );
+                for b in 0..blocks {
+                    let t = ((r / 16) * blocks + b) * 16 + r % 16;
+                    p.t_scale[t] = p.ls[r * kp / 4 + 8 * b];
+                    p.t_bsum[t] = p.bsum[r * blocks + b];
+                    p.t_isum[t] = p.isum[r * blocks + b];
+                }
             }
         };
         match pool {
@@ -196,6 +230,21 @@ mod tests {
         assert_eq!(serial.lane_sum, pooled.lane_sum);
         assert_eq!(serial.block_sum, pooled.block_sum);
         assert_eq!(serial.block_isum, pooled.block_isum);
+        assert_eq!(serial.t_scale, pooled.t_scale);
+        assert_eq!(serial.t_bsum, pooled.t_bsum);
+        assert_eq!(serial.t_isum, pooled.t_isum);
+        // The chunk arrangement holds each row's block values.
+        for r in [0, 15, 16, 36] {
+            for b in 0..serial.kp / 32 {
+                let t = ((r / 16) * (serial.kp / 32) + b) * 16 + r % 16;
+                assert_eq!(
+                    serial.t_scale[t],
+                    serial.lane_scale[r * serial.kp / 4 + 8 * b]
+                );
+                assert_eq!(serial.t_bsum[t], serial.block_sum[r * serial.kp / 32 + b]);
+                assert_eq!(serial.t_isum[t], serial.block_isum[r * serial.kp / 32 + b]);
+            }
+        }
         assert!(pooled.qs.iter().any(|&q| q != 0));
     }
 

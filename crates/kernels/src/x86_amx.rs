@@ -117,9 +117,13 @@ pub(crate) struct Tiles {
     /// The group's scales and mins as f32, 16 per block each.
     scales: Vec<f32>,
     mins: Vec<f32>,
-    /// Two chunks' dots as stored from the accumulator tiles: `[chunk % 2][block][row][16]`.
-    dots: Vec<i32>,
+    /// Two pairs of blocks' dots as stored from the accumulator tiles: `[pair % 2][block of
+    /// the pair][row][16]`.
+    dots: Box<Dots>,
 }
+
+#[repr(C, align(64))]
+struct Dots([i32; 4 * 256]);
 
 impl Tiles {
     /// # Safety
@@ -131,7 +135,7 @@ impl Tiles {
             unpacked: Vec::new(),
             scales: Vec::new(),
             mins: Vec::new(),
-            dots: Vec::new(),
+            dots: Box::new(Dots([0; 4 * 256])),
         }
     }
 }
@@ -172,7 +176,7 @@ macro_rules! pair {
 
 /// Rows of a chunk scaled together in the epilogue (independent chains of fused multiply-adds,
 /// enough to cover their latency).
-const EPI_ROWS: usize = 8;
+const EPI_ROWS: usize = 16;
 
 /// `out[(16 c + j) * m + 16 g16 + i]` for weight rows `16 g16 + i` and the first
 /// `16 * chunks` activation rows.
@@ -200,17 +204,17 @@ pub(crate) unsafe fn group<const L: u8>(
         tiles.unpacked.as_ptr()
     };
     group_scales::<L>(w, base, blocks, tiles);
-    tiles.dots.resize(2 * blocks * 256, 0);
-    let dots = tiles.dots.as_mut_ptr();
-    // All of chunk c + 1's tile multiplies are issued before chunk c's epilogue, into the other
-    // half of `dots`, so that the tile unit works while the vector units scale.
-    let issue = |c: usize| {
-        let ap = a.qs.as_ptr().add(ROWS * c * a.kp);
-        let cp = dots.add((c % 2) * blocks * 256);
-        // kp is a multiple of 64: blocks come in pairs.
-        for p in 0..blocks / 2 {
+    // Two pairs of blocks' dots (4 KiB, so they stay in L1 with the weights): pair p + 1's
+    // multiplies are issued before pair p's epilogue, so that the tile unit works while the
+    // vector units scale.
+    let dots = tiles.dots.0.as_mut_ptr();
+    let pairs = blocks / 2; // kp is a multiple of 64: blocks come in pairs
+    for c in 0..chunks {
+        let a0 = ROWS * c;
+        let issue = |p: usize| {
             let b = 2 * p;
-            let (ap, bp, cp) = (ap.add(32 * b), wq.add(512 * b), cp.add(256 * b));
+            let ap = a.qs.as_ptr().add(a0 * a.kp + 32 * b);
+            let (bp, cp) = (wq.add(512 * b), dots.add(512 * (p % 2)));
             // Alternate accumulator tiles, so that a pair's multiplies need not wait for the
             // previous pair's stores.
             if p % 2 == 0 {
@@ -218,24 +222,32 @@ pub(crate) unsafe fn group<const L: u8>(
             } else {
                 pair!("tmm2", "tmm3", ap, a.kp, bp, cp);
             }
+        };
+        let mut facc = [[_mm512_setzero_ps(); EPI_ROWS]; ROWS / EPI_ROWS];
+        issue(0);
+        for p in 0..pairs {
+            if p + 1 < pairs {
+                issue(p + 1);
+            }
+            let cp = dots.add(512 * (p % 2));
+            for (h, fh) in facc.iter_mut().enumerate() {
+                for k in 0..2 {
+                    let b = 2 * p + k;
+                    epilogue::<L>(
+                        tiles,
+                        b,
+                        a,
+                        a0 + EPI_ROWS * h,
+                        cp.add(256 * k + 16 * EPI_ROWS * h),
+                        fh,
+                    );
+                }
+            }
         }
-    };
-    issue(0);
-    for c in 0..chunks {
-        if c + 1 < chunks {
-            issue(c + 1);
-        }
-        let cp = dots.add((c % 2) * blocks * 256);
-        for j0 in (0..ROWS).step_by(EPI_ROWS) {
-            epilogue::<L>(
-                tiles,
-                blocks,
-                a,
-                ROWS * c + j0,
-                cp.add(16 * j0),
-                out.add(16 * g16),
-                m,
-            );
+        for (h, fh) in facc.iter().enumerate() {
+            for (j, fj) in fh.iter().enumerate() {
+                _mm512_storeu_ps(out.add((a0 + EPI_ROWS * h + j) * m + 16 * g16), *fj);
+            }
         }
     }
 }
@@ -262,48 +274,39 @@ unsafe fn group_scales<const L: u8>(w: &QMatrix, base: usize, blocks: usize, t: 
     }
 }
 
-/// Activation rows `a0..a0 + EPI_ROWS` of one chunk: the VNNI tile's float steps over every
-/// block in order (scale, then min), from the stored dots (`dots[b * 256 + j * 16 + i]` for
-/// row `a0 + j`), written to `out[(a0 + j) * m + i]`.
+/// Block `b`'s contribution to activation rows `a0..a0 + EPI_ROWS`: the VNNI tile's float
+/// steps (scale, then min) from the stored dots (`dots[j * 16 + i]` for row `a0 + j`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
 #[inline]
 unsafe fn epilogue<const L: u8>(
     t: &Tiles,
-    blocks: usize,
+    b: usize,
     a: &QActs,
     a0: usize,
     dots: *const i32,
-    out: *mut f32,
-    m: usize,
+    facc: &mut [__m512; EPI_ROWS],
 ) {
-    let mut facc = [_mm512_setzero_ps(); EPI_ROWS];
-    let ls = a.lane_scale.as_ptr().add(a0 * a.kp / 4);
-    let (bsum, isum) = (
-        a.block_sum.as_ptr().add(a0 * blocks),
-        a.block_isum.as_ptr().add(a0 * blocks),
+    let at = ((a0 / ROWS) * (a.kp / 32) + b) * ROWS + a0 % ROWS;
+    let (sc, bs, is) = (
+        a.t_scale.as_ptr().add(at),
+        a.t_bsum.as_ptr().add(at),
+        a.t_isum.as_ptr().add(at),
     );
-    let lanes = a.kp / 4;
-    for b in 0..blocks {
-        let wd = _mm512_loadu_ps(t.scales.as_ptr().add(16 * b));
-        let wm = _mm512_loadu_ps(t.mins.as_ptr().add(16 * b));
-        for (j, fj) in facc.iter_mut().enumerate() {
-            let mut dot = _mm512_loadu_si512(dots.add(256 * b + 16 * j) as *const _);
-            if L == L_S8 {
-                dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * *isum.add(j * blocks + b)));
-            }
-            let da = *ls.add(j * lanes + 8 * b);
-            *fj = _mm512_fmadd_ps(
-                _mm512_cvtepi32_ps(dot),
-                _mm512_mul_ps(wd, _mm512_set1_ps(da)),
-                *fj,
-            );
-            if L != L_S8 {
-                *fj = _mm512_fmadd_ps(wm, _mm512_set1_ps(*bsum.add(j * blocks + b)), *fj);
-            }
+    let wd = _mm512_loadu_ps(t.scales.as_ptr().add(16 * b));
+    let wm = _mm512_loadu_ps(t.mins.as_ptr().add(16 * b));
+    for (j, fj) in facc.iter_mut().enumerate() {
+        let mut dot = _mm512_loadu_si512(dots.add(16 * j) as *const _);
+        if L == L_S8 {
+            dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * *is.add(j)));
         }
-    }
-    for (j, fj) in facc.iter().enumerate() {
-        _mm512_storeu_ps(out.add((a0 + j) * m), *fj);
+        *fj = _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(dot),
+            _mm512_mul_ps(wd, _mm512_set1_ps(*sc.add(j))),
+            *fj,
+        );
+        if L != L_S8 {
+            *fj = _mm512_fmadd_ps(wm, _mm512_set1_ps(*bs.add(j)), *fj);
+        }
     }
 }
 
