@@ -217,7 +217,7 @@ pub(crate) unsafe fn group<const L: u8>(
             let (bp, cp) = (wq.add(512 * b), dots.add(512 * (p % 2)));
             // Alternate accumulator tiles, so that a pair's multiplies need not wait for the
             // previous pair's stores.
-            if p % 2 == 0 {
+            if p.is_multiple_of(2) {
                 pair!("tmm0", "tmm1", ap, a.kp, bp, cp);
             } else {
                 pair!("tmm2", "tmm3", ap, a.kp, bp, cp);
