@@ -20,6 +20,8 @@ struct RowsMut<'a> {
     t_scale: &'a mut [f32],
     t_bsum: &'a mut [f32],
     t_isum: &'a mut [i32],
+    hsum: &'a mut [i32],
+    t_hsum: &'a mut [i32],
 }
 
 /// Quantized activation rows; allocate once and reuse (re-quantizing never reallocates once
@@ -40,12 +42,18 @@ pub struct QActs {
     /// `rows * kp / 32`: the exact sum of each block's 32 q (the interleaved 8-bit kernel
     /// takes `128 * sum` off its dot against weights stored as `q + 128`).
     pub(crate) block_isum: Vec<i32>,
-    /// The block scales, `block_sum` and `block_isum` again, arranged per 16-row chunk and
+    /// `rows * kp / 16`: the exact sum of each 16 q (Q6_K's zero point of 32 per 16 elements is
+    /// taken off its integer dots as `32 * sum`).
+    pub(crate) half_isum: Vec<i32>,
+    /// The block scales, `block_sum`, `block_isum` and `half_isum` again, arranged per 16-row chunk and
     /// block: element `(chunk * blocks + b) * 16 + row % 16`. The AMX epilogue reads the 16
     /// rows of one block at fixed offsets from one pointer. Rows padded to a multiple of 16.
     pub(crate) t_scale: Vec<f32>,
     pub(crate) t_bsum: Vec<f32>,
     pub(crate) t_isum: Vec<i32>,
+    /// `half_isum` per chunk, block and half: element `((chunk * blocks + b) * 2 + h) * 16 +
+    /// row % 16`.
+    pub(crate) t_hsum: Vec<i32>,
 }
 
 impl QActs {
@@ -68,6 +76,8 @@ impl QActs {
             t_scale: Vec::with_capacity(rows.div_ceil(16) * 16 * kp / 32),
             t_bsum: Vec::with_capacity(rows.div_ceil(16) * 16 * kp / 32),
             t_isum: Vec::with_capacity(rows.div_ceil(16) * 16 * kp / 32),
+            half_isum: Vec::with_capacity(rows * kp / 16),
+            t_hsum: Vec::with_capacity(rows.div_ceil(16) * 16 * kp / 16),
         }
     }
 
@@ -121,6 +131,10 @@ impl QActs {
         }
         self.t_isum.clear();
         self.t_isum.resize(padded * blocks, 0);
+        self.half_isum.clear();
+        self.half_isum.resize(rows * kp / 16, 0);
+        self.t_hsum.clear();
+        self.t_hsum.resize(padded * 2 * blocks, 0);
         let threads = pool.map_or(1, ThreadPool::threads);
         // About 4 pieces a thread, of whole 16-row chunks (so that each piece's part of the
         // chunk-arranged copies is one range).
@@ -135,8 +149,13 @@ impl QActs {
             .zip(self.t_scale.chunks_mut(per * blocks))
             .zip(self.t_bsum.chunks_mut(per * blocks))
             .zip(self.t_isum.chunks_mut(per * blocks))
+            .zip(self.half_isum.chunks_mut(per * kp / 16))
+            .zip(self.t_hsum.chunks_mut(per * 2 * blocks))
             .map(
-                |((((((((x, qs), ls), lsum), bsum), isum), t_scale), t_bsum), t_isum)| {
+                |(
+                    (((((((((x, qs), ls), lsum), bsum), isum), t_scale), t_bsum), t_isum), hsum),
+                    t_hsum,
+                )| {
                     Mutex::new(RowsMut {
                         x,
                         qs,
@@ -147,6 +166,8 @@ impl QActs {
                         t_scale,
                         t_bsum,
                         t_isum,
+                        hsum,
+                        t_hsum,
                     })
                 },
             )
@@ -162,12 +183,17 @@ impl QActs {
                     &mut p.lsum[r * kp / 4..(r + 1) * kp / 4],
                     &mut p.bsum[r * kp / 32..(r + 1) * kp / 32],
                     &mut p.isum[r * kp / 32..(r + 1) * kp / 32],
+                    &mut p.hsum[r * kp / 16..(r + 1) * kp / 16],
                 );
                 for b in 0..blocks {
                     let t = ((r / 16) * blocks + b) * 16 + r % 16;
                     p.t_scale[t] = p.ls[r * kp / 4 + 8 * b];
                     p.t_bsum[t] = p.bsum[r * blocks + b];
                     p.t_isum[t] = p.isum[r * blocks + b];
+                    for h in 0..2 {
+                        let th = (((r / 16) * blocks + b) * 2 + h) * 16 + r % 16;
+                        p.t_hsum[th] = p.hsum[r * 2 * blocks + 2 * b + h];
+                    }
                 }
             }
         };
@@ -233,6 +259,8 @@ mod tests {
         assert_eq!(serial.t_scale, pooled.t_scale);
         assert_eq!(serial.t_bsum, pooled.t_bsum);
         assert_eq!(serial.t_isum, pooled.t_isum);
+        assert_eq!(serial.half_isum, pooled.half_isum);
+        assert_eq!(serial.t_hsum, pooled.t_hsum);
         // The chunk arrangement holds each row's block values.
         for r in [0, 15, 16, 36] {
             for b in 0..serial.kp / 32 {

@@ -232,8 +232,13 @@ pub fn matmul(
     if n == 0 || m == 0 {
         return Ok(());
     }
+    // Interleaved Q6_K has tiles on the VNNI and AMX paths only; others read it portably.
+    let six_il = w.il && w.layout == Layout::U6;
     #[cfg(target_arch = "x86_64")]
-    if w.il && path != KernelPath::Scalar {
+    if w.il
+        && path != KernelPath::Scalar
+        && (!six_il || matches!(path, KernelPath::Avx512Vnni | KernelPath::Amx))
+    {
         matmul_il(path, w, a, out, pool);
         return Ok(());
     }
@@ -284,6 +289,7 @@ macro_rules! pick_il {
                 (Layout::S8, $n) => t::<L_S8, $n> as IlTileFn,
                 (Layout::U5, $n) => t::<L_U5, $n> as IlTileFn,
                 (Layout::U5Min, $n) => t::<L_U5M, $n> as IlTileFn,
+                (Layout::U6, $n) => t::<L_U6, $n> as IlTileFn,
                 (_, $n) => t::<L_U4, $n> as IlTileFn,
             )*
             _ => unreachable!("at most the path's activation rows per interleaved tile"),
@@ -312,14 +318,15 @@ fn matmul_il(path: KernelPath, w: &QMatrix, a: &QActs, out: &mut [f32], pool: &T
     let job = |ci: usize| {
         let outp = &outp;
         // SAFETY: `matmul` checked that the AMX path is available.
-        let mut tiles = (amx_chunks > 0).then(|| unsafe { crate::x86_amx::Tiles::new() });
+        let mut tiles = (amx_chunks > 0).then(|| unsafe { crate::x86_amx::Tiles::new(layout) });
         for g in ci * per..((ci + 1) * per).min(groups) {
             if let Some(tiles) = tiles.as_mut() {
                 let f = match layout {
                     Layout::S8 => crate::x86_amx::group::<L_S8>,
                     Layout::U5 => crate::x86_amx::group::<L_U5>,
                     Layout::U5Min => crate::x86_amx::group::<L_U5M>,
-                    _ => crate::x86_amx::group::<L_U4>,
+                    Layout::U6 => crate::x86_amx::group::<L_U6>,
+                    Layout::U4Min => crate::x86_amx::group::<L_U4>,
                 };
                 // SAFETY: as for the tiles below; `tiles` was made on this thread, and the
                 // first 16 * amx_chunks <= n activation rows exist.

@@ -151,6 +151,7 @@ fn quantize_row_body(
     lane_sum: &mut [f32],
     block_sum: &mut [f32],
     block_isum: &mut [i32],
+    half_isum: &mut [i32],
 ) {
     for (b, xb) in x.chunks(32).enumerate() {
         // |x| with NaN read as 0 (so it cannot become the scale), then a max tree over the
@@ -201,6 +202,9 @@ fn quantize_row_body(
         lane_sum[8 * b + 7] = total - lanes;
         block_sum[b] = total;
         block_isum[b] = sum;
+        let lo: i32 = qb[..16].iter().map(|&v| v as i32).sum();
+        half_isum[2 * b] = lo;
+        half_isum[2 * b + 1] = sum - lo;
     }
 }
 
@@ -267,13 +271,14 @@ multiversion! {
 }
 
 multiversion! {
-    fn quantize_row_any(x: &[f32], q: &mut [i8], lane_scale: &mut [f32], lane_sum: &mut [f32], block_sum: &mut [f32], block_isum: &mut [i32]) => quantize_row_body
+    fn quantize_row_any(x: &[f32], q: &mut [i8], lane_scale: &mut [f32], lane_sum: &mut [f32], block_sum: &mut [f32], block_isum: &mut [i32], half_isum: &mut [i32]) => quantize_row_body
 }
 
 mod quantize;
 
 /// Quantizes one activation row into 8-bit blocks of 32 (see `acts`); the output slices are the
-/// row's padded quants and per-lane scales/sums, pre-zeroed by the caller.
+/// row's padded quants, per-lane scales/sums, per-block sums and per-16 integer sums,
+/// pre-zeroed by the caller.
 pub fn quantize_row(
     x: &[f32],
     q: &mut [i8],
@@ -281,13 +286,18 @@ pub fn quantize_row(
     lane_sum: &mut [f32],
     block_sum: &mut [f32],
     block_isum: &mut [i32],
+    half_isum: &mut [i32],
 ) {
     #[cfg(target_arch = "x86_64")]
     if quantize::available() {
         let whole = x.len() / 32;
         // SAFETY: the features were just detected; the output slices hold a row's padded
         // blocks (at least `whole` of each), as `acts` allocates them.
-        unsafe { quantize::quantize_row_avx512(x, q, lane_scale, lane_sum, block_sum, block_isum) };
+        unsafe {
+            quantize::quantize_row_avx512(
+                x, q, lane_scale, lane_sum, block_sum, block_isum, half_isum,
+            )
+        };
         if whole * 32 == x.len() {
             return;
         }
@@ -298,9 +308,10 @@ pub fn quantize_row(
             &mut lane_sum[8 * whole..],
             &mut block_sum[whole..],
             &mut block_isum[whole..],
+            &mut half_isum[2 * whole..],
         );
     }
-    quantize_row_any(x, q, lane_scale, lane_sum, block_sum, block_isum)
+    quantize_row_any(x, q, lane_scale, lane_sum, block_sum, block_isum, half_isum)
 }
 
 /// Rounds every element to the nearest f16 value (what an f16 KV cache keeps).

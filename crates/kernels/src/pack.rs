@@ -13,8 +13,8 @@
 //!   a 32-element half to bit 4 of its element's byte;
 //! - Q6_K's two top bits sit in a 16-byte plane: bits `2*(e/16)..` of byte `e % 16`.
 //!
-//! Interleaved variant ([`QMatrix::for_ggml_on`] with the AVX2 or VNNI path, for the 4-bit,
-//! 5-bit and 8-bit layouts when the rows are a multiple of 16): rows are taken 16 at a time, and
+//! Interleaved variant ([`QMatrix::for_ggml_on`] with the AVX2, VNNI or AMX path, for the 4-bit,
+//! 5-bit and 8-bit layouts, and 6-bit on VNNI and AMX, when the rows are a multiple of 16): rows are taken 16 at a time, and
 //! for each 32-element block the 16 rows' quants are stored so that one 64-byte load holds 4
 //! consecutive quants of each of the 16 rows (32-bit lane `r` = row `r`; AVX2 reads each
 //! 64-byte unit as two 32-byte halves of 8 rows):
@@ -24,7 +24,9 @@
 //!   row `r` as the unsigned `q + 128`;
 //! - 5-bit: the 4-bit plane as above, plus 64 bytes per (16 rows, block) of fifth bits: bit
 //!   `4 r + t` of little-endian word `k` is the fifth bit of element `4 k + t` of row `r`;
-//! - scales and mins: 16 f16 per (16 rows, block), row order.
+//! - 6-bit (Q6_K, VNNI and AMX paths only): as 8-bit, one byte per quant, `q` unsigned (0..64);
+//!   its two scales per block (one per 16 elements) are consecutive groups;
+//! - scales and mins: 16 f16 per (16 rows, group), row order.
 //!
 //! The products then accumulate a whole block per lane in i32 and apply one scale per block,
 //! and each 16-lane result is 16 consecutive outputs (no horizontal sums).
@@ -173,17 +175,25 @@ impl QMatrix {
         path: crate::KernelPath,
     ) -> Result<QMatrix, Error> {
         let mut m = QMatrix::for_ggml(ty, rows, cols)?;
+        // Q6_K interleaves for the VNNI and AMX tiles only (the AVX2 tile has no 6-bit form).
+        let six = m.layout == Layout::U6
+            && matches!(path, crate::KernelPath::Avx512Vnni | crate::KernelPath::Amx);
         if path.interleaves()
-            && matches!(
-                m.layout,
-                Layout::U4Min | Layout::U5 | Layout::U5Min | Layout::S8
-            )
+            && (six
+                || matches!(
+                    m.layout,
+                    Layout::U4Min | Layout::U5 | Layout::U5Min | Layout::S8
+                ))
             && rows > 0
             && rows.is_multiple_of(16)
         {
             m.il = true;
             if m.layout == Layout::S8 {
                 m.qs.fill(0x80); // unsigned q + 128: zero quants
+            }
+            if six {
+                m.qs = vec![0; rows * m.kp]; // one byte per 6-bit quant
+                m.hi = Vec::new();
             }
         }
         Ok(m)
@@ -286,7 +296,7 @@ impl QMatrix {
     /// Where the quants of block `b` of row `r`'s 16-row group start.
     #[inline]
     fn il_block_base(&self, r: usize, b: usize) -> usize {
-        let bytes = if self.layout == Layout::S8 { 512 } else { 256 };
+        let bytes = if self.il_bytes() { 512 } else { 256 };
         ((r / 16) * (self.kp / 32) + b) * bytes
     }
 
@@ -295,11 +305,17 @@ impl QMatrix {
     #[inline]
     fn il_in_block(&self, rr: usize, i: usize) -> (usize, bool) {
         let (k, t) = (i / 4, i % 4);
-        if self.layout == Layout::S8 {
+        if self.il_bytes() {
             (64 * k + 4 * rr + t, false)
         } else {
             (64 * (k / 2) + 4 * rr + t, k % 2 == 1)
         }
+    }
+
+    /// Whether the interleaved arrangement holds one quant per byte (8-bit and 6-bit layouts).
+    #[inline]
+    fn il_bytes(&self) -> bool {
+        matches!(self.layout, Layout::S8 | Layout::U6)
     }
 
     /// Index of group `gi`'s scale (and min) of row `r`.
@@ -332,6 +348,7 @@ impl QMatrix {
                 let at = base + off;
                 self.qs[at] = match (self.layout, high) {
                     (Layout::S8, _) => v ^ 0x80,
+                    (Layout::U6, _) => v,
                     (_, true) => (self.qs[at] & 0x0F) | ((v & 15) << 4),
                     (_, false) => (self.qs[at] & 0xF0) | (v & 15),
                 };
@@ -418,6 +435,7 @@ impl QMatrix {
             let byte = self.qs[at];
             let q = match (self.layout, high) {
                 (Layout::S8, _) => return byte as i32 - 128,
+                (Layout::U6, _) => return byte as i32,
                 (_, true) => (byte >> 4) as i32,
                 (_, false) => (byte & 15) as i32,
             };

@@ -22,8 +22,8 @@
 #![allow(unsafe_code)]
 
 use crate::acts::QActs;
-use crate::pack::QMatrix;
-use crate::{fifth_bit, stored_min, L_S8, L_U5};
+use crate::pack::{Layout, QMatrix};
+use crate::{fifth_bit, stored_min, L_S8, L_U5, L_U6};
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -83,23 +83,26 @@ fn request_tile_state() -> bool {
 
 /// The tile configuration (palette 1): `tmm0..tmm3` accumulators (16 rows of 16 i32),
 /// `tmm4`/`tmm5` activation quants (16 rows of 32 bytes: one block), `tmm6`/`tmm7` weight
-/// quants (8 rows of 64 bytes: one block of 16 interleaved rows).
+/// quants (8 rows of 64 bytes: one block of 16 interleaved rows); for Q6_K half of that.
 #[repr(C, align(64))]
 struct TileConfig([u8; 64]);
 
 impl TileConfig {
-    fn new() -> TileConfig {
+    /// `six`: Q6_K, whose scales change every 16 elements: a multiply covers half a block
+    /// (activation tiles of 16 bytes a row, weight tiles of 4 rows).
+    fn new(six: bool) -> TileConfig {
         let mut c = [0u8; 64];
         c[0] = 1;
+        let (a_cols, b_rows) = if six { (16, 4) } else { (32, 8) };
         let shapes: [(u16, u8); 8] = [
             (64, 16),
             (64, 16),
             (64, 16),
             (64, 16),
-            (32, 16),
-            (32, 16),
-            (64, 8),
-            (64, 8),
+            (a_cols, 16),
+            (a_cols, 16),
+            (64, b_rows),
+            (64, b_rows),
         ];
         for (t, (colsb, rows)) in shapes.into_iter().enumerate() {
             c[16 + 2 * t..18 + 2 * t].copy_from_slice(&colsb.to_le_bytes());
@@ -126,10 +129,12 @@ pub(crate) struct Tiles {
 struct Dots([i32; 4 * 256]);
 
 impl Tiles {
+    /// Tiles for matrices of layout `layout`.
+    ///
     /// # Safety
     /// [`available`] must have returned true.
-    pub(crate) unsafe fn new() -> Tiles {
-        let cfg = TileConfig::new();
+    pub(crate) unsafe fn new(layout: Layout) -> Tiles {
+        let cfg = TileConfig::new(layout == Layout::U6);
         asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
         Tiles {
             unpacked: Vec::new(),
@@ -147,9 +152,11 @@ impl Drop for Tiles {
     }
 }
 
-/// Two blocks' dots into accumulator tiles `$c0`/`$c1`, stored to `c` and `c + 256` i32.
+/// Two multiplies into accumulator tiles `$c0`/`$c1` (two blocks; the two halves of a Q6_K
+/// block), stored to `c` and `c + 256` i32; the second reads the activations `$as` bytes and
+/// the weights `$bs` bytes after the first.
 macro_rules! pair {
-    ($c0:literal, $c1:literal, $a:expr, $sa:expr, $b:expr, $c:expr) => {
+    ($c0:literal, $c1:literal, $a:expr, $sa:expr, $b:expr, $c:expr, $as:expr, $bs:expr) => {
         asm!(
             concat!("tilezero ", $c0),
             concat!("tilezero ", $c1),
@@ -162,10 +169,10 @@ macro_rules! pair {
             concat!("tilestored [{c} + {sb}*1], ", $c0),
             concat!("tilestored [{c2} + {sb}*1], ", $c1),
             a = in(reg) $a,
-            a2 = in(reg) $a.add(32),
+            a2 = in(reg) $a.add($as),
             sa = in(reg) $sa,
             b = in(reg) $b,
-            b2 = in(reg) $b.add(512),
+            b2 = in(reg) $b.add($bs),
             sb = in(reg) 64usize,
             c = in(reg) $c,
             c2 = in(reg) $c.add(256),
@@ -197,50 +204,52 @@ pub(crate) unsafe fn group<const L: u8>(
 ) {
     let blocks = w.kp / 32;
     let base = g16 * blocks;
-    let wq: *const u8 = if L == L_S8 {
+    let wq: *const u8 = if L == L_S8 || L == L_U6 {
         w.qs.as_ptr().add(base * 512)
     } else {
         unpack::<L>(w, base, blocks, &mut tiles.unpacked);
         tiles.unpacked.as_ptr()
     };
     group_scales::<L>(w, base, blocks, tiles);
-    // Two pairs of blocks' dots (4 KiB, so they stay in L1 with the weights): pair p + 1's
-    // multiplies are issued before pair p's epilogue, so that the tile unit works while the
-    // vector units scale.
+    // A unit is two blocks (kp is a multiple of 64), or one Q6_K block's two halves. Two units'
+    // dots (4 KiB, so they stay in L1 with the weights): unit u + 1's multiplies are issued
+    // before unit u's epilogue, so that the tile unit works while the vector units scale.
     let dots = tiles.dots.0.as_mut_ptr();
-    let pairs = blocks / 2; // kp is a multiple of 64: blocks come in pairs
+    let six = L == L_U6;
+    let (units, unit_a, unit_b) = if six {
+        (blocks, 32, 512)
+    } else {
+        (blocks / 2, 64, 1024)
+    };
     for c in 0..chunks {
         let a0 = ROWS * c;
-        let issue = |p: usize| {
-            let b = 2 * p;
-            let ap = a.qs.as_ptr().add(a0 * a.kp + 32 * b);
-            let (bp, cp) = (wq.add(512 * b), dots.add(512 * (p % 2)));
-            // Alternate accumulator tiles, so that a pair's multiplies need not wait for the
-            // previous pair's stores.
-            if p.is_multiple_of(2) {
-                pair!("tmm0", "tmm1", ap, a.kp, bp, cp);
-            } else {
-                pair!("tmm2", "tmm3", ap, a.kp, bp, cp);
+        let issue = |u: usize| {
+            let ap = a.qs.as_ptr().add(a0 * a.kp + unit_a * u);
+            let (bp, cp) = (wq.add(unit_b * u), dots.add(512 * (u % 2)));
+            // Alternate accumulator tiles, so that a unit's multiplies need not wait for the
+            // previous unit's stores.
+            match (u.is_multiple_of(2), six) {
+                (true, false) => pair!("tmm0", "tmm1", ap, a.kp, bp, cp, 32, 512),
+                (false, false) => pair!("tmm2", "tmm3", ap, a.kp, bp, cp, 32, 512),
+                (true, true) => pair!("tmm0", "tmm1", ap, a.kp, bp, cp, 16, 256),
+                (false, true) => pair!("tmm2", "tmm3", ap, a.kp, bp, cp, 16, 256),
             }
         };
         let mut facc = [[_mm512_setzero_ps(); EPI_ROWS]; ROWS / EPI_ROWS];
         issue(0);
-        for p in 0..pairs {
-            if p + 1 < pairs {
-                issue(p + 1);
+        for u in 0..units {
+            if u + 1 < units {
+                issue(u + 1);
             }
-            let cp = dots.add(512 * (p % 2));
+            let cp = dots.add(512 * (u % 2));
             for (h, fh) in facc.iter_mut().enumerate() {
-                for k in 0..2 {
-                    let b = 2 * p + k;
-                    epilogue::<L>(
-                        tiles,
-                        b,
-                        a,
-                        a0 + EPI_ROWS * h,
-                        cp.add(256 * k + 16 * EPI_ROWS * h),
-                        fh,
-                    );
+                let (r0, d0) = (a0 + EPI_ROWS * h, cp.add(16 * EPI_ROWS * h));
+                if six {
+                    epilogue_six(tiles, u, a, r0, d0, fh);
+                } else {
+                    for k in 0..2 {
+                        epilogue::<L>(tiles, 2 * u + k, a, r0, d0.add(256 * k), fh);
+                    }
                 }
             }
         }
@@ -252,9 +261,53 @@ pub(crate) unsafe fn group<const L: u8>(
     }
 }
 
+/// Q6_K block `b`'s contribution to activation rows `a0..a0 + EPI_ROWS`: the VNNI tile's steps
+/// (`x86_avx512::six_block`): per half, the dot less `32 * sum`, scaled by that half's scale.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
+#[inline]
+unsafe fn epilogue_six(
+    t: &Tiles,
+    b: usize,
+    a: &QActs,
+    a0: usize,
+    dots: *const i32,
+    facc: &mut [__m512; EPI_ROWS],
+) {
+    let blocks = a.kp / 32;
+    let at = ((a0 / ROWS) * blocks + b) * ROWS + a0 % ROWS;
+    let sc = a.t_scale.as_ptr().add(at);
+    let hat = ((a0 / ROWS) * blocks + b) * 2 * ROWS + a0 % ROWS;
+    let wd = [
+        _mm512_loadu_ps(t.scales.as_ptr().add(32 * b)),
+        _mm512_loadu_ps(t.scales.as_ptr().add(32 * b + 16)),
+    ];
+    for (j, fj) in facc.iter_mut().enumerate() {
+        let da = _mm512_set1_ps(*sc.add(j));
+        for (h, wd_h) in wd.iter().enumerate() {
+            let zero = 32 * *a.t_hsum.as_ptr().add(hat + ROWS * h + j);
+            let dot = _mm512_sub_epi32(
+                _mm512_loadu_si512(dots.add(256 * h + 16 * j) as *const _),
+                _mm512_set1_epi32(zero),
+            );
+            *fj = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(*wd_h, da), *fj);
+        }
+    }
+}
+
 /// The group's per-block weight scales and mins as f32 vectors (one lane per weight row).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
 unsafe fn group_scales<const L: u8>(w: &QMatrix, base: usize, blocks: usize, t: &mut Tiles) {
+    if L == L_U6 {
+        // Two scales a block, consecutive groups (`pack`); the min is derived.
+        t.scales.resize(32 * blocks, 0.0);
+        for g in 0..2 * blocks {
+            let wd = _mm512_cvtph_ps(_mm256_loadu_si256(
+                w.scales.as_ptr().add((2 * base + g) * 16) as *const __m256i,
+            ));
+            _mm512_storeu_ps(t.scales.as_mut_ptr().add(16 * g), wd);
+        }
+        return;
+    }
     t.scales.resize(16 * blocks, 0.0);
     t.mins.resize(16 * blocks, 0.0);
     for b in 0..blocks {

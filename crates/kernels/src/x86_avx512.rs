@@ -221,7 +221,7 @@ avx512_tile!(
 ///
 /// # Safety
 /// The CPU must have AVX-512 F/BW/VL, VNNI, F16C and FMA; `w` must be interleaved with layout
-/// `L` (any but `L_U6`), `g16 < w.rows / 16`, rows `a0..a0 + NR` must exist in `a` with
+/// `L`, `g16 < w.rows / 16`, rows `a0..a0 + NR` must exist in `a` with
 /// `a.kp == w.kp`, and `out` must hold `(a0 + NR) * m` floats with `m == w.rows`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
 pub(crate) unsafe fn tile_il<const L: u8, const NR: usize>(
@@ -234,12 +234,22 @@ pub(crate) unsafe fn tile_il<const L: u8, const NR: usize>(
 ) {
     let blocks = w.kp / 32;
     let base = g16 * blocks;
-    let bpb = if L == L_S8 { 512 } else { 256 };
+    let bpb = if L == L_S8 || L == L_U6 { 512 } else { 256 };
     let mut facc = [_mm512_setzero_ps(); NR];
     let low = _mm512_set1_epi8(0x0F);
     for b in 0..blocks {
         let p = w.qs.as_ptr().add((base + b) * bpb);
         let mut wv = [_mm512_setzero_si512(); 8];
+        if L == L_U6 {
+            for (k, v) in wv.iter_mut().enumerate() {
+                _mm_prefetch::<_MM_HINT_T0>(
+                    p.wrapping_add(64 * k + crate::PREFETCH_BYTES) as *const i8
+                );
+                *v = _mm512_loadu_si512(p.add(64 * k) as *const _);
+            }
+            six_block::<NR>(&wv, w, base + b, a, a0, b, &mut facc);
+            continue;
+        }
         if L == L_S8 {
             for (k, v) in wv.iter_mut().enumerate() {
                 _mm_prefetch::<_MM_HINT_T0>(
@@ -312,5 +322,55 @@ pub(crate) unsafe fn tile_il<const L: u8, const NR: usize>(
     }
     for (j, fj) in facc.iter().enumerate() {
         _mm512_storeu_ps(out.add((a0 + j) * m + 16 * g16), *fj);
+    }
+}
+
+/// One Q6_K block of 16 interleaved rows (`wv`, one quant per byte) against activation rows
+/// `a0..a0 + NR`: each 16-element half is an exact integer dot less its zero point `32 * sum`,
+/// then scaled by its own scale (low half first).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
+#[inline]
+unsafe fn six_block<const NR: usize>(
+    wv: &[__m512i; 8],
+    w: &QMatrix,
+    blk: usize,
+    a: &QActs,
+    a0: usize,
+    b: usize,
+    facc: &mut [__m512; NR],
+) {
+    let blocks = w.kp / 32;
+    let si = 2 * blk * 16;
+    let wd = [
+        _mm512_cvtph_ps(_mm256_loadu_si256(
+            w.scales.as_ptr().add(si) as *const __m256i
+        )),
+        _mm512_cvtph_ps(_mm256_loadu_si256(
+            w.scales.as_ptr().add(si + 16) as *const __m256i
+        )),
+    ];
+    for (j, fj) in facc.iter_mut().enumerate() {
+        let row = a0 + j;
+        let ap = a.qs.as_ptr().add(row * w.kp + 32 * b) as *const i32;
+        let da = *a.lane_scale.get_unchecked((row * w.kp + 32 * b) / 4);
+        for (h, wd_h) in wd.iter().enumerate() {
+            let mut c0 = _mm512_setzero_si512();
+            let mut c1 = _mm512_setzero_si512();
+            for k in (4 * h..4 * h + 4).step_by(2) {
+                c0 = _mm512_dpbusd_epi32(c0, wv[k], _mm512_set1_epi32(ap.add(k).read_unaligned()));
+                c1 = _mm512_dpbusd_epi32(
+                    c1,
+                    wv[k + 1],
+                    _mm512_set1_epi32(ap.add(k + 1).read_unaligned()),
+                );
+            }
+            let zero = 32 * *a.half_isum.get_unchecked(row * 2 * blocks + 2 * b + h);
+            let dot = _mm512_sub_epi32(_mm512_add_epi32(c0, c1), _mm512_set1_epi32(zero));
+            *fj = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(dot),
+                _mm512_mul_ps(*wd_h, _mm512_set1_ps(da)),
+                *fj,
+            );
+        }
     }
 }

@@ -24,7 +24,8 @@ pub(super) fn available() -> bool {
 ///
 /// # Safety
 /// [`available`] returned true; `q` holds `32 * blocks`, `lane_scale` and `lane_sum`
-/// `8 * blocks`, `block_sum` and `block_isum` `blocks` elements, `blocks = x.len() / 32`.
+/// `8 * blocks`, `block_sum` and `block_isum` `blocks`, `half_isum` `2 * blocks` elements,
+/// `blocks = x.len() / 32`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
 pub(super) unsafe fn quantize_row_avx512(
@@ -34,6 +35,7 @@ pub(super) unsafe fn quantize_row_avx512(
     lane_sum: &mut [f32],
     block_sum: &mut [f32],
     block_isum: &mut [i32],
+    half_isum: &mut [i32],
 ) {
     let blocks = x.len() / 32;
     assert!(
@@ -42,6 +44,7 @@ pub(super) unsafe fn quantize_row_avx512(
             && lane_sum.len() >= 8 * blocks
             && block_sum.len() >= blocks
             && block_isum.len() >= blocks
+            && half_isum.len() >= 2 * blocks
     );
     let zero = _mm512_setzero_ps();
     let sign = _mm512_set1_epi32(0x7FFF_FFFF);
@@ -95,6 +98,9 @@ pub(super) unsafe fn quantize_row_avx512(
         );
         block_sum[b] = total;
         block_isum[b] = sum;
+        let lo = _mm512_reduce_add_epi32(q0);
+        half_isum[2 * b] = lo;
+        half_isum[2 * b + 1] = sum - lo;
     }
 }
 
@@ -158,7 +164,11 @@ mod tests {
                 .collect();
             let n = 32 * blocks;
             let mut want = (vec![0i8; n], vec![0f32; n / 4], vec![0f32; n / 4]);
-            let mut want_b = (vec![0f32; blocks], vec![0i32; blocks]);
+            let mut want_b = (
+                vec![0f32; blocks],
+                vec![0i32; blocks],
+                vec![0i32; 2 * blocks],
+            );
             super::super::quantize_row_body(
                 &x,
                 &mut want.0,
@@ -166,9 +176,14 @@ mod tests {
                 &mut want.2,
                 &mut want_b.0,
                 &mut want_b.1,
+                &mut want_b.2,
             );
             let mut got = (vec![0i8; n], vec![0f32; n / 4], vec![0f32; n / 4]);
-            let mut got_b = (vec![0f32; blocks], vec![0i32; blocks]);
+            let mut got_b = (
+                vec![0f32; blocks],
+                vec![0i32; blocks],
+                vec![0i32; 2 * blocks],
+            );
             // SAFETY: checked available; the buffers have the documented sizes.
             unsafe {
                 quantize_row_avx512(
@@ -178,6 +193,7 @@ mod tests {
                     &mut got.2,
                     &mut got_b.0,
                     &mut got_b.1,
+                    &mut got_b.2,
                 )
             };
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
@@ -186,6 +202,16 @@ mod tests {
             assert_eq!(bits(&want.2), bits(&got.2), "lane sums, case {case}");
             assert_eq!(bits(&want_b.0), bits(&got_b.0), "block sums, case {case}");
             assert_eq!(want_b.1, got_b.1, "block int sums, case {case}");
+            assert_eq!(want_b.2, got_b.2, "half-block int sums, case {case}");
+            let halves: Vec<i32> = want
+                .0
+                .chunks(16)
+                .map(|h| h.iter().map(|&q| q as i32).sum())
+                .collect();
+            assert_eq!(
+                want_b.2, halves,
+                "half-block int sums are the quants' sums, case {case}"
+            );
         }
     }
 }
