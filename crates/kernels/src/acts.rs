@@ -6,6 +6,7 @@
 //! one fused multiply-add. One scale per 32 elements is at least as precise as Q8_K's one per 256,
 //! so K-quant weights use the same activation blocks.
 
+use crate::lines::Lines;
 use crate::{Error, ThreadPool};
 use std::sync::Mutex;
 
@@ -31,7 +32,9 @@ pub struct QActs {
     pub(crate) rows: usize,
     pub(crate) cols: usize,
     pub(crate) kp: usize,
-    pub(crate) qs: Vec<i8>,
+    /// On cache lines (see `lines`): rows are a multiple of 64 bytes, so every row starts on
+    /// one.
+    pub(crate) qs: Lines<i8>,
     /// `rows * kp / 4`: the block scale of each lane.
     pub(crate) lane_scale: Vec<f32>,
     /// `rows * kp / 4`: `d * (q0 + q1 + q2 + q3)` of each lane.
@@ -68,7 +71,7 @@ impl QActs {
             rows: 0,
             cols: 0,
             kp: 0,
-            qs: Vec::with_capacity(rows * kp),
+            qs: Lines::with_capacity(rows * kp),
             lane_scale: Vec::with_capacity(rows * kp / 4),
             lane_sum: Vec::with_capacity(rows * kp / 4),
             block_sum: Vec::with_capacity(rows * kp / 32),
@@ -114,8 +117,7 @@ impl QActs {
         self.rows = rows;
         self.cols = cols;
         self.kp = kp;
-        self.qs.clear();
-        self.qs.resize(rows * kp, 0);
+        self.qs.zeroed(rows * kp);
         self.lane_scale.clear();
         self.lane_scale.resize(rows * kp / 4, 0.0);
         self.lane_sum.clear();
@@ -251,7 +253,7 @@ mod tests {
         let (mut serial, mut pooled) = (QActs::new(), QActs::new());
         serial.quantize(&x, 37, 200).unwrap();
         pooled.quantize_on(&x, 37, 200, Some(&pool)).unwrap();
-        assert_eq!(serial.qs, pooled.qs);
+        assert_eq!(&*serial.qs, &*pooled.qs);
         assert_eq!(serial.lane_scale, pooled.lane_scale);
         assert_eq!(serial.lane_sum, pooled.lane_sum);
         assert_eq!(serial.block_sum, pooled.block_sum);

@@ -12,6 +12,7 @@
 pub mod acts;
 mod error;
 pub mod formats;
+mod lines;
 mod matmul;
 pub mod ops;
 pub mod pack;

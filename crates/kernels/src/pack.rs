@@ -36,6 +36,7 @@
 //! <= 2^-11, far below the 4/5/6-bit quantization step).
 
 use crate::formats::{f16_at, k45_fields, k45_q, k4_scale_min, q5_fields, q5_q, q6k_q, GgmlType};
+use crate::lines::Lines;
 use crate::Error;
 use half::f16;
 
@@ -106,7 +107,8 @@ pub struct QMatrix {
     pub(crate) kp: usize,
     pub(crate) layout: Layout,
     pub(crate) source: GgmlType,
-    pub(crate) qs: Vec<u8>,
+    /// On cache lines (see `lines`).
+    pub(crate) qs: Lines<u8>,
     pub(crate) hi: Vec<u8>,
     /// f16 bits, `rows * kp / group`.
     pub(crate) scales: Vec<u16>,
@@ -192,7 +194,7 @@ impl QMatrix {
                 m.qs.fill(0x80); // unsigned q + 128: zero quants
             }
             if six {
-                m.qs = vec![0; rows * m.kp]; // one byte per 6-bit quant
+                m.qs = Lines::filled(rows * m.kp, 0); // one byte per 6-bit quant
                 m.hi = Vec::new();
             }
         }
@@ -273,7 +275,7 @@ impl QMatrix {
             kp,
             layout,
             source,
-            qs: vec![0; rows * chunks * layout.qs_per_chunk()],
+            qs: Lines::filled(rows * chunks * layout.qs_per_chunk(), 0),
             hi: vec![0; rows * chunks * layout.hi_per_chunk()],
             scales: vec![0; rows * groups],
             mins: if layout.stored_min() {

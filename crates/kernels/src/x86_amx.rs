@@ -22,6 +22,7 @@
 #![allow(unsafe_code)]
 
 use crate::acts::QActs;
+use crate::lines::Lines;
 use crate::pack::{Layout, QMatrix};
 use crate::{fifth_bit, stored_min, L_S8, L_U5, L_U6};
 use std::arch::asm;
@@ -115,8 +116,9 @@ impl TileConfig {
 /// The tiles of one pool job: configured when made, released when dropped (so a thread never
 /// keeps tile state, or a stale configuration, past the job that loaded it).
 pub(crate) struct Tiles {
-    /// The weight blocks of one 16-row group, unpacked to bytes (4- and 5-bit layouts).
-    unpacked: Vec<u8>,
+    /// The weight blocks of one 16-row group, unpacked to bytes (4- and 5-bit layouts), on
+    /// cache lines (a tile row straddling two lines costs a second access).
+    unpacked: Lines<u8>,
     /// The group's scales and mins as f32, 16 per block each.
     scales: Vec<f32>,
     mins: Vec<f32>,
@@ -137,7 +139,7 @@ impl Tiles {
         let cfg = TileConfig::new(layout == Layout::U6);
         asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
         Tiles {
-            unpacked: Vec::new(),
+            unpacked: Lines::default(),
             scales: Vec::new(),
             mins: Vec::new(),
             dots: Box::new(Dots([0; 4 * 256])),
@@ -264,7 +266,7 @@ pub(crate) unsafe fn group<const L: u8>(
 /// Q6_K block `b`'s contribution to activation rows `a0..a0 + EPI_ROWS`: the VNNI tile's steps
 /// (`x86_avx512::six_block`): per half, the dot less `32 * sum`, scaled by that half's scale.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
-#[inline]
+#[inline(never)]
 unsafe fn epilogue_six(
     t: &Tiles,
     b: usize,
@@ -365,8 +367,9 @@ unsafe fn epilogue<const L: u8>(
 
 /// The 16-row group's blocks as bytes, 512 per block: 8 rows of 64 (the VNNI tile's `wv`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
-unsafe fn unpack<const L: u8>(w: &QMatrix, base: usize, blocks: usize, dst: &mut Vec<u8>) {
-    dst.resize(blocks * 512, 0);
+unsafe fn unpack<const L: u8>(w: &QMatrix, base: usize, blocks: usize, dst: &mut Lines<u8>) {
+    dst.set_len(blocks * 512);
+    let dst = dst.as_mut_ptr();
     let low = _mm512_set1_epi8(0x0F);
     for b in 0..blocks {
         let p = w.qs.as_ptr().add((base + b) * 256);
@@ -384,7 +387,7 @@ unsafe fn unpack<const L: u8>(w: &QMatrix, base: usize, blocks: usize, dst: &mut
             }
         }
         for (k, v) in wv.iter().enumerate() {
-            _mm512_storeu_si512(dst.as_mut_ptr().add(512 * b + 64 * k) as *mut _, *v);
+            _mm512_store_si512(dst.add(512 * b + 64 * k) as *mut _, *v);
         }
     }
 }
