@@ -180,12 +180,14 @@ impl QActs {
             for r in 0..p.x.len() / cols.max(1) {
                 crate::ops::quantize_row(
                     &p.x[r * cols..(r + 1) * cols],
-                    &mut p.qs[r * kp..(r + 1) * kp],
-                    &mut p.ls[r * kp / 4..(r + 1) * kp / 4],
-                    &mut p.lsum[r * kp / 4..(r + 1) * kp / 4],
-                    &mut p.bsum[r * kp / 32..(r + 1) * kp / 32],
-                    &mut p.isum[r * kp / 32..(r + 1) * kp / 32],
-                    &mut p.hsum[r * kp / 16..(r + 1) * kp / 16],
+                    crate::ops::QuantRow {
+                        q: &mut p.qs[r * kp..(r + 1) * kp],
+                        lane_scale: &mut p.ls[r * kp / 4..(r + 1) * kp / 4],
+                        lane_sum: &mut p.lsum[r * kp / 4..(r + 1) * kp / 4],
+                        block_sum: &mut p.bsum[r * kp / 32..(r + 1) * kp / 32],
+                        block_isum: &mut p.isum[r * kp / 32..(r + 1) * kp / 32],
+                        half_isum: &mut p.hsum[r * kp / 16..(r + 1) * kp / 16],
+                    },
                 );
                 for b in 0..blocks {
                     let t = ((r / 16) * blocks + b) * 16 + r % 16;

@@ -143,16 +143,41 @@ fn rms_norm_body(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// One activation row's quantized form (see `acts`): its padded quants, per-lane scales and
+/// sums, per-block sums (f16-rounded and exact) and exact per-16 sums, each slice the row's own.
+pub struct QuantRow<'a> {
+    pub q: &'a mut [i8],
+    pub lane_scale: &'a mut [f32],
+    pub lane_sum: &'a mut [f32],
+    pub block_sum: &'a mut [f32],
+    pub block_isum: &'a mut [i32],
+    pub half_isum: &'a mut [i32],
+}
+
+impl QuantRow<'_> {
+    /// The part of the row from block `b` on.
+    fn from_block(&mut self, b: usize) -> QuantRow<'_> {
+        QuantRow {
+            q: &mut self.q[32 * b..],
+            lane_scale: &mut self.lane_scale[8 * b..],
+            lane_sum: &mut self.lane_sum[8 * b..],
+            block_sum: &mut self.block_sum[b..],
+            block_isum: &mut self.block_isum[b..],
+            half_isum: &mut self.half_isum[2 * b..],
+        }
+    }
+}
+
 #[inline(always)]
-fn quantize_row_body(
-    x: &[f32],
-    q: &mut [i8],
-    lane_scale: &mut [f32],
-    lane_sum: &mut [f32],
-    block_sum: &mut [f32],
-    block_isum: &mut [i32],
-    half_isum: &mut [i32],
-) {
+fn quantize_row_body(x: &[f32], out: QuantRow<'_>) {
+    let QuantRow {
+        q,
+        lane_scale,
+        lane_sum,
+        block_sum,
+        block_isum,
+        half_isum,
+    } = out;
     for (b, xb) in x.chunks(32).enumerate() {
         // |x| with NaN read as 0 (so it cannot become the scale), then a max tree over the
         // 32 values (vectorizes; the max of NaN-free values does not depend on the order).
@@ -271,47 +296,26 @@ multiversion! {
 }
 
 multiversion! {
-    fn quantize_row_any(x: &[f32], q: &mut [i8], lane_scale: &mut [f32], lane_sum: &mut [f32], block_sum: &mut [f32], block_isum: &mut [i32], half_isum: &mut [i32]) => quantize_row_body
+    fn quantize_row_any(x: &[f32], out: QuantRow<'_>) => quantize_row_body
 }
 
 mod quantize;
 
-/// Quantizes one activation row into 8-bit blocks of 32 (see `acts`); the output slices are the
-/// row's padded quants, per-lane scales/sums, per-block sums and per-16 integer sums,
-/// pre-zeroed by the caller.
-pub fn quantize_row(
-    x: &[f32],
-    q: &mut [i8],
-    lane_scale: &mut [f32],
-    lane_sum: &mut [f32],
-    block_sum: &mut [f32],
-    block_isum: &mut [i32],
-    half_isum: &mut [i32],
-) {
+/// Quantizes one activation row into 8-bit blocks of 32 (see `acts`) into `out`, pre-zeroed by
+/// the caller.
+pub fn quantize_row(x: &[f32], mut out: QuantRow<'_>) {
     #[cfg(target_arch = "x86_64")]
     if quantize::available() {
         let whole = x.len() / 32;
         // SAFETY: the features were just detected; the output slices hold a row's padded
         // blocks (at least `whole` of each), as `acts` allocates them.
-        unsafe {
-            quantize::quantize_row_avx512(
-                x, q, lane_scale, lane_sum, block_sum, block_isum, half_isum,
-            )
-        };
-        if whole * 32 == x.len() {
-            return;
+        unsafe { quantize::quantize_row_avx512(x, &mut out) };
+        if whole * 32 < x.len() {
+            quantize_row_any(&x[32 * whole..], out.from_block(whole));
         }
-        return quantize_row_any(
-            &x[32 * whole..],
-            &mut q[32 * whole..],
-            &mut lane_scale[8 * whole..],
-            &mut lane_sum[8 * whole..],
-            &mut block_sum[whole..],
-            &mut block_isum[whole..],
-            &mut half_isum[2 * whole..],
-        );
+        return;
     }
-    quantize_row_any(x, q, lane_scale, lane_sum, block_sum, block_isum, half_isum)
+    quantize_row_any(x, out)
 }
 
 /// Rounds every element to the nearest f16 value (what an f16 KV cache keeps).

@@ -24,7 +24,7 @@
 use crate::acts::QActs;
 use crate::lines::Lines;
 use crate::pack::{Layout, QMatrix};
-use crate::{fifth_bit, stored_min, L_S8, L_U5, L_U6};
+use crate::{L_S8, L_U6};
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -247,7 +247,7 @@ pub(crate) unsafe fn group<const L: u8>(
             for (h, fh) in facc.iter_mut().enumerate() {
                 let (r0, d0) = (a0 + EPI_ROWS * h, cp.add(16 * EPI_ROWS * h));
                 if six {
-                    epilogue_six(tiles, u, a, r0, d0, fh);
+                    epilogue::<L>(tiles, u, a, r0, d0, fh);
                 } else {
                     for k in 0..2 {
                         epilogue::<L>(tiles, 2 * u + k, a, r0, d0.add(256 * k), fh);
@@ -259,39 +259,6 @@ pub(crate) unsafe fn group<const L: u8>(
             for (j, fj) in fh.iter().enumerate() {
                 _mm512_storeu_ps(out.add((a0 + EPI_ROWS * h + j) * m + 16 * g16), *fj);
             }
-        }
-    }
-}
-
-/// Q6_K block `b`'s contribution to activation rows `a0..a0 + EPI_ROWS`: the VNNI tile's steps
-/// (`x86_avx512::six_block`): per half, the dot less `32 * sum`, scaled by that half's scale.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
-#[inline(never)]
-unsafe fn epilogue_six(
-    t: &Tiles,
-    b: usize,
-    a: &QActs,
-    a0: usize,
-    dots: *const i32,
-    facc: &mut [__m512; EPI_ROWS],
-) {
-    let blocks = a.kp / 32;
-    let at = ((a0 / ROWS) * blocks + b) * ROWS + a0 % ROWS;
-    let sc = a.t_scale.as_ptr().add(at);
-    let hat = ((a0 / ROWS) * blocks + b) * 2 * ROWS + a0 % ROWS;
-    let wd = [
-        _mm512_loadu_ps(t.scales.as_ptr().add(32 * b)),
-        _mm512_loadu_ps(t.scales.as_ptr().add(32 * b + 16)),
-    ];
-    for (j, fj) in facc.iter_mut().enumerate() {
-        let da = _mm512_set1_ps(*sc.add(j));
-        for (h, wd_h) in wd.iter().enumerate() {
-            let zero = 32 * *a.t_hsum.as_ptr().add(hat + ROWS * h + j);
-            let dot = _mm512_sub_epi32(
-                _mm512_loadu_si512(dots.add(256 * h + 16 * j) as *const _),
-                _mm512_set1_epi32(zero),
-            );
-            *fj = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(*wd_h, da), *fj);
         }
     }
 }
@@ -313,24 +280,16 @@ unsafe fn group_scales<const L: u8>(w: &QMatrix, base: usize, blocks: usize, t: 
     t.scales.resize(16 * blocks, 0.0);
     t.mins.resize(16 * blocks, 0.0);
     for b in 0..blocks {
-        let si = (base + b) * 16;
-        let wd = _mm512_cvtph_ps(_mm256_loadu_si256(
-            w.scales.as_ptr().add(si) as *const __m256i
-        ));
-        let wm = if stored_min(L) {
-            _mm512_cvtph_ps(_mm256_loadu_si256(w.mins.as_ptr().add(si) as *const __m256i))
-        } else if L == L_U5 {
-            _mm512_mul_ps(wd, _mm512_set1_ps(-16.0))
-        } else {
-            _mm512_setzero_ps()
-        };
+        let (wd, wm) = crate::x86_avx512::il_scales::<L>(w, base + b);
         _mm512_storeu_ps(t.scales.as_mut_ptr().add(16 * b), wd);
         _mm512_storeu_ps(t.mins.as_mut_ptr().add(16 * b), wm);
     }
 }
 
 /// Block `b`'s contribution to activation rows `a0..a0 + EPI_ROWS`: the VNNI tile's float
-/// steps (scale, then min) from the stored dots (`dots[j * 16 + i]` for row `a0 + j`).
+/// steps (scale, then min) from the stored dots (`dots[j * 16 + i]` for row `a0 + j`). For
+/// Q6_K (`x86_avx512::six_block`), per half: the dot less `32 * sum`, scaled by that half's
+/// scale (the halves' dots 256 apart).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
 #[inline]
 unsafe fn epilogue<const L: u8>(
@@ -341,6 +300,28 @@ unsafe fn epilogue<const L: u8>(
     dots: *const i32,
     facc: &mut [__m512; EPI_ROWS],
 ) {
+    if L == L_U6 {
+        let blocks = a.kp / 32;
+        let at = ((a0 / ROWS) * blocks + b) * ROWS + a0 % ROWS;
+        let sc = a.t_scale.as_ptr().add(at);
+        let hat = ((a0 / ROWS) * blocks + b) * 2 * ROWS + a0 % ROWS;
+        let wd = [
+            _mm512_loadu_ps(t.scales.as_ptr().add(32 * b)),
+            _mm512_loadu_ps(t.scales.as_ptr().add(32 * b + 16)),
+        ];
+        for (j, fj) in facc.iter_mut().enumerate() {
+            let da = _mm512_set1_ps(*sc.add(j));
+            for (h, wd_h) in wd.iter().enumerate() {
+                let zero = 32 * *a.t_hsum.as_ptr().add(hat + ROWS * h + j);
+                let dot = _mm512_sub_epi32(
+                    _mm512_loadu_si512(dots.add(256 * h + 16 * j) as *const _),
+                    _mm512_set1_epi32(zero),
+                );
+                *fj = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(*wd_h, da), *fj);
+            }
+        }
+        return;
+    }
     let at = ((a0 / ROWS) * (a.kp / 32) + b) * ROWS + a0 % ROWS;
     let (sc, bs, is) = (
         a.t_scale.as_ptr().add(at),
@@ -370,22 +351,8 @@ unsafe fn epilogue<const L: u8>(
 unsafe fn unpack<const L: u8>(w: &QMatrix, base: usize, blocks: usize, dst: &mut Lines<u8>) {
     dst.set_len(blocks * 512);
     let dst = dst.as_mut_ptr();
-    let low = _mm512_set1_epi8(0x0F);
     for b in 0..blocks {
-        let p = w.qs.as_ptr().add((base + b) * 256);
-        let mut wv = [_mm512_setzero_si512(); 8];
-        for h in 0..4 {
-            let v = _mm512_loadu_si512(p.add(64 * h) as *const _);
-            wv[2 * h] = _mm512_and_si512(v, low);
-            wv[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
-        }
-        if fifth_bit(L) {
-            let hp = w.hi.as_ptr().add((base + b) * 64) as *const u64;
-            for (k, v) in wv.iter_mut().enumerate() {
-                let bits = hp.add(k).read_unaligned();
-                *v = _mm512_or_si512(*v, _mm512_maskz_set1_epi8(bits, 0x10));
-            }
-        }
+        let wv = crate::x86_avx512::il_block::<L>(w, base + b);
         for (k, v) in wv.iter().enumerate() {
             _mm512_store_si512(dst.add(512 * b + 64 * k) as *mut _, *v);
         }

@@ -210,6 +210,62 @@ avx512_tile!(
     dot_vnni
 );
 
+/// Interleaved block `blk` (of the whole matrix) as the 8 vectors of bytes a tile multiplies:
+/// vector `k` holds quants `4k..4k + 4` of each of the 16 rows (nibbles split and fifth bits
+/// added for the 4- and 5-bit layouts; read as stored for the 8-bit and 6-bit ones).
+///
+/// # Safety
+/// As for [`tile_il`]; `blk` is inside `w`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
+#[inline]
+pub(crate) unsafe fn il_block<const L: u8>(w: &QMatrix, blk: usize) -> [__m512i; 8] {
+    let mut wv = [_mm512_setzero_si512(); 8];
+    if L == L_S8 || L == L_U6 {
+        let p = w.qs.as_ptr().add(blk * 512);
+        for (k, v) in wv.iter_mut().enumerate() {
+            *v = _mm512_loadu_si512(p.add(64 * k) as *const _);
+        }
+        return wv;
+    }
+    let p = w.qs.as_ptr().add(blk * 256);
+    let low = _mm512_set1_epi8(0x0F);
+    for h in 0..4 {
+        let v = _mm512_loadu_si512(p.add(64 * h) as *const _);
+        wv[2 * h] = _mm512_and_si512(v, low);
+        wv[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+    }
+    if fifth_bit(L) {
+        let hp = w.hi.as_ptr().add(blk * 64) as *const u64;
+        for (k, v) in wv.iter_mut().enumerate() {
+            let bits = hp.add(k).read_unaligned();
+            *v = _mm512_or_si512(*v, _mm512_maskz_set1_epi8(bits, 0x10));
+        }
+    }
+    wv
+}
+
+/// The 16 rows' scale and min of interleaved block `blk` (layouts with one group a block; the
+/// min derived for Q5_0, zero for 8-bit).
+///
+/// # Safety
+/// As for [`il_block`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
+#[inline]
+pub(crate) unsafe fn il_scales<const L: u8>(w: &QMatrix, blk: usize) -> (__m512, __m512) {
+    let si = blk * 16;
+    let wd = _mm512_cvtph_ps(_mm256_loadu_si256(
+        w.scales.as_ptr().add(si) as *const __m256i
+    ));
+    let wm = if stored_min(L) {
+        _mm512_cvtph_ps(_mm256_loadu_si256(w.mins.as_ptr().add(si) as *const __m256i))
+    } else if L == L_U5 {
+        _mm512_mul_ps(wd, _mm512_set1_ps(-16.0))
+    } else {
+        _mm512_setzero_ps()
+    };
+    (wd, wm)
+}
+
 /// Sixteen weight rows of an interleaved matrix (see `pack`) times activation rows
 /// `a0..a0 + NR`, written to `out[(a0 + j) * m + 16 * g16 ..][..16]`.
 ///
@@ -236,55 +292,17 @@ pub(crate) unsafe fn tile_il<const L: u8, const NR: usize>(
     let base = g16 * blocks;
     let bpb = if L == L_S8 || L == L_U6 { 512 } else { 256 };
     let mut facc = [_mm512_setzero_ps(); NR];
-    let low = _mm512_set1_epi8(0x0F);
     for b in 0..blocks {
         let p = w.qs.as_ptr().add((base + b) * bpb);
-        let mut wv = [_mm512_setzero_si512(); 8];
+        for k in 0..bpb / 64 {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * k + crate::PREFETCH_BYTES) as *const i8);
+        }
+        let wv = il_block::<L>(w, base + b);
         if L == L_U6 {
-            for (k, v) in wv.iter_mut().enumerate() {
-                _mm_prefetch::<_MM_HINT_T0>(
-                    p.wrapping_add(64 * k + crate::PREFETCH_BYTES) as *const i8
-                );
-                *v = _mm512_loadu_si512(p.add(64 * k) as *const _);
-            }
             six_block::<NR>(&wv, w, base + b, a, a0, b, &mut facc);
             continue;
         }
-        if L == L_S8 {
-            for (k, v) in wv.iter_mut().enumerate() {
-                _mm_prefetch::<_MM_HINT_T0>(
-                    p.wrapping_add(64 * k + crate::PREFETCH_BYTES) as *const i8
-                );
-                *v = _mm512_loadu_si512(p.add(64 * k) as *const _);
-            }
-        } else {
-            for h in 0..4 {
-                _mm_prefetch::<_MM_HINT_T0>(
-                    p.wrapping_add(64 * h + crate::PREFETCH_BYTES) as *const i8
-                );
-                let v = _mm512_loadu_si512(p.add(64 * h) as *const _);
-                wv[2 * h] = _mm512_and_si512(v, low);
-                wv[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
-            }
-            if fifth_bit(L) {
-                let hp = w.hi.as_ptr().add((base + b) * 64) as *const u64;
-                for (k, v) in wv.iter_mut().enumerate() {
-                    let bits = hp.add(k).read_unaligned();
-                    *v = _mm512_or_si512(*v, _mm512_maskz_set1_epi8(bits, 0x10));
-                }
-            }
-        }
-        let si = (base + b) * 16;
-        let wd = _mm512_cvtph_ps(_mm256_loadu_si256(
-            w.scales.as_ptr().add(si) as *const __m256i
-        ));
-        let wm = if stored_min(L) {
-            _mm512_cvtph_ps(_mm256_loadu_si256(w.mins.as_ptr().add(si) as *const __m256i))
-        } else if L == L_U5 {
-            _mm512_mul_ps(wd, _mm512_set1_ps(-16.0))
-        } else {
-            _mm512_setzero_ps()
-        };
+        let (wd, wm) = il_scales::<L>(w, base + b);
         for (j, fj) in facc.iter_mut().enumerate() {
             let row = a0 + j;
             let ap = a.qs.as_ptr().add(row * w.kp + 32 * b) as *const i32;

@@ -7,6 +7,7 @@
 // detecting the features, and every index is inside the slices it was given (checked below).
 #![allow(unsafe_code)]
 
+use super::QuantRow;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -23,21 +24,20 @@ pub(super) fn available() -> bool {
 /// as `quantize_row_body` writes them.
 ///
 /// # Safety
-/// [`available`] returned true; `q` holds `32 * blocks`, `lane_scale` and `lane_sum`
+/// [`available`] returned true; `out.q` holds `32 * blocks`, `lane_scale` and `lane_sum`
 /// `8 * blocks`, `block_sum` and `block_isum` `blocks`, `half_isum` `2 * blocks` elements,
 /// `blocks = x.len() / 32`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
-pub(super) unsafe fn quantize_row_avx512(
-    x: &[f32],
-    q: &mut [i8],
-    lane_scale: &mut [f32],
-    lane_sum: &mut [f32],
-    block_sum: &mut [f32],
-    block_isum: &mut [i32],
-    half_isum: &mut [i32],
-) {
+pub(super) unsafe fn quantize_row_avx512(x: &[f32], out: &mut QuantRow<'_>) {
     let blocks = x.len() / 32;
+    let q = &mut *out.q;
+    let (lane_scale, lane_sum) = (&mut *out.lane_scale, &mut *out.lane_sum);
+    let (block_sum, block_isum, half_isum) = (
+        &mut *out.block_sum,
+        &mut *out.block_isum,
+        &mut *out.half_isum,
+    );
     assert!(
         q.len() >= 32 * blocks
             && lane_scale.len() >= 8 * blocks
@@ -171,12 +171,14 @@ mod tests {
             );
             super::super::quantize_row_body(
                 &x,
-                &mut want.0,
-                &mut want.1,
-                &mut want.2,
-                &mut want_b.0,
-                &mut want_b.1,
-                &mut want_b.2,
+                QuantRow {
+                    q: &mut want.0,
+                    lane_scale: &mut want.1,
+                    lane_sum: &mut want.2,
+                    block_sum: &mut want_b.0,
+                    block_isum: &mut want_b.1,
+                    half_isum: &mut want_b.2,
+                },
             );
             let mut got = (vec![0i8; n], vec![0f32; n / 4], vec![0f32; n / 4]);
             let mut got_b = (
@@ -188,12 +190,14 @@ mod tests {
             unsafe {
                 quantize_row_avx512(
                     &x,
-                    &mut got.0,
-                    &mut got.1,
-                    &mut got.2,
-                    &mut got_b.0,
-                    &mut got_b.1,
-                    &mut got_b.2,
+                    &mut QuantRow {
+                        q: &mut got.0,
+                        lane_scale: &mut got.1,
+                        lane_sum: &mut got.2,
+                        block_sum: &mut got_b.0,
+                        block_isum: &mut got_b.1,
+                        half_isum: &mut got_b.2,
+                    },
                 )
             };
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
