@@ -156,7 +156,7 @@ pub struct QuantRow<'a> {
 
 impl QuantRow<'_> {
     /// The part of the row from block `b` on.
-    fn from_block(&mut self, b: usize) -> QuantRow<'_> {
+    fn tail_from(&mut self, b: usize) -> QuantRow<'_> {
         QuantRow {
             q: &mut self.q[32 * b..],
             lane_scale: &mut self.lane_scale[8 * b..],
@@ -311,7 +311,7 @@ pub fn quantize_row(x: &[f32], mut out: QuantRow<'_>) {
         // blocks (at least `whole` of each), as `acts` allocates them.
         unsafe { quantize::quantize_row_avx512(x, &mut out) };
         if whole * 32 < x.len() {
-            quantize_row_any(&x[32 * whole..], out.from_block(whole));
+            quantize_row_any(&x[32 * whole..], out.tail_from(whole));
         }
         return;
     }
