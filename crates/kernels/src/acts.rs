@@ -10,6 +10,13 @@ use crate::lines::Lines;
 use crate::{Error, ThreadPool};
 use std::sync::Mutex;
 
+/// `v` in pieces of `n`, then empty pieces without end (so that an empty `v` zips with the
+/// other buffers' pieces).
+fn pieces_or_empty<T>(v: &mut [T], n: usize) -> impl Iterator<Item = &mut [T]> {
+    v.chunks_mut(n.max(1))
+        .chain(std::iter::repeat_with(|| &mut [][..]))
+}
+
 /// One piece of rows of the input and of every output buffer.
 struct RowsMut<'a> {
     x: &'a [f32],
@@ -126,16 +133,24 @@ impl QActs {
         self.block_sum.resize(rows * kp / 32, 0.0);
         self.block_isum.clear();
         self.block_isum.resize(rows * kp / 32, 0);
-        let (blocks, padded) = (kp / 32, rows.div_ceil(16) * 16);
+        self.half_isum.clear();
+        self.half_isum.resize(rows * kp / 16, 0);
+        // The chunk-arranged copies only for what AMX reads: batches of 16 rows or more (a
+        // decode step's few rows skip them).
+        let blocks = kp / 32;
+        let padded = if rows >= 16 {
+            rows.div_ceil(16) * 16
+        } else {
+            0
+        };
         for t in [&mut self.t_scale, &mut self.t_bsum] {
             t.clear();
             t.resize(padded * blocks, 0.0);
         }
-        self.t_isum.clear();
+        for t in [&mut self.t_isum, &mut self.t_hsum] {
+            t.clear();
+        }
         self.t_isum.resize(padded * blocks, 0);
-        self.half_isum.clear();
-        self.half_isum.resize(rows * kp / 16, 0);
-        self.t_hsum.clear();
         self.t_hsum.resize(padded * 2 * blocks, 0);
         let threads = pool.map_or(1, ThreadPool::threads);
         // About 4 pieces a thread, of whole 16-row chunks (so that each piece's part of the
@@ -148,11 +163,11 @@ impl QActs {
             .zip(self.lane_sum.chunks_mut(per * kp / 4))
             .zip(self.block_sum.chunks_mut(per * kp / 32))
             .zip(self.block_isum.chunks_mut(per * kp / 32))
-            .zip(self.t_scale.chunks_mut(per * blocks))
-            .zip(self.t_bsum.chunks_mut(per * blocks))
-            .zip(self.t_isum.chunks_mut(per * blocks))
+            .zip(pieces_or_empty(&mut self.t_scale, per * blocks))
+            .zip(pieces_or_empty(&mut self.t_bsum, per * blocks))
+            .zip(pieces_or_empty(&mut self.t_isum, per * blocks))
             .zip(self.half_isum.chunks_mut(per * kp / 16))
-            .zip(self.t_hsum.chunks_mut(per * 2 * blocks))
+            .zip(pieces_or_empty(&mut self.t_hsum, per * 2 * blocks))
             .map(
                 |(
                     (((((((((x, qs), ls), lsum), bsum), isum), t_scale), t_bsum), t_isum), hsum),
@@ -189,6 +204,9 @@ impl QActs {
                         half_isum: &mut p.hsum[r * kp / 16..(r + 1) * kp / 16],
                     },
                 );
+                if p.t_scale.is_empty() {
+                    continue;
+                }
                 for b in 0..blocks {
                     let t = ((r / 16) * blocks + b) * 16 + r % 16;
                     p.t_scale[t] = p.ls[r * kp / 4 + 8 * b];
@@ -278,6 +296,16 @@ mod tests {
             }
         }
         assert!(pooled.qs.iter().any(|&q| q != 0));
+    }
+
+    #[test]
+    fn rows_fewer_than_a_tile_skip_the_chunk_copies() {
+        let mut a = QActs::new();
+        a.quantize(&[0.5; 3 * 64], 3, 64).unwrap();
+        assert!(a.t_scale.is_empty() && a.t_hsum.is_empty());
+        assert_eq!(a.half_isum.len(), 3 * 4);
+        a.quantize(&[0.5; 17 * 64], 17, 64).unwrap();
+        assert_eq!(a.t_scale.len(), 32 * 2);
     }
 
     #[test]
