@@ -1,7 +1,8 @@
-//! Host-side pieces of the candle forward that run per sequence and per position: RoPE with each
-//! row's own position, writing K/V into a sequence's preallocated cache in place, and causal
-//! (optionally sliding-window) attention over that cache. Plain f32 slices, parallel over rows.
+//! RoPE's angles as ggml computes them, shared by both backends, and (in tests) a plain host
+//! reference of causal, optionally sliding-window attention over one cache per sequence, which
+//! the candle backend's device attention is checked against.
 
+#[cfg(test)]
 use rayon::prelude::*;
 
 /// How RoPE pairs the dimensions of a head.
@@ -60,6 +61,7 @@ pub(crate) fn rope_angles(
     }
 }
 
+#[cfg(test)]
 /// Rotates `x` (`n_heads` heads of `head_dim` each, one position) in place (angles as
 /// [`rope_angles`]).
 pub(crate) fn rope_row(
@@ -87,6 +89,7 @@ pub(crate) fn rope_row(
     }
 }
 
+#[cfg(test)]
 /// RMS-normalises each `dim`-wide chunk of `x` in place with weight `w`.
 pub(crate) fn rms_norm_chunks(x: &mut [f32], w: &[f32], eps: f32) {
     let dim = w.len();
@@ -99,6 +102,7 @@ pub(crate) fn rms_norm_chunks(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
+#[cfg(test)]
 /// Rounds to the nearest f16 value, as llama.cpp's default f16 KV cache and its f16 attention
 /// products do; matching that rounding keeps greedy tokens equal to llama.cpp's.
 #[inline]
@@ -106,6 +110,7 @@ pub(crate) fn round_f16(x: f32) -> f32 {
     half::f16::from_f32(x).to_f32()
 }
 
+#[cfg(test)]
 /// Rounds every element of `x` to f16 precision in place.
 pub(crate) fn round_f16_slice(x: &mut [f32]) {
     for v in x {
@@ -113,6 +118,7 @@ pub(crate) fn round_f16_slice(x: &mut [f32]) {
     }
 }
 
+#[cfg(test)]
 /// One query row of a batch: which sequence cache it reads and at which absolute position.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RowRef {
@@ -122,6 +128,7 @@ pub(crate) struct RowRef {
     pub pos: usize,
 }
 
+#[cfg(test)]
 /// Attention shape for one layer.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct AttnShape {
@@ -135,6 +142,7 @@ pub(crate) struct AttnShape {
     pub f16_kv: bool,
 }
 
+#[cfg(test)]
 /// Causal attention for every row: `q` is `[rows, n_head*head_dim]`, `caches[step]` is the
 /// step's (K, V) layer cache `[capacity, n_head_kv*head_dim]` already holding this row's own
 /// K/V. Writes `out` `[rows, n_head*head_dim]`. With `f16_kv`, as llama.cpp with an f16 cache

@@ -18,8 +18,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Tensor};
 
 use crate::attn::RopeStyle;
-use crate::candle_llama::{Activation, CandleModel, Embeddings, GateUp, Layer, Qkv};
-use crate::config::KvPrecision;
+use crate::candle_llama::{Activation, CandleModel, Embeddings, GateUp, Layer, Linear, Parts, Qkv};
 use crate::gguf::{self, Arch, GgufFile, Hparams};
 use crate::Error;
 
@@ -41,9 +40,15 @@ impl<'f> Tensors<'f> {
         Ok(t)
     }
 
-    fn matmul(&mut self, name: &str) -> Result<QMatMul, Error> {
+    fn matmul(&mut self, name: &str) -> Result<Linear, Error> {
         let device = self.device;
-        Ok(QMatMul::from_qtensor(self.qtensor(name, device)?)?)
+        Ok(Linear(QMatMul::from_qtensor(self.qtensor(name, device)?)?))
+    }
+
+    /// A vector of `len` values (biases, per-head norms) on the device, f32.
+    fn vector(&mut self, name: &str, len: usize) -> Result<Tensor, Error> {
+        let v = self.host(name, len)?;
+        Ok(Tensor::from_vec(v, len, self.device)?)
     }
 
     /// A (small) weight dequantized to f32 on the device.
@@ -69,12 +74,12 @@ impl<'f> Tensors<'f> {
     }
 
     /// Embedding table (host) and output head (device); a missing `output.weight` means tied.
-    fn embeddings_and_output(&mut self) -> Result<(Embeddings, QMatMul), Error> {
+    fn embeddings_and_output(&mut self) -> Result<(Embeddings, Linear), Error> {
         let table = Arc::new(self.qtensor("token_embd.weight", &Device::Cpu)?);
         let output = if self.has("output.weight") {
             self.matmul("output.weight")?
         } else if self.device.is_cpu() {
-            QMatMul::from_arc(Arc::clone(&table))?
+            Linear(QMatMul::from_arc(Arc::clone(&table))?)
         } else {
             self.matmul("token_embd.weight")?
         };
@@ -125,17 +130,18 @@ pub(crate) fn from_gguf(
         };
         let bias = |s: &str| format!("blk.{il}.{s}.bias");
         let qkv_bias = if t.has(&bias("attn_q")) {
-            let mut b = t.host(&bias("attn_q"), qd)?;
-            b.extend(t.host(&bias("attn_k"), kvd)?);
-            b.extend(t.host(&bias("attn_v"), kvd)?);
-            Some(b)
+            Some([
+                t.vector(&bias("attn_q"), qd)?,
+                t.vector(&bias("attn_k"), kvd)?,
+                t.vector(&bias("attn_v"), kvd)?,
+            ])
         } else {
             None
         };
         let (q_norm, k_norm) = if t.has(&p("attn_q_norm")) {
             (
-                Some(t.host(&p("attn_q_norm"), hd)?),
-                Some(t.host(&p("attn_k_norm"), hd)?),
+                Some(t.vector(&p("attn_q_norm"), hd)?),
+                Some(t.vector(&p("attn_k_norm"), hd)?),
             )
         } else {
             (None, None)
@@ -181,10 +187,8 @@ pub(crate) fn from_gguf(
     let factors = factors.map(|n| t.host(n, hd / 2)).transpose()?;
     let norm = t.dense("output_norm.weight")?;
     t.finish(&hp.arch_name)?;
-    Ok(CandleModel {
+    let parts = Parts {
         norm,
-        attn_scale: 1.0 / (hd as f32).sqrt(),
-        kv: KvPrecision::default(),
         embed_scale: gemma.then(|| (hp.n_embd as f64).sqrt()),
         rope: if hp.arch.neox_rope() {
             RopeStyle::Neox
@@ -197,10 +201,9 @@ pub(crate) fn from_gguf(
         } else {
             Activation::Silu
         },
-        device: device.clone(),
         embeddings,
         layers,
         output,
-        hp,
-    })
+    };
+    Ok(CandleModel::new(hp, device, parts))
 }

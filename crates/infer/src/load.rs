@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 
+use crate::candle_llama::CandleModel;
 use crate::config::{BackendChoice, KvPrecision, TextModelConfig, WeightSource};
 use crate::gguf::{Arch, GgufFile, Hparams};
 use crate::model::{device_for, resolve_backend, Backend, TextModel};
@@ -104,7 +105,7 @@ fn load_path(
         Some(m) => Box::new(m),
         None => {
             let mut m = crate::candle_gguf::from_gguf(&file, hp.clone(), device)?;
-            m.kv = cfg.kv_precision;
+            m.configure(cfg.kv_precision, CandleModel::act_for(device))?;
             Box::new(m)
         }
     };
@@ -207,14 +208,15 @@ fn load_safetensors(
         .unwrap_or_else(|| dir.join("tokenizer.json"));
     let tokenizer = crate::tokenizer::from_files(&tokenizer_json, cfg.chat_template.as_deref())?;
     let mut backend = crate::candle_llama::from_hf_tensors(tensors, hp.clone(), device)?;
-    backend.kv = cfg.kv_precision;
+    backend.configure(cfg.kv_precision, CandleModel::act_for(device))?;
     TextModel::assemble(hp, Box::new(backend), tokenizer, bytes, cfg.threads)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{tiny_hparams, tiny_tensors, Step};
+    use crate::model::Step;
+    use crate::random::{tiny_hparams, tiny_tensors};
 
     #[test]
     fn a_missing_weights_file_names_the_file_and_the_fetch_script() {

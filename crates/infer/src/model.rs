@@ -1,15 +1,12 @@
 //! `TextModel` (immutable weights + a forward backend), `Sequence` (one KV cache) and the batched
 //! `forward` over `Step`s.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use candle_core::{DType, Device, Tensor};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use candle_core::Device;
 
 use crate::config::{BackendChoice, DeviceSpec, TextModelConfig};
-use crate::gguf::{Arch, Hparams};
+use crate::gguf::Hparams;
 use crate::tokenizer::TextTokenizer;
 use crate::Error;
 
@@ -29,25 +26,47 @@ pub struct ModelInfo {
 
 /// One sequence's KV cache, preallocated for `capacity` positions and written in place.
 ///
-/// Layout (shared by every backend): for each layer `l`, `k[l]` and `v[l]` are `[f32]` slices
-/// (of one mapping per cache, `kv.rs`) of `capacity * kv_dim` elements, row-major `[position][kv_head][head_dim]`, with
-/// `kv_dim = n_head_kv * head_dim`. K is stored after RoPE. Positions `0..len` are valid.
+/// Host backends (the fast CPU path) keep it in `k` and `v`: for each layer `l`, `k[l]` and
+/// `v[l]` are `[f32]` slices (of one mapping per cache, `kv.rs`) of `capacity * kv_dim`
+/// elements, row-major `[position][kv_head][head_dim]`, with `kv_dim = n_head_kv * head_dim`.
+/// The candle backend keeps it on its device instead (`device`, blocks of its model's pool,
+/// `device_kv.rs`; then `k` and `v` hold no positions). K is stored after RoPE. Positions
+/// `0..len` are valid.
 #[derive(Debug)]
 pub struct Sequence {
     pub(crate) k: crate::kv::KvCache,
     pub(crate) v: crate::kv::KvCache,
+    pub(crate) device: Option<crate::device_kv::DeviceKv>,
     pub(crate) len: usize,
     pub(crate) capacity: usize,
     pub(crate) kv_dim: usize,
 }
 
 impl Sequence {
-    /// An empty cache of `capacity` positions for `layers` layers of `kv_dim` floats.
+    /// An empty host cache of `capacity` positions for `layers` layers of `kv_dim` floats.
     pub(crate) fn empty(layers: usize, kv_dim: usize, capacity: usize) -> Result<Self, Error> {
         let alloc = || crate::kv::KvCache::new(layers, capacity * kv_dim);
         Ok(Sequence {
             k: alloc()?,
             v: alloc()?,
+            device: None,
+            len: 0,
+            capacity,
+            kv_dim,
+        })
+    }
+    /// An empty cache of `capacity` positions in blocks of `pool` (the candle backend's).
+    pub(crate) fn on_device(
+        pool: &crate::device_kv::SharedPool,
+        layers: usize,
+        kv_dim: usize,
+        capacity: usize,
+    ) -> Result<Self, Error> {
+        let none = || crate::kv::KvCache::new(layers, 0);
+        Ok(Sequence {
+            k: none()?,
+            v: none()?,
+            device: Some(pool.reserve(capacity)?),
             len: 0,
             capacity,
             kv_dim,
@@ -82,17 +101,36 @@ impl Sequence {
             return 0;
         }
         let len = len.min(from.len).min(self.capacity);
-        let n = len * self.kv_dim;
-        for il in 0..self.k.len() {
-            self.k[il][..n].copy_from_slice(&from.k[il][..n]);
-            self.v[il][..n].copy_from_slice(&from.v[il][..n]);
+        match (&mut self.device, &from.device) {
+            (None, None) => {
+                let n = len * self.kv_dim;
+                for il in 0..self.k.len() {
+                    self.k[il][..n].copy_from_slice(&from.k[il][..n]);
+                    self.v[il][..n].copy_from_slice(&from.v[il][..n]);
+                }
+            }
+            (Some(to), Some(src)) if to.pool().same(src.pool()) => {
+                if let Err(e) = to.copy_from(src, len) {
+                    tracing::warn!(error = %e, "copying a cached prefix on the device failed");
+                    self.len = 0;
+                    return 0;
+                }
+            }
+            _ => {
+                self.len = 0;
+                return 0;
+            }
         }
         self.len = len;
         len
     }
     /// Bytes of KV memory this sequence reserved.
     pub fn kv_bytes(&self) -> usize {
-        2 * self.k.len() * self.capacity * self.kv_dim * std::mem::size_of::<f32>()
+        let elem = self
+            .device
+            .as_ref()
+            .map_or(std::mem::size_of::<f32>(), |d| d.dtype().size_in_bytes());
+        2 * self.k.len() * self.capacity * self.kv_dim * elem
     }
 }
 
@@ -108,6 +146,24 @@ pub struct Step<'a> {
 pub(crate) trait Backend: Send {
     fn name(&self) -> &'static str;
     fn forward(&mut self, steps: &mut [Step<'_>], logits: &mut Vec<f32>) -> Result<(), Error>;
+    /// A fresh cache for `capacity` positions where this backend keeps it (host memory unless
+    /// the backend says otherwise).
+    fn new_sequence(
+        &self,
+        layers: usize,
+        kv_dim: usize,
+        capacity: usize,
+    ) -> Result<Sequence, Error> {
+        Sequence::empty(layers, kv_dim, capacity)
+    }
+    /// Whether `seq`'s cache is one this backend made (checked before every step).
+    fn accepts(&self, seq: &Sequence) -> bool {
+        seq.device.is_none()
+    }
+    /// Most rows one call computes; a step of more runs as several calls (`pieces.rs`).
+    fn max_rows(&self) -> usize {
+        crate::pieces::MAX_ROWS
+    }
 }
 
 /// A loaded text model: immutable weights, one forward backend, its tokenizer. Owned by one
@@ -185,8 +241,9 @@ impl TextModel {
     /// of everything above the model. Same seed => same model => same tokens.
     pub fn tiny_random(seed: u64) -> TextModel {
         let tokenizer = crate::tokenizer::tiny();
-        let hp = tiny_hparams(tokenizer.vocab_size());
-        let tensors = tiny_tensors(&hp, seed).expect("tiny tensors build on the CPU");
+        let hp = crate::random::tiny_hparams(tokenizer.vocab_size());
+        let tensors =
+            crate::random::tiny_tensors(&hp, seed).expect("tiny tensors build on the CPU");
         let backend = crate::candle_llama::from_hf_tensors(tensors, hp.clone(), &Device::Cpu)
             .expect("tiny tensors have every llama weight");
         TextModel::assemble(hp, Box::new(backend), tokenizer, 0, 1).expect("one thread starts")
@@ -215,12 +272,14 @@ impl TextModel {
                 max: self.hp.context_length,
             });
         }
-        Sequence::empty(self.hp.n_layer, self.hp.kv_dim(), max_tokens)
+        self.backend
+            .new_sequence(self.hp.n_layer, self.hp.kv_dim(), max_tokens)
     }
 
     /// One batched step: appends each step's tokens to its sequence and returns the logits of
     /// each step's last position, row-major `[steps.len() * vocab_size]`. On error no sequence
-    /// advances. More than 512 rows in all run as several backend calls (`pieces.rs`).
+    /// advances. More rows than the backend takes at once (512 on the CPU) run as several
+    /// backend calls (`pieces.rs`).
     pub fn forward(&mut self, steps: &mut [Step<'_>]) -> Result<&[f32], Error> {
         self.validate(steps)?;
         if steps.is_empty() {
@@ -234,7 +293,7 @@ impl TextModel {
             hp,
             ..
         } = self;
-        let (vocab, max_rows) = (hp.vocab_size, crate::pieces::MAX_ROWS);
+        let (vocab, max_rows) = (hp.vocab_size, backend.max_rows());
         pool.install(|| crate::pieces::forward(&mut **backend, steps, logits, vocab, max_rows))?;
         Ok(&self.logits)
     }
@@ -245,7 +304,10 @@ impl TextModel {
             if st.tokens.is_empty() {
                 return Err(Error::InvalidBatch(format!("step {i} has no tokens")));
             }
-            if st.seq.k.len() != self.hp.n_layer || st.seq.kv_dim != self.hp.kv_dim() {
+            if st.seq.k.len() != self.hp.n_layer
+                || st.seq.kv_dim != self.hp.kv_dim()
+                || !self.backend.accepts(st.seq)
+            {
                 return Err(Error::InvalidBatch(format!(
                     "step {i}'s sequence was made by another model"
                 )));
@@ -275,73 +337,6 @@ impl TextModel {
         }
         Ok(())
     }
-}
-
-pub(crate) fn tiny_hparams(vocab_size: usize) -> Hparams {
-    Hparams {
-        arch: Arch::Llama,
-        arch_name: "llama".into(),
-        n_layer: 2,
-        n_embd: 64,
-        n_ff: 128,
-        n_head: 4,
-        n_head_kv: 2,
-        head_dim: 16,
-        context_length: 4096,
-        rms_eps: 1e-5,
-        rope_theta: 10_000.0,
-        rope_theta_local: 10_000.0,
-        sliding_window: None,
-        sliding_window_pattern: 1,
-        vocab_size,
-        rope_freq_scale: 1.0,
-        rope_attn_factor: 1.0,
-    }
-}
-
-/// Seeded random llama weights under Hugging Face names.
-pub(crate) fn tiny_tensors(hp: &Hparams, seed: u64) -> Result<HashMap<String, Tensor>, Error> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut t = HashMap::new();
-    let mut rand = |rows: usize, cols: usize, scale: f32| -> Result<Tensor, Error> {
-        let data: Vec<f32> = (0..rows * cols)
-            .map(|_| (rng.gen::<f32>() * 2.0 - 1.0) * scale)
-            .collect();
-        Ok(Tensor::from_vec(data, (rows, cols), &Device::Cpu)?)
-    };
-    let (e, f, qd, kvd) = (hp.n_embd, hp.n_ff, hp.n_head * hp.head_dim, hp.kv_dim());
-    let s = 1.0 / (e as f32).sqrt();
-    t.insert(
-        "model.embed_tokens.weight".to_string(),
-        rand(hp.vocab_size, e, 1.0)?,
-    );
-    for il in 0..hp.n_layer {
-        let p = |n: &str| format!("model.layers.{il}.{n}.weight");
-        t.insert(p("self_attn.q_proj"), rand(qd, e, s)?);
-        t.insert(p("self_attn.k_proj"), rand(kvd, e, s)?);
-        t.insert(p("self_attn.v_proj"), rand(kvd, e, s)?);
-        t.insert(p("self_attn.o_proj"), rand(e, qd, s)?);
-        t.insert(p("mlp.gate_proj"), rand(f, e, s)?);
-        t.insert(p("mlp.up_proj"), rand(f, e, s)?);
-        t.insert(p("mlp.down_proj"), rand(e, f, 1.0 / (f as f32).sqrt())?);
-        t.insert(
-            p("input_layernorm"),
-            Tensor::ones(e, DType::F32, &Device::Cpu)?,
-        );
-        t.insert(
-            p("post_attention_layernorm"),
-            Tensor::ones(e, DType::F32, &Device::Cpu)?,
-        );
-    }
-    t.insert(
-        "model.norm.weight".to_string(),
-        Tensor::ones(e, DType::F32, &Device::Cpu)?,
-    );
-    t.insert(
-        "lm_head.weight".to_string(),
-        rand(hp.vocab_size, e, 4.0 * s)?,
-    );
-    Ok(t)
 }
 
 /// Which backend to build for a device and choice. The hand-written CPU path (`src/fast/`) slots
@@ -523,6 +518,53 @@ mod tests {
             m.new_sequence(1 << 30),
             Err(Error::SequenceTooLong { .. })
         ));
+    }
+
+    #[test]
+    fn a_cache_made_by_another_model_is_refused_and_a_copied_prefix_gives_the_same_logits() {
+        let (mut a, b) = (TextModel::tiny_random(6), TextModel::tiny_random(6));
+        let mut foreign = b.new_sequence(8).unwrap();
+        let err = a
+            .forward(&mut [Step {
+                seq: &mut foreign,
+                tokens: &[1, 2],
+            }])
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidBatch(_)), "{err}");
+        let mut host = Sequence::empty(2, 32, 8).unwrap();
+        let err = a
+            .forward(&mut [Step {
+                seq: &mut host,
+                tokens: &[1],
+            }])
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidBatch(_)), "{err}");
+        // Another model's cache copies nothing; this model's copies its positions.
+        let mut src = a.new_sequence(40).unwrap();
+        let prompt: Vec<u32> = (3..33).collect();
+        a.forward(&mut [Step {
+            seq: &mut src,
+            tokens: &prompt,
+        }])
+        .unwrap();
+        let mut dst = a.new_sequence(40).unwrap();
+        assert_eq!(dst.copy_prefix(&foreign, 5), 0);
+        assert_eq!(dst.copy_prefix(&src, 20), 20);
+        let copied = a
+            .forward(&mut [Step {
+                seq: &mut dst,
+                tokens: &prompt[20..],
+            }])
+            .unwrap()
+            .to_vec();
+        let mut fresh = a.new_sequence(40).unwrap();
+        let whole = a
+            .forward(&mut [Step {
+                seq: &mut fresh,
+                tokens: &prompt,
+            }])
+            .unwrap();
+        assert_eq!(copied, whole);
     }
 
     #[test]

@@ -121,15 +121,16 @@ fn write_model_with(
     path
 }
 
-fn new_seq(hp: &Hparams, cap: usize) -> Sequence {
-    Sequence::empty(hp.n_layer, hp.kv_dim(), cap).unwrap()
+/// A cache of `cap` positions where backend `b` keeps it.
+fn new_seq(b: &dyn Backend, hp: &Hparams, cap: usize) -> Sequence {
+    b.new_sequence(hp.n_layer, hp.kv_dim(), cap).unwrap()
 }
 
 /// Runs the same schedule (two sequences: a prefill, then mixed prefill-chunk + decode steps)
 /// through a backend and returns every step's logits.
 fn run_schedule(b: &mut dyn Backend, hp: &Hparams) -> Vec<Vec<f32>> {
-    let mut s1 = new_seq(hp, 64);
-    let mut s2 = new_seq(hp, 64);
+    let mut s1 = new_seq(b, hp, 64);
+    let mut s2 = new_seq(b, hp, 64);
     let p1: Vec<u32> = (0..9).map(|i| (i * 31 + 7) % VOCAB as u32).collect();
     let p2: Vec<u32> = (0..13).map(|i| (i * 17 + 3) % VOCAB as u32).collect();
     let mut out = Vec::new();
@@ -305,7 +306,7 @@ fn smollm2_greedy_tokens_equal_the_candle_backend() {
         1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198,
     ];
     let greedy = |b: &mut dyn Backend| -> Vec<u32> {
-        let mut seq = new_seq(&hp, 64);
+        let mut seq = new_seq(b, &hp, 64);
         let mut logits = Vec::new();
         let mut next = prompt.clone();
         let mut out = Vec::new();
@@ -433,7 +434,7 @@ fn linear_rope_scaling_rotates_by_scaled_positions() {
         let file = GgufFile::open(path).unwrap();
         let hp = Hparams::from_gguf(&file.content).unwrap();
         let mut m = from_gguf(path, &file.content, hp.clone(), 1).unwrap();
-        let mut seq = new_seq(&hp, 8);
+        let mut seq = new_seq(&m, &hp, 8);
         let mut out = Vec::new();
         for t in [5u32, 9] {
             let mut logits = Vec::new();

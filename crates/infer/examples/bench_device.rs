@@ -1,0 +1,123 @@
+//! Batched prefill and decode throughput of the candle backend on a device (a GPU under CUDA),
+//! on a llama-shaped model with random weights made on that device (`TextModel::random`; no
+//! files), at several stream counts.
+//!
+//! `bench_device [--device cuda] [--streams 1,8,32,64] [--prompt 128] [--gen 64]
+//!  [--layers 16 --hidden 2048 --heads 32 --kv-heads 8 --ff 8192 --vocab 32768]`
+//!
+//! For each stream count: one prefill call of all the streams' prompts (random ids), then
+//! `--gen` decode steps of one row per stream, each bringing the logits back and picking the
+//! next tokens greedily on the host, as the scheduler does. A warm-up round runs first. Prints
+//! one JSON line per stream count: prefill and decode tokens per second, and the time of one
+//! decode step.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use hearth_infer::{DeviceSpec, LlamaShape, Step, TextModel};
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench_device: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), String> {
+    let mut shape = LlamaShape::default();
+    let (mut device, mut streams, mut prompt, mut gen) =
+        ("cuda".to_string(), vec![1, 8, 32, 64], 128usize, 64usize);
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let val = args.next().ok_or(format!("{flag} needs a value"))?;
+        let num = || val.parse::<usize>().map_err(|e| format!("{flag}: {e}"));
+        match flag.as_str() {
+            "--device" => device = val.clone(),
+            "--streams" => {
+                streams = val
+                    .split(',')
+                    .map(|s| s.parse().map_err(|e| format!("--streams: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--prompt" => prompt = num()?,
+            "--gen" => gen = num()?,
+            "--layers" => shape.layers = num()?,
+            "--hidden" => shape.hidden = num()?,
+            "--heads" => shape.heads = num()?,
+            "--kv-heads" => shape.kv_heads = num()?,
+            "--ff" => shape.ff = num()?,
+            "--vocab" => shape.vocab = num()?,
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    let spec: DeviceSpec = device.parse()?;
+    let t = Instant::now();
+    let mut model = TextModel::random(shape, spec, 7).map_err(|e| e.to_string())?;
+    eprintln!(
+        "model: {:.2}B parameters, made in {:.1} s on {device}",
+        shape.parameters() as f64 / 1e9,
+        t.elapsed().as_secs_f64()
+    );
+    round(&mut model, 2, 16, 4)?; // warm-up: kernels loaded, the cache pool allocated
+    for &b in &streams {
+        let (prefill, decode) = round(&mut model, b, prompt, gen)?;
+        println!(
+            "{{\"streams\":{b},\"prompt\":{prompt},\"gen\":{gen},\"prefill_tok_s\":{:.1},\"decode_tok_s\":{:.1},\"decode_step_ms\":{:.3}}}",
+            (b * prompt) as f64 / prefill,
+            (b * gen) as f64 / decode,
+            decode / gen as f64 * 1e3
+        );
+    }
+    Ok(())
+}
+
+/// One round of `b` streams: (prefill seconds, decode seconds).
+fn round(m: &mut TextModel, b: usize, prompt: usize, gen: usize) -> Result<(f64, f64), String> {
+    let vocab = m.info().vocab_size;
+    let mut seqs = (0..b)
+        .map(|_| m.new_sequence(prompt + gen))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    let prompts: Vec<Vec<u32>> = (0..b)
+        .map(|i| {
+            (0..prompt)
+                .map(|j| ((i * 7919 + j * 104_729) % vocab) as u32)
+                .collect()
+        })
+        .collect();
+    let t = Instant::now();
+    let mut steps: Vec<Step> = seqs
+        .iter_mut()
+        .zip(&prompts)
+        .map(|(seq, p)| Step { seq, tokens: p })
+        .collect();
+    let mut next = pick(m.forward(&mut steps).map_err(|e| e.to_string())?, vocab);
+    let prefill = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for _ in 0..gen {
+        let toks: Vec<[u32; 1]> = next.iter().map(|&id| [id]).collect();
+        let mut steps: Vec<Step> = seqs
+            .iter_mut()
+            .zip(&toks)
+            .map(|(seq, tok)| Step { seq, tokens: tok })
+            .collect();
+        next = pick(m.forward(&mut steps).map_err(|e| e.to_string())?, vocab);
+    }
+    Ok((prefill, t.elapsed().as_secs_f64()))
+}
+
+/// Each row's greedy token.
+fn pick(logits: &[f32], vocab: usize) -> Vec<u32> {
+    logits
+        .chunks_exact(vocab)
+        .map(|row| {
+            row.iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .map_or(0, |(i, _)| i as u32)
+        })
+        .collect()
+}
