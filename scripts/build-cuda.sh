@@ -9,14 +9,20 @@
 #
 #   scripts/build-cuda.sh            # build target/cuda/release/hearth
 #   CUDA_COMPUTE_CAP=80 scripts/build-cuda.sh   # another GPU generation (default 90: H100/H200)
+#   scripts/build-cuda.sh -p hearth-infer --example bench_device   # other cargo targets
+#   FEATURES=cudnn scripts/build-cuda.sh   # convolutions on cuDNN 9 (libcudnn.so.9 where it runs)
 #
-# env: CUDA_WHEELS (the wheel version, default 13.5.37), CUDA_CCCL (libcu++, default 13.3.5.0.6),
+# The toolkit is CUDA 13.0 by default: the PTX its nvcc writes is loaded by the driver at start,
+# and a driver runs only PTX of its own CUDA version or older (the lent H100/H200 machines have
+# driver 580, CUDA 13.0; PTX from a 13.5 nvcc is refused there).
+#
+# env: CUDA_WHEELS (the wheel version, default 13.0.88), CUDA_CCCL (libcu++, default 13.0.85),
 #      CARGO_TARGET_DIR (default target/cuda, apart from the CPU build's).
 # Not run by scripts/test.sh (CI): a cold build takes about 20 minutes on 2 cores.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-VER="${CUDA_WHEELS:-13.5.37}"
-CCCL="${CUDA_CCCL:-13.3.5.0.6}"
+VER="${CUDA_WHEELS:-13.0.88}"
+CCCL="${CUDA_CCCL:-13.0.85}"
 DEST="$ROOT/.cache/cuda-13"
 TOOLKIT="$DEST/nvidia/cu13"
 
@@ -63,6 +69,15 @@ print(next(os.path.dirname(p["manifest_path"]) for p in pkgs if p["name"] == "cu
     done
     ln -sf libcudart.so.13 "$STUBS/libcudart.so"
 fi
+if [ ! -e "$STUBS/libcudnn.so" ]; then
+    cudarc_src="$(cd "$ROOT" && cargo metadata --format-version 1 --features cuda 2>/dev/null | python3 -c '
+import json, os, sys
+pkgs = json.load(sys.stdin)["packages"]
+print(next(os.path.dirname(p["manifest_path"]) for p in pkgs if p["name"] == "cudarc"))')/src"
+    grep -hoE "^pub unsafe fn [A-Za-z0-9_]+" "$cudarc_src/cudnn/sys/mod.rs" | awk '{print $4}' |
+        sort -u | sed 's/.*/void &(void) {}/' >"$DEST/stub-cudnn.c"
+    cc -shared -fPIC -o "$STUBS/libcudnn.so" -Wl,-soname,libcudnn.so.9 "$DEST/stub-cudnn.c"
+fi
 
 "$TOOLKIT/bin/nvcc" --version | tail -1
 major_minor="$(echo "$VER" | cut -d. -f1,2)"
@@ -78,5 +93,11 @@ export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}"
 export PATH="$TOOLKIT/bin:$PATH"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target/cuda}"
 cd "$ROOT"
-cargo build --release --features cuda
-echo "built $CARGO_TARGET_DIR/release/hearth (CUDA $VER, compute capability $CUDA_COMPUTE_CAP)"
+FEATURES="${FEATURES:-cuda}"
+if [ "$#" -gt 0 ]; then
+    cargo build --release --features "$FEATURES" "$@"
+    echo "built $* in $CARGO_TARGET_DIR/release (CUDA $VER, compute capability $CUDA_COMPUTE_CAP)"
+else
+    cargo build --release --features "$FEATURES"
+    echo "built $CARGO_TARGET_DIR/release/hearth (CUDA $VER, compute capability $CUDA_COMPUTE_CAP)"
+fi

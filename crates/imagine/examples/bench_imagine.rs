@@ -1,10 +1,13 @@
 //! Image generation benchmark: seconds per image and per denoising step.
 //!
 //! `cargo run --release -p hearth-imagine --example bench_imagine -- [--model DIR] [--sizes 512,1024]
-//!  [--steps 4] [--runs 3] [--device cpu|cuda] [--dtype f32|f16|bf16] [--save DIR]`
+//!  [--steps 4] [--runs 3] [--device cpu|cuda] [--dtype f32|f16|bf16] [--guidance 2.0]
+//!  [--random-full] [--save DIR]`
 //!
 //! Without `--model` it writes the tiny SDXL-shaped test model to a temporary folder and times
-//! that. Each size gets one warm-up image, then `--runs` timed images (seeds 1..=runs); the
+//! that; with `--random-full`, the full-size SDXL base shapes with random weights made on the
+//! device (`SdxlPipeline::random`: no weights can be had here). `--guidance 0` runs without
+//! classifier-free guidance (one UNet batch row per step), as SDXL-Lightning does. Each size gets one warm-up image, then `--runs` timed images (seeds 1..=runs); the
 //! report gives the mean of: prompt encoding, each UNet step, the VAE decode, PNG encoding, and
 //! the whole image. The last line is JSON for scripts. `--save DIR` writes each size's last image
 //! as `DIR/bench-<size>.png`.
@@ -26,6 +29,8 @@ struct Args {
     device: String,
     dtype: Option<String>,
     save: Option<PathBuf>,
+    guidance: f64,
+    random_full: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -37,6 +42,8 @@ fn parse_args() -> Result<Args, String> {
         device: "cpu".into(),
         dtype: None,
         save: None,
+        guidance: 2.0,
+        random_full: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -54,6 +61,8 @@ fn parse_args() -> Result<Args, String> {
             "--device" => a.device = val()?,
             "--dtype" => a.dtype = Some(val()?),
             "--save" => a.save = Some(PathBuf::from(val()?)),
+            "--guidance" => a.guidance = val()?.parse().map_err(|e| format!("--guidance: {e}"))?,
+            "--random-full" => a.random_full = true,
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -107,7 +116,12 @@ fn main() -> ExitCode {
         Some(d) => (d.clone(), hearth_imagine::tiny::is_tiny_model(d)),
         None => {
             tmp = std::env::temp_dir().join(format!("hearth-bench-tiny-{}", std::process::id()));
-            if let Err(e) = hearth_imagine::write_tiny_sdxl(&tmp, hearth_imagine::tiny::TINY_SEED) {
+            let written = if args.random_full {
+                hearth_imagine::tiny::write_full_sdxl_configs(&tmp)
+            } else {
+                hearth_imagine::write_tiny_sdxl(&tmp, hearth_imagine::tiny::TINY_SEED)
+            };
+            if let Err(e) = written {
                 eprintln!("error: {e}");
                 return ExitCode::FAILURE;
             }
@@ -119,11 +133,17 @@ fn main() -> ExitCode {
         let dtype = parse_dtype(args.dtype.as_deref(), &device)?;
         let t = Instant::now();
         let files = ModelFiles::from_dir(&dir, None)?;
-        let p = SdxlPipeline::load(&files, &device, dtype)?;
+        let p = if args.random_full {
+            SdxlPipeline::random(&files, &device, dtype)?
+        } else {
+            SdxlPipeline::load(&files, &device, dtype)?
+        };
         println!(
             "model {} ({}), device {}, dtype {:?}, loaded in {:.2}s, {} threads",
             dir.display(),
-            if tiny {
+            if args.random_full {
+                "full-size SDXL shapes, random weights"
+            } else if tiny {
                 "tiny test model"
             } else {
                 "real weights"
@@ -146,7 +166,7 @@ fn main() -> ExitCode {
                 steps: args.steps,
                 width: size,
                 height: size,
-                guidance_scale: 2.0,
+                guidance_scale: args.guidance,
             };
             timed_image(&p, &prm(0))?; // warm-up
             let (mut enc, mut step, mut dec, mut png, mut total) = (0.0, 0.0, 0.0, 0.0, 0.0);

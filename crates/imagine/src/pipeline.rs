@@ -13,7 +13,7 @@ use crate::euler::EulerDiscrete;
 use crate::files::ModelFiles;
 use crate::tokenizer::ClipTokenizer;
 use crate::unet::SdxlUNet;
-use crate::weights::mmap_var_builder;
+use crate::weights::{mmap_var_builder, random_var_builder};
 
 /// One validated generation request.
 #[derive(Debug, Clone, PartialEq)]
@@ -98,6 +98,26 @@ impl SdxlPipeline {
     /// on CUDA); the VAE runs in f32 unless its config says it is fp16-safe
     /// (`force_upcast: false`, as in madebyollin/sdxl-vae-fp16-fix).
     pub fn load(files: &ModelFiles, device: &Device, dtype: DType) -> Result<Self> {
+        Self::build(files, device, dtype, &|path, dtype| {
+            mmap_var_builder(path, dtype, device)
+        })
+    }
+
+    /// The model `files`' configs and tokenizers describe, with random weights made on the
+    /// device instead of read from its weight files (which need not exist): for benchmarks of
+    /// full-size shapes (`tiny::write_full_sdxl_configs`).
+    pub fn random(files: &ModelFiles, device: &Device, dtype: DType) -> Result<Self> {
+        Self::build(files, device, dtype, &|_, dtype| {
+            Ok(random_var_builder(dtype, device))
+        })
+    }
+
+    fn build(
+        files: &ModelFiles,
+        device: &Device,
+        dtype: DType,
+        weights: &dyn Fn(&std::path::Path, DType) -> Result<candle_nn::VarBuilder<'static>>,
+    ) -> Result<Self> {
         let te1: ClipTextConfig = read_json(&files.text_encoder_config)?;
         let te2: ClipTextConfig = read_json(&files.text_encoder_2_config)?;
         let unet_cfg: UNetConfig = read_json(&files.unet_config)?;
@@ -118,24 +138,17 @@ impl SdxlPipeline {
         }
         let tokenizer = ClipTokenizer::from_dir(&files.tokenizer, te1.max_position_embeddings)?;
         let tokenizer_2 = ClipTokenizer::from_dir(&files.tokenizer_2, te2.max_position_embeddings)?;
-        let text_encoder = ClipTextEncoder::new(
-            mmap_var_builder(&files.text_encoder, dtype, device)?,
-            &te1,
-            false,
-        )?;
-        let text_encoder_2 = ClipTextEncoder::new(
-            mmap_var_builder(&files.text_encoder_2, dtype, device)?,
-            &te2,
-            true,
-        )?;
-        let unet = SdxlUNet::new(mmap_var_builder(&files.unet, dtype, device)?, &unet_cfg)?;
+        let text_encoder = ClipTextEncoder::new(weights(&files.text_encoder, dtype)?, &te1, false)?;
+        let text_encoder_2 =
+            ClipTextEncoder::new(weights(&files.text_encoder_2, dtype)?, &te2, true)?;
+        let unet = SdxlUNet::new(weights(&files.unet, dtype)?, &unet_cfg)?;
         let vae_dtype = if dtype == DType::F32 || vae_cfg.force_upcast == Some(false) {
             dtype
         } else {
             DType::F32
         };
         let vae = AutoEncoderKL::new(
-            mmap_var_builder(&files.vae, vae_dtype, device)?,
+            weights(&files.vae, vae_dtype)?,
             vae_cfg.in_channels,
             vae_cfg.out_channels,
             AutoEncoderKLConfig {

@@ -140,6 +140,40 @@ pub fn write_tiny_sdxl(dir: &Path, seed: u64) -> Result<()> {
     Ok(())
 }
 
+/// Writes the tiny model into `dir`, then replaces its four configs with those of the full-size
+/// SDXL base (CLIP ViT-L and OpenCLIP ViT-bigG text encoders, the 2.6B-weight UNet, the VAE,
+/// marked fp16-safe as SDXL-Lightning is served with the fp16-fixed VAE). Its weight files stay
+/// the tiny ones and do not fit: the folder is for [`crate::SdxlPipeline::random`], which makes
+/// full-size random weights on the device.
+pub fn write_full_sdxl_configs(dir: &Path) -> Result<()> {
+    write_tiny_sdxl(dir, TINY_SEED)?;
+    let vocab = 49408;
+    write_json(
+        &dir.join("text_encoder/config.json"),
+        &clip_config(vocab, 768, 3072, 12, 12, "quick_gelu", 768),
+    )?;
+    write_json(
+        &dir.join("text_encoder_2/config.json"),
+        &clip_config(vocab, 1280, 5120, 20, 32, "gelu", 1280),
+    )?;
+    let mut unet = unet_config(2048, 2816);
+    for (k, v) in [
+        ("addition_time_embed_dim", json!(256)),
+        ("attention_head_dim", json!([5, 10, 20])),
+        ("block_out_channels", json!([320, 640, 1280])),
+        ("transformer_layers_per_block", json!([1, 2, 10])),
+    ] {
+        unet[k] = v;
+    }
+    write_json(&dir.join("unet/config.json"), &unet)?;
+    let mut vae = vae_config();
+    vae["block_out_channels"] = json!([128, 256, 512, 512]);
+    vae["layers_per_block"] = json!(2);
+    vae["force_upcast"] = json!(false);
+    write_json(&dir.join("vae/config.json"), &vae)?;
+    Ok(())
+}
+
 /// Whether `dir` holds a complete tiny model written by [`write_tiny_sdxl`].
 pub fn is_tiny_model(dir: &Path) -> bool {
     dir.join(TINY_MARKER).is_file()

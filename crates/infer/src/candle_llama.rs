@@ -27,13 +27,14 @@ use crate::Error;
 /// Token embedding table; quantized tables stay quantized and only the looked-up rows are
 /// dequantized (SmolLM2's table would be 113 MB as f32).
 pub(crate) enum Embeddings {
-    /// Always in host memory; rows are dequantized on the CPU and moved to the device.
+    /// In host memory; the looked-up rows are dequantized on the CPU and moved to the device.
     Quantized {
         table: Arc<QTensor>,
         dtype: GgmlDType,
         row_bytes: usize,
         n_embd: usize,
     },
+    /// On the model's device, in its activation dtype ([`CandleModel::configure`]).
     Dense(Tensor),
 }
 
@@ -307,6 +308,10 @@ impl CandleModel {
         }
         self.norm = self.norm.to_dtype(act)?;
         self.output.to_dtype(act)?;
+        if let Embeddings::Dense(t) = &mut self.embeddings {
+            // Looked up on the device: only ids go there, not rows.
+            *t = t.to_device(&self.device)?.to_dtype(act)?;
+        }
         let cache = match (act, kv) {
             (DType::F32, KvPrecision::F32) => DType::F32,
             (DType::F32, KvPrecision::F16) => DType::F16,
@@ -350,7 +355,7 @@ struct Plan {
     /// Step and absolute position of each row, one-token steps first.
     rows: Vec<(usize, usize)>,
     ids: Vec<u32>,
-    /// `[rows, kv_dim]` u32: each row's pool row, repeated across the row (for the scatter).
+    /// `[rows]` u32: each row's pool row.
     write_at: Tensor,
     /// Per step, the index (in row order) of its last row.
     last: Tensor,
@@ -362,7 +367,6 @@ struct Plan {
 impl CandleModel {
     fn plan(&self, steps: &[Step<'_>]) -> Result<Plan, Error> {
         let dev = &self.device;
-        let kvd = self.hp.kv_dim();
         let blocks_of = |si: usize| -> Result<&[u32], Error> {
             steps[si]
                 .seq
@@ -435,10 +439,9 @@ impl CandleModel {
         for members in by_len.values() {
             add_group(members, &mut rows)?;
         }
-        let mut write_at = Vec::with_capacity(rows.len() * kvd);
+        let mut write_at = Vec::with_capacity(rows.len());
         for &(si, pos) in &rows {
-            let r = device_kv::row(blocks_of(si)?, pos);
-            write_at.extend(std::iter::repeat_n(r, kvd));
+            write_at.push(device_kv::row(blocks_of(si)?, pos));
         }
         let mut rope = HashMap::new();
         let half = self.hp.head_dim / 2;
@@ -467,7 +470,7 @@ impl CandleModel {
         }
         let n = rows.len();
         Ok(Plan {
-            write_at: Tensor::from_vec(write_at, (n, kvd), dev)?,
+            write_at: Tensor::from_vec(write_at, n, dev)?,
             last: Tensor::from_vec(last, steps.len(), dev)?,
             rows,
             ids,
@@ -696,7 +699,7 @@ pub(crate) fn from_hf_tensors(
     }
     let parts = Parts {
         norm: take("model.norm.weight")?,
-        embeddings: Embeddings::Dense(embed.to_device(&Device::Cpu)?),
+        embeddings: Embeddings::Dense(embed),
         embed_scale: None,
         layers,
         output: Linear(QMatMul::Tensor(output)),

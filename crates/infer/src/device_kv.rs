@@ -109,8 +109,8 @@ impl Pool {
         self.dtype
     }
 
-    /// Writes `rows` (`[n, kv_dim]`, the pool's dtype) of layer `il` at pool rows `at`
-    /// (`[n, kv_dim]` u32, each row's target repeated across the row).
+    /// Writes `k` and `v` (`[n, kv_dim]`, the pool's dtype) of layer `il` at pool rows `at`
+    /// (`[n]` u32).
     pub(crate) fn write(
         &self,
         il: usize,
@@ -118,8 +118,20 @@ impl Pool {
         k: &Tensor,
         v: &Tensor,
     ) -> Result<(), Error> {
-        self.k[il].scatter_set(at, k, 0)?;
-        self.v[il].scatter_set(at, v, 0)?;
+        for (pool, src) in [(&self.k[il], k), (&self.v[il], v)] {
+            if let Err(e) = crate::kv_write::write_rows(pool, at, src) {
+                if self.device.is_cpu() {
+                    return Err(e);
+                }
+                // A GPU machine without NVRTC: candle's scatter, slower for long prompts.
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| {
+                    tracing::warn!(error = %e, "the KV write kernel is unavailable; using candle's scatter")
+                });
+                let idx = at.unsqueeze(1)?.broadcast_as(src.shape())?.contiguous()?;
+                pool.scatter_set(&idx, src, 0)?;
+            }
+        }
         Ok(())
     }
 
@@ -138,11 +150,7 @@ impl Pool {
     fn copy(&self, from: &[u32], to: &[u32], len: usize) -> Result<(), Error> {
         let (src, dst): (Vec<u32>, Vec<u32>) = (0..len).map(|p| (row(from, p), row(to, p))).unzip();
         let src = Tensor::from_vec(src, len, &self.device)?;
-        let dst: Vec<u32> = dst
-            .iter()
-            .flat_map(|&r| std::iter::repeat_n(r, self.kv_dim))
-            .collect();
-        let dst = Tensor::from_vec(dst, (len, self.kv_dim), &self.device)?;
+        let dst = Tensor::from_vec(dst, len, &self.device)?;
         for il in 0..self.layers {
             let k = self.k[il].index_select(&src, 0)?;
             let v = self.v[il].index_select(&src, 0)?;
@@ -214,7 +222,7 @@ mod tests {
         let a = pool.reserve(20).unwrap(); // 2 blocks
         assert_eq!(a.blocks().len(), 2);
         // Position 17 of `a`, layer 1: K = 1, 2, 3, V = -1, -2, -3.
-        let at = Tensor::from_vec(vec![row(a.blocks(), 17); 3], (1, 3), &Device::Cpu).unwrap();
+        let at = Tensor::from_vec(vec![row(a.blocks(), 17)], 1, &Device::Cpu).unwrap();
         let k = Tensor::new(&[[1f32, 2., 3.]], &Device::Cpu).unwrap();
         pool.lock().write(1, &at, &k, &k.neg().unwrap()).unwrap();
         // Many more blocks than free: the pool grows and `a`'s rows survive the copy.

@@ -19,6 +19,7 @@ mod fast;
 pub(crate) mod gguf;
 mod hub;
 mod kv;
+mod kv_write;
 mod load;
 mod model;
 mod pieces;
