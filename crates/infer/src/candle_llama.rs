@@ -106,7 +106,7 @@ impl Linear {
         })
     }
 
-    fn to_dtype(&mut self, dtype: DType) -> Result<(), Error> {
+    fn convert(&mut self, dtype: DType) -> Result<(), Error> {
         if let QMatMul::Tensor(w) | QMatMul::TensorF16(w) = &self.0 {
             self.0 = QMatMul::Tensor(w.to_dtype(dtype)?);
         }
@@ -197,7 +197,7 @@ pub(crate) struct Layer {
 }
 
 impl Layer {
-    fn to_dtype(&mut self, dtype: DType) -> Result<(), Error> {
+    fn convert(&mut self, dtype: DType) -> Result<(), Error> {
         for t in [&mut self.attn_norm, &mut self.ffn_norm]
             .into_iter()
             .chain(self.q_norm.iter_mut())
@@ -213,7 +213,7 @@ impl Layer {
         linears.push(&mut self.wo);
         linears.push(&mut self.down);
         for l in linears {
-            l.to_dtype(dtype)?;
+            l.convert(dtype)?;
         }
         Ok(())
     }
@@ -304,10 +304,10 @@ impl CandleModel {
     /// before belong to the old cache pool and are refused afterwards.
     pub(crate) fn configure(&mut self, kv: KvPrecision, act: DType) -> Result<(), Error> {
         for l in &mut self.layers {
-            l.to_dtype(act)?;
+            l.convert(act)?;
         }
         self.norm = self.norm.to_dtype(act)?;
-        self.output.to_dtype(act)?;
+        self.output.convert(act)?;
         if let Embeddings::Dense(t) = &mut self.embeddings {
             // Looked up on the device: only ids go there, not rows.
             *t = t.to_device(&self.device)?.to_dtype(act)?;
