@@ -11,7 +11,8 @@
 #
 # Usage: scripts/bench-text.sh [gguf] [threads] [reps]
 #        scripts/bench-text.sh archs [threads] [reps]
-#   env: BACKEND=auto|candle|fast (Hearth backend), SKIP_BUILD=1 (reuse the built binaries),
+#   env: BACKEND=auto|candle|fast (Hearth backend), KV=f32|f16 (Hearth's KV cache; both llama.cpp
+#        builds keep theirs in f16), SKIP_BUILD=1 (reuse the built binaries),
 #        PROMPTS=128,512,2048 DEPTHS=0,2048 GEN=128, IK_LLAMA_BIN=.cache/ik_llama.cpp/build/bin,
 #        SKIP_STREAMS=1 (part 1 only; part 2 always uses SmolLM2)
 #   `archs`: part 1 on one generated model of each architecture issue 18 added (llama3, qwen2,
@@ -91,7 +92,7 @@ for i in $(seq 1 "$REPS"); do
             >"$OUT/ik-$i.json" 2>"$OUT/ik-$i.time"
     fi
     /usr/bin/time -v "$HEARTH" --model "$MODEL" --threads "$THREADS" --prompt "$PROMPTS" --gen "$GEN" \
-        --depth "$DEPTHS" --backend "$BACKEND" >"$OUT/hearth-$i.json" 2>"$OUT/hearth-$i.time"
+        --depth "$DEPTHS" --backend "$BACKEND" --kv "${KV:-f32}" >"$OUT/hearth-$i.json" 2>"$OUT/hearth-$i.time"
     echo "run $i done (load average $(cut -d' ' -f1 /proc/loadavg))"
 done
 

@@ -8,11 +8,13 @@
 //!
 //! cargo run --release -p hearth-infer --example bench_text -- \
 //!     --model weights/SmolLM2-135M-Instruct.Q4_1.gguf --threads 2 --prompt 128,512 --gen 128 \
-//!     [--depth 0,2048]
+//!     [--depth 0,2048] [--kv f32|f16]
 
 use std::time::Instant;
 
-use hearth_infer::{BackendChoice, Sampler, SamplingParams, Step, TextModel, TextModelConfig};
+use hearth_infer::{
+    BackendChoice, KvPrecision, Sampler, SamplingParams, Step, TextModel, TextModelConfig,
+};
 
 struct Args {
     model: String,
@@ -22,6 +24,7 @@ struct Args {
     depths: Vec<usize>,
     batch: usize,
     backend: BackendChoice,
+    kv: KvPrecision,
 }
 
 fn list(flag: &str, v: String) -> Result<Vec<usize>, String> {
@@ -39,6 +42,7 @@ fn parse_args() -> Result<Args, String> {
         depths: vec![0],
         batch: 1,
         backend: BackendChoice::Auto,
+        kv: KvPrecision::F32,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -51,6 +55,7 @@ fn parse_args() -> Result<Args, String> {
             "--depth" => a.depths = list("--depth", value()?)?,
             "--batch" => a.batch = value()?.parse().map_err(|e| format!("--batch: {e}"))?,
             "--backend" => a.backend = value()?.parse()?,
+            "--kv" => a.kv = value()?.parse()?,
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -76,6 +81,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut cfg = TextModelConfig::local(&args.model);
     cfg.threads = args.threads;
     cfg.backend = args.backend;
+    cfg.kv_precision = args.kv;
     let t0 = Instant::now();
     let mut model = TextModel::load(&cfg)?;
     let load_s = t0.elapsed().as_secs_f64();

@@ -65,8 +65,7 @@ impl std::str::FromStr for BackendChoice {
     }
 }
 
-/// Precision of the attention over the KV cache. The cache itself is stored as f32 either way
-/// (so the memory accounted per token does not change); this decides what is rounded.
+/// Precision of the KV cache and of the attention over it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum KvPrecision {
     /// Full f32: K, V, Q and the softmax weights are used as computed. This matches llama.cpp
@@ -74,9 +73,9 @@ pub enum KvPrecision {
     /// greedy choices agree with an exact f64 forward (scripts/parity/README.md). Default.
     #[default]
     F32,
-    /// Imitates llama.cpp's default f16 KV cache without flash attention: K and V are rounded
-    /// to f16 when stored, Q to f16 for the Q·K products and the softmax weights to f16 for the
-    /// sum over V.
+    /// Imitates llama.cpp's default f16 KV cache without flash attention: K and V are stored in
+    /// f16 (half the memory per token, which the scheduler's KV budget counts), Q is rounded to
+    /// f16 for the Q·K products and the softmax weights to f16 for the sum over V.
     F16,
 }
 

@@ -1,5 +1,5 @@
-//! One sequence's K (or V) cache: a slice of `capacity * kv_dim` floats per layer, all in one
-//! anonymous memory mapping of its own. The operating system hands the mapping's pages out
+//! One sequence's K (or V) cache: a slice of `capacity * kv_dim` values per layer (f32, or f16
+//! for `kv_precision = "f16"`, half the bytes), all in one anonymous memory mapping of its own. The operating system hands the mapping's pages out
 //! zeroed as they are first written, so a cache is resident only as far as it has filled, and
 //! dropping it returns the memory at once. A `Vec` would not promise either: once the allocator
 //! has recycled a freed cache's memory, a new zeroed one is written through (all of it resident
@@ -9,23 +9,50 @@ use std::ops::{Index, IndexMut};
 
 use crate::Error;
 
+/// What a cache stores per value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KvElem {
+    F32,
+    F16,
+}
+
+impl KvElem {
+    pub(crate) fn size(self) -> usize {
+        match self {
+            KvElem::F32 => 4,
+            KvElem::F16 => 2,
+        }
+    }
+}
+
 pub(crate) struct KvCache {
     map: memmap2::MmapMut,
     layers: usize,
     per_layer: usize,
+    elem: KvElem,
 }
 
 impl KvCache {
-    /// `layers` zeroed slices of `per_layer` floats each.
+    /// `layers` zeroed slices of `per_layer` f32 values each.
     pub(crate) fn new(layers: usize, per_layer: usize) -> Result<KvCache, Error> {
-        let bytes = layers * per_layer * std::mem::size_of::<f32>();
-        // A mapping cannot be empty: a cache of no positions maps one float (a page).
+        Self::with_elem(layers, per_layer, KvElem::F32)
+    }
+
+    /// `layers` zeroed slices of `per_layer` values of `elem` each.
+    pub(crate) fn with_elem(
+        layers: usize,
+        per_layer: usize,
+        elem: KvElem,
+    ) -> Result<KvCache, Error> {
+        let bytes = layers * per_layer * elem.size();
+        // A mapping cannot be empty: a cache of no positions maps one value (a page).
         let map = memmap2::MmapMut::map_anon(bytes.max(std::mem::size_of::<f32>()))
             .map_err(|source| Error::KvMemory { bytes, source })?;
         Ok(KvCache {
             map,
             layers,
             per_layer,
+            elem,
         })
     }
 
@@ -34,12 +61,48 @@ impl KvCache {
         self.layers
     }
 
+    pub(crate) fn elem(&self) -> KvElem {
+        self.elem
+    }
+
+    /// Layer `layer` of an f16 cache; `None` for an f32 one.
+    pub(crate) fn f16(&self, layer: usize) -> Option<&[half::f16]> {
+        (self.elem == KvElem::F16 && layer < self.layers).then(|| {
+            let all: &[half::f16] = bytemuck::cast_slice(&self.map[..]);
+            &all[layer * self.per_layer..(layer + 1) * self.per_layer]
+        })
+    }
+
+    /// Layer `layer` of an f16 cache, to write; `None` for an f32 one.
+    pub(crate) fn f16_mut(&mut self, layer: usize) -> Option<&mut [half::f16]> {
+        let per = self.per_layer;
+        (self.elem == KvElem::F16 && layer < self.layers).then(|| {
+            let all: &mut [half::f16] = bytemuck::cast_slice_mut(&mut self.map[..]);
+            &mut all[layer * per..(layer + 1) * per]
+        })
+    }
+
+    /// Copies the first `values` values of every layer of `from` (a cache of the same shape and
+    /// element) into this one.
+    pub(crate) fn copy_prefix(&mut self, from: &KvCache, values: usize) {
+        let (size, per) = (self.elem.size(), self.per_layer);
+        let n = values.min(per) * size;
+        for il in 0..self.layers.min(from.layers) {
+            let (a, b) = (il * per * size, il * from.per_layer * size);
+            self.map[a..a + n].copy_from_slice(&from.map[b..b + n]);
+        }
+    }
+
+    /// The values of an f32 cache. Host backends index only caches they made (`Backend::accepts`);
+    /// an f16 cache has no f32 view, and indexing one is a bug, caught here.
     fn floats(&self) -> &[f32] {
+        assert_eq!(self.elem, KvElem::F32, "an f16 cache read as f32");
         // The mapping is page-aligned, so the cast cannot fail on alignment.
         &bytemuck::cast_slice(&self.map[..])[..self.layers * self.per_layer]
     }
 
     fn floats_mut(&mut self) -> &mut [f32] {
+        assert_eq!(self.elem, KvElem::F32, "an f16 cache written as f32");
         let n = self.layers * self.per_layer;
         &mut bytemuck::cast_slice_mut(&mut self.map[..])[..n]
     }
@@ -66,6 +129,7 @@ impl std::fmt::Debug for KvCache {
         f.debug_struct("KvCache")
             .field("layers", &self.layers)
             .field("per_layer", &self.per_layer)
+            .field("elem", &self.elem)
             .finish()
     }
 }
@@ -84,6 +148,19 @@ mod tests {
         assert_eq!((c[0][9], c[1][9], c[2][0], c[1][0]), (0.0, 2.5, -1.0, 0.0));
         let empty = KvCache::new(4, 0).unwrap();
         assert!(empty[3].is_empty());
+        assert!(c.f16(0).is_none());
+    }
+
+    #[test]
+    fn an_f16_cache_takes_half_the_bytes_and_copies_its_prefix() {
+        let mut a = KvCache::with_elem(2, 8, KvElem::F16).unwrap();
+        assert!(a.f16(2).is_none());
+        a.f16_mut(1).unwrap()[..3].copy_from_slice(&[half::f16::from_f32(1.5); 3]);
+        let mut b = KvCache::with_elem(2, 8, KvElem::F16).unwrap();
+        b.copy_prefix(&a, 2);
+        let got: Vec<f32> = b.f16(1).unwrap().iter().map(|x| x.to_f32()).collect();
+        assert_eq!(got, [1.5, 1.5, 0., 0., 0., 0., 0., 0.]);
+        assert_eq!(a.map.len(), 2 * 8 * 2);
     }
 
     /// Pages of the cache's mapping that are resident (`mincore`), and the page size.

@@ -45,7 +45,17 @@ pub struct Sequence {
 impl Sequence {
     /// An empty host cache of `capacity` positions for `layers` layers of `kv_dim` floats.
     pub(crate) fn empty(layers: usize, kv_dim: usize, capacity: usize) -> Result<Self, Error> {
-        let alloc = || crate::kv::KvCache::new(layers, capacity * kv_dim);
+        Self::on_host(layers, kv_dim, capacity, crate::kv::KvElem::F32)
+    }
+    /// An empty host cache of `capacity` positions for `layers` layers of `kv_dim` values of
+    /// `elem`.
+    pub(crate) fn on_host(
+        layers: usize,
+        kv_dim: usize,
+        capacity: usize,
+        elem: crate::kv::KvElem,
+    ) -> Result<Self, Error> {
+        let alloc = || crate::kv::KvCache::with_elem(layers, capacity * kv_dim, elem);
         Ok(Sequence {
             k: alloc()?,
             v: alloc()?,
@@ -96,18 +106,18 @@ impl Sequence {
     /// it holds now (fewer when `from` has fewer, this cache is smaller, or the two are not of
     /// the same model: then none).
     pub fn copy_prefix(&mut self, from: &Sequence, len: usize) -> usize {
-        if from.kv_dim != self.kv_dim || from.k.len() != self.k.len() {
+        if from.kv_dim != self.kv_dim
+            || from.k.len() != self.k.len()
+            || from.k.elem() != self.k.elem()
+        {
             self.len = 0;
             return 0;
         }
         let len = len.min(from.len).min(self.capacity);
         match (&mut self.device, &from.device) {
             (None, None) => {
-                let n = len * self.kv_dim;
-                for il in 0..self.k.len() {
-                    self.k[il][..n].copy_from_slice(&from.k[il][..n]);
-                    self.v[il][..n].copy_from_slice(&from.v[il][..n]);
-                }
+                self.k.copy_prefix(&from.k, len * self.kv_dim);
+                self.v.copy_prefix(&from.v, len * self.kv_dim);
             }
             (Some(to), Some(src)) if to.pool().same(src.pool()) => {
                 if let Err(e) = to.copy_from(src, len) {
@@ -129,7 +139,7 @@ impl Sequence {
         let elem = self
             .device
             .as_ref()
-            .map_or(std::mem::size_of::<f32>(), |d| d.dtype().size_in_bytes());
+            .map_or(self.k.elem().size(), |d| d.dtype().size_in_bytes());
         2 * self.k.len() * self.capacity * self.kv_dim * elem
     }
 }
@@ -213,11 +223,13 @@ impl TextModel {
             .thread_name(|i| format!("hearth-infer-{i}"))
             .build()
             .map_err(|e| Error::InvalidBatch(format!("cannot start {threads} threads: {e}")))?;
+        // What one position of the backend's own cache takes (f16 caches take half).
+        let kv_bytes_per_token = backend.new_sequence(hp.n_layer, hp.kv_dim(), 1)?.kv_bytes();
         let info = ModelInfo {
             architecture: hp.arch_name.clone(),
             context_length: hp.context_length,
             vocab_size: hp.vocab_size,
-            kv_bytes_per_token: hp.kv_bytes_per_token(),
+            kv_bytes_per_token,
             weights_bytes,
             backend: backend.name().to_string(),
         };

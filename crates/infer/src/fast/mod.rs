@@ -25,6 +25,7 @@ use std::path::Path;
 
 use candle_core::quantized::gguf_file::{Content, TensorInfo};
 use candle_core::quantized::GgmlDType;
+use half::slice::HalfFloatSliceExt;
 use hearth_kernels::{matmul, ops, GgmlType, KernelPath, QActs, QMatrix, ThreadPool};
 
 use crate::attn::{self, RopeScaling, RopeStyle};
@@ -36,6 +37,7 @@ use crate::Error;
 
 #[cfg(feature = "parity")]
 pub(crate) mod ggml_exact;
+mod kv16;
 mod load;
 #[cfg(test)]
 mod tests;
@@ -195,6 +197,14 @@ fn ggml_type(name: &str, t: GgmlDType) -> Result<GgmlType, Error> {
 }
 
 impl FastModel {
+    /// What the KV cache stores: f16 values under `kv_precision = "f16"`, half the memory.
+    fn kv_elem(&self) -> crate::kv::KvElem {
+        match self.kv {
+            KvPrecision::F32 => crate::kv::KvElem::F32,
+            KvPrecision::F16 => crate::kv::KvElem::F16,
+        }
+    }
+
     /// Bytes of packed weights held.
     pub(crate) fn weights_bytes(&self) -> u64 {
         let mut b = self.embd.bytes() + self.output.as_ref().map_or(0, |m| m.bytes());
@@ -258,6 +268,22 @@ fn norm_rows_in_place(x: &mut [f32], w: &[f32], eps: f32, tmp: &mut [f32]) {
 impl Backend for FastModel {
     fn name(&self) -> &'static str {
         "fast"
+    }
+
+    fn new_sequence(
+        &self,
+        layers: usize,
+        kv_dim: usize,
+        capacity: usize,
+    ) -> Result<crate::Sequence, Error> {
+        crate::Sequence::on_host(layers, kv_dim, capacity, self.kv_elem())
+    }
+
+    /// Its own caches, and f32 ones (which hold any value; an f16 cache under f32 attention
+    /// would lose precision).
+    fn accepts(&self, seq: &crate::Sequence) -> bool {
+        seq.device.is_none()
+            && (seq.k.elem() == self.kv_elem() || seq.k.elem() == crate::kv::KvElem::F32)
     }
 
     fn forward(&mut self, steps: &mut [Step<'_>], logits: &mut Vec<f32>) -> Result<(), Error> {
@@ -361,9 +387,20 @@ impl Backend for FastModel {
                     ops::round_to_f16(q);
                 }
                 let seq = &mut *steps[si].seq;
-                seq.k[il][pos * kvd..(pos + 1) * kvd].copy_from_slice(k);
-                seq.v[il][pos * kvd..(pos + 1) * kvd].copy_from_slice(v);
+                let at = pos * kvd..(pos + 1) * kvd;
+                match (seq.k.f16_mut(il), seq.v.f16_mut(il)) {
+                    (Some(kc), Some(vc)) => {
+                        // Exact: the values were rounded to f16 above.
+                        kc[at.clone()].convert_from_f32_slice(k);
+                        vc[at].convert_from_f32_slice(v);
+                    }
+                    _ => {
+                        seq.k[il][at.clone()].copy_from_slice(k);
+                        seq.v[il][at].copy_from_slice(v);
+                    }
+                }
             }
+            let generation = kv16::next_generation();
             let att = fit(&mut s.att, n * qd);
             {
                 let steps_ro: &[Step<'_>] = steps;
@@ -377,6 +414,19 @@ impl Backend for FastModel {
                     let kvh = first / group;
                     let start = window.map_or(0, |w| (pos + 1).saturating_sub(w));
                     let q = &qkv[r * qkv_w + first * hd..r * qkv_w + first * hd + out.len()];
+                    if let (Some(k), Some(v)) = (seq.k.f16(il), seq.v.f16(il)) {
+                        let head = kv16::Head {
+                            k,
+                            v,
+                            kv_dim: kvd,
+                            offset: kvh * hd,
+                            seq: seq as *const crate::Sequence as usize,
+                            kvh,
+                            generation,
+                        };
+                        kv16::attend(q, hd, &head, start, pos + 1, scale, f16_kv, out);
+                        return;
+                    }
                     ops::attend(
                         q,
                         hd,

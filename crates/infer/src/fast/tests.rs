@@ -129,8 +129,12 @@ fn new_seq(b: &dyn Backend, hp: &Hparams, cap: usize) -> Sequence {
 /// Runs the same schedule (two sequences: a prefill, then mixed prefill-chunk + decode steps)
 /// through a backend and returns every step's logits.
 fn run_schedule(b: &mut dyn Backend, hp: &Hparams) -> Vec<Vec<f32>> {
-    let mut s1 = new_seq(b, hp, 64);
-    let mut s2 = new_seq(b, hp, 64);
+    let (s1, s2) = (new_seq(b, hp, 64), new_seq(b, hp, 64));
+    run_schedule_on(b, s1, s2)
+}
+
+/// [`run_schedule`] on the given sequences.
+fn run_schedule_on(b: &mut dyn Backend, mut s1: Sequence, mut s2: Sequence) -> Vec<Vec<f32>> {
     let p1: Vec<u32> = (0..9).map(|i| (i * 31 + 7) % VOCAB as u32).collect();
     let p2: Vec<u32> = (0..13).map(|i| (i * 17 + 3) % VOCAB as u32).collect();
     let mut out = Vec::new();
@@ -454,4 +458,60 @@ fn linear_rope_scaling_rotates_by_scaled_positions() {
     let (a, b) = (logits(&plain), logits(&scaled));
     assert_eq!(a[0], b[0], "position 0 is not rotated");
     assert_ne!(a[1], b[1], "position 1 is rotated by half the angle");
+}
+
+/// `kv_precision = "f16"` keeps the cache in f16, half the bytes, and gives the logits, bit for
+/// bit, of an f32 cache holding the same f16-rounded values (the fast path reads f16 caches
+/// through per-thread f32 copies, `kv16.rs`; a copy must never outlive the step it was made in).
+#[test]
+fn an_f16_cache_gives_the_logits_of_an_f32_cache_with_the_same_values_in_half_the_memory() {
+    use crate::config::KvPrecision;
+    use crate::kv::KvElem;
+    for (spec, seed) in [
+        (
+            Spec {
+                arch: "gemma3",
+                embd: GgmlDType::Q8_0,
+                layer: [GgmlDType::Q8_0; 7],
+            },
+            4,
+        ),
+        (
+            Spec {
+                arch: "llama",
+                embd: GgmlDType::Q8_0,
+                layer: [GgmlDType::Q4_1; 7],
+            },
+            5,
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_model(dir.path(), &spec, seed);
+        let file = GgufFile::open(&path).unwrap();
+        let hp = Hparams::from_gguf(&file.content).unwrap();
+        let mut m = from_gguf(&path, &file.content, hp.clone(), 2).unwrap();
+        m.kv = KvPrecision::F16;
+        let host = |e| Sequence::on_host(hp.n_layer, hp.kv_dim(), 64, e).unwrap();
+        let halves = new_seq(&m, &hp, 64);
+        assert_eq!(halves.k.elem(), KvElem::F16);
+        assert_eq!(2 * halves.kv_bytes(), host(KvElem::F32).kv_bytes());
+        let want = run_schedule_on(&mut m, host(KvElem::F32), host(KvElem::F32));
+        let other = new_seq(&m, &hp, 64);
+        let got = run_schedule_on(&mut m, halves, other);
+        for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+            let (g, w): (Vec<u32>, Vec<u32>) = (
+                g.iter().map(|x| x.to_bits()).collect(),
+                w.iter().map(|x| x.to_bits()).collect(),
+            );
+            assert!(
+                g == w,
+                "{} step {step}: the f16 cache changed the logits",
+                spec.arch
+            );
+        }
+        // An f16 cache is refused by a model that keeps f32 values.
+        m.kv = KvPrecision::F32;
+        assert!(!m.accepts(&host(KvElem::F16)));
+        assert!(m.accepts(&host(KvElem::F32)));
+    }
 }
