@@ -24,7 +24,9 @@ pub(super) fn next_generation() -> u64 {
 struct Widened {
     /// (generation, sequence address, KV head) the copy is of.
     key: (u64, usize, usize),
-    /// Positions widened so far.
+    /// Positions `from..upto` are widened, position `j` at row `j - from` (a sliding-window
+    /// layer's keys before its window are never read, so never widened).
+    from: usize,
     upto: usize,
     k: Vec<f32>,
     v: Vec<f32>,
@@ -62,22 +64,26 @@ pub(super) fn attend(
     WIDE.with(|cell| {
         let mut w = cell.borrow_mut();
         let key = (head.generation, head.seq, head.kvh);
-        if w.key != key {
+        if w.key != key || start < w.from {
             w.key = key;
-            w.upto = 0;
+            w.from = start;
+            w.upto = start;
         }
         if w.upto < end {
-            let from = w.upto;
-            w.k.resize(end * hd, 0.0);
-            w.v.resize(end * hd, 0.0);
+            let (first, base) = (w.upto, w.from);
+            w.k.resize((end - base) * hd, 0.0);
+            w.v.resize((end - base) * hd, 0.0);
             let Widened { k, v, .. } = &mut *w;
-            for j in from..end {
+            for j in first..end {
                 let src = j * head.kv_dim + head.offset;
-                head.k[src..src + hd].convert_to_f32_slice(&mut k[j * hd..(j + 1) * hd]);
-                head.v[src..src + hd].convert_to_f32_slice(&mut v[j * hd..(j + 1) * hd]);
+                let dst = (j - base) * hd..(j - base + 1) * hd;
+                head.k[src..src + hd].convert_to_f32_slice(&mut k[dst.clone()]);
+                head.v[src..src + hd].convert_to_f32_slice(&mut v[dst]);
             }
             w.upto = end;
         }
-        ops::attend(q, hd, &w.k, &w.v, hd, start, end, scale, f16_weights, out);
+        let base = w.from;
+        let (k, v) = (&w.k[..], &w.v[..]);
+        ops::attend(q, hd, k, v, hd, start - base, end - base, scale, f16_weights, out);
     });
 }
