@@ -272,7 +272,7 @@ multiversion! {
 }
 
 mod attend;
-pub use attend::attend;
+pub use attend::{attend, attend_f16};
 
 multiversion! {
     /// `x[i] = e^x[i]`, vectorized (see `exp_body` for the accuracy: within one f32 ulp of

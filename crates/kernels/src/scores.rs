@@ -31,36 +31,72 @@ pub(crate) fn block_scores(
     scores: &mut [f32],
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
-    {
-        let hd = q.len();
-        let end = start + scores.len();
-        if hd.is_multiple_of(16)
-            && hd > 0
-            && (end == start || (end - 1) * stride + hd <= k.len())
-            && is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the features were just detected; every key read lies within `k` (checked
-            // above) and every query read within `q`.
-            unsafe { block_scores512(q, k, stride, start, scale, scores) };
-            return true;
-        }
+    if fits(q.len(), k.len(), stride, start, scores.len()) {
+        // SAFETY: `fits` detected the features and checked that every key read lies within
+        // `k`; every query read is within `q`.
+        unsafe {
+            block_scores512::<false>(q, k.as_ptr() as *const u8, stride, start, scale, scores)
+        };
+        return true;
     }
     let _ = (q, k, stride, start, scale, scores);
     false
 }
 
+/// [`block_scores`] over an f16 cache: each key is widened to f32 as it is loaded, so every
+/// score is bit-identical to the one over an f32 cache holding the same values.
+pub(crate) fn block_scores_f16(
+    q: &[f32],
+    k: &[half::f16],
+    stride: usize,
+    start: usize,
+    scale: f32,
+    scores: &mut [f32],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if fits(q.len(), k.len(), stride, start, scores.len()) {
+        // SAFETY: as in `block_scores`.
+        unsafe {
+            block_scores512::<true>(q, k.as_ptr() as *const u8, stride, start, scale, scores)
+        };
+        return true;
+    }
+    let _ = (q, k, stride, start, scale, scores);
+    false
+}
+
+/// Whether the AVX-512 kernel runs: the CPU has it, the head size is a multiple of 16 and the
+/// last key lies inside the cache.
+#[cfg(target_arch = "x86_64")]
+fn fits(hd: usize, k_len: usize, stride: usize, start: usize, n: usize) -> bool {
+    let end = start + n;
+    hd.is_multiple_of(16)
+        && hd > 0
+        && (end == start || (end - 1) * stride + hd <= k_len)
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("fma")
+}
+
+/// The kernel; `k` points at f32 keys, or f16 ones with `F16`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
-unsafe fn block_scores512(
+unsafe fn block_scores512<const F16: bool>(
     q: &[f32],
-    k: &[f32],
+    k: *const u8,
     stride: usize,
     start: usize,
     scale: f32,
     scores: &mut [f32],
 ) {
     use std::arch::x86_64::*;
+    let elem = if F16 { 2 } else { 4 };
+    let load = |p: *const u8| {
+        if F16 {
+            _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+        } else {
+            _mm512_loadu_ps(p as *const f32)
+        }
+    };
     let hd = q.len();
     let n = scores.len();
     let scale_v = _mm512_set1_ps(scale);
@@ -72,15 +108,14 @@ unsafe fn block_scores512(
         // products in column order). Absent keys (the last block's) read the last present key
         // and are zeroed after.
         let mut v = [_mm512_setzero_ps(); 16];
-        let kps: [*const f32; 16] = std::array::from_fn(|slot| {
-            k.as_ptr()
-                .add((start + done + KEY_OF_SLOT[slot].min(keys - 1)) * stride)
+        let kps: [*const u8; 16] = std::array::from_fn(|slot| {
+            k.add((start + done + KEY_OF_SLOT[slot].min(keys - 1)) * stride * elem)
         });
         let mut d = 0;
         while d < hd {
             let qd = _mm512_loadu_ps(q.as_ptr().add(d));
             for (acc, kp) in v.iter_mut().zip(&kps) {
-                *acc = _mm512_fmadd_ps(qd, _mm512_loadu_ps(kp.add(d)), *acc);
+                *acc = _mm512_fmadd_ps(qd, load(kp.add(d * elem)), *acc);
             }
             d += 16;
         }
@@ -158,6 +193,28 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn f16_keys_score_as_the_same_values_in_f32() {
+        let stride = 80;
+        let keys = 40;
+        let k: Vec<half::f16> = (0..keys * stride)
+            .map(|i| half::f16::from_f32(((i * 37 % 101) as f32 - 50.0) * 0.013))
+            .collect();
+        let wide: Vec<f32> = k.iter().map(|x| x.to_f32()).collect();
+        let q: Vec<f32> = (0..64)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) * 0.021)
+            .collect();
+        for (start, n) in [(0, 40), (3, 17), (39, 1)] {
+            let (mut a, mut b) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+            let done = block_scores_f16(&q, &k, stride, start, 0.3, &mut a);
+            assert_eq!(done, block_scores(&q, &wide, stride, start, 0.3, &mut b));
+            if done {
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "start {start} n {n}");
             }
         }
     }

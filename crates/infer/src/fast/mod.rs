@@ -37,7 +37,6 @@ use crate::Error;
 
 #[cfg(feature = "parity")]
 pub(crate) mod ggml_exact;
-mod kv16;
 mod load;
 #[cfg(test)]
 mod tests;
@@ -400,7 +399,6 @@ impl Backend for FastModel {
                     }
                 }
             }
-            let generation = kv16::next_generation();
             let att = fit(&mut s.att, n * qd);
             {
                 let steps_ro: &[Step<'_>] = steps;
@@ -415,16 +413,8 @@ impl Backend for FastModel {
                     let start = window.map_or(0, |w| (pos + 1).saturating_sub(w));
                     let q = &qkv[r * qkv_w + first * hd..r * qkv_w + first * hd + out.len()];
                     if let (Some(k), Some(v)) = (seq.k.f16(il), seq.v.f16(il)) {
-                        let head = kv16::Head {
-                            k,
-                            v,
-                            kv_dim: kvd,
-                            offset: kvh * hd,
-                            seq: seq as *const crate::Sequence as usize,
-                            kvh,
-                            generation,
-                        };
-                        kv16::attend(q, hd, &head, start, pos + 1, scale, f16_kv, out);
+                        let (k, v) = (&k[kvh * hd..], &v[kvh * hd..]);
+                        ops::attend_f16(q, hd, k, v, kvd, start, pos + 1, scale, f16_kv, out);
                         return;
                     }
                     ops::attend(

@@ -461,8 +461,8 @@ fn linear_rope_scaling_rotates_by_scaled_positions() {
 }
 
 /// `kv_precision = "f16"` keeps the cache in f16, half the bytes, and gives the logits, bit for
-/// bit, of an f32 cache holding the same f16-rounded values (the fast path reads f16 caches
-/// through per-thread f32 copies, `kv16.rs`; a copy must never outlive the step it was made in).
+/// bit, of an f32 cache holding the same f16-rounded values (the attention kernels widen f16
+/// keys and values as they load them, `ops::attend_f16`).
 #[test]
 fn an_f16_cache_gives_the_logits_of_an_f32_cache_with_the_same_values_in_half_the_memory() {
     use crate::config::KvPrecision;

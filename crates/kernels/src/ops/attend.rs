@@ -62,17 +62,157 @@ pub fn attend(
     });
 }
 
+/// [`attend`] over an f16 cache (`kv_precision = "f16"`, half the bytes to read): keys and
+/// values are widened to f32 as they are loaded, so the result is bit-identical to [`attend`]
+/// over an f32 cache holding the same values.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_f16(
+    q: &[f32],
+    head_dim: usize,
+    k: &[half::f16],
+    v: &[half::f16],
+    stride: usize,
+    start: usize,
+    end: usize,
+    scale: f32,
+    f16_weights: bool,
+    out: &mut [f32],
+) {
+    if head_dim == 0 {
+        return;
+    }
+    SCORES.with(|cell| {
+        let mut scores = cell.borrow_mut();
+        let need = end.saturating_sub(start) * (q.len() / head_dim);
+        if scores.len() < need {
+            scores.resize(need, 0.0);
+        }
+        attend_f16_mv(
+            q,
+            head_dim,
+            k,
+            v,
+            stride,
+            start,
+            end,
+            scale,
+            f16_weights,
+            &mut scores,
+            out,
+        );
+    });
+}
+
 multiversion! {
     fn attend_mv(q: &[f32], hd: usize, k: &[f32], v: &[f32], stride: usize, start: usize, end: usize, scale: f32, f16_weights: bool, scores: &mut [f32], out: &mut [f32]) => attend_body
 }
 
+multiversion! {
+    fn attend_f16_mv(q: &[f32], hd: usize, k: &[half::f16], v: &[half::f16], stride: usize, start: usize, end: usize, scale: f32, f16_weights: bool, scores: &mut [f32], out: &mut [f32]) => attend_body
+}
+
+/// What a cache holds: f32 values, or f16 ones widened as they are read.
+trait Kv: Copy {
+    /// [`crate::scores::block_scores`] for this element.
+    fn block_scores(
+        q: &[f32],
+        k: &[Self],
+        stride: usize,
+        start: usize,
+        scale: f32,
+        w: &mut [f32],
+    ) -> bool;
+    /// One key's score, unscaled.
+    fn dot(q: &[f32], row: &[Self]) -> f32;
+    /// [`weighted_sum`] for this element.
+    fn weighted_sum<const G: usize>(
+        ws: &[f32],
+        n: usize,
+        v: &[Self],
+        stride: usize,
+        start: usize,
+        hd: usize,
+        out: &mut [f32],
+    ) -> usize;
+}
+
+impl Kv for f32 {
+    #[inline(always)]
+    fn block_scores(
+        q: &[f32],
+        k: &[f32],
+        stride: usize,
+        start: usize,
+        scale: f32,
+        w: &mut [f32],
+    ) -> bool {
+        crate::scores::block_scores(q, k, stride, start, scale, w)
+    }
+    #[inline(always)]
+    fn dot(q: &[f32], row: &[f32]) -> f32 {
+        dot_body(q, row)
+    }
+    #[inline(always)]
+    fn weighted_sum<const G: usize>(
+        ws: &[f32],
+        n: usize,
+        v: &[f32],
+        stride: usize,
+        start: usize,
+        hd: usize,
+        out: &mut [f32],
+    ) -> usize {
+        weighted_sum::<G>(ws, n, v, stride, start, hd, out)
+    }
+}
+
+impl Kv for half::f16 {
+    #[inline(always)]
+    fn block_scores(
+        q: &[f32],
+        k: &[half::f16],
+        stride: usize,
+        start: usize,
+        scale: f32,
+        w: &mut [f32],
+    ) -> bool {
+        crate::scores::block_scores_f16(q, k, stride, start, scale, w)
+    }
+    #[inline(always)]
+    fn dot(q: &[f32], row: &[half::f16]) -> f32 {
+        use half::slice::HalfFloatSliceExt;
+        let mut buf = [0f32; 64];
+        let mut wide = Vec::new();
+        let row32: &mut [f32] = if row.len() <= buf.len() {
+            &mut buf[..row.len()]
+        } else {
+            wide.resize(row.len(), 0.0);
+            &mut wide
+        };
+        row.convert_to_f32_slice(row32);
+        dot_body(q, row32)
+    }
+    #[inline(always)]
+    fn weighted_sum<const G: usize>(
+        ws: &[f32],
+        n: usize,
+        v: &[half::f16],
+        stride: usize,
+        start: usize,
+        hd: usize,
+        out: &mut [f32],
+    ) -> usize {
+        weighted_sum_f16::<G>(ws, n, v, stride, start, hd, out)
+    }
+}
+
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn attend_body(
+fn attend_body<T: Kv>(
     q: &[f32],
     hd: usize,
-    k: &[f32],
-    v: &[f32],
+    k: &[T],
+    v: &[T],
     stride: usize,
     start: usize,
     end: usize,
@@ -97,19 +237,19 @@ fn attend_body(
         let ws = &scores[h0 * n..];
         let o = &mut out[h0 * hd..];
         h0 += match heads - h0 {
-            1 => weighted_sum::<1>(ws, n, v, stride, start, hd, o),
-            2 => weighted_sum::<2>(ws, n, v, stride, start, hd, o),
-            3 => weighted_sum::<3>(ws, n, v, stride, start, hd, o),
-            _ => weighted_sum::<4>(ws, n, v, stride, start, hd, o),
+            1 => T::weighted_sum::<1>(ws, n, v, stride, start, hd, o),
+            2 => T::weighted_sum::<2>(ws, n, v, stride, start, hd, o),
+            3 => T::weighted_sum::<3>(ws, n, v, stride, start, hd, o),
+            _ => T::weighted_sum::<4>(ws, n, v, stride, start, hd, o),
         };
     }
 }
 
 /// The softmax weights of one head over keys `start..start + w.len()`, into `w`.
 #[inline(always)]
-fn softmax_weights(
+fn softmax_weights<T: Kv>(
     q: &[f32],
-    k: &[f32],
+    k: &[T],
     stride: usize,
     start: usize,
     scale: f32,
@@ -117,9 +257,9 @@ fn softmax_weights(
     w: &mut [f32],
 ) {
     let hd = q.len();
-    if !crate::scores::block_scores(q, k, stride, start, scale, w) {
+    if !T::block_scores(q, k, stride, start, scale, w) {
         for (s, j) in w.iter_mut().zip(start..) {
-            *s = dot_body(q, &k[j * stride..j * stride + hd]) * scale;
+            *s = T::dot(q, &k[j * stride..j * stride + hd]) * scale;
         }
     }
     // The maximum over 16 lanes, then across them (the maximum does not depend on the order).
@@ -229,9 +369,183 @@ fn weighted_sum<const G: usize>(
     G
 }
 
+/// [`weighted_sum`] over f16 values, each widened as it is loaded: the same fused
+/// multiply-adds in the same order, so the same bits as over f32 values. AVX-512 where the CPU
+/// has it; elsewhere each key's 64-column block is widened into a buffer first.
+#[inline(always)]
+fn weighted_sum_f16<const G: usize>(
+    ws: &[f32],
+    n: usize,
+    v: &[half::f16],
+    stride: usize,
+    start: usize,
+    hd: usize,
+    out: &mut [f32],
+) -> usize {
+    use half::slice::HalfFloatSliceExt;
+    let blocks = hd / 64 * 64;
+    #[cfg(target_arch = "x86_64")]
+    let done = if blocks > 0
+        && (start + n - 1) * stride + hd <= v.len()
+        && ws.len() >= G * n
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("fma")
+    {
+        // SAFETY: the features were just detected; every value read lies within `v` (checked
+        // above), every weight within `ws` and every write within `out`'s `G * hd`.
+        unsafe { weighted_sum_f16_512::<G>(ws, n, v, stride, start, hd, out) };
+        blocks
+    } else {
+        0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = 0;
+    let w: [&[f32]; G] = std::array::from_fn(|g| &ws[g * n..(g + 1) * n]);
+    let mut c0 = done;
+    let mut row = [0f32; 64];
+    while c0 + 64 <= hd {
+        let mut acc = [[[0f32; LANES]; 4]; G];
+        for (idx, j) in (start..start + n).enumerate() {
+            v[j * stride + c0..j * stride + c0 + 64].convert_to_f32_slice(&mut row);
+            for (acc_g, w_g) in acc.iter_mut().zip(&w) {
+                let wj = w_g[idx];
+                for (u, acc_u) in acc_g.iter_mut().enumerate() {
+                    for (l, a) in acc_u.iter_mut().enumerate() {
+                        *a = wj.mul_add(row[LANES * u + l], *a);
+                    }
+                }
+            }
+        }
+        for (g, acc_g) in acc.iter().enumerate() {
+            for (u, acc_u) in acc_g.iter().enumerate() {
+                let at = g * hd + c0 + LANES * u;
+                out[at..at + LANES].copy_from_slice(acc_u);
+            }
+        }
+        c0 += 64;
+    }
+    for (g, w_g) in w.iter().enumerate() {
+        for d in c0..hd {
+            let o = &mut out[g * hd + d];
+            for (&wj, j) in w_g.iter().zip(start..) {
+                *o = wj.mul_add(v[j * stride + d].to_f32(), *o);
+            }
+        }
+    }
+    G
+}
+
+/// The 64-column blocks of [`weighted_sum_f16`] on AVX-512 (the caller does the rest).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+#[allow(unsafe_code)]
+unsafe fn weighted_sum_f16_512<const G: usize>(
+    ws: &[f32],
+    n: usize,
+    v: &[half::f16],
+    stride: usize,
+    start: usize,
+    hd: usize,
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let vp = v.as_ptr() as *const u16;
+    let mut c0 = 0;
+    while c0 + 64 <= hd {
+        let mut acc = [[_mm512_setzero_ps(); 4]; G];
+        for idx in 0..n {
+            let j = start + idx;
+            let row = vp.add(j * stride + c0);
+            let pre = (j + PREFETCH_KEYS) * stride + c0;
+            if pre + 64 <= v.len() {
+                _mm_prefetch::<_MM_HINT_T0>(vp.add(pre) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(vp.add(pre + 32) as *const i8);
+            }
+            let vr: [__m512; 4] = std::array::from_fn(|u| {
+                _mm512_cvtph_ps(_mm256_loadu_si256(row.add(16 * u) as *const __m256i))
+            });
+            for (g, acc_g) in acc.iter_mut().enumerate() {
+                let wj = _mm512_set1_ps(*ws.get_unchecked(g * n + idx));
+                for (a, &x) in acc_g.iter_mut().zip(&vr) {
+                    *a = _mm512_fmadd_ps(wj, x, *a);
+                }
+            }
+        }
+        for (g, acc_g) in acc.iter().enumerate() {
+            for (u, a) in acc_g.iter().enumerate() {
+                _mm512_storeu_ps(out.as_mut_ptr().add(g * hd + c0 + 16 * u), *a);
+            }
+        }
+        c0 += 64;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_f16_cache_attends_as_the_same_values_in_f32_bit_for_bit() {
+        for hd in [24, 64, 96, 128] {
+            let stride = 2 * hd + 16;
+            let keys = 150;
+            let k16: Vec<half::f16> = (0..keys * stride)
+                .map(|i| {
+                    half::f16::from_f32(
+                        ((i * 7 % 13) as f32 - 6.0) * 0.3 / (hd as f32 / 24.0).sqrt(),
+                    )
+                })
+                .collect();
+            let v16: Vec<half::f16> = (0..keys * stride)
+                .map(|i| half::f16::from_f32(((i * 5 % 11) as f32 - 5.0) * 0.2))
+                .collect();
+            let (k, v): (Vec<f32>, Vec<f32>) = (
+                k16.iter().map(|x| x.to_f32()).collect(),
+                v16.iter().map(|x| x.to_f32()).collect(),
+            );
+            for heads in 1..=5 {
+                let q: Vec<f32> = (0..heads * hd)
+                    .map(|i| ((i * 31 % 29) as f32 - 14.0) * 0.05)
+                    .collect();
+                for (start, end) in [(0, 1), (3, 20), (0, keys), (149, keys)] {
+                    for f16w in [false, true] {
+                        let mut a = vec![f32::NAN; heads * hd];
+                        let mut b = vec![f32::NAN; heads * hd];
+                        attend(
+                            &q,
+                            hd,
+                            &k[8..],
+                            &v[8..],
+                            stride,
+                            start,
+                            end,
+                            0.3,
+                            f16w,
+                            &mut a,
+                        );
+                        attend_f16(
+                            &q,
+                            hd,
+                            &k16[8..],
+                            &v16[8..],
+                            stride,
+                            start,
+                            end,
+                            0.3,
+                            f16w,
+                            &mut b,
+                        );
+                        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(&a),
+                            bits(&b),
+                            "hd {hd} heads {heads} keys {start}..{end}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn heads_together_give_each_head_what_it_gets_alone_bit_for_bit() {
