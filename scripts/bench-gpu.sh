@@ -7,7 +7,11 @@
 #                                     # with the diffusers wheels the PyTorch image side needs
 #                                     # (IMAGE_FEATURES=cudnn: bench_imagine on cuDNN)
 #   scripts/bench-gpu.sh run [DIR]    # on the GPU machine, with .gpu/ beside the checkout:
-#                                     # every benchmark, JSON lines into DIR (default $OUT)
+#                                     # the check below, then every benchmark, JSON lines into DIR
+#                                     # (default $OUT)
+#   scripts/bench-gpu.sh check [DIR]  # on the GPU machine: the candle backend on the GPU against
+#                                     # the fast CPU path on every generated model of
+#                                     # tests/fixtures/arch (examples/device_check.rs)
 #
 # What runs: a llama shape of 1.2B weights (Llama 3.2 1B's layers with a 32k vocabulary), random
 # f16 weights made on the GPU, 128-token prompts then 64 decode steps, at 1, 8, 32 and 64
@@ -26,13 +30,14 @@ PACK="$ROOT/.gpu"
 
 prepare() {
     set -e
-    for spec in hearth-infer:bench_device:cuda "hearth-imagine:bench_imagine:${IMAGE_FEATURES:-cuda}"; do
+    for spec in hearth-infer:bench_device:cuda hearth-infer:device_check:cuda \
+        "hearth-imagine:bench_imagine:${IMAGE_FEATURES:-cuda}"; do
         IFS=: read -r pkg ex features <<<"$spec"
         FEATURES="$features" scripts/build-cuda.sh -p "$pkg" --example "$ex"
     done
     mkdir -p "$PACK/whl"
     local target="${CARGO_TARGET_DIR:-$ROOT/target/cuda}"
-    for ex in bench_device bench_imagine; do
+    for ex in bench_device device_check bench_imagine; do
         strip -o "$PACK/$ex" "$target/release/examples/$ex"
         xz -T2 -6 -f "$PACK/$ex"
     done
@@ -43,11 +48,10 @@ prepare() {
     echo "packed into $PACK: name .gpu in the device run's carry"
 }
 
-run() {
-    local out="${1:-${OUT:-/tmp/bench-gpu}}"
-    local bin=/tmp/hearth-gpu
-    mkdir -p "$out" "$bin"
-    for ex in bench_device bench_imagine; do
+unpack() {
+    bin=/tmp/hearth-gpu
+    mkdir -p "$bin"
+    for ex in bench_device device_check bench_imagine; do
         python3 -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.open(sys.argv[1]).read())' \
             "$PACK/$ex.xz" "$bin/$ex"
         chmod +x "$bin/$ex"
@@ -66,6 +70,24 @@ print(":".join(sorted(dirs)))
 PY
 )"
     export LD_LIBRARY_PATH="$libs:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
+}
+
+check() {
+    local out="${1:-${OUT:-/tmp/bench-gpu}}"
+    mkdir -p "$out"
+    [ -n "${bin:-}" ] || unpack
+    echo "== the candle backend on the GPU against the fast CPU path"
+    timeout 150 "$bin/device_check" --device cuda tests/fixtures/arch/*.gguf 2>&1 | tee "$out/check.jsonl"
+    echo "== the same with f32 activations on the GPU"
+    timeout 150 "$bin/device_check" --device cuda --dtype f32 tests/fixtures/arch/*.gguf 2>&1 |
+        tee "$out/check-f32.jsonl"
+}
+
+run() {
+    local out="${1:-${OUT:-/tmp/bench-gpu}}"
+    mkdir -p "$out"
+    unpack
+    check "$out"
     {
         date -u
         nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
@@ -93,5 +115,6 @@ PY
 case "${1:-}" in
     prepare) prepare ;;
     run) shift; run "$@" ;;
-    *) echo "usage: scripts/bench-gpu.sh prepare | run [DIR]" >&2; exit 2 ;;
+    check) shift; check "$@" ;;
+    *) echo "usage: scripts/bench-gpu.sh prepare | run [DIR] | check [DIR]" >&2; exit 2 ;;
 esac

@@ -323,13 +323,15 @@ impl CandleModel {
         Ok(())
     }
 
-    /// The activation dtype for a device: f16 on a GPU (tensor cores, half the bytes), f32 on
-    /// the CPU.
-    pub(crate) fn act_for(device: &Device) -> DType {
-        if device.is_cpu() {
-            DType::F32
-        } else {
-            DType::F16
+    /// The activation dtype `dtype` asks for on `device`: `auto` is f16 on a GPU (tensor cores,
+    /// half the bytes) and f32 on the CPU.
+    pub(crate) fn act_for(device: &Device, dtype: crate::config::Dtype) -> DType {
+        use crate::config::Dtype;
+        match dtype {
+            Dtype::Auto if device.is_cpu() => DType::F32,
+            Dtype::Auto | Dtype::F16 => DType::F16,
+            Dtype::F32 => DType::F32,
+            Dtype::BF16 => DType::BF16,
         }
     }
 }

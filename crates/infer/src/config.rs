@@ -132,6 +132,31 @@ impl std::str::FromStr for Numerics {
     }
 }
 
+/// The candle backend's activation dtype (its dense weights and cache follow it). The fast CPU
+/// path computes in f32 and 8-bit activations whatever this says.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Dtype {
+    /// f32 on the CPU, f16 on a GPU.
+    #[default]
+    Auto,
+    F32,
+    F16,
+    BF16,
+}
+
+impl std::str::FromStr for Dtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "auto" => Ok(Dtype::Auto),
+            "f32" => Ok(Dtype::F32),
+            "f16" => Ok(Dtype::F16),
+            "bf16" => Ok(Dtype::BF16),
+            other => Err(format!("dtype {other:?}: expected auto, f32, f16 or bf16")),
+        }
+    }
+}
+
 /// Where and how to load one text model.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TextModelConfig {
@@ -148,6 +173,8 @@ pub struct TextModelConfig {
     pub kv_precision: KvPrecision,
     /// How the fast backend computes (default: its SIMD kernels).
     pub numerics: Numerics,
+    /// The candle backend's activation dtype.
+    pub dtype: Dtype,
 }
 
 impl TextModelConfig {
@@ -162,6 +189,7 @@ impl TextModelConfig {
             backend: BackendChoice::Auto,
             kv_precision: KvPrecision::F32,
             numerics: Numerics::Fast,
+            dtype: Dtype::Auto,
         }
     }
 }
@@ -186,6 +214,17 @@ mod tests {
             BackendChoice::Fast
         );
         assert!("gpu".parse::<BackendChoice>().is_err());
+    }
+
+    #[test]
+    fn dtypes_parse_and_default_to_auto() {
+        assert_eq!("bf16".parse::<Dtype>().unwrap(), Dtype::BF16);
+        assert_eq!(" f32 ".parse::<Dtype>().unwrap(), Dtype::F32);
+        assert!("fp8"
+            .parse::<Dtype>()
+            .unwrap_err()
+            .contains("expected auto"));
+        assert_eq!(TextModelConfig::local("m.gguf").dtype, Dtype::Auto);
     }
 
     #[test]

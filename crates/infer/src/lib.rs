@@ -29,7 +29,9 @@ mod template;
 mod tokenizer;
 pub mod tool_calls;
 
-pub use config::{BackendChoice, DeviceSpec, KvPrecision, Numerics, TextModelConfig, WeightSource};
+pub use config::{
+    BackendChoice, DeviceSpec, Dtype, KvPrecision, Numerics, TextModelConfig, WeightSource,
+};
 pub use constraint::{ConstraintError, TokenConstraint, TokenMask};
 pub use error::Error;
 pub use gguf::{Arch, Hparams};

@@ -105,7 +105,7 @@ fn load_path(
         Some(m) => Box::new(m),
         None => {
             let mut m = crate::candle_gguf::from_gguf(&file, hp.clone(), device)?;
-            m.configure(cfg.kv_precision, CandleModel::act_for(device))?;
+            m.configure(cfg.kv_precision, CandleModel::act_for(device, cfg.dtype))?;
             Box::new(m)
         }
     };
@@ -208,7 +208,7 @@ fn load_safetensors(
         .unwrap_or_else(|| dir.join("tokenizer.json"));
     let tokenizer = crate::tokenizer::from_files(&tokenizer_json, cfg.chat_template.as_deref())?;
     let mut backend = crate::candle_llama::from_hf_tensors(tensors, hp.clone(), device)?;
-    backend.configure(cfg.kv_precision, CandleModel::act_for(device))?;
+    backend.configure(cfg.kv_precision, CandleModel::act_for(device, cfg.dtype))?;
     TextModel::assemble(hp, Box::new(backend), tokenizer, bytes, cfg.threads)
 }
 

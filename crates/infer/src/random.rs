@@ -147,7 +147,7 @@ impl TextModel {
             rope_freq_scale: 1.0,
             rope_attn_factor: 1.0,
         };
-        let act = crate::candle_llama::CandleModel::act_for(&dev);
+        let act = crate::candle_llama::CandleModel::act_for(&dev, crate::config::Dtype::Auto);
         let rand = |rows: usize, cols: usize| -> Result<Tensor, Error> {
             let s = 1.0 / (cols as f32).sqrt();
             Ok(Tensor::rand(-s, s, (rows, cols), &dev)?.to_dtype(act)?)

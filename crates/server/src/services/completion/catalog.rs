@@ -118,6 +118,7 @@ struct RawTextModel {
     shutdown_grace_ms: Option<u64>,
     kv_precision: Option<String>,
     numerics: Option<String>,
+    dtype: Option<String>,
     prefix_reuse: Option<bool>,
 }
 
@@ -220,10 +221,12 @@ fn resolve(
     };
     let kv_precision = parse_or_default(m.kv_precision).map_err(invalid)?;
     let numerics = parse_or_default(m.numerics).map_err(invalid)?;
+    let dtype = parse_or_default(m.dtype).map_err(invalid)?;
     let load = TextModelConfig {
         source,
         kv_precision,
         numerics,
+        dtype,
         tokenizer: m
             .tokenizer
             .map(|t| model_table::relative_to(table, Path::new(&t))),
@@ -313,6 +316,13 @@ mod tests {
             err.contains("kv_precision") && err.contains("alpha-3.3"),
             "{err}"
         );
+        assert_eq!(
+            load_with("dtype = \"bf16\"").unwrap().dtype,
+            hearth_infer::Dtype::BF16
+        );
+        assert_eq!(load_with("").unwrap().dtype, hearth_infer::Dtype::Auto);
+        let err = error("dtype = \"fp8\"");
+        assert!(err.contains("dtype") && err.contains("alpha-3.3"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
