@@ -90,32 +90,11 @@ pub(crate) fn rope_row(
 }
 
 #[cfg(test)]
-/// RMS-normalises each `dim`-wide chunk of `x` in place with weight `w`.
-pub(crate) fn rms_norm_chunks(x: &mut [f32], w: &[f32], eps: f32) {
-    let dim = w.len();
-    for chunk in x.chunks_exact_mut(dim) {
-        let ms = chunk.iter().map(|v| v * v).sum::<f32>() / dim as f32;
-        let r = 1.0 / (ms + eps).sqrt();
-        for (v, &g) in chunk.iter_mut().zip(w) {
-            *v = *v * r * g;
-        }
-    }
-}
-
-#[cfg(test)]
 /// Rounds to the nearest f16 value, as llama.cpp's default f16 KV cache and its f16 attention
 /// products do; matching that rounding keeps greedy tokens equal to llama.cpp's.
 #[inline]
 pub(crate) fn round_f16(x: f32) -> f32 {
     half::f16::from_f32(x).to_f32()
-}
-
-#[cfg(test)]
-/// Rounds every element of `x` to f16 precision in place.
-pub(crate) fn round_f16_slice(x: &mut [f32]) {
-    for v in x {
-        *v = round_f16(*v);
-    }
 }
 
 #[cfg(test)]
