@@ -14,6 +14,10 @@ use std::process::ExitCode;
 
 use hearth_infer::{BackendChoice, DeviceSpec, Dtype, Step, TextModel, TextModelConfig};
 
+#[path = "../tests/support/mod.rs"]
+mod support;
+use support::{argmax, margin};
+
 const NEAR_TIE: f32 = 1.0;
 const STEPS: usize = 24;
 
@@ -60,27 +64,6 @@ fn main() -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn margin(v: &[f32]) -> f32 {
-    let best = argmax(v) as usize;
-    let second = v
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| i != best)
-        .map(|(_, &x)| x)
-        .fold(f32::NEG_INFINITY, f32::max);
-    v[best] - second
 }
 
 fn load(

@@ -221,18 +221,11 @@ impl Layer {
 
 /// A loaded transformer on candle.
 pub(crate) struct CandleModel {
-    pub hp: Hparams,
-    pub device: Device,
-    pub embeddings: Embeddings,
-    /// Gemma multiplies embeddings by sqrt(hidden).
-    pub embed_scale: Option<f64>,
-    pub layers: Vec<Layer>,
-    pub norm: Tensor,
-    pub output: Linear,
-    pub rope: RopeStyle,
-    pub rope_scaling: RopeScaling,
-    pub activation: Activation,
-    pub attn_scale: f32,
+    hp: Hparams,
+    device: Device,
+    /// The weights and the family's options.
+    m: Parts,
+    attn_scale: f32,
     /// What the attention rounds to f16 (see [`KvPrecision`]); set with [`CandleModel::configure`].
     kv: KvPrecision,
     /// The dtype of activations and dense weights: f32 on the CPU, f16 on a GPU.
@@ -265,7 +258,7 @@ fn to_host(t: &Tensor) -> Result<Vec<f32>, Error> {
     Ok(t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?)
 }
 
-/// Parts of a model that `CandleModel::new` assembles.
+/// A model's weights and its family's options, as the loaders build them.
 pub(crate) struct Parts {
     pub embeddings: Embeddings,
     pub embed_scale: Option<f64>,
@@ -287,14 +280,7 @@ impl CandleModel {
             act: DType::F32,
             pool,
             device: device.clone(),
-            embeddings: parts.embeddings,
-            embed_scale: parts.embed_scale,
-            layers: parts.layers,
-            norm: parts.norm,
-            output: parts.output,
-            rope: parts.rope,
-            rope_scaling: parts.rope_scaling,
-            activation: parts.activation,
+            m: parts,
             hp,
         }
     }
@@ -303,12 +289,12 @@ impl CandleModel {
     /// GPU, which then keeps its dense weights and its cache in that dtype too). Sequences made
     /// before belong to the old cache pool and are refused afterwards.
     pub(crate) fn configure(&mut self, kv: KvPrecision, act: DType) -> Result<(), Error> {
-        for l in &mut self.layers {
+        for l in &mut self.m.layers {
             l.convert(act)?;
         }
-        self.norm = self.norm.to_dtype(act)?;
-        self.output.convert(act)?;
-        if let Embeddings::Dense(t) = &mut self.embeddings {
+        self.m.norm = self.m.norm.to_dtype(act)?;
+        self.m.output.convert(act)?;
+        if let Embeddings::Dense(t) = &mut self.m.embeddings {
             // Looked up on the device: only ids go there, not rows.
             *t = t.to_device(&self.device)?.to_dtype(act)?;
         }
@@ -389,7 +375,7 @@ impl CandleModel {
         let mut ids = Vec::new();
         let mut last = vec![0u32; steps.len()];
         let mut groups = Vec::new();
-        let window = self.layers.iter().find_map(|l| l.window);
+        let window = self.m.layers.iter().find_map(|l| l.window);
         let mut add_group =
             |members: &[usize], rows: &mut Vec<(usize, usize)>| -> Result<(), Error> {
                 if members.is_empty() {
@@ -448,7 +434,7 @@ impl CandleModel {
         let mut rope = HashMap::new();
         let half = self.hp.head_dim / 2;
         let mut cs = Vec::with_capacity(half);
-        for l in &self.layers {
+        for l in &self.m.layers {
             if rope.contains_key(&l.rope_theta.to_bits()) {
                 continue;
             }
@@ -459,7 +445,7 @@ impl CandleModel {
                     self.hp.head_dim,
                     pos,
                     l.rope_theta,
-                    &self.rope_scaling,
+                    &self.m.rope_scaling,
                     &mut cs,
                 );
                 cos.extend(cs.iter().map(|c| c.0));
@@ -513,7 +499,7 @@ impl CandleModel {
             let (k, v) = (heads(k)?, heads(v)?);
             let scores = qg.matmul(&k.t()?)?.to_dtype(DType::F32)?;
             let scores = (scores * self.attn_scale as f64)?.reshape((b, nkv, group, qr, t))?;
-            let mask = match (self.layers[il].window, &g.mask_window) {
+            let mask = match (self.m.layers[il].window, &g.mask_window) {
                 (Some(_), Some(m)) => m,
                 _ => &g.mask,
             };
@@ -541,7 +527,7 @@ impl CandleModel {
     fn rope(&self, x: &Tensor, cs: &(Tensor, Tensor)) -> Result<Tensor, Error> {
         let (n, heads, hd) = x.dims3()?;
         let x = x.reshape((n, heads, 1, hd))?;
-        let y = match self.rope {
+        let y = match self.m.rope {
             RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&x, &cs.0, &cs.1)?,
             RopeStyle::Neox => candle_nn::rotary_emb::rope(&x, &cs.0, &cs.1)?,
         };
@@ -569,6 +555,10 @@ impl Backend for CandleModel {
             .is_some_and(|d| d.pool().same(&self.pool))
     }
 
+    fn kv_value_bytes(&self) -> usize {
+        self.pool.lock().dtype().size_in_bytes()
+    }
+
     fn max_rows(&self) -> usize {
         // A GPU call's cost is mostly its kernel launches, not its rows' memory.
         if self.device.is_cpu() {
@@ -589,15 +579,16 @@ impl Backend for CandleModel {
         let plan = self.plan(steps)?;
         let n = plan.rows.len();
         let mut x = self
+            .m
             .embeddings
             .lookup(&plan.ids, &self.device)?
             .to_dtype(self.act)?;
-        if let Some(s) = self.embed_scale {
+        if let Some(s) = self.m.embed_scale {
             x = (x * s)?;
         }
         let pool = self.pool.lock();
         let f16_q = self.kv == KvPrecision::F16 && self.act == DType::F32;
-        for (il, layer) in self.layers.iter().enumerate() {
+        for (il, layer) in self.m.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.attn_norm, eps)?;
             let (mut q, mut k, mut v) = layer.qkv.project(&h, qd, kvd)?;
             if let Some([bq, bk, bv]) = &layer.qkv_bias {
@@ -636,7 +627,7 @@ impl Backend for CandleModel {
             x = (x + attn_out)?;
             let h = rms_norm(&x, &layer.ffn_norm, eps)?;
             let (gate, up) = layer.gate_up.forward(&h)?;
-            let gate = match self.activation {
+            let gate = match self.m.activation {
                 Activation::Silu => gate.silu()?,
                 Activation::GeluTanh => gate.gelu()?,
             };
@@ -647,8 +638,8 @@ impl Backend for CandleModel {
             };
             x = (x + ffn_out)?;
         }
-        let last = rms_norm(&x.index_select(&plan.last, 0)?, &self.norm, eps)?;
-        let out = self.output.forward(&last)?;
+        let last = rms_norm(&x.index_select(&plan.last, 0)?, &self.m.norm, eps)?;
+        let out = self.m.output.forward(&last)?;
         logits.clear();
         logits.extend(to_host(&out)?);
         Ok(())

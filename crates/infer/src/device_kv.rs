@@ -75,6 +75,7 @@ impl SharedPool {
         Ok(DeviceKv {
             pool: self.clone(),
             blocks,
+            dtype: pool.dtype,
         })
     }
 }
@@ -169,6 +170,8 @@ pub(crate) fn row(blocks: &[u32], pos: usize) -> u32 {
 pub(crate) struct DeviceKv {
     pool: SharedPool,
     blocks: Vec<u32>,
+    /// The pool's (fixed for its life), kept here so that asking takes no lock.
+    dtype: DType,
 }
 
 impl DeviceKv {
@@ -181,7 +184,7 @@ impl DeviceKv {
     }
 
     pub(crate) fn dtype(&self) -> DType {
-        self.pool.lock().dtype
+        self.dtype
     }
 
     /// Copies the first `len` positions of `from` (a sequence of the same pool) into this one.

@@ -280,9 +280,9 @@ impl Hparams {
         self.n_head_kv * self.head_dim
     }
 
-    /// Bytes of KV cache per token position over all layers (K and V, f32).
-    pub fn kv_bytes_per_token(&self) -> usize {
-        2 * self.n_layer * self.kv_dim() * std::mem::size_of::<f32>()
+    /// Bytes of KV cache per token position over all layers (K and V), at `value_bytes` a value.
+    pub fn kv_bytes_per_token(&self, value_bytes: usize) -> usize {
+        2 * self.n_layer * self.kv_dim() * value_bytes
     }
 
     /// Whether layer `il` attends within the sliding window only: every layer of a file that

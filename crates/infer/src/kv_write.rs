@@ -31,6 +31,17 @@ struct WriteRows {
     width: usize,
 }
 
+/// The three tensors' element ranges in their storages; a KV write needs them contiguous.
+fn offsets(layouts: [&Layout; 3]) -> candle_core::Result<[(usize, usize); 3]> {
+    let mut out = [(0, 0); 3];
+    for (o, l) in out.iter_mut().zip(layouts) {
+        *o = l
+            .contiguous_offsets()
+            .ok_or_else(|| candle_core::Error::Msg("a KV write needs contiguous tensors".into()))?;
+    }
+    Ok(out)
+}
+
 /// Checks the destinations against the pool, so a bad index is an error, not a stray write.
 fn check(at: &[u32], rows: usize) -> candle_core::Result<()> {
     match at.iter().find(|&&r| r as usize >= rows) {
@@ -65,13 +76,7 @@ impl InplaceOp3 for WriteRows {
             }
             Ok(())
         }
-        let (Some((p0, p1)), Some((s0, s1)), Some((a0, a1))) = (
-            l_pool.contiguous_offsets(),
-            l_src.contiguous_offsets(),
-            l_at.contiguous_offsets(),
-        ) else {
-            candle_core::bail!("a KV write needs contiguous tensors")
-        };
+        let [(p0, p1), (s0, s1), (a0, a1)] = offsets([l_pool, l_src, l_at])?;
         let CpuStorage::U32(at) = at else {
             candle_core::bail!("KV rows must be u32")
         };
@@ -100,13 +105,7 @@ impl InplaceOp3 for WriteRows {
         use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
         use candle_core::cuda_backend::{CudaStorageSlice as S, WrapErr};
 
-        let (Some((p0, p1)), Some((s0, s1)), Some((a0, a1))) = (
-            l_pool.contiguous_offsets(),
-            l_src.contiguous_offsets(),
-            l_at.contiguous_offsets(),
-        ) else {
-            candle_core::bail!("a KV write needs contiguous tensors")
-        };
+        let [(p0, p1), (s0, s1), (a0, a1)] = offsets([l_pool, l_src, l_at])?;
         let S::U32(at) = &at.slice else {
             candle_core::bail!("KV rows must be u32")
         };

@@ -136,11 +136,11 @@ impl Sequence {
     }
     /// Bytes of KV memory this sequence reserved.
     pub fn kv_bytes(&self) -> usize {
-        let elem = self
+        let value = self
             .device
             .as_ref()
             .map_or(self.k.elem().size(), |d| d.dtype().size_in_bytes());
-        2 * self.k.len() * self.capacity * self.kv_dim * elem
+        2 * self.k.len() * self.capacity * self.kv_dim * value
     }
 }
 
@@ -169,6 +169,10 @@ pub(crate) trait Backend: Send {
     /// Whether `seq`'s cache is one this backend made (checked before every step).
     fn accepts(&self, seq: &Sequence) -> bool {
         seq.device.is_none()
+    }
+    /// Bytes of one cached value in the caches this backend makes.
+    fn kv_value_bytes(&self) -> usize {
+        std::mem::size_of::<f32>()
     }
     /// Most rows one call computes; a step of more runs as several calls (`pieces.rs`).
     fn max_rows(&self) -> usize {
@@ -224,7 +228,7 @@ impl TextModel {
             .build()
             .map_err(|e| Error::InvalidBatch(format!("cannot start {threads} threads: {e}")))?;
         // What one position of the backend's own cache takes (f16 caches take half).
-        let kv_bytes_per_token = backend.new_sequence(hp.n_layer, hp.kv_dim(), 1)?.kv_bytes();
+        let kv_bytes_per_token = hp.kv_bytes_per_token(backend.kv_value_bytes());
         let info = ModelInfo {
             architecture: hp.arch_name.clone(),
             context_length: hp.context_length,

@@ -18,7 +18,7 @@ mod support;
 use std::path::{Path, PathBuf};
 
 use hearth_infer::{BackendChoice, ChatMessage, Role, Step, TextModel, TextModelConfig};
-use support::argmax;
+use support::{argmax, margin};
 
 const NEAR_TIE: f32 = 1.0;
 
@@ -64,18 +64,6 @@ fn prompt(m: &TextModel, text: &str) -> Vec<u32> {
             .unwrap(),
     )
     .unwrap()
-}
-
-/// The largest logit's margin over the second.
-fn margin(v: &[f32]) -> f32 {
-    let best = argmax(v) as usize;
-    let second = v
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| i != best)
-        .map(|(_, &x)| x)
-        .fold(f32::NEG_INFINITY, f32::max);
-    v[best] - second
 }
 
 fn teacher_forced(file: &str) {

@@ -278,6 +278,10 @@ impl Backend for FastModel {
         crate::Sequence::on_host(layers, kv_dim, capacity, self.kv_elem())
     }
 
+    fn kv_value_bytes(&self) -> usize {
+        self.kv_elem().size()
+    }
+
     /// Its own caches, and f32 ones (which hold any value; an f16 cache under f32 attention
     /// would lose precision).
     fn accepts(&self, seq: &crate::Sequence) -> bool {

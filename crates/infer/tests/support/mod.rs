@@ -1,4 +1,5 @@
-//! What the llama.cpp comparison tests share: reading fixture ids and the greedy pick.
+//! What the comparison tests (and examples/device_check.rs) share: reading fixture ids, the
+//! greedy pick and its margin.
 #![allow(dead_code)] // each test file uses a different part
 
 /// A JSON array of token ids.
@@ -19,4 +20,16 @@ pub fn argmax(v: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// The largest logit's margin over the second.
+pub fn margin(v: &[f32]) -> f32 {
+    let best = argmax(v) as usize;
+    let second = v
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != best)
+        .map(|(_, &x)| x)
+        .fold(f32::NEG_INFINITY, f32::max);
+    v[best] - second
 }
