@@ -133,6 +133,11 @@ impl Batch {
             let Some(p) = queue.waiting.pop_front() else {
                 break;
             };
+            // Before the caller hears it is admitted, so it never sees itself still queued.
+            shared
+                .metrics
+                .queue_depth
+                .store(queue.waiting.len() as u64, Relaxed);
             // A kept cache if one fits; else a new one, for which kept caches make room.
             let room = config.kv_budget_bytes - self.kv_reserved;
             let reused = &shared.metrics.prefix_reused_tokens;
