@@ -18,7 +18,8 @@ fn exp_body(x: f32) -> f32 {
     // default rounding mode, branch-free.
     const ROUND: f32 = 12_582_912.0;
     let xc = x.clamp(-87.3, 88.3);
-    let n = (xc * LOG2E + ROUND) - ROUND;
+    let t = xc * LOG2E + ROUND;
+    let n = t - ROUND;
     let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, xc));
     let mut p: f32 = 1.0 / 5040.0;
     p = p.mul_add(r, 1.0 / 720.0);
@@ -28,7 +29,11 @@ fn exp_body(x: f32) -> f32 {
     p = p.mul_add(r, 0.5);
     p = p.mul_add(r, 1.0);
     p = p.mul_add(r, 1.0);
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // `t`'s low mantissa bits hold `n` (an integer of at most 127 in magnitude, on the unit
+    // grid of [2^23, 2^24)), so this is `n as i32` without the saturating cast, which LLVM
+    // compiles to sixteen scalar conversions per vector; NaN gives a NaN result either way.
+    let ni = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    let scale = f32::from_bits((ni.wrapping_add(127) as u32) << 23);
     if x < -87.3 {
         0.0
     } else {
@@ -272,7 +277,7 @@ multiversion! {
 }
 
 mod attend;
-pub use attend::{attend, attend_f16};
+pub use attend::{attend, attend_f16, attend_rows, attend_rows_f16, RowRun};
 
 multiversion! {
     /// `x[i] = e^x[i]`, vectorized (see `exp_body` for the accuracy: within one f32 ulp of
@@ -429,6 +434,44 @@ mod tests {
         let mut edge = vec![f32::NEG_INFINITY, -1000.0, -87.4];
         exp_in_place(&mut edge);
         assert_eq!(edge, vec![0.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn exp_reads_its_exponent_from_the_rounding_bits_exactly_as_a_cast_would() {
+        // `exp_body` as it was, with `n as i32` (a saturating cast) for the exponent.
+        fn by_cast(x: f32) -> f32 {
+            let xc = x.clamp(-87.3, 88.3);
+            let n = (xc * std::f32::consts::LOG2_E + 12_582_912.0) - 12_582_912.0;
+            let r = n.mul_add(-1.428_606_8e-6, n.mul_add(-0.693_145_75, xc));
+            let mut p: f32 = 1.0 / 5040.0;
+            for c in [
+                1.0 / 720.0,
+                1.0 / 120.0,
+                1.0 / 24.0,
+                1.0 / 6.0,
+                0.5,
+                1.0,
+                1.0,
+            ] {
+                p = p.mul_add(r, c);
+            }
+            let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+            if x < -87.3 {
+                0.0
+            } else {
+                p * scale
+            }
+        }
+        // Every 1,017th bit pattern (both signs, subnormals, infinities, NaNs) and the ends.
+        let specials = [f32::MAX, f32::MIN, -87.3, 88.3, 88.72, -0.0, 0.0];
+        let sweep = (0..u32::MAX / 1017).map(|i| f32::from_bits(i * 1017));
+        for x in sweep.chain(specials) {
+            let (got, want) = (exp_body(x), by_cast(x));
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "exp({x}) = {got}, by the cast {want}"
+            );
+        }
     }
 
     #[test]
