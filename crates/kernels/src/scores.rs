@@ -89,6 +89,40 @@ unsafe fn block_scores512<const F16: bool>(
     scores: &mut [f32],
 ) {
     use std::arch::x86_64::*;
+    let n = scores.len();
+    let scale_v = _mm512_set1_ps(scale);
+    let mut done = 0;
+    while done < n {
+        let keys = (n - done).min(16);
+        score_keys::<F16>(
+            q,
+            k,
+            stride,
+            start + done,
+            keys,
+            scale_v,
+            scores.as_mut_ptr().add(done),
+        );
+        done += keys;
+    }
+}
+
+/// Writes `dst[i] = scale * q . key(first + i)` for `i` in `0..keys` (at most 16), key `j` at
+/// `k + j * stride` elements (f32, or f16 widened as loaded with `F16`): one block of
+/// [`block_scores`]. The caller guarantees AVX-512F and FMA, that every key read lies inside
+/// its cache, that `q.len()` is a multiple of 16 and that `dst` holds `keys` values.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn score_keys<const F16: bool>(
+    q: &[f32],
+    k: *const u8,
+    stride: usize,
+    first: usize,
+    keys: usize,
+    scale_v: std::arch::x86_64::__m512,
+    dst: *mut f32,
+) {
+    use std::arch::x86_64::*;
     let elem = if F16 { 2 } else { 4 };
     let load = |p: *const u8| {
         if F16 {
@@ -98,67 +132,60 @@ unsafe fn block_scores512<const F16: bool>(
         }
     };
     let hd = q.len();
-    let n = scores.len();
-    let scale_v = _mm512_set1_ps(scale);
-    let mut done = 0;
-    while done < n {
-        let keys = (n - done).min(16);
-        // Lane vectors of each key's products. The sixteen keys' chains run side by side, one
-        // query vector loaded per step for all of them (each key's chain still adds its
-        // products in column order). Absent keys (the last block's) read the last present key
-        // and are zeroed after.
-        let mut v = [_mm512_setzero_ps(); 16];
-        let kps: [*const u8; 16] = std::array::from_fn(|slot| {
-            k.add((start + done + KEY_OF_SLOT[slot].min(keys - 1)) * stride * elem)
-        });
-        let mut d = 0;
-        while d < hd {
-            let qd = _mm512_loadu_ps(q.as_ptr().add(d));
-            for (acc, kp) in v.iter_mut().zip(&kps) {
-                *acc = _mm512_fmadd_ps(qd, load(kp.add(d * elem)), *acc);
-            }
-            d += 16;
+    // Lane vectors of each key's products. The sixteen keys' chains run side by side, one
+    // query vector loaded per step for all of them (each key's chain still adds its products
+    // in column order). Absent keys (a short block's) read the last present key and are
+    // zeroed after.
+    let mut v = [_mm512_setzero_ps(); 16];
+    let kps: [*const u8; 16] = std::array::from_fn(|slot| {
+        k.add((first + KEY_OF_SLOT[slot].min(keys - 1)) * stride * elem)
+    });
+    let mut d = 0;
+    while d < hd {
+        let qd = _mm512_loadu_ps(q.as_ptr().add(d));
+        for (acc, kp) in v.iter_mut().zip(&kps) {
+            *acc = _mm512_fmadd_ps(qd, load(kp.add(d * elem)), *acc);
         }
-        if keys < 16 {
-            for (slot, acc) in v.iter_mut().enumerate() {
-                if KEY_OF_SLOT[slot] >= keys {
-                    *acc = _mm512_setzero_ps();
-                }
-            }
-        }
-        // Level 1: 256-bit halves, (q0 + q2, q1 + q3) of vectors i and i + 8 in one vector.
-        let mut b = [_mm512_setzero_ps(); 8];
-        for (i, bi) in b.iter_mut().enumerate() {
-            let x = _mm512_shuffle_f32x4::<0x44>(v[i], v[i + 8]);
-            let y = _mm512_shuffle_f32x4::<0xEE>(v[i], v[i + 8]);
-            *bi = _mm512_add_ps(x, y);
-        }
-        // Level 2: 128-bit quarters, one per vector: i, i + 8, i + 4, i + 12.
-        let mut c = [_mm512_setzero_ps(); 4];
-        for (i, ci) in c.iter_mut().enumerate() {
-            let x = _mm512_shuffle_f32x4::<0x88>(b[i], b[i + 4]);
-            let y = _mm512_shuffle_f32x4::<0xDD>(b[i], b[i + 4]);
-            *ci = _mm512_add_ps(x, y);
-        }
-        // Level 3: lanes 0 + 2 and 1 + 3 within each quarter.
-        let mut d = [_mm512_setzero_ps(); 2];
-        for (i, di) in d.iter_mut().enumerate() {
-            let x = _mm512_shuffle_ps::<0x44>(c[i], c[i + 2]);
-            let y = _mm512_shuffle_ps::<0xEE>(c[i], c[i + 2]);
-            *di = _mm512_add_ps(x, y);
-        }
-        // Level 4: (0 + 2) + (1 + 3): one sum per lane, in key order thanks to KEY_OF_SLOT.
-        let x = _mm512_shuffle_ps::<0x88>(d[0], d[1]);
-        let y = _mm512_shuffle_ps::<0xDD>(d[0], d[1]);
-        let sums = _mm512_mul_ps(_mm512_add_ps(x, y), scale_v);
-        let mask: __mmask16 = if keys == 16 {
-            0xFFFF
-        } else {
-            (1u16 << keys) - 1
-        };
-        _mm512_mask_storeu_ps(scores.as_mut_ptr().add(done), mask, sums);
-        done += keys;
+        d += 16;
     }
+    if keys < 16 {
+        for (slot, acc) in v.iter_mut().enumerate() {
+            if KEY_OF_SLOT[slot] >= keys {
+                *acc = _mm512_setzero_ps();
+            }
+        }
+    }
+    // Level 1: 256-bit halves, (q0 + q2, q1 + q3) of vectors i and i + 8 in one vector.
+    let mut b = [_mm512_setzero_ps(); 8];
+    for (i, bi) in b.iter_mut().enumerate() {
+        let x = _mm512_shuffle_f32x4::<0x44>(v[i], v[i + 8]);
+        let y = _mm512_shuffle_f32x4::<0xEE>(v[i], v[i + 8]);
+        *bi = _mm512_add_ps(x, y);
+    }
+    // Level 2: 128-bit quarters, one per vector: i, i + 8, i + 4, i + 12.
+    let mut c = [_mm512_setzero_ps(); 4];
+    for (i, ci) in c.iter_mut().enumerate() {
+        let x = _mm512_shuffle_f32x4::<0x88>(b[i], b[i + 4]);
+        let y = _mm512_shuffle_f32x4::<0xDD>(b[i], b[i + 4]);
+        *ci = _mm512_add_ps(x, y);
+    }
+    // Level 3: lanes 0 + 2 and 1 + 3 within each quarter.
+    let mut d = [_mm512_setzero_ps(); 2];
+    for (i, di) in d.iter_mut().enumerate() {
+        let x = _mm512_shuffle_ps::<0x44>(c[i], c[i + 2]);
+        let y = _mm512_shuffle_ps::<0xEE>(c[i], c[i + 2]);
+        *di = _mm512_add_ps(x, y);
+    }
+    // Level 4: (0 + 2) + (1 + 3): one sum per lane, in key order thanks to KEY_OF_SLOT.
+    let x = _mm512_shuffle_ps::<0x88>(d[0], d[1]);
+    let y = _mm512_shuffle_ps::<0xDD>(d[0], d[1]);
+    let sums = _mm512_mul_ps(_mm512_add_ps(x, y), scale_v);
+    let mask: __mmask16 = if keys == 16 {
+        0xFFFF
+    } else {
+        (1u16 << keys) - 1
+    };
+    _mm512_mask_storeu_ps(dst, mask, sums);
 }
 
 #[cfg(test)]

@@ -35,6 +35,9 @@ use crate::gguf::{Arch, Hparams};
 use crate::model::{Backend, Step};
 use crate::Error;
 
+/// Most rows of a step one attention piece takes (a KV head's keys stay in cache across them).
+const MAX_ROWS_PER_PIECE: usize = 32;
+
 #[cfg(feature = "parity")]
 pub(crate) mod ggml_exact;
 mod load;
@@ -434,6 +437,46 @@ impl Backend for FastModel {
                         out,
                     );
                 };
+                // Rows `first..first + out.len() / qd` (one sequence's, consecutive positions)
+                // for KV head `kvh`: together, so each block of its keys and values is read
+                // once for all of them (bit-identical to row by row).
+                let attend_run = |first: usize, kvh: usize, out: &mut [f32]| {
+                    let count = out.len() / qd;
+                    if count == 1 {
+                        let heads = kvh * group * hd..(kvh + 1) * group * hd;
+                        attend_heads(first, kvh * group, &mut out[heads]);
+                        return;
+                    }
+                    let seq: &crate::Sequence = steps_ro[rows[first].0].seq;
+                    let mut ranges = [(0, 0); MAX_ROWS_PER_PIECE];
+                    for (range, &(_, pos)) in ranges.iter_mut().zip(&rows[first..first + count]) {
+                        let start = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                        *range = (start, pos + 1);
+                    }
+                    let run = ops::RowRun {
+                        q: &qkv[first * qkv_w + kvh * group * hd..],
+                        q_stride: qkv_w,
+                        ranges: &ranges[..count],
+                        heads: group,
+                        hd,
+                        scale,
+                        f16_weights: f16_kv,
+                    };
+                    let out = &mut out[kvh * group * hd..];
+                    let at = kvh * hd..;
+                    if let (Some(k), Some(v)) = (seq.k.f16(il), seq.v.f16(il)) {
+                        ops::attend_rows_f16(&run, &k[at.clone()], &v[at], kvd, out, qd);
+                    } else {
+                        ops::attend_rows(
+                            &run,
+                            &seq.k[il][at.clone()],
+                            &seq.v[il][at],
+                            kvd,
+                            out,
+                            qd,
+                        );
+                    }
+                };
                 let threads = kern.pool.threads();
                 if n * hp.n_head_kv >= 4 * threads {
                     // Enough rows: one piece per few rows, and inside it one KV head at a time
@@ -441,14 +484,21 @@ impl Backend for FastModel {
                     // values, read from memory for the first row, come from the core's cache
                     // for the rest of a prefill chunk's rows instead of being read again for
                     // each (the whole cache of a long prompt does not fit; one head's does).
-                    let rows_per_piece = (n / (4 * threads)).clamp(1, 32);
+                    let rows_per_piece = (n / (4 * threads)).clamp(1, MAX_ROWS_PER_PIECE);
                     kern.pool
                         .for_each_piece_mut(att, rows_per_piece * qd, &|i, out| {
                             let first = i * rows_per_piece;
+                            let count = out.len() / qd;
                             for kvh in 0..hp.n_head_kv {
-                                for (rr, out_row) in out.chunks_exact_mut(qd).enumerate() {
-                                    let heads = kvh * group * hd..(kvh + 1) * group * hd;
-                                    attend_heads(first + rr, kvh * group, &mut out_row[heads]);
+                                // Runs of rows of one sequence (a prefill chunk's).
+                                let mut r0 = 0;
+                                while r0 < count {
+                                    let si = rows[first + r0].0;
+                                    let r1 = (r0 + 1..count)
+                                        .find(|&r| rows[first + r].0 != si)
+                                        .unwrap_or(count);
+                                    attend_run(first + r0, kvh, &mut out[r0 * qd..r1 * qd]);
+                                    r0 = r1;
                                 }
                             }
                         });

@@ -515,3 +515,72 @@ fn an_f16_cache_gives_the_logits_of_an_f32_cache_with_the_same_values_in_half_th
         assert!(m.accepts(&host(KvElem::F32)));
     }
 }
+
+/// A prompt prefilled in one step (its rows attend together, a tile at a time) leaves exactly
+/// the cache that feeding it one token per step leaves, in every layer: each row's attention
+/// is the same, bit for bit, whether it runs alone or beside the other rows of its chunk. With
+/// an f32 cache and an f16 one.
+#[test]
+fn a_prompt_prefilled_at_once_leaves_the_cache_one_token_a_step_leaves() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = Spec {
+        arch: "llama",
+        embd: GgmlDType::Q8_0,
+        layer: [GgmlDType::Q4_1; 7],
+    };
+    let path = write_model(dir.path(), &spec, 5);
+    let file = GgufFile::open(&path).unwrap();
+    let hp = Hparams::from_gguf(&file.content).unwrap();
+    let prompt: Vec<u32> = (0..100).map(|i| (i * 29 + 3) % VOCAB as u32).collect();
+    for kv in [KvPrecision::F32, KvPrecision::F16] {
+        let mut fast = from_gguf(&path, &file.content, hp.clone(), 2).unwrap();
+        fast.kv = kv;
+        let mut logits = Vec::new();
+        let mut at_once = new_seq(&fast, &hp, 128);
+        fast.forward(
+            &mut [Step {
+                seq: &mut at_once,
+                tokens: &prompt,
+            }],
+            &mut logits,
+        )
+        .unwrap();
+        let last_at_once = logits.clone();
+        let mut by_token = new_seq(&fast, &hp, 128);
+        for (i, t) in prompt.iter().enumerate() {
+            by_token.len = i;
+            fast.forward(
+                &mut [Step {
+                    seq: &mut by_token,
+                    tokens: std::slice::from_ref(t),
+                }],
+                &mut logits,
+            )
+            .unwrap();
+        }
+        let n = prompt.len() * hp.kv_dim();
+        for il in 0..hp.n_layer {
+            let (a, b) = match (at_once.k.f16(il), by_token.k.f16(il)) {
+                (Some(a), Some(b)) => (
+                    a[..n].iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
+                    b[..n].iter().map(|x| x.to_f32()).collect(),
+                ),
+                _ => (at_once.k[il][..n].to_vec(), by_token.k[il][..n].to_vec()),
+            };
+            let differ = a
+                .iter()
+                .zip(&b)
+                .position(|(x, y)| x.to_bits() != y.to_bits());
+            assert_eq!(
+                differ, None,
+                "{kv:?}: keys of layer {il} differ at that index"
+            );
+        }
+        let differ =
+            (last_at_once.iter().zip(&logits)).position(|(x, y)| x.to_bits() != y.to_bits());
+        assert_eq!(
+            differ, None,
+            "{kv:?}: the last position's logits differ at that index"
+        );
+    }
+}

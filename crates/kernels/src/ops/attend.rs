@@ -13,6 +13,9 @@ use half::slice::HalfFloatSliceExt;
 
 use super::{dot_body, exp_in_place_body, reduce16, LANES};
 
+mod rows;
+pub use rows::{attend_rows, attend_rows_f16, RowRun};
+
 thread_local! {
     /// Per-thread score scratch: grows to the most heads x the longest context seen, then is
     /// reused, so the decode step allocates nothing once warm.
@@ -128,6 +131,18 @@ trait Kv: Copy {
     /// One key's score, unscaled.
     fn dot(q: &[f32], row: &[Self]) -> f32;
     fn widen(self) -> f32;
+    /// The cache itself when it holds f32 (read in place), or `None` (widen before reading).
+    fn as_f32(x: &[Self]) -> Option<&[f32]>;
+    /// Rows `first..first + count` (each `hd` values, `stride` apart in `x`) as f32 into `buf`,
+    /// `hd` apart.
+    fn widen_rows(
+        x: &[Self],
+        first: usize,
+        count: usize,
+        stride: usize,
+        hd: usize,
+        buf: &mut [f32],
+    );
     /// Values `at..at + 64` as f32: themselves, or widened into `buf`.
     fn row64<'a>(v: &'a [Self], at: usize, buf: &'a mut [f32; 64]) -> &'a [f32];
     /// The leading 64-column blocks of [`weighted_sum`] done by a kernel of this element's own;
@@ -167,6 +182,24 @@ impl Kv for f32 {
         self
     }
     #[inline(always)]
+    fn as_f32(x: &[f32]) -> Option<&[f32]> {
+        Some(x)
+    }
+    #[inline(always)]
+    fn widen_rows(
+        x: &[f32],
+        first: usize,
+        count: usize,
+        stride: usize,
+        hd: usize,
+        buf: &mut [f32],
+    ) {
+        for (i, row) in buf.chunks_exact_mut(hd).take(count).enumerate() {
+            let at = (first + i) * stride;
+            row.copy_from_slice(&x[at..at + hd]);
+        }
+    }
+    #[inline(always)]
     fn row64<'a>(v: &'a [f32], at: usize, _buf: &'a mut [f32; 64]) -> &'a [f32] {
         &v[at..at + 64]
     }
@@ -200,6 +233,24 @@ impl Kv for half::f16 {
     #[inline(always)]
     fn widen(self) -> f32 {
         self.to_f32()
+    }
+    #[inline(always)]
+    fn as_f32(_: &[half::f16]) -> Option<&[f32]> {
+        None
+    }
+    #[inline(always)]
+    fn widen_rows(
+        x: &[half::f16],
+        first: usize,
+        count: usize,
+        stride: usize,
+        hd: usize,
+        buf: &mut [f32],
+    ) {
+        for (i, row) in buf.chunks_exact_mut(hd).take(count).enumerate() {
+            let at = (first + i) * stride;
+            x[at..at + hd].convert_to_f32_slice(row);
+        }
     }
     #[inline(always)]
     fn row64<'a>(v: &'a [half::f16], at: usize, buf: &'a mut [f32; 64]) -> &'a [f32] {
@@ -289,6 +340,12 @@ fn softmax_weights<T: Kv>(
             *s = T::dot(q, &k[j * stride..j * stride + hd]) * scale;
         }
     }
+    softmax_in_place(w, f16_weights);
+}
+
+/// Turns scores into softmax weights in place (maximum subtracted, then normalized).
+#[inline(always)]
+fn softmax_in_place(w: &mut [f32], f16_weights: bool) {
     // The maximum over 16 lanes, then across them (the maximum does not depend on the order).
     let mut mx = [f32::NEG_INFINITY; LANES];
     let mut chunks = w.chunks_exact(LANES);
