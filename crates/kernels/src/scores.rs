@@ -188,6 +188,135 @@ pub(crate) unsafe fn score_keys<const F16: bool>(
     _mm512_mask_storeu_ps(dst, mask, sums);
 }
 
+/// Keys `first..first + count` (at most 16; key `j` at `k + j * stride` elements, f32 or, with
+/// `F16`, f16 widened) transposed into `kt`: `kt[d * 16 + i]` is value `d` of key `first + i`,
+/// zero for `i >= count`. `hd` is a multiple of 16 and `kt` holds `16 * hd` values; every key
+/// read lies inside its cache (the caller's guarantees, with AVX-512F).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+#[inline]
+pub(crate) unsafe fn transpose16<const F16: bool>(
+    k: *const u8,
+    stride: usize,
+    first: usize,
+    count: usize,
+    hd: usize,
+    kt: *mut f32,
+) {
+    use std::arch::x86_64::*;
+    let elem = if F16 { 2 } else { 4 };
+    let mut d0 = 0;
+    while d0 < hd {
+        // Sixteen keys' values d0..d0 + 16, one key a vector, then a 16 x 16 transpose.
+        let r: [__m512; 16] = std::array::from_fn(|i| {
+            if i >= count {
+                return _mm512_setzero_ps();
+            }
+            let p = k.add(((first + i) * stride + d0) * elem);
+            if F16 {
+                _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+            } else {
+                _mm512_loadu_ps(p as *const f32)
+            }
+        });
+        // Pairs of keys interleaved, then quads: `u[4 * g + j]` holds, in 128-bit lane `l`,
+        // value `4 * l + j` of keys `4 * g..4 * g + 4`.
+        let t: [__m512; 16] = std::array::from_fn(|i| {
+            let (a, b) = (r[i & !1], r[i | 1]);
+            if i % 2 == 0 {
+                _mm512_unpacklo_ps(a, b)
+            } else {
+                _mm512_unpackhi_ps(a, b)
+            }
+        });
+        let u: [__m512; 16] = std::array::from_fn(|i| {
+            let (g, j) = (i / 4, i % 4);
+            let (a, b) = (
+                _mm512_castps_pd(t[4 * g + j / 2]),
+                _mm512_castps_pd(t[4 * g + j / 2 + 2]),
+            );
+            _mm512_castpd_ps(if j % 2 == 0 {
+                _mm512_unpacklo_pd(a, b)
+            } else {
+                _mm512_unpackhi_pd(a, b)
+            })
+        });
+        // Quads of keys paired: `v[8 * h + 4 * s + j]` holds values j + 4s (lanes 0, 2) and
+        // j + 4s + 8 (lanes 1, 3) of keys 8h..8h + 4 (lanes 0, 1) and 8h + 4..8h + 8 (2, 3).
+        let v: [__m512; 16] = std::array::from_fn(|i| {
+            let (h, sel, j) = (i / 8, (i / 4) % 2, i % 4);
+            let (a, b) = (u[8 * h + j], u[8 * h + 4 + j]);
+            if sel == 0 {
+                _mm512_shuffle_f32x4::<0x88>(a, b)
+            } else {
+                _mm512_shuffle_f32x4::<0xDD>(a, b)
+            }
+        });
+        // Value `c` of all sixteen keys: c = j + 4s (+ 8 from the odd lanes).
+        for c in 0..16 {
+            let (hi, s4, j) = (c / 8, (c / 4) % 2, c % 4);
+            let (a, b) = (v[4 * s4 + j], v[8 + 4 * s4 + j]);
+            let col = if hi == 0 {
+                _mm512_shuffle_f32x4::<0x88>(a, b)
+            } else {
+                _mm512_shuffle_f32x4::<0xDD>(a, b)
+            };
+            _mm512_storeu_ps(kt.add((d0 + c) * 16), col);
+        }
+        d0 += 16;
+    }
+}
+
+/// Scores of `N` query heads against a transposed block of sixteen keys ([`transpose16`]):
+/// `dst[n][i] = scale * q[n] . key i` for the keys whose bit is set in `mask[n]` (others are
+/// not written). Bit-identical to [`score_keys`]: key `i`'s lane-`l` partial sum over the
+/// head's 16-value pieces is vector `l`'s lane `i` here, built by the same fused multiply-adds
+/// in the same order, and the sixteen partial sums are added in the same tree (`l` and
+/// `l + 8`, then `+ 4`, `+ 2`, `+ 1`), only with whole vectors instead of shuffled lanes. Each
+/// value of `kt` is loaded once for all `N` heads, and no shuffles are needed. Pointers as in
+/// [`score_keys`]; a masked-out lane of `dst` is never touched.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+#[inline]
+pub(crate) unsafe fn score_transposed<const N: usize, const U: usize>(
+    q: [*const f32; N],
+    hd: usize,
+    kt: *const f32,
+    scale_v: std::arch::x86_64::__m512,
+    dst: [*mut f32; N],
+    mask: [u16; N],
+) {
+    use std::arch::x86_64::*;
+    // The head's 16-value pieces: `U` when known at compile time (the loops unroll), else
+    // counted from `hd`.
+    let pieces = if U > 0 { U } else { hd / 16 };
+    // Lane sums `l` and `l + 8` of every key, added: the tree's first level.
+    let level1 = |l: usize| -> [__m512; N] {
+        let mut x = [_mm512_setzero_ps(); N];
+        let mut y = [_mm512_setzero_ps(); N];
+        for u in 0..pieces {
+            let d = 16 * u + l;
+            let kx = _mm512_loadu_ps(kt.add(d * 16));
+            let ky = _mm512_loadu_ps(kt.add((d + 8) * 16));
+            for n in 0..N {
+                x[n] = _mm512_fmadd_ps(_mm512_set1_ps(*q[n].add(d)), kx, x[n]);
+                y[n] = _mm512_fmadd_ps(_mm512_set1_ps(*q[n].add(d + 8)), ky, y[n]);
+            }
+        }
+        std::array::from_fn(|n| _mm512_add_ps(x[n], y[n]))
+    };
+    let add = |a: [__m512; N], b: [__m512; N]| -> [__m512; N] {
+        std::array::from_fn(|n| _mm512_add_ps(a[n], b[n]))
+    };
+    let level2 = |l: usize| add(level1(l), level1(l + 4));
+    let d0 = add(level2(0), level2(2));
+    let d1 = add(level2(1), level2(3));
+    let sums = add(d0, d1);
+    for n in 0..N {
+        _mm512_mask_storeu_ps(dst[n], mask[n], _mm512_mul_ps(sums[n], scale_v));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,6 +348,126 @@ mod tests {
                             "hd {hd} start {start} n {n} key {j}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn transposed_blocks_score_bit_identically_to_one_key_at_a_time() {
+        if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma")) {
+            return; // no AVX-512 here: the tiles run row by row
+        }
+        let stride = 300;
+        let keys = 40;
+        let k: Vec<f32> = (0..keys * stride)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013)
+            .collect();
+        let k16: Vec<half::f16> = k.iter().map(|&x| half::f16::from_f32(x)).collect();
+        let wide: Vec<f32> = k16.iter().map(|x| x.to_f32()).collect();
+        for hd in [16, 64, 128, 256] {
+            let q: Vec<f32> = (0..4 * hd)
+                .map(|i| ((i * 53 % 97) as f32 - 48.0) * 0.021)
+                .collect();
+            for (first, count) in [(0, 16), (3, 16), (17, 5), (39, 1), (24, 16)] {
+                let mut kt = vec![f32::NAN; 16 * hd];
+                let mut kt16 = kt.clone();
+                let mut want = [[0f32; 16]; 4];
+                let mut want16 = want;
+                let mut got = [[f32::NAN; 16]; 4];
+                let mut got16 = got;
+                // SAFETY: AVX-512F was detected; every key read lies in `k` (first + count <= 40,
+                // hd <= stride), `kt` holds 16 * hd values, `q` holds four heads.
+                unsafe {
+                    use std::arch::x86_64::_mm512_set1_ps;
+                    transpose16::<false>(
+                        k.as_ptr() as *const u8,
+                        stride,
+                        first,
+                        count,
+                        hd,
+                        kt.as_mut_ptr(),
+                    );
+                    transpose16::<true>(
+                        k16.as_ptr() as *const u8,
+                        stride,
+                        first,
+                        count,
+                        hd,
+                        kt16.as_mut_ptr(),
+                    );
+                    for n in 0..4 {
+                        let qn = &q[n * hd..(n + 1) * hd];
+                        let s = _mm512_set1_ps(0.3);
+                        score_keys::<false>(
+                            qn,
+                            k.as_ptr() as *const u8,
+                            stride,
+                            first,
+                            count,
+                            s,
+                            want[n].as_mut_ptr(),
+                        );
+                        score_keys::<false>(
+                            qn,
+                            wide.as_ptr() as *const u8,
+                            stride,
+                            first,
+                            count,
+                            s,
+                            want16[n].as_mut_ptr(),
+                        );
+                    }
+                    // Heads one, two, three and four at a time, each its own mask.
+                    let qp: [*const f32; 4] = std::array::from_fn(|n| q[n * hd..].as_ptr());
+                    let mask = if count == 16 {
+                        0xFFFF
+                    } else {
+                        (1u16 << count) - 1
+                    };
+                    let s = _mm512_set1_ps(0.3);
+                    score_transposed::<1, 0>(
+                        [qp[0]],
+                        hd,
+                        kt.as_ptr(),
+                        s,
+                        [got[0].as_mut_ptr()],
+                        [mask],
+                    );
+                    score_transposed::<3, 0>(
+                        [qp[1], qp[2], qp[3]],
+                        hd,
+                        kt.as_ptr(),
+                        s,
+                        [
+                            got[1].as_mut_ptr(),
+                            got[2].as_mut_ptr(),
+                            got[3].as_mut_ptr(),
+                        ],
+                        [mask; 3],
+                    );
+                    let d16: [*mut f32; 4] = std::array::from_fn(|n| got16[n].as_mut_ptr());
+                    score_transposed::<4, 0>(qp, hd, kt16.as_ptr(), s, d16, [mask; 4]);
+                }
+                for n in 0..4 {
+                    for i in 0..count {
+                        assert_eq!(
+                            got[n][i].to_bits(),
+                            want[n][i].to_bits(),
+                            "hd {hd} key {} head {n}",
+                            first + i
+                        );
+                        assert_eq!(
+                            got16[n][i].to_bits(),
+                            want16[n][i].to_bits(),
+                            "f16 hd {hd} key {} head {n}",
+                            first + i
+                        );
+                    }
+                    assert!(
+                        got[n][count..].iter().all(|x| x.is_nan()),
+                        "wrote past the mask"
+                    );
                 }
             }
         }

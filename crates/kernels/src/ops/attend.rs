@@ -119,6 +119,8 @@ multiversion! {
 
 /// What a cache holds: f32 values, or f16 ones widened as they are read.
 trait Kv: Copy {
+    /// Whether the cache holds f16 (widened as read).
+    const F16: bool;
     /// [`crate::scores::block_scores`] for this element.
     fn block_scores(
         q: &[f32],
@@ -162,6 +164,7 @@ trait Kv: Copy {
 }
 
 impl Kv for f32 {
+    const F16: bool = false;
     #[inline(always)]
     fn block_scores(
         q: &[f32],
@@ -206,6 +209,7 @@ impl Kv for f32 {
 }
 
 impl Kv for half::f16 {
+    const F16: bool = true;
     #[inline(always)]
     fn block_scores(
         q: &[f32],

@@ -14,6 +14,8 @@
 //! block for the whole tile instead of once per row.
 
 use super::{attend, attend_f16, Kv};
+#[cfg(target_arch = "x86_64")]
+use crate::scores::{score_transposed, transpose16};
 
 /// Rows whose scores are held at once: their scratch (rows x heads x keys) stays in L2 next to
 /// the KV head's keys and values, and each key block is reused by rows x heads query heads.
@@ -202,38 +204,46 @@ unsafe fn tiles512<T: Kv>(
         else {
             continue;
         };
-        // Scores, sixteen keys at a time against every query head of the tile.
+        // Scores: sixteen keys transposed once, then scored against every query head of every
+        // row that attends any of them, four heads at a time.
         let mut kb = lo;
         while kb < hi {
             let count = (hi - kb).min(16);
-            let (base, kstride, first) = match T::as_f32(k) {
-                Some(k32) => (k32.as_ptr(), stride, 0),
-                None => {
-                    T::widen_rows(k, kb, count, stride, hd, kbuf);
-                    (kbuf.as_ptr(), hd, kb)
-                }
-            };
+            let kp = k.as_ptr() as *const u8;
+            if T::F16 {
+                transpose16::<true>(kp, stride, kb, count, hd, kbuf.as_mut_ptr());
+            } else {
+                transpose16::<false>(kp, stride, kb, count, hd, kbuf.as_mut_ptr());
+            }
+            let kt = kbuf.as_ptr();
+            let mut qs = [std::ptr::null::<f32>(); 4];
+            let mut dst = [std::ptr::null_mut::<f32>(); 4];
+            let mut mask = [0u16; 4];
+            let mut n = 0;
             for (r, &(s, e)) in tile.iter().enumerate() {
                 let (a, b) = (kb.max(s), (kb + count).min(e));
                 if a >= b {
                     continue;
                 }
+                let keys = (((1u32 << (b - kb)) - 1) & !((1u32 << (a - kb)) - 1)) as u16;
                 for g in 0..heads {
-                    let qh = std::slice::from_raw_parts(
-                        q.as_ptr().add((t0 + r) * q_stride + g * hd),
-                        hd,
-                    );
-                    let dst = scores.as_mut_ptr().add((r * heads + g) * nmax + (a - s));
-                    crate::scores::score_keys::<false>(
-                        qh,
-                        base as *const u8,
-                        kstride,
-                        a - first,
-                        b - a,
-                        scale_v,
-                        dst,
-                    );
+                    qs[n] = q.as_ptr().add((t0 + r) * q_stride + g * hd);
+                    // Lane `i` is key `kb + i`, at `kb + i - s` in the row's scores; the lanes
+                    // before `a` (which that would put before the row) are masked out.
+                    dst[n] = scores
+                        .as_mut_ptr()
+                        .wrapping_add((r * heads + g) * nmax + kb)
+                        .wrapping_sub(s);
+                    mask[n] = keys;
+                    n += 1;
+                    if n == 4 {
+                        score4(qs, hd, kt, scale_v, dst, mask);
+                        n = 0;
+                    }
                 }
+            }
+            for i in 0..n {
+                score_transposed::<1, 0>([qs[i]], hd, kt, scale_v, [dst[i]], [mask[i]]);
             }
             kb += count;
         }
@@ -278,6 +288,25 @@ unsafe fn tiles512<T: Kv>(
             }
             vb += count;
         }
+    }
+}
+
+/// Four query heads against a transposed key block, unrolled for the common head sizes.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn score4(
+    q: [*const f32; 4],
+    hd: usize,
+    kt: *const f32,
+    scale_v: std::arch::x86_64::__m512,
+    dst: [*mut f32; 4],
+    mask: [u16; 4],
+) {
+    match hd {
+        64 => score_transposed::<4, 4>(q, hd, kt, scale_v, dst, mask),
+        128 => score_transposed::<4, 8>(q, hd, kt, scale_v, dst, mask),
+        256 => score_transposed::<4, 16>(q, hd, kt, scale_v, dst, mask),
+        _ => score_transposed::<4, 0>(q, hd, kt, scale_v, dst, mask),
     }
 }
 
