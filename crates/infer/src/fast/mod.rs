@@ -502,8 +502,16 @@ impl Backend for FastModel {
                                 }
                             }
                         });
+                } else if n * hp.n_head_kv >= threads {
+                    // Few rows (decode): one piece per row and KV head, its query heads together,
+                    // so the head's keys and values are read from memory once for all of them
+                    // (decode after 2,048 tokens: +12% on SmolLM2, three query heads per KV head).
+                    let nkv = hp.n_head_kv;
+                    kern.pool.for_each_piece_mut(att, group * hd, &|i, out| {
+                        attend_heads(i / nkv, (i % nkv) * group, out)
+                    });
                 } else {
-                    // Few rows: one piece per query head keeps every thread busy.
+                    // Fewer KV heads than threads: one piece per query head keeps them all busy.
                     kern.pool
                         .for_each_piece_mut(att, hd, &|i, out| attend_heads(i / nh, i % nh, out));
                 }
