@@ -399,24 +399,11 @@ mod tests {
                     for n in 0..4 {
                         let qn = &q[n * hd..(n + 1) * hd];
                         let s = _mm512_set1_ps(0.3);
-                        score_keys::<false>(
-                            qn,
-                            k.as_ptr() as *const u8,
-                            stride,
-                            first,
-                            count,
-                            s,
-                            want[n].as_mut_ptr(),
-                        );
-                        score_keys::<false>(
-                            qn,
-                            wide.as_ptr() as *const u8,
-                            stride,
-                            first,
-                            count,
-                            s,
-                            want16[n].as_mut_ptr(),
-                        );
+                        let pairs = [(&k, want[n].as_mut_ptr()), (&wide, want16[n].as_mut_ptr())];
+                        for (keys, dst) in pairs {
+                            let kp = keys.as_ptr() as *const u8;
+                            score_keys::<false>(qn, kp, stride, first, count, s, dst);
+                        }
                     }
                     // Heads one, two, three and four at a time, each its own mask.
                     let qp: [*const f32; 4] = std::array::from_fn(|n| q[n * hd..].as_ptr());

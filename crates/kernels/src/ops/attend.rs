@@ -135,8 +135,11 @@ trait Kv: Copy {
     fn widen(self) -> f32;
     /// The cache itself when it holds f32 (read in place), or `None` (widen before reading).
     fn as_f32(x: &[Self]) -> Option<&[f32]>;
+    /// `src` as f32 into `dst` (the same length).
+    fn widen_slice(src: &[Self], dst: &mut [f32]);
     /// Rows `first..first + count` (each `hd` values, `stride` apart in `x`) as f32 into `buf`,
     /// `hd` apart.
+    #[inline(always)]
     fn widen_rows(
         x: &[Self],
         first: usize,
@@ -144,7 +147,12 @@ trait Kv: Copy {
         stride: usize,
         hd: usize,
         buf: &mut [f32],
-    );
+    ) {
+        for (i, row) in buf.chunks_exact_mut(hd).take(count).enumerate() {
+            let at = (first + i) * stride;
+            Self::widen_slice(&x[at..at + hd], row);
+        }
+    }
     /// Values `at..at + 64` as f32: themselves, or widened into `buf`.
     fn row64<'a>(v: &'a [Self], at: usize, buf: &'a mut [f32; 64]) -> &'a [f32];
     /// The leading 64-column blocks of [`weighted_sum`] done by a kernel of this element's own;
@@ -189,18 +197,8 @@ impl Kv for f32 {
         Some(x)
     }
     #[inline(always)]
-    fn widen_rows(
-        x: &[f32],
-        first: usize,
-        count: usize,
-        stride: usize,
-        hd: usize,
-        buf: &mut [f32],
-    ) {
-        for (i, row) in buf.chunks_exact_mut(hd).take(count).enumerate() {
-            let at = (first + i) * stride;
-            row.copy_from_slice(&x[at..at + hd]);
-        }
+    fn widen_slice(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
     }
     #[inline(always)]
     fn row64<'a>(v: &'a [f32], at: usize, _buf: &'a mut [f32; 64]) -> &'a [f32] {
@@ -243,18 +241,8 @@ impl Kv for half::f16 {
         None
     }
     #[inline(always)]
-    fn widen_rows(
-        x: &[half::f16],
-        first: usize,
-        count: usize,
-        stride: usize,
-        hd: usize,
-        buf: &mut [f32],
-    ) {
-        for (i, row) in buf.chunks_exact_mut(hd).take(count).enumerate() {
-            let at = (first + i) * stride;
-            x[at..at + hd].convert_to_f32_slice(row);
-        }
+    fn widen_slice(src: &[half::f16], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
     }
     #[inline(always)]
     fn row64<'a>(v: &'a [half::f16], at: usize, buf: &'a mut [f32; 64]) -> &'a [f32] {

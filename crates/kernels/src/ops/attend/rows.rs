@@ -57,20 +57,7 @@ pub fn attend_rows(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    rows_body(run, k, v, stride, out, out_stride, &|q, start, end, o| {
-        attend(
-            q,
-            run.hd,
-            k,
-            v,
-            stride,
-            start,
-            end,
-            run.scale,
-            run.f16_weights,
-            o,
-        )
-    });
+    rows_body(run, k, v, stride, out, out_stride, attend);
 }
 
 /// [`attend_rows`] over an f16 cache; bit-identical to [`attend_f16`] row by row.
@@ -82,24 +69,11 @@ pub fn attend_rows_f16(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    rows_body(run, k, v, stride, out, out_stride, &|q, start, end, o| {
-        attend_f16(
-            q,
-            run.hd,
-            k,
-            v,
-            stride,
-            start,
-            end,
-            run.scale,
-            run.f16_weights,
-            o,
-        )
-    });
+    rows_body(run, k, v, stride, out, out_stride, attend_f16);
 }
 
-/// One row alone: `(q, start, end, out)`.
-type OneRow<'f> = dyn Fn(&[f32], usize, usize, &mut [f32]) + 'f;
+/// One row alone: [`attend`] or [`attend_f16`].
+type OneRow<T> = fn(&[f32], usize, &[T], &[T], usize, usize, usize, f32, bool, &mut [f32]);
 
 fn rows_body<T: Kv>(
     run: &RowRun<'_>,
@@ -108,7 +82,7 @@ fn rows_body<T: Kv>(
     stride: usize,
     out: &mut [f32],
     out_stride: usize,
-    one: &OneRow<'_>,
+    one: OneRow<T>,
 ) {
     let width = run.heads * run.hd;
     let rows = run.ranges.len();
@@ -144,11 +118,21 @@ fn rows_body<T: Kv>(
     }
     let _ = in_cache;
     for (r, &(start, end)) in run.ranges.iter().enumerate() {
-        one(
+        let (q, o) = (
             &run.q[r * run.q_stride..][..width],
+            &mut out[r * out_stride..][..width],
+        );
+        one(
+            q,
+            run.hd,
+            k,
+            v,
+            stride,
             start,
             end,
-            &mut out[r * out_stride..][..width],
+            run.scale,
+            run.f16_weights,
+            o,
         );
     }
 }
