@@ -233,10 +233,6 @@ impl Batch {
             constraint,
             ..
         } = p;
-        if admit.send(Ok(())).is_err() {
-            // `submit` was dropped in the same instant; the closed channel ends it at once.
-            debug!(%stream_id, "admitted after its caller left");
-        }
         let metrics = &self.shared.metrics;
         metrics.queue_wait.record_duration(enqueued.elapsed());
         metrics
@@ -275,6 +271,15 @@ impl Batch {
             progress,
             span,
         });
+        // Counted before the caller hears it is admitted, so it never reads metrics without
+        // itself.
+        metrics.active.store(self.active.len() as u64, Relaxed);
+        metrics.kv_bytes_in_use.store(self.kv_reserved, Relaxed);
+        if admit.send(Ok(())).is_err() {
+            // `submit` was dropped in the same instant; the closed channel ends it at once.
+            let id = self.active.last().map(|a| a.stream_id.as_str());
+            debug!(stream_id = id, "admitted after its caller left");
+        }
     }
 
     /// Ends streams whose reader asked to stop or went away, or stalled too long; delivers what
