@@ -368,9 +368,9 @@ fn softmax_in_place(w: &mut [f32], f16_weights: bool) {
     let inv = 1.0 / total;
     for s in w.iter_mut() {
         *s *= inv;
-        if f16_weights {
-            *s = half::f16::from_f32(*s).to_f32();
-        }
+    }
+    if f16_weights {
+        super::round_to_f16(w);
     }
 }
 
