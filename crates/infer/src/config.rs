@@ -96,6 +96,14 @@ impl KvPrecision {
     pub fn rounds_to_f16(self) -> bool {
         self == KvPrecision::F16
     }
+
+    /// Bytes a host KV cache stores per value.
+    pub fn value_bytes(self) -> usize {
+        match self {
+            KvPrecision::F32 => 4,
+            KvPrecision::F16 => 2,
+        }
+    }
 }
 
 /// How the fast CPU backend does its arithmetic.

@@ -1,50 +1,35 @@
 //! One sequence's K (or V) cache: a slice of `capacity * kv_dim` values per layer (f32, or f16
-//! for `kv_precision = "f16"`, half the bytes), all in one anonymous memory mapping of its own. The operating system hands the mapping's pages out
-//! zeroed as they are first written, so a cache is resident only as far as it has filled, and
+//! for `kv_precision = "f16"`, half the bytes), all in one anonymous memory mapping of its own.
+//! The operating system hands the mapping's pages out zeroed as they are first written, so a cache is resident only as far as it has filled, and
 //! dropping it returns the memory at once. A `Vec` would not promise either: once the allocator
 //! has recycled a freed cache's memory, a new zeroed one is written through (all of it resident
 //! before its first token) and a freed one may stay with the process.
 
 use std::ops::{Index, IndexMut};
 
+use crate::config::KvPrecision;
 use crate::Error;
-
-/// What a cache stores per value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum KvElem {
-    F32,
-    F16,
-}
-
-impl KvElem {
-    pub(crate) fn size(self) -> usize {
-        match self {
-            KvElem::F32 => 4,
-            KvElem::F16 => 2,
-        }
-    }
-}
 
 pub(crate) struct KvCache {
     map: memmap2::MmapMut,
     layers: usize,
     per_layer: usize,
-    elem: KvElem,
+    elem: KvPrecision,
 }
 
 impl KvCache {
     /// `layers` zeroed slices of `per_layer` f32 values each.
     pub(crate) fn new(layers: usize, per_layer: usize) -> Result<KvCache, Error> {
-        Self::with_elem(layers, per_layer, KvElem::F32)
+        Self::with_elem(layers, per_layer, KvPrecision::F32)
     }
 
     /// `layers` zeroed slices of `per_layer` values of `elem` each.
     pub(crate) fn with_elem(
         layers: usize,
         per_layer: usize,
-        elem: KvElem,
+        elem: KvPrecision,
     ) -> Result<KvCache, Error> {
-        let bytes = layers * per_layer * elem.size();
+        let bytes = layers * per_layer * elem.value_bytes();
         // A mapping cannot be empty: a cache of no positions maps one value (a page).
         let map = memmap2::MmapMut::map_anon(bytes.max(std::mem::size_of::<f32>()))
             .map_err(|source| Error::KvMemory { bytes, source })?;
@@ -61,13 +46,13 @@ impl KvCache {
         self.layers
     }
 
-    pub(crate) fn elem(&self) -> KvElem {
+    pub(crate) fn elem(&self) -> KvPrecision {
         self.elem
     }
 
     /// Layer `layer` of an f16 cache; `None` for an f32 one.
     pub(crate) fn f16(&self, layer: usize) -> Option<&[half::f16]> {
-        (self.elem == KvElem::F16 && layer < self.layers).then(|| {
+        (self.elem == KvPrecision::F16 && layer < self.layers).then(|| {
             let all: &[half::f16] = bytemuck::cast_slice(&self.map[..]);
             &all[layer * self.per_layer..(layer + 1) * self.per_layer]
         })
@@ -76,7 +61,7 @@ impl KvCache {
     /// Layer `layer` of an f16 cache, to write; `None` for an f32 one.
     pub(crate) fn f16_mut(&mut self, layer: usize) -> Option<&mut [half::f16]> {
         let per = self.per_layer;
-        (self.elem == KvElem::F16 && layer < self.layers).then(|| {
+        (self.elem == KvPrecision::F16 && layer < self.layers).then(|| {
             let all: &mut [half::f16] = bytemuck::cast_slice_mut(&mut self.map[..]);
             &mut all[layer * per..(layer + 1) * per]
         })
@@ -85,7 +70,7 @@ impl KvCache {
     /// Copies the first `values` values of every layer of `from` (a cache of the same shape and
     /// element) into this one.
     pub(crate) fn copy_prefix(&mut self, from: &KvCache, values: usize) {
-        let (size, per) = (self.elem.size(), self.per_layer);
+        let (size, per) = (self.elem.value_bytes(), self.per_layer);
         let n = values.min(per) * size;
         for il in 0..self.layers.min(from.layers) {
             let (a, b) = (il * per * size, il * from.per_layer * size);
@@ -96,13 +81,13 @@ impl KvCache {
     /// The values of an f32 cache. Host backends index only caches they made (`Backend::accepts`);
     /// an f16 cache has no f32 view, and indexing one is a bug, caught here.
     fn floats(&self) -> &[f32] {
-        assert_eq!(self.elem, KvElem::F32, "an f16 cache read as f32");
+        assert_eq!(self.elem, KvPrecision::F32, "an f16 cache read as f32");
         // The mapping is page-aligned, so the cast cannot fail on alignment.
         &bytemuck::cast_slice(&self.map[..])[..self.layers * self.per_layer]
     }
 
     fn floats_mut(&mut self) -> &mut [f32] {
-        assert_eq!(self.elem, KvElem::F32, "an f16 cache written as f32");
+        assert_eq!(self.elem, KvPrecision::F32, "an f16 cache written as f32");
         let n = self.layers * self.per_layer;
         &mut bytemuck::cast_slice_mut(&mut self.map[..])[..n]
     }
@@ -153,10 +138,10 @@ mod tests {
 
     #[test]
     fn an_f16_cache_takes_half_the_bytes_and_copies_its_prefix() {
-        let mut a = KvCache::with_elem(2, 8, KvElem::F16).unwrap();
+        let mut a = KvCache::with_elem(2, 8, KvPrecision::F16).unwrap();
         assert!(a.f16(2).is_none());
         a.f16_mut(1).unwrap()[..3].copy_from_slice(&[half::f16::from_f32(1.5); 3]);
-        let mut b = KvCache::with_elem(2, 8, KvElem::F16).unwrap();
+        let mut b = KvCache::with_elem(2, 8, KvPrecision::F16).unwrap();
         b.copy_prefix(&a, 2);
         let got: Vec<f32> = b.f16(1).unwrap().iter().map(|x| x.to_f32()).collect();
         assert_eq!(got, [1.5, 1.5, 0., 0., 0., 0., 0., 0.]);

@@ -45,7 +45,7 @@ pub struct Sequence {
 impl Sequence {
     /// An empty host cache of `capacity` positions for `layers` layers of `kv_dim` floats.
     pub(crate) fn empty(layers: usize, kv_dim: usize, capacity: usize) -> Result<Self, Error> {
-        Self::on_host(layers, kv_dim, capacity, crate::kv::KvElem::F32)
+        Self::on_host(layers, kv_dim, capacity, crate::config::KvPrecision::F32)
     }
     /// An empty host cache of `capacity` positions for `layers` layers of `kv_dim` values of
     /// `elem`.
@@ -53,7 +53,7 @@ impl Sequence {
         layers: usize,
         kv_dim: usize,
         capacity: usize,
-        elem: crate::kv::KvElem,
+        elem: crate::config::KvPrecision,
     ) -> Result<Self, Error> {
         let alloc = || crate::kv::KvCache::with_elem(layers, capacity * kv_dim, elem);
         Ok(Sequence {
@@ -139,7 +139,7 @@ impl Sequence {
         let value = self
             .device
             .as_ref()
-            .map_or(self.k.elem().size(), |d| d.dtype().size_in_bytes());
+            .map_or(self.k.elem().value_bytes(), |d| d.dtype().size_in_bytes());
         2 * self.k.len() * self.capacity * self.kv_dim * value
     }
 }

@@ -277,7 +277,7 @@ multiversion! {
 }
 
 mod attend;
-pub use attend::{attend, attend_f16, attend_rows, attend_rows_f16, RowRun};
+pub use attend::{attend, attend_rows, KvValue, RowRun};
 
 multiversion! {
     /// `x[i] = e^x[i]`, vectorized (see `exp_body` for the accuracy: within one f32 ulp of

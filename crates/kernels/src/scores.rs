@@ -13,6 +13,8 @@
 
 #![allow(unsafe_code)]
 
+use crate::ops::KvValue;
+
 /// Which key of a 16-key block goes into which vector, so that the reduction's output lanes
 /// come out in key order (the shuffles below leave the vector of slot `s` in lane `KEY_OF_SLOT[s]`).
 #[cfg(target_arch = "x86_64")]
@@ -21,10 +23,11 @@ const KEY_OF_SLOT: [usize; 16] = [0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 
 /// Writes `scores[i] = scale * q . k[(start + i) * stride..][..q.len()]` for every `i` in
 /// `0..scores.len()` and returns true, when this CPU has AVX-512F and FMA and the head size is
 /// a multiple of 16; otherwise writes nothing and returns false (the caller scores one key at a
-/// time).
-pub(crate) fn block_scores(
+/// time). f16 keys are widened to f32 as they are loaded, so every score is bit-identical to the
+/// one over f32 keys holding the same values.
+pub(crate) fn block_scores<T: KvValue>(
     q: &[f32],
-    k: &[f32],
+    k: &[T],
     stride: usize,
     start: usize,
     scale: f32,
@@ -32,32 +35,15 @@ pub(crate) fn block_scores(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     if fits(q.len(), k.len(), stride, start, scores.len()) {
+        let kp = k.as_ptr() as *const u8;
         // SAFETY: `fits` detected the features and checked that every key read lies within
         // `k`; every query read is within `q`.
         unsafe {
-            block_scores512::<false>(q, k.as_ptr() as *const u8, stride, start, scale, scores)
-        };
-        return true;
-    }
-    let _ = (q, k, stride, start, scale, scores);
-    false
-}
-
-/// [`block_scores`] over an f16 cache: each key is widened to f32 as it is loaded, so every
-/// score is bit-identical to the one over an f32 cache holding the same values.
-pub(crate) fn block_scores_f16(
-    q: &[f32],
-    k: &[half::f16],
-    stride: usize,
-    start: usize,
-    scale: f32,
-    scores: &mut [f32],
-) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if fits(q.len(), k.len(), stride, start, scores.len()) {
-        // SAFETY: as in `block_scores`.
-        unsafe {
-            block_scores512::<true>(q, k.as_ptr() as *const u8, stride, start, scale, scores)
+            if T::F16 {
+                block_scores512::<true>(q, kp, stride, start, scale, scores)
+            } else {
+                block_scores512::<false>(q, kp, stride, start, scale, scores)
+            }
         };
         return true;
     }
@@ -473,7 +459,7 @@ mod tests {
             .collect();
         for (start, n) in [(0, 40), (3, 17), (39, 1)] {
             let (mut a, mut b) = (vec![f32::NAN; n], vec![f32::NAN; n]);
-            let done = block_scores_f16(&q, &k, stride, start, 0.3, &mut a);
+            let done = block_scores(&q, &k, stride, start, 0.3, &mut a);
             assert_eq!(done, block_scores(&q, &wide, stride, start, 0.3, &mut b));
             if done {
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();

@@ -199,14 +199,6 @@ fn ggml_type(name: &str, t: GgmlDType) -> Result<GgmlType, Error> {
 }
 
 impl FastModel {
-    /// What the KV cache stores: f16 values under `kv_precision = "f16"`, half the memory.
-    fn kv_elem(&self) -> crate::kv::KvElem {
-        match self.kv {
-            KvPrecision::F32 => crate::kv::KvElem::F32,
-            KvPrecision::F16 => crate::kv::KvElem::F16,
-        }
-    }
-
     /// Bytes of packed weights held.
     pub(crate) fn weights_bytes(&self) -> u64 {
         let mut b = self.embd.bytes() + self.output.as_ref().map_or(0, |m| m.bytes());
@@ -278,18 +270,17 @@ impl Backend for FastModel {
         kv_dim: usize,
         capacity: usize,
     ) -> Result<crate::Sequence, Error> {
-        crate::Sequence::on_host(layers, kv_dim, capacity, self.kv_elem())
+        crate::Sequence::on_host(layers, kv_dim, capacity, self.kv)
     }
 
     fn kv_value_bytes(&self) -> usize {
-        self.kv_elem().size()
+        self.kv.value_bytes()
     }
 
     /// Its own caches, and f32 ones (which hold any value; an f16 cache under f32 attention
     /// would lose precision).
     fn accepts(&self, seq: &crate::Sequence) -> bool {
-        seq.device.is_none()
-            && (seq.k.elem() == self.kv_elem() || seq.k.elem() == crate::kv::KvElem::F32)
+        seq.device.is_none() && (seq.k.elem() == self.kv || seq.k.elem() == KvPrecision::F32)
     }
 
     fn forward(&mut self, steps: &mut [Step<'_>], logits: &mut Vec<f32>) -> Result<(), Error> {
@@ -412,16 +403,19 @@ impl Backend for FastModel {
                 let rows = &s.rows;
                 let qkv: &[f32] = qkv;
                 let (scale, window) = (*attn_scale, layer.window);
+                // The keys a row at `pos` attends: all before it, or its sliding window's.
+                let keys =
+                    |pos: usize| (window.map_or(0, |w| (pos + 1).saturating_sub(w)), pos + 1);
                 // Query heads `first..first + out.len() / hd` of row `r`, all of one KV head.
                 let attend_heads = |r: usize, first: usize, out: &mut [f32]| {
                     let (si, pos) = rows[r];
                     let seq: &crate::Sequence = steps_ro[si].seq;
                     let kvh = first / group;
-                    let start = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                    let (start, end) = keys(pos);
                     let q = &qkv[r * qkv_w + first * hd..r * qkv_w + first * hd + out.len()];
                     if let (Some(k), Some(v)) = (seq.k.f16(il), seq.v.f16(il)) {
                         let (k, v) = (&k[kvh * hd..], &v[kvh * hd..]);
-                        ops::attend_f16(q, hd, k, v, kvd, start, pos + 1, scale, f16_kv, out);
+                        ops::attend(q, hd, k, v, kvd, start, end, scale, f16_kv, out);
                         return;
                     }
                     ops::attend(
@@ -431,7 +425,7 @@ impl Backend for FastModel {
                         &seq.v[il][kvh * hd..],
                         kvd,
                         start,
-                        pos + 1,
+                        end,
                         scale,
                         f16_kv,
                         out,
@@ -442,16 +436,10 @@ impl Backend for FastModel {
                 // once for all of them (bit-identical to row by row).
                 let attend_run = |first: usize, kvh: usize, out: &mut [f32]| {
                     let count = out.len() / qd;
-                    if count == 1 {
-                        let heads = kvh * group * hd..(kvh + 1) * group * hd;
-                        attend_heads(first, kvh * group, &mut out[heads]);
-                        return;
-                    }
                     let seq: &crate::Sequence = steps_ro[rows[first].0].seq;
                     let mut ranges = [(0, 0); MAX_ROWS_PER_PIECE];
                     for (range, &(_, pos)) in ranges.iter_mut().zip(&rows[first..first + count]) {
-                        let start = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                        *range = (start, pos + 1);
+                        *range = keys(pos);
                     }
                     let run = ops::RowRun {
                         q: &qkv[first * qkv_w + kvh * group * hd..],
@@ -465,7 +453,7 @@ impl Backend for FastModel {
                     let out = &mut out[kvh * group * hd..];
                     let at = kvh * hd..;
                     if let (Some(k), Some(v)) = (seq.k.f16(il), seq.v.f16(il)) {
-                        ops::attend_rows_f16(&run, &k[at.clone()], &v[at], kvd, out, qd);
+                        ops::attend_rows(&run, &k[at.clone()], &v[at], kvd, out, qd);
                     } else {
                         ops::attend_rows(
                             &run,

@@ -462,11 +462,9 @@ fn linear_rope_scaling_rotates_by_scaled_positions() {
 
 /// `kv_precision = "f16"` keeps the cache in f16, half the bytes, and gives the logits, bit for
 /// bit, of an f32 cache holding the same f16-rounded values (the attention kernels widen f16
-/// keys and values as they load them, `ops::attend_f16`).
+/// keys and values as they load them, `ops::attend` over f16).
 #[test]
 fn an_f16_cache_gives_the_logits_of_an_f32_cache_with_the_same_values_in_half_the_memory() {
-    use crate::config::KvPrecision;
-    use crate::kv::KvElem;
     for (spec, seed) in [
         (
             Spec {
@@ -493,9 +491,9 @@ fn an_f16_cache_gives_the_logits_of_an_f32_cache_with_the_same_values_in_half_th
         m.kv = KvPrecision::F16;
         let host = |e| Sequence::on_host(hp.n_layer, hp.kv_dim(), 64, e).unwrap();
         let halves = new_seq(&m, &hp, 64);
-        assert_eq!(halves.k.elem(), KvElem::F16);
-        assert_eq!(2 * halves.kv_bytes(), host(KvElem::F32).kv_bytes());
-        let want = run_schedule_on(&mut m, host(KvElem::F32), host(KvElem::F32));
+        assert_eq!(halves.k.elem(), KvPrecision::F16);
+        assert_eq!(2 * halves.kv_bytes(), host(KvPrecision::F32).kv_bytes());
+        let want = run_schedule_on(&mut m, host(KvPrecision::F32), host(KvPrecision::F32));
         let other = new_seq(&m, &hp, 64);
         let got = run_schedule_on(&mut m, halves, other);
         for (step, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -511,8 +509,8 @@ fn an_f16_cache_gives_the_logits_of_an_f32_cache_with_the_same_values_in_half_th
         }
         // An f16 cache is refused by a model that keeps f32 values.
         m.kv = KvPrecision::F32;
-        assert!(!m.accepts(&host(KvElem::F16)));
-        assert!(m.accepts(&host(KvElem::F32)));
+        assert!(!m.accepts(&host(KvPrecision::F16)));
+        assert!(m.accepts(&host(KvPrecision::F32)));
     }
 }
 

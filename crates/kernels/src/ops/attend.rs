@@ -14,7 +14,7 @@ use half::slice::HalfFloatSliceExt;
 use super::{dot_body, exp_in_place_body, reduce16, LANES};
 
 mod rows;
-pub use rows::{attend_rows, attend_rows_f16, RowRun};
+pub use rows::{attend_rows, RowRun};
 
 thread_local! {
     /// Per-thread score scratch: grows to the most heads x the longest context seen, then is
@@ -25,16 +25,18 @@ thread_local! {
 /// Attention for the `q.len() / head_dim` query heads side by side in `q` (and in `out`) that
 /// share one KV head: for each, `out = softmax(scale * q . K[j]) V[j]` over `j in start..end`,
 /// where key `j` is `k[j * stride..][..head_dim]` and value `j` likewise in `v` (pass the cache
-/// slices starting at the KV head's offset). Numerically stable (max subtracted); each score is
+/// slices starting at the KV head's offset). The cache holds f32, or f16 (`kv_precision =
+/// "f16"`, half the bytes to read) widened as it is loaded, so an f16 cache gives the bits an
+/// f32 cache holding the same values gives. Numerically stable (max subtracted); each score is
 /// computed once. With `f16_weights` the softmax weights are rounded to f16 before the sum over
 /// V, as llama.cpp does with its default f16 KV cache. A head's result is the same, bit for bit,
 /// whether it is passed alone or with others.
 #[allow(clippy::too_many_arguments)]
-pub fn attend(
+pub fn attend<T: KvValue>(
     q: &[f32],
     head_dim: usize,
-    k: &[f32],
-    v: &[f32],
+    k: &[T],
+    v: &[T],
     stride: usize,
     start: usize,
     end: usize,
@@ -45,55 +47,13 @@ pub fn attend(
     if head_dim == 0 {
         return;
     }
-    with_scores(end.saturating_sub(start) * (q.len() / head_dim), |scores| {
-        attend_mv(
-            q,
-            head_dim,
-            k,
-            v,
-            stride,
-            start,
-            end,
-            scale,
-            f16_weights,
-            scores,
-            out,
-        )
-    });
-}
-
-/// Runs `f` with this thread's score scratch, at least `need` long.
-fn with_scores(need: usize, f: impl FnOnce(&mut [f32])) {
     SCORES.with(|cell| {
         let mut scores = cell.borrow_mut();
+        let need = end.saturating_sub(start) * (q.len() / head_dim);
         if scores.len() < need {
             scores.resize(need, 0.0);
         }
-        f(&mut scores)
-    });
-}
-
-/// [`attend`] over an f16 cache (`kv_precision = "f16"`, half the bytes to read): keys and
-/// values are widened to f32 as they are loaded, so the result is bit-identical to [`attend`]
-/// over an f32 cache holding the same values.
-#[allow(clippy::too_many_arguments)]
-pub fn attend_f16(
-    q: &[f32],
-    head_dim: usize,
-    k: &[half::f16],
-    v: &[half::f16],
-    stride: usize,
-    start: usize,
-    end: usize,
-    scale: f32,
-    f16_weights: bool,
-    out: &mut [f32],
-) {
-    if head_dim == 0 {
-        return;
-    }
-    with_scores(end.saturating_sub(start) * (q.len() / head_dim), |scores| {
-        attend_f16_mv(
+        T::attend_mv(
             q,
             head_dim,
             k,
@@ -103,7 +63,7 @@ pub fn attend_f16(
             end,
             scale,
             f16_weights,
-            scores,
+            &mut scores,
             out,
         )
     });
@@ -117,26 +77,46 @@ multiversion! {
     fn attend_f16_mv(q: &[f32], hd: usize, k: &[half::f16], v: &[half::f16], stride: usize, start: usize, end: usize, scale: f32, f16_weights: bool, scores: &mut [f32], out: &mut [f32]) => attend_body
 }
 
-/// What a cache holds: f32 values, or f16 ones widened as they are read.
-trait Kv: Copy {
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+}
+
+/// What a KV cache holds: f32 values, or f16 ones widened as they are read. Implemented for
+/// `f32` and `half::f16` only; the methods are the kernels' own.
+pub trait KvValue: Copy + sealed::Sealed {
     /// Whether the cache holds f16 (widened as read).
+    #[doc(hidden)]
     const F16: bool;
-    /// [`crate::scores::block_scores`] for this element.
-    fn block_scores(
+    /// [`attend`]'s body, compiled for this CPU's vector width.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn attend_mv(
         q: &[f32],
+        hd: usize,
         k: &[Self],
+        v: &[Self],
         stride: usize,
         start: usize,
+        end: usize,
         scale: f32,
-        w: &mut [f32],
-    ) -> bool;
+        f16_weights: bool,
+        scores: &mut [f32],
+        out: &mut [f32],
+    );
+    #[doc(hidden)]
     /// One key's score, unscaled.
     fn dot(q: &[f32], row: &[Self]) -> f32;
+    #[doc(hidden)]
     fn widen(self) -> f32;
+    #[doc(hidden)]
     /// The cache itself when it holds f32 (read in place), or `None` (widen before reading).
     fn as_f32(x: &[Self]) -> Option<&[f32]>;
+    #[doc(hidden)]
     /// `src` as f32 into `dst` (the same length).
     fn widen_slice(src: &[Self], dst: &mut [f32]);
+    #[doc(hidden)]
     /// Rows `first..first + count` (each `hd` values, `stride` apart in `x`) as f32 into `buf`,
     /// `hd` apart.
     #[inline(always)]
@@ -153,8 +133,10 @@ trait Kv: Copy {
             Self::widen_slice(&x[at..at + hd], row);
         }
     }
+    #[doc(hidden)]
     /// Values `at..at + 64` as f32: themselves, or widened into `buf`.
     fn row64<'a>(v: &'a [Self], at: usize, buf: &'a mut [f32; 64]) -> &'a [f32];
+    #[doc(hidden)]
     /// The leading 64-column blocks of [`weighted_sum`] done by a kernel of this element's own;
     /// returns the columns done.
     #[allow(clippy::too_many_arguments)]
@@ -171,18 +153,35 @@ trait Kv: Copy {
     }
 }
 
-impl Kv for f32 {
+impl KvValue for f32 {
     const F16: bool = false;
     #[inline(always)]
-    fn block_scores(
+    fn attend_mv(
         q: &[f32],
+        hd: usize,
         k: &[f32],
+        v: &[f32],
         stride: usize,
         start: usize,
+        end: usize,
         scale: f32,
-        w: &mut [f32],
-    ) -> bool {
-        crate::scores::block_scores(q, k, stride, start, scale, w)
+        f16_weights: bool,
+        scores: &mut [f32],
+        out: &mut [f32],
+    ) {
+        attend_mv(
+            q,
+            hd,
+            k,
+            v,
+            stride,
+            start,
+            end,
+            scale,
+            f16_weights,
+            scores,
+            out,
+        )
     }
     #[inline(always)]
     fn dot(q: &[f32], row: &[f32]) -> f32 {
@@ -206,18 +205,35 @@ impl Kv for f32 {
     }
 }
 
-impl Kv for half::f16 {
+impl KvValue for half::f16 {
     const F16: bool = true;
     #[inline(always)]
-    fn block_scores(
+    fn attend_mv(
         q: &[f32],
+        hd: usize,
         k: &[half::f16],
+        v: &[half::f16],
         stride: usize,
         start: usize,
+        end: usize,
         scale: f32,
-        w: &mut [f32],
-    ) -> bool {
-        crate::scores::block_scores_f16(q, k, stride, start, scale, w)
+        f16_weights: bool,
+        scores: &mut [f32],
+        out: &mut [f32],
+    ) {
+        attend_f16_mv(
+            q,
+            hd,
+            k,
+            v,
+            stride,
+            start,
+            end,
+            scale,
+            f16_weights,
+            scores,
+            out,
+        )
     }
     #[inline(always)]
     fn dot(q: &[f32], row: &[half::f16]) -> f32 {
@@ -229,7 +245,7 @@ impl Kv for half::f16 {
             wide.resize(row.len(), 0.0);
             &mut wide
         };
-        row.convert_to_f32_slice(row32);
+        Self::widen_slice(row, row32);
         dot_body(q, row32)
     }
     #[inline(always)]
@@ -246,7 +262,7 @@ impl Kv for half::f16 {
     }
     #[inline(always)]
     fn row64<'a>(v: &'a [half::f16], at: usize, buf: &'a mut [f32; 64]) -> &'a [f32] {
-        v[at..at + 64].convert_to_f32_slice(buf);
+        Self::widen_slice(&v[at..at + 64], buf);
         buf
     }
     #[inline(always)]
@@ -278,7 +294,7 @@ impl Kv for half::f16 {
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn attend_body<T: Kv>(
+fn attend_body<T: KvValue>(
     q: &[f32],
     hd: usize,
     k: &[T],
@@ -317,7 +333,7 @@ fn attend_body<T: Kv>(
 
 /// The softmax weights of one head over keys `start..start + w.len()`, into `w`.
 #[inline(always)]
-fn softmax_weights<T: Kv>(
+fn softmax_weights<T: KvValue>(
     q: &[f32],
     k: &[T],
     stride: usize,
@@ -327,7 +343,7 @@ fn softmax_weights<T: Kv>(
     w: &mut [f32],
 ) {
     let hd = q.len();
-    if !T::block_scores(q, k, stride, start, scale, w) {
+    if !crate::scores::block_scores(q, k, stride, start, scale, w) {
         for (s, j) in w.iter_mut().zip(start..) {
             *s = T::dot(q, &k[j * stride..j * stride + hd]) * scale;
         }
@@ -401,7 +417,7 @@ fn prefetch<T>(x: &[T], at: usize) {
 /// accumulators per head); each column sums its keys in order, one fused multiply-add each, so
 /// f16 values give the bits their f32 values would. Returns `G`.
 #[inline(always)]
-fn weighted_sum<const G: usize, T: Kv>(
+fn weighted_sum<const G: usize, T: KvValue>(
     ws: &[f32],
     n: usize,
     v: &[T],
@@ -539,7 +555,7 @@ mod tests {
                             f16w,
                             &mut a,
                         );
-                        attend_f16(
+                        attend(
                             &q,
                             hd,
                             &k16[8..],

@@ -13,7 +13,7 @@
 //! to [`attend`]'s and never depends on the rows beside it. An f16 cache is widened once per
 //! block for the whole tile instead of once per row.
 
-use super::{attend, attend_f16, Kv};
+use super::{attend, KvValue};
 #[cfg(target_arch = "x86_64")]
 use crate::scores::{score_transposed, transpose16};
 
@@ -46,43 +46,16 @@ pub struct RowRun<'a> {
 }
 
 /// [`attend`] for every row of `run`: row `r`'s output (its heads side by side) goes to
-/// `out[r * out_stride..][..heads * hd]`; keys and values are `stride` apart in `k` and `v`
-/// (the cache slices starting at the KV head's offset). Bit-identical to calling [`attend`]
-/// row by row.
-pub fn attend_rows(
-    run: &RowRun<'_>,
-    k: &[f32],
-    v: &[f32],
-    stride: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) {
-    rows_body(run, k, v, stride, out, out_stride, attend);
-}
-
-/// [`attend_rows`] over an f16 cache; bit-identical to [`attend_f16`] row by row.
-pub fn attend_rows_f16(
-    run: &RowRun<'_>,
-    k: &[half::f16],
-    v: &[half::f16],
-    stride: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) {
-    rows_body(run, k, v, stride, out, out_stride, attend_f16);
-}
-
-/// One row alone: [`attend`] or [`attend_f16`].
-type OneRow<T> = fn(&[f32], usize, &[T], &[T], usize, usize, usize, f32, bool, &mut [f32]);
-
-fn rows_body<T: Kv>(
+/// `out[r * out_stride..][..heads * hd]`; keys and values (f32, or f16 widened as loaded) are
+/// `stride` apart in `k` and `v` (the cache slices starting at the KV head's offset).
+/// Bit-identical to calling [`attend`] row by row.
+pub fn attend_rows<T: KvValue>(
     run: &RowRun<'_>,
     k: &[T],
     v: &[T],
     stride: usize,
     out: &mut [f32],
     out_stride: usize,
-    one: OneRow<T>,
 ) {
     let width = run.heads * run.hd;
     let rows = run.ranges.len();
@@ -122,7 +95,7 @@ fn rows_body<T: Kv>(
             &run.q[r * run.q_stride..][..width],
             &mut out[r * out_stride..][..width],
         );
-        one(
+        attend(
             q,
             run.hd,
             k,
@@ -142,7 +115,7 @@ fn rows_body<T: Kv>(
 /// output, key and value read or written lies inside its slice.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-unsafe fn tiles512<T: Kv>(
+unsafe fn tiles512<T: KvValue>(
     run: &RowRun<'_>,
     k: &[T],
     v: &[T],
@@ -368,11 +341,11 @@ mod tests {
         if f16 {
             let k16: Vec<half::f16> = k1.iter().map(|&x| half::f16::from_f32(x)).collect();
             let v16: Vec<half::f16> = v1.iter().map(|&x| half::f16::from_f32(x)).collect();
-            attend_rows_f16(&run, &k16, &v16, stride, &mut tiled, out_stride);
+            attend_rows(&run, &k16, &v16, stride, &mut tiled, out_stride);
             for (r, &(s, e)) in ranges.iter().enumerate() {
                 let qr = &q[r * q_stride..][..width];
                 let o = &mut alone[r * out_stride..][..width];
-                attend_f16(qr, hd, &k16, &v16, stride, s, e, 0.125, f16_weights, o);
+                attend(qr, hd, &k16, &v16, stride, s, e, 0.125, f16_weights, o);
             }
         } else {
             attend_rows(&run, k1, v1, stride, &mut tiled, out_stride);
