@@ -53,7 +53,7 @@ pub fn attend<T: KvValue>(
         if scores.len() < need {
             scores.resize(need, 0.0);
         }
-        T::attend_mv(
+        (T::ATTEND_MV)(
             q,
             head_dim,
             k,
@@ -77,6 +77,11 @@ multiversion! {
     fn attend_f16_mv(q: &[f32], hd: usize, k: &[half::f16], v: &[half::f16], stride: usize, start: usize, end: usize, scale: f32, f16_weights: bool, scores: &mut [f32], out: &mut [f32]) => attend_body
 }
 
+/// [`attend`]'s body for one cache value type, with its score scratch.
+#[doc(hidden)]
+pub type AttendFn<T> =
+    fn(&[f32], usize, &[T], &[T], usize, usize, usize, f32, bool, &mut [f32], &mut [f32]);
+
 mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}
@@ -91,20 +96,7 @@ pub trait KvValue: Copy + sealed::Sealed {
     const F16: bool;
     /// [`attend`]'s body, compiled for this CPU's vector width.
     #[doc(hidden)]
-    #[allow(clippy::too_many_arguments)]
-    fn attend_mv(
-        q: &[f32],
-        hd: usize,
-        k: &[Self],
-        v: &[Self],
-        stride: usize,
-        start: usize,
-        end: usize,
-        scale: f32,
-        f16_weights: bool,
-        scores: &mut [f32],
-        out: &mut [f32],
-    );
+    const ATTEND_MV: AttendFn<Self>;
     #[doc(hidden)]
     /// One key's score, unscaled.
     fn dot(q: &[f32], row: &[Self]) -> f32;
@@ -155,34 +147,7 @@ pub trait KvValue: Copy + sealed::Sealed {
 
 impl KvValue for f32 {
     const F16: bool = false;
-    #[inline(always)]
-    fn attend_mv(
-        q: &[f32],
-        hd: usize,
-        k: &[f32],
-        v: &[f32],
-        stride: usize,
-        start: usize,
-        end: usize,
-        scale: f32,
-        f16_weights: bool,
-        scores: &mut [f32],
-        out: &mut [f32],
-    ) {
-        attend_mv(
-            q,
-            hd,
-            k,
-            v,
-            stride,
-            start,
-            end,
-            scale,
-            f16_weights,
-            scores,
-            out,
-        )
-    }
+    const ATTEND_MV: AttendFn<f32> = attend_mv;
     #[inline(always)]
     fn dot(q: &[f32], row: &[f32]) -> f32 {
         dot_body(q, row)
@@ -207,34 +172,7 @@ impl KvValue for f32 {
 
 impl KvValue for half::f16 {
     const F16: bool = true;
-    #[inline(always)]
-    fn attend_mv(
-        q: &[f32],
-        hd: usize,
-        k: &[half::f16],
-        v: &[half::f16],
-        stride: usize,
-        start: usize,
-        end: usize,
-        scale: f32,
-        f16_weights: bool,
-        scores: &mut [f32],
-        out: &mut [f32],
-    ) {
-        attend_f16_mv(
-            q,
-            hd,
-            k,
-            v,
-            stride,
-            start,
-            end,
-            scale,
-            f16_weights,
-            scores,
-            out,
-        )
-    }
+    const ATTEND_MV: AttendFn<half::f16> = attend_f16_mv;
     #[inline(always)]
     fn dot(q: &[f32], row: &[half::f16]) -> f32 {
         let mut buf = [0f32; 64];
