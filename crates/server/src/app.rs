@@ -1,11 +1,10 @@
-//! Process state and startup: [`AppState`] is what every handler can reach; [`start`] opens the
-//! store, loads the keys, binds one listener per chosen service and serves them until
-//! [`Running::shutdown`]. `hearth serve` and the integration tests both go through [`start`].
+//! Start-up: [`start`] opens the store, loads the keys, builds the [`AppState`], binds one
+//! listener per chosen service and serves them until [`Running::shutdown`]. `hearth serve` and
+//! the integration tests both go through [`start`]; only the CLI imports this module.
 
-use axum::extract::FromRef;
 use axum::response::IntoResponse;
 use axum::Router;
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use hearth_auth::{IdentityProvider, OidcIdp, ServiceTokens, SharedSecretIdp};
 use hearth_billing::Meter;
 use hearth_store::{Location, Store, StoreOptions};
@@ -21,10 +20,12 @@ use tower_http::trace::{DefaultMakeSpan, TraceLayer};
 use tracing::Level;
 
 use crate::config::{Config, IdpChoice, StoreChoice};
-use crate::error::{ApiError, ErrorKind};
+use crate::error::{ApiError, ErrorKind, MarkdownError};
 use crate::metrics::Metrics;
 use crate::serve::{self, BodyTimeout};
-use crate::services::{self, Service, ServiceInitError};
+use crate::service::{ErrorShape, Service, ServiceInitError};
+use crate::services;
+use crate::state::{AdminKey, AppState, ServiceUrls};
 
 /// Where things live in the data dir.
 pub mod paths {
@@ -54,101 +55,6 @@ pub mod paths {
     /// This node's id on its holds, made at first start when `[store] node_id` is not set.
     pub fn node_id(data_dir: &Path) -> PathBuf {
         data_dir.join("node-id")
-    }
-}
-
-/// Everything a handler may need. Cheap to clone; handlers take parts with `State<T>` via
-/// `FromRef`. There is no global state: two `start`ed servers coexist in one process.
-#[derive(Clone, FromRef)]
-pub struct AppState {
-    pub config: Arc<Config>,
-    pub store: Store,
-    pub tokens: Arc<ServiceTokens>,
-    pub idp: Arc<IdentityProvider>,
-    pub admin_key: AdminKey,
-    pub urls: Arc<ServiceUrls>,
-    /// Each listener gets a copy that counts the money it moves under its service's name.
-    pub billing: Meter,
-    /// Request series of every listener (the rest of `/metrics` is read at scrape time).
-    pub metrics: Metrics,
-    /// Cancelled when the server shuts down; long-lived tasks watch it.
-    pub shutdown: CancellationToken,
-}
-
-/// The admin API key (hex), compared in constant time.
-#[derive(Clone)]
-pub struct AdminKey(pub Arc<str>);
-
-impl AdminKey {
-    pub fn matches(&self, given: &str) -> bool {
-        let (a, b) = (self.0.as_bytes(), given.as_bytes());
-        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-    }
-}
-
-/// Public base URL of each service (configured, or `http://` + the bound address), used for
-/// health `ui` fields and links between pages.
-#[derive(Debug, Clone)]
-pub struct ServiceUrls(HashMap<Service, String>);
-
-impl ServiceUrls {
-    pub fn get(&self, service: Service) -> &str {
-        self.0.get(&service).map(String::as_str).unwrap_or_default()
-    }
-    /// The URL of a service's `/ui` page.
-    pub fn ui(&self, service: Service) -> String {
-        format!("{}/ui", self.get(service))
-    }
-}
-
-/// A verified service token.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Session {
-    pub user_id: String,
-    pub is_marketing: bool,
-    pub jti: String,
-    pub expires_at: DateTime<Utc>,
-}
-
-impl AppState {
-    /// Checks a `serviceToken` from a request body: signature, issuer, audience, expiry
-    /// (`SessionExpired`) and revocation (`InvalidCredentials`), in-process against the same key
-    /// and store the auth service uses.
-    pub async fn authenticate(&self, token: &str) -> Result<Session, ApiError> {
-        if token.trim().is_empty() {
-            return Err(ApiError::invalid_credentials("serviceToken is empty"));
-        }
-        let claims = self.tokens.verify(token).map_err(auth_error)?;
-        if self
-            .store
-            .is_token_revoked(&claims.jti)
-            .await
-            .map_err(ApiError::internal)?
-        {
-            return Err(ApiError::invalid_credentials(
-                "the service token has been revoked",
-            ));
-        }
-        Ok(Session {
-            expires_at: claims.expires_at(),
-            user_id: claims.sub,
-            is_marketing: claims.mkt,
-            jti: claims.jti,
-        })
-    }
-}
-
-/// Maps a token failure to the wire: expiry is `SessionExpired`, everything else about the token
-/// is `InvalidCredentials` (the reason goes in the message), key-set trouble is internal.
-pub fn auth_error(e: hearth_auth::Error) -> ApiError {
-    use hearth_auth::Error as E;
-    match e {
-        E::Expired => ApiError::session_expired(),
-        E::Invalid(why) => ApiError::invalid_credentials(format!("invalid token: {why}")),
-        e @ (E::AlgorithmNotAllowed(_) | E::UnknownKey { .. }) => {
-            ApiError::invalid_credentials(e.to_string())
-        }
-        other => ApiError::internal(other),
     }
 }
 
@@ -301,7 +207,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let mut listeners = Vec::new();
     let mut addrs = HashMap::new();
     for &service in &config.services {
-        let addr = service_addr(&config, service);
+        let addr = service.addr(&config);
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| StartError::Bind {
@@ -320,15 +226,15 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let urls = Service::ALL
         .into_iter()
         .map(|s| {
-            let url = configured_public_url(&config, s).unwrap_or_else(|| {
-                format!(
-                    "http://{}",
-                    addrs
-                        .get(&s)
-                        .copied()
-                        .unwrap_or_else(|| service_addr(&config, s))
-                )
-            });
+            let url = s.public_url(&config).map_or_else(
+                || {
+                    format!(
+                        "http://{}",
+                        addrs.get(&s).copied().unwrap_or(s.addr(&config))
+                    )
+                },
+                str::to_string,
+            );
             (s, url)
         })
         .collect();
@@ -380,32 +286,13 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     })
 }
 
-fn service_addr(config: &Config, service: Service) -> SocketAddr {
-    match service {
-        Service::Auth => config.auth.addr,
-        Service::Completion => config.completion.addr,
-        Service::Markdown => config.markdown.addr,
-        Service::Imagine => config.imagine.addr,
-    }
-}
-
-fn configured_public_url(config: &Config, service: Service) -> Option<String> {
-    match service {
-        Service::Auth => config.auth.public_url.clone(),
-        Service::Completion => config.completion.public_url.clone(),
-        Service::Markdown => config.markdown.public_url.clone(),
-        Service::Imagine => config.imagine.public_url.clone(),
-    }
-}
-
-/// The 408 a request whose body timed out gets, in its service's error shape (markdown answers
-/// `{"error": "..."}`, the others [`ApiError`]).
+/// The 408 a request whose body timed out gets, in its service's error shape.
 fn body_timeout_response(service: Service) -> serve::TimeoutResponse {
-    match service {
-        Service::Markdown => |timeout: &BodyTimeout| {
-            crate::error::MarkdownError::BodyTimeout(timeout.to_string()).into_response()
-        },
-        Service::Auth | Service::Completion | Service::Imagine => |timeout: &BodyTimeout| {
+    match service.facts().errors {
+        ErrorShape::Plain => {
+            |timeout: &BodyTimeout| MarkdownError::BodyTimeout(timeout.to_string()).into_response()
+        }
+        ErrorShape::Api => |timeout: &BodyTimeout| {
             ApiError::new(ErrorKind::RequestTimeout, format!("body: {timeout}"))
                 .with_details(serde_json::json!({ "field": "body" }))
                 .into_response()
@@ -427,18 +314,6 @@ fn with_common_layers(router: Router, state: &AppState, service: Service) -> Rou
             requests,
             crate::metrics::record,
         ))
-}
-
-/// JSON 404 and 405 answers in the shared error shape, for services that use it.
-pub fn json_fallbacks<S: Clone + Send + Sync + 'static>(router: Router<S>) -> Router<S> {
-    router
-        .fallback(|| async { ApiError::not_found("no such endpoint") })
-        .method_not_allowed_fallback(|| async {
-            ApiError::new(
-                crate::error::ErrorKind::InvalidRequest,
-                "method not allowed on this endpoint",
-            )
-        })
 }
 
 /// Forgets revocations of tokens that have expired anyway, hourly.

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use crate::services::Service;
+use crate::service::Service;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -367,17 +367,11 @@ impl RawConfig {
     /// Applies defaults and checks every value.
     pub fn resolve(&self) -> Result<Config, ConfigError> {
         let services = match &self.services {
-            None => crate::services::AVAILABLE.to_vec(),
+            None => Service::ALL.to_vec(),
             Some(list) => {
                 let mut out = Vec::new();
                 for name in list {
                     let s = Service::from_str(name).map_err(|e| invalid("services", e))?;
-                    if !crate::services::AVAILABLE.contains(&s) {
-                        return Err(invalid(
-                            "services",
-                            format!("the {s} service is not part of this build yet"),
-                        ));
-                    }
                     if !out.contains(&s) {
                         out.push(s);
                     }

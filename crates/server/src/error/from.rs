@@ -22,6 +22,22 @@ impl From<hearth_store::Error> for ApiError {
     }
 }
 
+/// A token failure: expiry is `SessionExpired`, everything else about the token is
+/// `InvalidCredentials` (the reason goes in the message), key-set trouble is internal.
+impl From<hearth_auth::Error> for ApiError {
+    fn from(e: hearth_auth::Error) -> Self {
+        use hearth_auth::Error as E;
+        match e {
+            E::Expired => ApiError::session_expired(),
+            E::Invalid(why) => ApiError::invalid_credentials(format!("invalid token: {why}")),
+            e @ (E::AlgorithmNotAllowed(_) | E::UnknownKey { .. }) => {
+                ApiError::invalid_credentials(e.to_string())
+            }
+            other => ApiError::internal(other),
+        }
+    }
+}
+
 impl From<hearth_billing::Error> for ApiError {
     fn from(e: hearth_billing::Error) -> Self {
         use hearth_billing::Error as E;

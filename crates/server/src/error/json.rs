@@ -4,9 +4,8 @@ use axum::extract::{FromRequest, Request};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
-use serde_json::json;
 
-use super::{ApiError, ErrorKind};
+use super::ApiError;
 
 /// JSON body extractor whose every rejection is an [`ApiError`] of type `InvalidRequest` naming
 /// the field (or `body`), never axum's plain text. The body size limit is the router's
@@ -42,11 +41,7 @@ where
         let bytes = match axum::body::Bytes::from_request(req, state).await {
             Ok(b) => b,
             Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                return Err(ApiError::new(
-                    ErrorKind::PayloadTooLarge,
-                    "body: larger than the configured limit",
-                )
-                .with_details(json!({ "field": "body" })));
+                return Err(ApiError::payload_too_large());
             }
             Err(rejection) => return Err(ApiError::invalid_request("body", rejection.body_text())),
         };

@@ -3,8 +3,8 @@
 //! "details"}}`; every failure of the markdown service is a [`MarkdownError`], rendered as
 //! `{"error": "<message>"}` (spec section 7); on the OpenAI-compatible routes an [`ApiError`]
 //! is rendered in that API's shape by [`OpenAiError`]. All take their status from one table,
-//! [`ErrorKind::status`], and so does every health answer ([`health_status`]). The typed errors
-//! of the crates below are mapped here once (`from.rs`).
+//! [`ErrorKind::status`] (health answers take theirs from the service table,
+//! `Service::health`). The typed errors of the crates below are mapped here once (`from.rs`).
 
 mod from;
 mod json;
@@ -85,18 +85,6 @@ impl ErrorKind {
 /// carries its own figure (`details.retryAfterSeconds`, e.g. the scheduler's).
 pub const RETRY_AFTER_SECS: u64 = 1;
 
-/// The status of a health answer (spec 3.3): 200 when healthy; otherwise 503 for the
-/// authentication service (`unhealthy`) and the markdown service (`degraded`), 500 for the
-/// completion and image services (`failing`).
-pub fn health_status(service: crate::Service, healthy: bool) -> StatusCode {
-    use crate::Service;
-    match (healthy, service) {
-        (true, _) => StatusCode::OK,
-        (false, Service::Auth | Service::Markdown) => StatusCode::SERVICE_UNAVAILABLE,
-        (false, Service::Completion | Service::Imagine) => StatusCode::INTERNAL_SERVER_ERROR,
-    }
-}
-
 /// An error as a JSON service answers it.
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -135,11 +123,6 @@ impl ApiError {
     pub fn invalid_request(field: &str, message: impl std::fmt::Display) -> Self {
         Self::new(ErrorKind::InvalidRequest, format!("{field}: {message}"))
             .with_details(json!({ "field": field }))
-    }
-
-    /// A client error not tied to one field.
-    pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(ErrorKind::InvalidRequest, message)
     }
 
     pub fn invalid_credentials(message: impl Into<String>) -> Self {
@@ -188,12 +171,13 @@ impl ApiError {
         Self::new(ErrorKind::NotFound, message)
     }
 
-    pub fn payload_too_large(limit: usize) -> Self {
+    /// A body over the router's `DefaultBodyLimit` (`max_body_bytes`).
+    pub fn payload_too_large() -> Self {
         Self::new(
             ErrorKind::PayloadTooLarge,
-            format!("body: larger than the {limit}-byte limit"),
+            "body: larger than the configured limit",
         )
-        .with_details(json!({ "field": "body", "limitBytes": limit }))
+        .with_details(json!({ "field": "body" }))
     }
 
     /// An internal failure: the cause is logged here, once; the client gets a plain message.
@@ -222,6 +206,20 @@ pub(crate) fn set_retry_after(resp: &mut Response, kind: ErrorKind, secs: Option
         resp.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
+}
+
+/// JSON 404 and 405 answers in the [`ApiError`] shape, for the services that use it.
+pub fn json_fallbacks<S: Clone + Send + Sync + 'static>(
+    router: axum::Router<S>,
+) -> axum::Router<S> {
+    router
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                ErrorKind::InvalidRequest,
+                "method not allowed on this endpoint",
+            )
+        })
 }
 
 #[cfg(test)]

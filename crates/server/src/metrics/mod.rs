@@ -39,8 +39,8 @@ use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::app::AppState;
-use crate::services::Service;
+use crate::service::Service;
+use crate::state::AppState;
 
 pub use engines::TextEngines;
 pub use http::{record, HttpMetrics, UNMATCHED};

@@ -12,7 +12,7 @@ use prometheus_client::registry::Registry;
 use rust_decimal::prelude::ToPrimitive;
 use rust_decimal::Decimal;
 
-use crate::services::Service;
+use crate::service::{MoneyMoved, Service};
 
 type Read = fn(&FlowTotals) -> Decimal;
 
@@ -42,13 +42,12 @@ const ADMIN_REMOVED: (&str, &str, Read) = (
     |t| t.debited,
 );
 
-/// The series of the money `service` moves: holds for the paid services, the admin API's
-/// credits for auth, nothing for markdown.
+/// The series of the money `service` moves (its row of the service table).
 pub(super) fn register(registry: &mut Registry, flows: &Arc<Flows>, service: Service) {
-    let series: &'static [(&str, &str, Read)] = match service {
-        Service::Completion | Service::Imagine => &[HELD, CHARGED, RELEASED],
-        Service::Auth => &[ADMIN_ADDED, ADMIN_REMOVED],
-        Service::Markdown => &[],
+    let series: &'static [(&str, &str, Read)] = match service.facts().money {
+        MoneyMoved::Holds => &[HELD, CHARGED, RELEASED],
+        MoneyMoved::AdminCredits => &[ADMIN_ADDED, ADMIN_REMOVED],
+        MoneyMoved::Nothing => &[],
     };
     if !series.is_empty() {
         registry.register_collector(Box::new(Money {

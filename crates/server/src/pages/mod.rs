@@ -6,8 +6,8 @@
 
 use serde_json::{json, Value};
 
-use crate::app::AppState;
-use crate::services::Service;
+use crate::service::Service;
+use crate::state::AppState;
 
 /// The one stylesheet, inlined in every page's head.
 const CSS: &str = include_str!("hearth.css");
@@ -16,14 +16,6 @@ const CSS: &str = include_str!("hearth.css");
 /// token kept for the tab (taken from the fragment the sign-in page sends back), the header's
 /// account line and balance, and sign-in and sign-out.
 const SHELL_JS: &str = include_str!("shell.js");
-
-/// The header's links, in this order; a link appears when its service runs here.
-const NAV: [(Service, &str); 4] = [
-    (Service::Auth, "Account"),
-    (Service::Completion, "Chat"),
-    (Service::Markdown, "Documents"),
-    (Service::Imagine, "Images"),
-];
 
 /// The brand mark (a flame), drawn in the header.
 const FLAME: &str = r#"<svg viewBox="0 0 24 24" aria-hidden="true"><path fill="currentColor" d="M12 2c.6 3.4 5.5 5.6 5.5 11.3A5.5 5.5 0 0 1 6.5 13.3c0-2.6 1.4-4.5 2.6-5.8.1 1.9.9 3.2 2.1 3.7-.4-3.2.2-6.4.8-9.2z"/></svg>"#;
@@ -52,10 +44,11 @@ impl Shell {
     pub fn of(state: &AppState) -> Shell {
         let config = &state.config;
         let runs = |s: &Service| config.services.contains(s);
-        let links = NAV
-            .iter()
-            .filter(|(s, _)| runs(s))
-            .map(|&(s, _)| (s, state.urls.ui(s)))
+        // The header's links, in `Service::ALL`'s order; a link appears when its service runs here.
+        let links = Service::ALL
+            .into_iter()
+            .filter(runs)
+            .map(|s| (s, state.urls.ui(s)))
             .collect();
         // A separately run auth service counts when its address is configured.
         let auth = (runs(&Service::Auth) || config.auth.public_url.is_some())
@@ -69,10 +62,7 @@ impl Shell {
             .links
             .iter()
             .map(|(s, url)| {
-                let name = NAV
-                    .iter()
-                    .find(|(n, _)| n == s)
-                    .map_or("", |(_, name)| name);
+                let name = s.facts().nav_label;
                 let current = if *s == page.service {
                     " aria-current=\"page\""
                 } else {

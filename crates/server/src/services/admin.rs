@@ -12,9 +12,9 @@ use serde::{Deserialize, Serialize};
 use std::str::FromStr;
 use utoipa::ToSchema;
 
-use crate::app::AppState;
 use crate::error::{ApiError, AppJson};
 use crate::openapi::ErrorBody;
+use crate::state::AppState;
 use hearth_billing::{money, MONEY_SCALE};
 
 pub fn router(state: AppState) -> Router {

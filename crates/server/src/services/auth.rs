@@ -16,13 +16,13 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use tracing::instrument;
 use utoipa::ToSchema;
 
-use crate::app::{auth_error, json_fallbacks, AppState};
 use crate::config::origin_of;
-use crate::error::{health_status, ApiError, AppJson};
+use crate::error::{json_fallbacks, ApiError, AppJson};
 use crate::openapi::ErrorBody;
 use crate::pages;
+use crate::service::Service;
 use crate::services::admin::{show_balance, BalanceResponse};
-use crate::services::Service;
+use crate::state::AppState;
 
 pub fn router(state: AppState) -> Router {
     json_fallbacks(
@@ -96,20 +96,8 @@ async fn health(State(state): State<AppState>) -> Response {
     if let Some(why) = &problem {
         tracing::error!(problem = %why, "auth service unhealthy");
     }
-    let health = Health {
-        status: if problem.is_none() {
-            "healthy"
-        } else {
-            "unhealthy"
-        },
-        env,
-        ui,
-    };
-    (
-        health_status(Service::Auth, problem.is_none()),
-        Json(health),
-    )
-        .into_response()
+    let (status, code) = Service::Auth.health(problem.is_none());
+    (code, Json(Health { status, env, ui })).into_response()
 }
 
 /// Token request (spec 2.3).
@@ -183,7 +171,7 @@ async fn token(
             hearth_auth::Error::Expired => {
                 ApiError::invalid_credentials("the identity token has expired")
             }
-            other => auth_error(other),
+            other => ApiError::from(other),
         })?;
     if identity.subject != req.user_id {
         return Err(ApiError::invalid_credentials(
@@ -323,7 +311,7 @@ async fn logout(
     let claims = state
         .tokens
         .verify_ignoring_expiry(req.service_token.trim())
-        .map_err(auth_error)?;
+        .map_err(ApiError::from)?;
     let identity = match req
         .idp_token
         .as_deref()
@@ -336,7 +324,7 @@ async fn logout(
                 hearth_auth::Error::Invalid(why) => {
                     ApiError::invalid_credentials(format!("idpToken: {why}"))
                 }
-                other => auth_error(other),
+                other => ApiError::from(other),
             })?;
             if id.subject != claims.sub {
                 return Err(ApiError::invalid_credentials(
@@ -426,15 +414,12 @@ async fn ui(State(state): State<AppState>, Query(q): Query<UiQuery>) -> Html<Str
     };
     let auth = &state.config.auth;
     // Where a signed-in user goes next: the pages of the other services this server runs.
-    let onward: Vec<_> = [
-        (Service::Completion, "Chat"),
-        (Service::Markdown, "Convert documents"),
-        (Service::Imagine, "Make images"),
-    ]
-    .into_iter()
-    .filter(|(s, _)| state.config.services.contains(s))
-    .map(|(s, name)| json!({ "service": s.name(), "name": name, "url": state.urls.ui(s) }))
-    .collect();
+    let onward: Vec<_> = Service::ALL
+        .into_iter()
+        .filter(|s| state.config.services.contains(s))
+        .filter_map(|s| Some((s, s.facts().onward_label?)))
+        .map(|(s, name)| json!({ "service": s.name(), "name": name, "url": state.urls.ui(s) }))
+        .collect();
     let page_config = json!({
         "callback": accepted,
         "onward": onward,

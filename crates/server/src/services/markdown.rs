@@ -27,12 +27,12 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use tracing::{info, instrument, warn};
 use utoipa::ToSchema;
 
-use crate::app::AppState;
-use crate::error::{health_status, MarkdownError};
+use crate::error::MarkdownError;
 use crate::metrics::{conversion_outcome, Conversions};
 use crate::openapi::MarkdownErrorBody;
 use crate::pages;
-use crate::services::Service;
+use crate::service::Service;
+use crate::state::AppState;
 
 const PAGE: &str = include_str!("markdown/markdown.html");
 /// The axum this build links, as its health check reports it (recorded by `build.rs`).
@@ -150,8 +150,9 @@ async fn health(State(state): State<MarkdownState>) -> Response {
     } else {
         state.public_url.clone()
     };
+    let (word, status) = Service::Markdown.health(up);
     let body = json!({
-        "status": if up { "healthy" } else { "degraded" },
+        "status": word,
         "service": "Hearth Markdown Conversion",
         "version": {
             "rust": hearth_markdown::RUSTC_VERSION,
@@ -182,7 +183,7 @@ async fn health(State(state): State<MarkdownState>) -> Response {
             },
         },
     });
-    (health_status(Service::Markdown, up), Json(body)).into_response()
+    (status, Json(body)).into_response()
 }
 
 /// `?attachments=list|convert` overrides the configured handling of e-mail attachments.

@@ -14,8 +14,8 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 use std::time::Duration;
 
-use crate::app::AppState;
-use crate::services::Service;
+use crate::service::Service;
+use crate::state::AppState;
 
 /// Set on a `/stream/shutdown` one node sends another.
 pub const FORWARDED_HEADER: &str = "x-hearth-forwarded";
