@@ -34,11 +34,11 @@ use serde_json::{json, Value};
 use tracing::{info, warn};
 use utoipa::ToSchema;
 
-use crate::app::{json_fallbacks, AppState};
-use crate::error::{health_status, ApiError, AppJson};
+use crate::error::{json_fallbacks, ApiError, AppJson};
 use crate::openapi::ErrorBody;
 use crate::pages;
-use crate::services::{Service, ServiceInitError};
+use crate::service::{Service, ServiceInitError};
+use crate::state::AppState;
 use crate::user_slots::UserSlots;
 
 pub use catalog::{Catalog, TextModelSpec};
@@ -149,8 +149,9 @@ async fn health(State(cs): State<CompletionState>) -> Response {
         Ok(()) => None,
         Err(e) => Some(e.to_string()),
     };
+    let (word, status) = Service::Completion.health(failure.is_none());
     let mut body = json!({
-        "status": if failure.is_none() { "healthy" } else { "failing" },
+        "status": word,
         "env": cs.app.config.env,
         "ui": cs.app.urls.ui(Service::Completion),
         "models": cs.core.engines.status(),
@@ -160,7 +161,6 @@ async fn health(State(cs): State<CompletionState>) -> Response {
         body["error"] =
             json!({ "type": "InternalError", "message": "database check failed", "details": {} });
     }
-    let status = health_status(Service::Completion, failure.is_none());
     (status, Json(body)).into_response()
 }
 

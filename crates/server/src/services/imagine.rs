@@ -30,13 +30,13 @@ use tokio::sync::oneshot;
 use tracing::{info, instrument, warn, Instrument, Span};
 use utoipa::ToSchema;
 
-use crate::app::{json_fallbacks, AppState, Session};
-use crate::error::{health_status, ApiError, AppJson};
+use crate::error::{json_fallbacks, ApiError, AppJson};
 use crate::metrics::ImageMetrics;
 use crate::models::{Availability, Models, Served};
 use crate::openapi::ErrorBody;
 use crate::pages;
-use crate::services::{Service, ServiceInitError};
+use crate::service::{Service, ServiceInitError};
+use crate::state::{AppState, Session};
 use crate::user_slots::UserSlots;
 use hearth_billing::{money, Charge, Margin};
 
@@ -176,8 +176,9 @@ async fn health(State(st): State<ImagineState>) -> Response {
             json!({ "id": id, "status": "failed", "error": why })
         }
     };
+    let (word, status) = Service::Imagine.health(failure.is_none());
     let mut body = json!({
-        "status": if failure.is_none() { "healthy" } else { "failing" },
+        "status": word,
         "env": st.app.config.env,
         "ui": st.app.urls.ui(Service::Imagine),
         "model": model,
@@ -186,7 +187,6 @@ async fn health(State(st): State<ImagineState>) -> Response {
         warn!(error = %why, "image health check failing");
         body["error"] = json!({ "type": "InternalError", "message": why, "details": {} });
     }
-    let status = health_status(Service::Imagine, failure.is_none());
     (status, Json(body)).into_response()
 }
 
@@ -295,8 +295,7 @@ async fn generate(
     State(st): State<ImagineState>,
     AppJson(raw): AppJson<RawImageRequest>,
 ) -> Result<Json<ImageResponse>, ApiError> {
-    let token = validate::service_token(&raw)
-        .ok_or_else(|| ApiError::invalid_credentials("serviceToken is required"))?;
+    let token = crate::validate::service_token_field(&raw.service_token)?;
     let session = st.app.authenticate(token).await?;
     Span::current().record("user", session.user_id.as_str());
     let valid = validate::validate(&raw, &st.entry.limits, &st.entry.id)?;

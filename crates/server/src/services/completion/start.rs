@@ -9,10 +9,10 @@ use hearth_store::LedgerMeta;
 use rust_decimal::Decimal;
 use tracing::{instrument, warn, Span};
 
-use super::validate::{self, FieldError, Prompt, RawCompletionRequest, ValidRequest};
+use super::validate::{self, Prompt, RawCompletionRequest, ValidRequest};
 use super::{CompletionState, TextModelSpec};
-use crate::app::Session;
 use crate::error::{ApiError, ErrorKind};
+use crate::state::Session;
 use crate::user_slots::UserSlot;
 use hearth_infer::{SamplingParams, TokenConstraint};
 
@@ -28,15 +28,12 @@ pub struct Started {
     pub input_cost: Decimal,
 }
 
-pub fn field_error(e: FieldError) -> ApiError {
-    ApiError::new(ErrorKind::InvalidRequest, e.message).with_details(e.details)
-}
-
 /// `POST /` and `POST /stream`: the spec's request, credentials in its body.
 #[instrument(skip_all, fields(model, user))]
 pub async fn start(cs: &CompletionState, raw: RawCompletionRequest) -> Result<Started, ApiError> {
-    let session = authenticate(cs, validate::service_token(&raw)).await?;
-    let valid = validate::validate(&raw, &cs.core.catalog).map_err(field_error)?;
+    let token = crate::validate::service_token_field(&raw.service_token)?;
+    let session = authenticate(cs, token).await?;
+    let valid = validate::validate(&raw, &cs.core.catalog)?;
     Span::current().record("model", valid.model.as_str());
     start_valid(cs, session, valid).await
 }
@@ -88,8 +85,7 @@ pub async fn start_valid(
 /// The service token's session. The completion service's error types (spec section 7) have no
 /// `SessionExpired`: an expired token is `InvalidCredentials` here, with the reason in the
 /// message.
-pub async fn authenticate(cs: &CompletionState, token: Option<&str>) -> Result<Session, ApiError> {
-    let token = token.ok_or_else(|| ApiError::invalid_credentials("serviceToken is required"))?;
+pub async fn authenticate(cs: &CompletionState, token: &str) -> Result<Session, ApiError> {
     let session = cs.app.authenticate(token).await.map_err(|e| match e.kind {
         ErrorKind::SessionExpired => ApiError::invalid_credentials("the service token has expired"),
         _ => e,
@@ -129,8 +125,7 @@ async fn tokenize(
     let context = spec
         .context_length
         .map_or(engine.context_length(), |c| c.min(engine.context_length()));
-    validate::check_prompt_length(prompt_ids.len(), valid.max_output_tokens, spec, context)
-        .map_err(field_error)?;
+    validate::check_prompt_length(prompt_ids.len(), valid.max_output_tokens, spec, context)?;
     Ok(prompt_ids)
 }
 

@@ -1,5 +1,6 @@
 //! Parse, don't validate: the wire request (every field optional, any JSON type) becomes a
-//! [`ValidRequest`] or a [`FieldError`] naming the offending field. Section 8 of the spec:
+//! [`ValidRequest`] or a [`FieldError`] naming the offending field; the fields every service
+//! shares take their rules from `crate::validate`. Section 8 of the spec:
 //! temperature and `maxOutputTokens` within the model's row, margin 0..=99, a non-empty message
 //! list with known roles, and a prompt that fits both the input limit and the context left after
 //! the output.
@@ -12,6 +13,7 @@ use hearth_billing::Margin;
 use hearth_types::{ChatMessage, Role};
 
 use super::catalog::{Catalog, TextModelSpec};
+use crate::validate::{self as fields, FieldError};
 
 /// The completion request as it arrives; fields stay raw JSON so that each type error names
 /// its field instead of surfacing serde's message. Its schema says what each field must hold.
@@ -121,61 +123,15 @@ pub enum GrammarRequest {
     ToolCall(Value),
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct FieldError {
-    pub field: String,
-    pub message: String,
-    pub details: Value,
-}
-
-impl FieldError {
-    pub(super) fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        let field = field.into();
-        FieldError {
-            details: json!({ "field": field }),
-            field,
-            message: message.into(),
-        }
-    }
-
-    pub(super) fn with(mut self, key: &str, value: Value) -> Self {
-        if let Some(map) = self.details.as_object_mut() {
-            map.insert(key.to_string(), value);
-        }
-        self
-    }
-}
-
-fn optional_string(value: &Option<Value>, field: &str) -> Result<Option<String>, FieldError> {
-    match value {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(_) => Err(FieldError::new(field, format!("{field} must be a string"))),
-    }
-}
-
-/// The service token, if it is a non-empty string (anything else is `InvalidCredentials`).
-pub fn service_token(raw: &RawCompletionRequest) -> Option<&str> {
-    match &raw.service_token {
-        Some(Value::String(s)) if !s.is_empty() => Some(s),
-        _ => None,
-    }
-}
-
-fn number(value: &Value, field: &str) -> Result<f64, FieldError> {
-    value
-        .as_f64()
-        .ok_or_else(|| FieldError::new(field, format!("{field} must be a number")))
-}
-
 pub fn validate(raw: &RawCompletionRequest, catalog: &Catalog) -> Result<ValidRequest, FieldError> {
     let model_id = match &raw.model {
         None | Some(Value::Null) => {
-            return Err(FieldError::new("model", "model is required")
-                .with("validModels", json!(catalog.ids())))
+            return Err(
+                FieldError::new("model", "is required").with("validModels", json!(catalog.ids()))
+            )
         }
         Some(Value::String(s)) => s.clone(),
-        Some(_) => return Err(FieldError::new("model", "model must be a string")),
+        Some(_) => return Err(FieldError::new("model", "must be a string")),
     };
     let Some(spec) = catalog.get(&model_id) else {
         let ids = catalog.ids();
@@ -192,55 +148,39 @@ pub fn validate(raw: &RawCompletionRequest, catalog: &Catalog) -> Result<ValidRe
     let messages = messages(&raw.messages)?;
     let temperature = temperature(&raw.temperature, spec)?;
     let max_output_tokens = output_tokens(&raw.max_output_tokens, "maxOutputTokens", spec)?;
-    let margin = match &raw.override_gross_margin_percent {
-        None | Some(Value::Null) => None,
-        Some(v) => {
-            let field = "overrideGrossMarginPercent";
-            let m = Margin::from_f64(number(v, field)?).map_err(|e| {
-                FieldError::new(field, format!("{field} {e}"))
-                    .with("min", json!(0))
-                    .with("max", json!(99))
-            })?;
-            Some(m)
-        }
-    };
+    let margin = fields::margin(&raw.override_gross_margin_percent)?;
     Ok(ValidRequest {
         model: model_id,
         prompt: Prompt::Chat(messages),
         temperature,
         max_output_tokens,
         margin,
-        developer_id: optional_string(&raw.developer_id, "developerId")?,
-        application_id: optional_string(&raw.application_id, "applicationId")?,
+        developer_id: fields::optional_id("developerId", &raw.developer_id)?,
+        application_id: fields::optional_id("applicationId", &raw.application_id)?,
         decode: Decode::default(),
     })
 }
 
 fn messages(value: &Option<Value>) -> Result<Vec<ChatMessage>, FieldError> {
     let list = match value {
-        None | Some(Value::Null) => {
-            return Err(FieldError::new("messages", "messages is required"))
-        }
+        None | Some(Value::Null) => return Err(FieldError::new("messages", "is required")),
         Some(Value::Array(list)) => list,
         Some(_) => {
             return Err(FieldError::new(
                 "messages",
-                "messages must be an array of {role, content}",
+                "must be an array of {role, content}",
             ))
         }
     };
     if list.is_empty() {
-        return Err(FieldError::new("messages", "messages must not be empty"));
+        return Err(FieldError::new("messages", "must not be empty"));
     }
     list.iter()
         .enumerate()
         .map(|(i, m)| {
             let field = format!("messages[{i}]");
             let obj = m.as_object().ok_or_else(|| {
-                FieldError::new(
-                    &field,
-                    format!("{field} must be an object with role and content"),
-                )
+                FieldError::new(&field, "must be an object with role and content")
             })?;
             let role = match obj.get("role") {
                 // The spec's roles; `tool` belongs to the OpenAI-compatible routes.
@@ -249,26 +189,19 @@ fn messages(value: &Option<Value>) -> Result<Vec<ChatMessage>, FieldError> {
                     _ => {
                         return Err(FieldError::new(
                             format!("{field}.role"),
-                            format!(
-                            "{field}.role: unknown role {r:?}: expected system, user or assistant"
-                        ),
+                            format!("unknown role {r:?}: expected system, user or assistant"),
                         )
                         .with("allowed", json!(["system", "user", "assistant"])))
                     }
                 },
-                _ => {
-                    return Err(FieldError::new(
-                        format!("{field}.role"),
-                        format!("{field}.role must be a string"),
-                    ))
-                }
+                _ => return Err(FieldError::new(format!("{field}.role"), "must be a string")),
             };
             let content = match obj.get("content") {
                 Some(Value::String(c)) => c.clone(),
                 _ => {
                     return Err(FieldError::new(
                         format!("{field}.content"),
-                        format!("{field}.content must be a string"),
+                        "must be a string",
                     ))
                 }
             };
@@ -281,15 +214,12 @@ pub(super) fn temperature(value: &Option<Value>, spec: &TextModelSpec) -> Result
     let Some(value) = value.as_ref().filter(|v| !v.is_null()) else {
         return Ok(spec.default_temperature);
     };
-    let t = number(value, "temperature")?;
+    let t = fields::number("temperature", value)?;
     let (lo, hi) = (spec.temperature_min as f64, spec.temperature_max as f64);
     if !(lo..=hi).contains(&t) {
         return Err(FieldError::new(
             "temperature",
-            format!(
-                "temperature must be between {lo} and {hi} for {}, got {t}",
-                spec.id
-            ),
+            format!("must be between {lo} and {hi} for {}, got {t}", spec.id),
         )
         .with("min", json!(lo))
         .with("max", json!(hi)));
@@ -307,28 +237,13 @@ pub(super) fn output_tokens(
     let Some(value) = value.as_ref().filter(|v| !v.is_null()) else {
         return Ok(spec.default_max_output_tokens);
     };
-    let max = spec.max_output_tokens as u64;
-    let out_of_range = || {
-        FieldError::new(
-            field,
-            format!("{field} must be an integer from 1 to {max} for {}", spec.id),
-        )
-        .with("min", json!(1))
-        .with("max", json!(max))
-    };
-    let n = match value {
-        Value::Number(n) => match (n.as_u64(), n.as_f64()) {
-            (Some(n), _) => n,
-            // 12.0 is an integer; 12.5 and -3 are not.
-            (None, Some(f)) if f.fract() == 0.0 && f >= 1.0 && f <= max as f64 => f as u64,
-            _ => return Err(out_of_range()),
-        },
-        _ => return Err(FieldError::new(field, format!("{field} must be a number"))),
-    };
-    if n < 1 || n > max {
-        return Err(out_of_range());
-    }
-    Ok(n as usize)
+    let n = fields::integer(
+        field,
+        &Some(value.clone()),
+        1,
+        spec.max_output_tokens as u64,
+    )?;
+    Ok(n.map_or(spec.default_max_output_tokens, |n| n as usize))
 }
 
 /// The prompt must fit both the model's input limit and the context left for the output.
@@ -457,6 +372,15 @@ output_price_per_million = "15.00"
             "overrideGrossMarginPercent"
         );
         assert_eq!(field_of(ok(), "developerId", json!(5)), "developerId");
+        assert_eq!(
+            field_of(ok(), "developerId", json!("x".repeat(257))),
+            "developerId",
+            "the ledger ids' length rule is the same as the image service's"
+        );
+        assert_eq!(
+            field_of(ok(), "applicationId", json!("x".repeat(257))),
+            "applicationId"
+        );
         let mut no_model = ok();
         no_model.as_object_mut().unwrap().remove("model");
         assert_eq!(
@@ -502,13 +426,5 @@ output_price_per_million = "15.00"
             "{}",
             e.message
         );
-    }
-
-    #[test]
-    fn a_missing_or_non_string_token_is_no_token() {
-        assert_eq!(service_token(&raw(ok())), Some("t"));
-        assert_eq!(service_token(&raw(json!({"serviceToken": 5}))), None);
-        assert_eq!(service_token(&raw(json!({"serviceToken": ""}))), None);
-        assert_eq!(service_token(&raw(json!({}))), None);
     }
 }

@@ -18,7 +18,7 @@ use super::validate::{self, RawImageRequest};
 use super::{produce, ImagineState};
 use crate::error::{ApiError, OpenAiError, OpenAiJson};
 use crate::openapi::OpenAiErrorBody;
-use crate::services::bearer_token;
+use crate::validate::{bearer_token, FieldError};
 
 /// `POST /v1/images/generations`. Fields are checked by the spec route's validator, so each
 /// bad one is named (`param`).
@@ -95,16 +95,19 @@ struct ImageCost {
 }
 
 /// The API's names for the fields the spec's validator names.
-fn rename_field(mut e: ApiError) -> ApiError {
-    let renamed = match e.details["field"].as_str() {
-        Some("width" | "height") => "size",
-        Some("negativePrompt") => "negative_prompt",
-        Some("developerId") => "developer_id",
-        Some("applicationId") => "application_id",
-        _ => return e,
+fn rename_field(mut e: FieldError) -> ApiError {
+    let renamed = match e.field.as_str() {
+        "width" | "height" => "size",
+        "negativePrompt" => "negative_prompt",
+        "developerId" => "developer_id",
+        "applicationId" => "application_id",
+        _ => return e.into(),
     };
+    if let Some(what) = e.message.strip_prefix(&format!("{}: ", e.field)) {
+        e.message = format!("{renamed}: {what}");
+    }
     e.details["field"] = json!(renamed);
-    e
+    e.into()
 }
 
 fn bad(field: &str, message: impl std::fmt::Display) -> OpenAiError {

@@ -1,5 +1,6 @@
 //! Parse, don't validate: the wire image request (spec 2.6, every field raw JSON) becomes a
-//! [`ValidImageRequest`] or an [`ApiError`] of type `InvalidRequest` naming the field.
+//! [`ValidImageRequest`] or a [`FieldError`] naming the field; the fields every service shares
+//! take their rules from `crate::validate`.
 //!
 //! Bounds (docs/decisions.md "Image generation"): `prompt` a non-empty string of at most 4,000 characters (CLIP reads
 //! the first 75 tokens); `negativePrompt` a string of at most 4,000 characters; `seed` an integer
@@ -13,9 +14,8 @@ use serde_json::{json, Value};
 use utoipa::ToSchema;
 
 use super::catalog::{Limits, SIZE_MULTIPLE};
-use crate::error::ApiError;
+use crate::validate::{self as fields, FieldError, MAX_PROMPT_CHARS};
 
-pub const MAX_PROMPT_CHARS: usize = 4000;
 pub const MAX_SEED: u64 = u32::MAX as u64;
 
 /// The request as it arrives: every field raw JSON, so that each bad value is an error naming
@@ -82,95 +82,38 @@ pub struct ValidImageRequest {
     pub application_id: Option<String>,
 }
 
-/// The `serviceToken`, when it is a string.
-pub fn service_token(raw: &RawImageRequest) -> Option<&str> {
-    raw.service_token.as_ref().and_then(Value::as_str)
-}
-
-fn opt_string(field: &str, v: &Option<Value>, max: usize) -> Result<Option<String>, ApiError> {
-    match v {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if s.chars().count() > max => Err(ApiError::invalid_request(
-            field,
-            format!("must be at most {max} characters"),
-        )),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(_) => Err(ApiError::invalid_request(field, "must be a string")),
-    }
-}
-
-fn opt_integer(
-    field: &str,
-    v: &Option<Value>,
-    min: u64,
-    max: u64,
-) -> Result<Option<u64>, ApiError> {
-    let n = match v {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::Number(n)) => n,
-        Some(_) => return Err(ApiError::invalid_request(field, "must be a number")),
-    };
-    let int = n.as_u64().or_else(|| {
-        n.as_f64()
-            .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= u64::MAX as f64)
-            .map(|f| f as u64)
-    });
-    match int {
-        Some(i) if (min..=max).contains(&i) => Ok(Some(i)),
-        _ => Err(ApiError::invalid_request(
-            field,
-            format!("must be an integer from {min} to {max}, got {n}"),
-        )
-        .with_details(json!({ "min": min, "max": max }))),
-    }
-}
-
 /// Checks every field against `limits`; `model_id` is the served model's id.
 pub fn validate(
     raw: &RawImageRequest,
     limits: &Limits,
     model_id: &str,
-) -> Result<ValidImageRequest, ApiError> {
-    let prompt = match &raw.prompt {
-        None | Some(Value::Null) => return Err(ApiError::invalid_request("prompt", "is required")),
-        Some(Value::String(s)) if s.trim().is_empty() => {
-            return Err(ApiError::invalid_request("prompt", "must not be empty"))
-        }
-        Some(Value::String(s)) if s.chars().count() > MAX_PROMPT_CHARS => {
-            return Err(ApiError::invalid_request(
-                "prompt",
-                format!("must be at most {MAX_PROMPT_CHARS} characters"),
-            ))
-        }
-        Some(Value::String(s)) => s.clone(),
-        Some(_) => return Err(ApiError::invalid_request("prompt", "must be a string")),
-    };
+) -> Result<ValidImageRequest, FieldError> {
+    let prompt = fields::prompt("prompt", &raw.prompt, MAX_PROMPT_CHARS)?;
     match &raw.model {
         None | Some(Value::Null) => {}
         Some(Value::String(m)) if m == model_id => {}
         Some(_) => {
-            return Err(
-                ApiError::invalid_request("model", format!("must be {model_id:?}"))
-                    .with_details(json!({ "allowed": [model_id] })),
-            )
+            return Err(FieldError::new("model", format!("must be {model_id:?}"))
+                .with("allowed", json!([model_id])))
         }
     }
     let negative_prompt =
-        opt_string("negativePrompt", &raw.negative_prompt, MAX_PROMPT_CHARS)?.unwrap_or_default();
-    let developer_id = opt_string("developerId", &raw.developer_id, 256)?;
-    let application_id = opt_string("applicationId", &raw.application_id, 256)?;
-    let seed = opt_integer("seed", &raw.seed, 0, MAX_SEED)?;
-    let steps = opt_integer("steps", &raw.steps, 1, limits.max_steps as u64)?
+        fields::optional_text("negativePrompt", &raw.negative_prompt, MAX_PROMPT_CHARS)?
+            .unwrap_or_default();
+    let developer_id = fields::optional_id("developerId", &raw.developer_id)?;
+    let application_id = fields::optional_id("applicationId", &raw.application_id)?;
+    let seed = fields::integer("seed", &raw.seed, 0, MAX_SEED)?;
+    let steps = fields::integer("steps", &raw.steps, 1, limits.max_steps as u64)?
         .map_or(limits.default_steps, |s| s as usize);
-    let size = |field: &str, v: &Option<Value>| -> Result<usize, ApiError> {
-        let s = opt_integer(field, v, limits.min_size as u64, limits.max_size as u64)?
+    let size = |field: &str, v: &Option<Value>| -> Result<usize, FieldError> {
+        let s = fields::integer(field, v, limits.min_size as u64, limits.max_size as u64)?
             .map_or(limits.default_size, |s| s as usize);
         if !s.is_multiple_of(SIZE_MULTIPLE) {
-            return Err(ApiError::invalid_request(
+            return Err(FieldError::new(
                 field,
                 format!("must be a multiple of {SIZE_MULTIPLE}, got {s}"),
             )
-            .with_details(json!({ "multipleOf": SIZE_MULTIPLE })));
+            .with("multipleOf", json!(SIZE_MULTIPLE)));
         }
         Ok(s)
     };
@@ -182,7 +125,7 @@ pub fn validate(
         } else {
             "width"
         };
-        return Err(ApiError::invalid_request(
+        return Err(FieldError::new(
             field,
             format!(
                 "width x height is {} pixels, at most {} are allowed",
@@ -190,20 +133,9 @@ pub fn validate(
                 limits.max_pixels
             ),
         )
-        .with_details(json!({ "maxPixels": limits.max_pixels })));
+        .with("maxPixels", json!(limits.max_pixels)));
     }
-    const MARGIN: &str = "overrideGrossMarginPercent";
-    let margin = match &raw.override_gross_margin_percent {
-        None | Some(Value::Null) => None,
-        Some(Value::Number(n)) => {
-            let percent = n.as_f64().unwrap_or(f64::NAN);
-            let margin = Margin::from_f64(percent).map_err(|e| {
-                ApiError::invalid_request(MARGIN, e).with_details(json!({ "min": 0, "max": 99 }))
-            })?;
-            Some(margin)
-        }
-        Some(_) => return Err(ApiError::invalid_request(MARGIN, "must be a number")),
-    };
+    let margin = fields::margin(&raw.override_gross_margin_percent)?;
     Ok(ValidImageRequest {
         prompt,
         negative_prompt,
@@ -238,7 +170,7 @@ mod tests {
 
     fn field_of(v: Value) -> String {
         let err = validate(&raw(v), &limits(), "xl-lightning").unwrap_err();
-        err.details["field"].as_str().unwrap().to_string()
+        err.field
     }
 
     #[test]

@@ -30,7 +30,7 @@ use super::stream::{spawn_driver, StreamEvent};
 use super::{CompletionState, KEEP_ALIVE, STREAM_ID_HEADER};
 use crate::error::{ApiError, OpenAiError, OpenAiJson};
 use crate::openapi::OpenAiErrorBody;
-use crate::services::bearer_token;
+use crate::validate::bearer_token;
 use respond::{whole, Answer as _, Chat, Head, Text};
 use wire::{
     ChatChunk, ChatCompletion, ChatRequest, ModelList, ModelObject, TextCompletion, TextRequest,
@@ -78,13 +78,13 @@ pub fn routes() -> Router<CompletionState> {
 async fn session(
     cs: &CompletionState,
     headers: &HeaderMap,
-) -> Result<crate::app::Session, OpenAiError> {
+) -> Result<crate::state::Session, OpenAiError> {
     let token = bearer_token(headers).ok_or_else(|| {
         ApiError::invalid_credentials(
             "no credentials: send the service token as Authorization: Bearer <serviceToken>",
         )
     })?;
-    Ok(authenticate(cs, Some(token)).await?)
+    Ok(authenticate(cs, token).await?)
 }
 
 fn model_object(cs: &CompletionState, id: &str) -> ModelObject {

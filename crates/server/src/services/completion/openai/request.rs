@@ -13,10 +13,10 @@ use super::wire::{
 };
 use crate::error::ApiError;
 use crate::services::completion::catalog::{Catalog, TextModelSpec};
-use crate::services::completion::start::field_error;
 use crate::services::completion::validate::{
     output_tokens, temperature, Decode, GrammarRequest, Prompt, ValidRequest,
 };
+use crate::validate as fields;
 
 /// At most this many stop strings (the API's limit), each at most this long.
 const MAX_STOP: usize = 4;
@@ -44,9 +44,7 @@ fn bad(field: &str, message: impl std::fmt::Display) -> ApiError {
 
 /// The model named, or 404 `model_not_found` as the API answers an unknown one.
 fn model<'c>(name: &Option<String>, catalog: &'c Catalog) -> Result<&'c TextModelSpec, ApiError> {
-    let name = name
-        .as_deref()
-        .ok_or_else(|| bad("model", "model is required"))?;
+    let name = name.as_deref().ok_or_else(|| bad("model", "is required"))?;
     catalog.get(name).ok_or_else(|| {
         ApiError::not_found(format!(
             "the model {name:?} does not exist; models: {}",
@@ -65,7 +63,7 @@ pub fn chat(req: ChatRequest, catalog: &Catalog) -> Result<Checked, ApiError> {
         }
         (_, v) => output_tokens(v, "max_tokens", spec),
     }
-    .map_err(field_error)?;
+    .map_err(ApiError::from)?;
     let mut decode = sampling(&req.sampling, spec)?;
     decode.logprobs = match (req.logprobs, req.top_logprobs) {
         (Some(true), n) => Some(top_logprobs(
@@ -73,9 +71,7 @@ pub fn chat(req: ChatRequest, catalog: &Catalog) -> Result<Checked, ApiError> {
             "top_logprobs",
             MAX_TOP_LOGPROBS,
         )?),
-        (_, Some(n)) if n > 0 => {
-            return Err(bad("top_logprobs", "top_logprobs needs logprobs: true"))
-        }
+        (_, Some(n)) if n > 0 => return Err(bad("top_logprobs", "needs logprobs: true")),
         _ => None,
     };
     let tools = tools::mode(req.tools.as_deref(), req.tool_choice.as_ref(), MAX_TOOLS)?;
@@ -83,7 +79,7 @@ pub fn chat(req: ChatRequest, catalog: &Catalog) -> Result<Checked, ApiError> {
         (Some(ResponseFormat::JsonObject | ResponseFormat::JsonSchema { .. }), Some(_)) => {
             return Err(bad(
                 "response_format",
-                "response_format cannot be combined with a tool_choice that forces a call",
+                "cannot be combined with a tool_choice that forces a call",
             ))
         }
         (_, Some(call)) => Some(call),
@@ -93,7 +89,7 @@ pub fn chat(req: ChatRequest, catalog: &Catalog) -> Result<Checked, ApiError> {
     if decode.ignore_eos && decode.grammar.is_some() {
         return Err(bad(
             "ignore_eos",
-            "ignore_eos cannot be combined with a response_format or a forced tool call",
+            "cannot be combined with a response_format or a forced tool call",
         ));
     }
     let prompt = match tools.offered() {
@@ -122,19 +118,19 @@ pub fn text(req: TextRequest, catalog: &Catalog) -> Result<Checked, ApiError> {
                 "one prompt per request (a list of exactly one)",
             ))
         }
-        None => return Err(bad("prompt", "prompt is required")),
+        None => return Err(bad("prompt", "is required")),
     };
     if prompt.is_empty() {
-        return Err(bad("prompt", "prompt must not be empty"));
+        return Err(bad("prompt", "must not be empty"));
     }
     if req.echo == Some(true) {
-        return Err(bad("echo", "echo is not supported"));
+        return Err(bad("echo", "is not supported"));
     }
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(bad("suffix", "suffix (insertion) is not supported"));
+        return Err(bad("suffix", "(insertion) is not supported"));
     }
     if req.best_of.is_some_and(|n| n != 1) {
-        return Err(bad("best_of", "best_of must be 1"));
+        return Err(bad("best_of", "must be 1"));
     }
     let max_tokens = match &req.max_tokens {
         Some(v) if !v.is_null() => output_tokens(&Some(v.clone()), "max_tokens", spec),
@@ -146,7 +142,7 @@ pub fn text(req: TextRequest, catalog: &Catalog) -> Result<Checked, ApiError> {
             spec,
         ),
     }
-    .map_err(field_error)?;
+    .map_err(ApiError::from)?;
     let mut decode = sampling(&req.sampling, spec)?;
     decode.logprobs = match req.logprobs {
         Some(n) => Some(top_logprobs(n, "logprobs", 5)?),
@@ -178,11 +174,11 @@ fn valid(
     Ok(ValidRequest {
         model: name.clone().unwrap_or_else(|| spec.id.clone()),
         prompt,
-        temperature: temperature(&s.temperature, spec).map_err(field_error)?,
+        temperature: temperature(&s.temperature, spec).map_err(ApiError::from)?,
         max_output_tokens,
         margin: None,
-        developer_id: s.developer_id.clone(),
-        application_id: s.application_id.clone(),
+        developer_id: fields::id("developer_id", s.developer_id.as_deref())?,
+        application_id: fields::id("application_id", s.application_id.as_deref())?,
         decode,
     })
 }
@@ -196,7 +192,7 @@ fn include_usage(s: &SamplingFields) -> bool {
 
 fn top_logprobs(n: u64, field: &str, max: u64) -> Result<usize, ApiError> {
     if n > max {
-        return Err(bad(field, format!("{field} must be from 0 to {max}")));
+        return Err(bad(field, format!("must be from 0 to {max}")));
     }
     Ok(n as usize)
 }
@@ -204,20 +200,20 @@ fn top_logprobs(n: u64, field: &str, max: u64) -> Result<usize, ApiError> {
 /// The fields both routes share: `n`, `top_p`, `seed`, `stop`, the penalties, `logit_bias`.
 fn sampling(s: &SamplingFields, _spec: &TextModelSpec) -> Result<Decode, ApiError> {
     if s.n.is_some_and(|n| n != 1) {
-        return Err(bad("n", "n must be 1: one choice per request"));
+        return Err(bad("n", "must be 1: one choice per request"));
     }
     if s.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
-        return Err(bad("logit_bias", "logit_bias is not supported"));
+        return Err(bad("logit_bias", "is not supported"));
     }
     let top_p = match s.top_p {
         None => 1.0,
         Some(p) if p > 0.0 && p <= 1.0 => p as f32,
-        Some(p) => return Err(bad("top_p", format!("top_p must be in (0, 1], got {p}"))),
+        Some(p) => return Err(bad("top_p", format!("must be in (0, 1], got {p}"))),
     };
     let penalty = |v: Option<f64>, field: &str| match v {
         None => Ok(0.0),
         Some(p) if (-2.0..=2.0).contains(&p) => Ok(p as f32),
-        Some(p) => Err(bad(field, format!("{field} must be from -2 to 2, got {p}"))),
+        Some(p) => Err(bad(field, format!("must be from -2 to 2, got {p}"))),
     };
     let stop = match &s.stop {
         None => Vec::new(),
@@ -269,7 +265,7 @@ fn response_format(format: &ResponseFormat) -> Result<Option<GrammarRequest>, Ap
 /// `tool_calls`) and `tool`; text content, as a string or text parts.
 fn messages(list: Vec<WireMessage>) -> Result<Vec<ChatMessage>, ApiError> {
     if list.is_empty() {
-        return Err(bad("messages", "messages must not be empty"));
+        return Err(bad("messages", "must not be empty"));
     }
     list.into_iter()
         .enumerate()
