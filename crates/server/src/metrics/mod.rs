@@ -19,8 +19,8 @@
 //! **What the series carry.** Route templates (`MatchedPath`, never the raw path; `unmatched`
 //! otherwise), standard methods (else `other`), statuses, model ids, document formats, outcome
 //! kinds, service names, money totals per service. Never a user id, a token, a prompt, a file
-//! name or anything of one request, so `/metrics` needs no credential (README, "Metrics";
-//! `tests/metrics.rs` checks it).
+//! name or anything of one request, so `/metrics` needs no credential (docs/decisions.md,
+//! "Metrics"; `tests/metrics.rs` checks it).
 
 mod engines;
 mod http;
