@@ -17,6 +17,7 @@ mod markdown;
 mod markdown_browser;
 mod markdown_hostile;
 mod metrics;
+mod model_table;
 mod multinode;
 mod openai;
 mod openapi;

@@ -54,6 +54,13 @@ impl AppBuilder {
     }
 
     pub async fn spawn(self) -> TestApp {
+        self.try_spawn()
+            .await
+            .unwrap_or_else(|e| panic!("server failed to start: {e}"))
+    }
+
+    /// Starts the server, or says why it would not start.
+    pub async fn try_spawn(self) -> Result<TestApp, hearth_server::app::StartError> {
         let dir = self
             .data_dir
             .unwrap_or_else(|| tempfile::tempdir().expect("temp dir"));
@@ -72,24 +79,25 @@ impl AppBuilder {
             raw.markdown.worker_program = Some(PathBuf::from(env!("CARGO_BIN_EXE_hearth")));
         }
         let config = raw.resolve().expect("test configuration resolves");
-        let running = start_retrying(config).await;
-        TestApp {
+        let running = start_retrying(config).await?;
+        Ok(TestApp {
             running: Some(running),
             client: reqwest::Client::new(),
             dir: Some(dir),
-        }
+        })
     }
 }
 
 /// sled releases its file lock a moment after the last handle drops: retry briefly on restart.
-async fn start_retrying(config: hearth_server::Config) -> Running {
+async fn start_retrying(
+    config: hearth_server::Config,
+) -> Result<Running, hearth_server::app::StartError> {
     for _ in 0..50 {
         match hearth_server::start(config.clone()).await {
-            Ok(r) => return r,
             Err(hearth_server::app::StartError::Store(hearth_store::Error::Locked { .. })) => {
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
-            Err(e) => panic!("server failed to start: {e}"),
+            started => return started,
         }
     }
     panic!("store stayed locked");

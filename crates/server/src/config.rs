@@ -260,10 +260,21 @@ pub fn env_name(key: &str) -> String {
 /// The variable of the configuration key closest to the unknown variable `name` (by edit
 /// distance), to suggest in the warning about it.
 pub fn closest_env_name(name: &str) -> Option<String> {
-    keys()
-        .iter()
-        .map(|k| env_name(k))
-        .min_by_key(|candidate| edit_distance(name, candidate))
+    let names: Vec<String> = keys().iter().map(|k| env_name(k)).collect();
+    closest(name, names.iter().map(String::as_str)).map(str::to_string)
+}
+
+/// The known name closest to the unknown `name`, if one is close: within a third of its length
+/// in edit distance (at least 2), the first of equals. The one suggestion rule of every
+/// configuration file and variable (`hearth.toml`'s variables, `models.toml`'s keys).
+pub fn closest<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let within = (name.len() / 3).max(2);
+    known
+        .into_iter()
+        .map(|candidate| (edit_distance(name, candidate), candidate))
+        .filter(|&(distance, _)| distance <= within)
+        .min_by_key(|&(distance, _)| distance)
+        .map(|(_, candidate)| candidate)
 }
 
 /// Levenshtein distance over bytes (names are ASCII).

@@ -111,6 +111,10 @@ fn an_unknown_variable_is_matched_to_the_closest_key() {
         closest_env_name("HEARTH_SERVER_SHUTDOWN_TIMEOUT").as_deref(),
         Some("HEARTH_SERVER_SHUTDOWN_TIMEOUT_SECS")
     );
+    // Only a close name is suggested (within a third of the name's length, at least 2 edits).
+    assert_eq!(closest("thread", ["device", "threads"]), Some("threads"));
+    assert_eq!(closest("txt", ["defaults", "text", "image"]), Some("text"));
+    assert_eq!(closest("colour", ["device", "threads"]), None);
 }
 
 /// `hearth.example.toml` is the full list of keys README promises: every key the configuration

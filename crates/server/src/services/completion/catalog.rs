@@ -1,5 +1,6 @@
-//! The text-model table: `[text."id"]` entries of `models.toml` resolved into what the service
-//! needs per model id: the spec's limits and prices ([`TextModelSpec`]), how to load the weights
+//! The text-model table: the `[text."id"]` rows of the parsed `models.toml`
+//! ([`RawModelTable`], read once by `model_table`) resolved into what the service needs per model
+//! id: the spec's limits and prices ([`TextModelSpec`]), how to load the weights
 //! (`hearth_infer::TextModelConfig`) and the scheduler's limits (`SchedulerConfig`).
 //!
 //! Keys beyond the shipped file (all optional): `default_temperature`,
@@ -15,7 +16,6 @@ use hearth_billing::Price;
 use hearth_infer::{DeviceSpec, TextModelConfig, WeightSource};
 use hearth_scheduler::SchedulerConfig;
 use rust_decimal::Decimal;
-use serde::Deserialize;
 
 /// The spec's limits, the prices and the defaults of one public model id.
 #[derive(Debug, Clone, PartialEq)]
@@ -75,80 +75,35 @@ pub const DEFAULT_MAX_OUTPUT_TOKENS: usize = 512;
 /// Default temperature when a request leaves it out (capped by the model's maximum).
 pub const DEFAULT_TEMPERATURE: f32 = 0.7;
 
-#[derive(Debug, Default, Deserialize)]
-struct RawFile {
-    #[serde(default)]
-    defaults: RawDefaults,
-    #[serde(default)]
-    text: BTreeMap<String, RawTextModel>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct RawDefaults {
-    device: Option<String>,
-    threads: Option<usize>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawTextModel {
-    weights: Option<String>,
-    hf: Option<String>,
-    file: Option<String>,
-    revision: Option<String>,
-    tokenizer: Option<String>,
-    chat_template: Option<String>,
-    temperature_max: Option<f32>,
-    default_temperature: Option<f32>,
-    max_output_tokens: Option<usize>,
-    default_max_output_tokens: Option<usize>,
-    max_input_tokens: Option<usize>,
-    context_length: Option<usize>,
-    input_price_per_million: Option<String>,
-    output_price_per_million: Option<String>,
-    device: Option<String>,
-    threads: Option<usize>,
-    max_active: Option<usize>,
-    max_queued: Option<usize>,
-    kv_budget_mb: Option<u64>,
-    queue_timeout_ms: Option<u64>,
-    prefill_chunk: Option<usize>,
-    max_step_tokens: Option<usize>,
-    gather_window_us: Option<u64>,
-    shutdown_grace_ms: Option<u64>,
-    kv_precision: Option<String>,
-    numerics: Option<String>,
-    dtype: Option<String>,
-    prefix_reuse: Option<bool>,
-}
-
-use crate::services::model_table;
 pub use crate::services::model_table::TableError as CatalogError;
+use crate::services::model_table::{self, RawDefaults, RawModelTable, RawTextModel};
 
-/// Reads the `[text]` section of the model table at `path` (relative paths in it are relative to
-/// its folder).
+/// Reads the model table at `path` and resolves its `[text]` section (relative paths in it are
+/// relative to its folder).
 pub fn load(path: &Path) -> Result<Catalog, CatalogError> {
-    parse_at(path, &model_table::read(path)?)
+    resolve(&model_table::load(path)?, path)
 }
 
 /// Parses model-table text as if read from `base/models.toml`.
 #[cfg(test)]
 pub(crate) fn parse(text: &str, base: &Path) -> Result<Catalog, CatalogError> {
-    parse_at(&base.join("models.toml"), text)
+    let path = base.join("models.toml");
+    resolve(&model_table::parse(&path, text)?, &path)
 }
 
-fn parse_at(path: &Path, text: &str) -> Result<Catalog, CatalogError> {
-    let raw: RawFile = model_table::parse(path, text)?;
+/// Every `[text."id"]` row of the table read from `path`, resolved.
+pub(crate) fn resolve(table: &RawModelTable, path: &Path) -> Result<Catalog, CatalogError> {
     let mut entries = Vec::new();
-    for (id, m) in raw.text {
-        entries.push(resolve(&id, m, &raw.defaults, path)?);
+    for (id, m) in &table.text {
+        entries.push(resolve_row(id, m, &table.defaults, path)?);
     }
     Ok(Catalog::new(entries))
 }
 
-fn resolve(
+/// One `[text."id"]` row, with `[defaults]` filling what it leaves out.
+fn resolve_row(
     id: &str,
-    m: RawTextModel,
+    m: &RawTextModel,
     defaults: &RawDefaults,
     table: &Path,
 ) -> Result<TextModelEntry, CatalogError> {
@@ -158,22 +113,24 @@ fn resolve(
         id: id.to_string(),
         message,
     };
-    let price = |key: &str, v: Option<String>| -> Result<Price, CatalogError> {
-        let v = v.ok_or_else(|| invalid(format!("{key} is required (a decimal string)")))?;
+    let price = |key: &str, v: &Option<String>| -> Result<Price, CatalogError> {
+        let v = v
+            .as_deref()
+            .ok_or_else(|| invalid(format!("{key} is required (a decimal string)")))?;
         let d: Decimal = v
             .trim()
             .parse()
             .map_err(|e| invalid(format!("{key} = {v:?}: {e}")))?;
         Price::per_million(d).map_err(|e| invalid(format!("{key} = {v:?}: {e}")))
     };
-    let source = match (m.weights, m.hf) {
+    let source = match (&m.weights, &m.hf) {
         (Some(w), None) => WeightSource::Local {
-            path: model_table::relative_to(table, Path::new(&w)),
+            path: model_table::relative_to(table, Path::new(w)),
         },
         (None, Some(repo)) => WeightSource::HfHub {
-            repo,
-            file: m.file,
-            revision: m.revision,
+            repo: repo.clone(),
+            file: m.file.clone(),
+            revision: m.revision.clone(),
         },
         (Some(_), Some(_)) => return Err(invalid("give either weights or hf, not both".into())),
         (None, None) => {
@@ -184,6 +141,7 @@ fn resolve(
     };
     let device_text = m
         .device
+        .clone()
         .or_else(|| defaults.device.clone())
         .unwrap_or_else(|| "cpu".into());
     let device: DeviceSpec = device_text.parse().map_err(invalid)?;
@@ -216,12 +174,12 @@ fn resolve(
         default_max_output_tokens,
         max_input_tokens: m.max_input_tokens.unwrap_or(128_000),
         context_length: m.context_length,
-        input_price_per_million: price("input_price_per_million", m.input_price_per_million)?,
-        output_price_per_million: price("output_price_per_million", m.output_price_per_million)?,
+        input_price_per_million: price("input_price_per_million", &m.input_price_per_million)?,
+        output_price_per_million: price("output_price_per_million", &m.output_price_per_million)?,
     };
-    let kv_precision = parse_or_default(m.kv_precision).map_err(invalid)?;
-    let numerics = parse_or_default(m.numerics).map_err(invalid)?;
-    let dtype = parse_or_default(m.dtype).map_err(invalid)?;
+    let kv_precision = parse_or_default(&m.kv_precision).map_err(invalid)?;
+    let numerics = parse_or_default(&m.numerics).map_err(invalid)?;
+    let dtype = parse_or_default(&m.dtype).map_err(invalid)?;
     let load = TextModelConfig {
         source,
         kv_precision,
@@ -229,8 +187,9 @@ fn resolve(
         dtype,
         tokenizer: m
             .tokenizer
-            .map(|t| model_table::relative_to(table, Path::new(&t))),
-        chat_template: m.chat_template,
+            .as_deref()
+            .map(|t| model_table::relative_to(table, Path::new(t))),
+        chat_template: m.chat_template.clone(),
         device,
         threads: m.threads.or(defaults.threads).unwrap_or(0),
         ..TextModelConfig::local(PathBuf::new())
@@ -270,9 +229,10 @@ fn resolve(
 
 /// An optional key parsed by its type's `FromStr` (whose message names the key), or the default.
 fn parse_or_default<T: std::str::FromStr<Err = String> + Default>(
-    text: Option<String>,
+    text: &Option<String>,
 ) -> Result<T, String> {
-    text.map_or_else(|| Ok(T::default()), |t| t.parse())
+    text.as_deref()
+        .map_or_else(|| Ok(T::default()), |t| t.parse())
 }
 
 #[cfg(test)]
@@ -361,6 +321,19 @@ mod tests {
             .chat_template
             .as_deref()
             .is_some_and(|t| t.contains("<start_of_turn>")));
+    }
+
+    #[test]
+    fn the_text_rows_of_a_table_with_both_kinds_resolve_with_its_defaults() {
+        let path = Path::new("/srv/models.toml");
+        let text = format!(
+            "[defaults]\nthreads = 3\n\n{}\n[image.a]\nprice_per_image = \"1\"\n",
+            table("")
+        );
+        let raw = model_table::parse(path, &text).unwrap();
+        let catalog = resolve(&raw, path).unwrap();
+        assert_eq!(catalog.ids(), ["alpha-3.3"]);
+        assert_eq!(catalog.entry("alpha-3.3").unwrap().load.threads, 3);
     }
 
     #[test]

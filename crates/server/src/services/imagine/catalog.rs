@@ -1,5 +1,6 @@
-//! The image-model table: `[image."id"]` entries of `models.toml`, resolved into where the
-//! weights are, the price, the request bounds and the worker's queue.
+//! The image-model table: the `[image."id"]` rows of the parsed `models.toml` ([`RawModelTable`],
+//! read once by `model_table`), resolved into where the weights are, the price, the request
+//! bounds and the worker's queue.
 //!
 //! Keys (all but `price_per_image` optional):
 //! `weights` (diffusers folder), `unet_file` (replaces the folder's UNet, e.g. the Lightning
@@ -10,14 +11,12 @@
 //! `default_size` (1024), `min_size` (256), `max_size` (2048), `max_pixels` (1048576),
 //! `max_queued` (4), `device` (default `[defaults] device`), `dtype`.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use hearth_billing::Price;
-use hearth_imagine::{HubSource, ImageModelSource};
+use hearth_imagine::ImageModelSource;
 use rust_decimal::Decimal;
-use serde::Deserialize;
 
 /// Sizes are multiples of this (the VAE's 8x and the UNet's two 2x downsamplings need 32;
 /// 64 is SDXL's training grid).
@@ -52,51 +51,26 @@ pub struct ImageModelEntry {
     pub dtype: Option<String>,
 }
 
-use crate::services::model_table;
 pub use crate::services::model_table::TableError as CatalogError;
+use crate::services::model_table::{self, RawModelTable};
 
-#[derive(Debug, Default, Deserialize)]
-struct RawFile {
-    #[serde(default)]
-    defaults: RawDefaults,
-    #[serde(default)]
-    image: BTreeMap<String, RawImageModel>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct RawDefaults {
-    device: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawImageModel {
-    weights: Option<PathBuf>,
-    unet_file: Option<PathBuf>,
-    hf: Option<HubSource>,
-    tiny_weights: Option<PathBuf>,
-    price_per_image: String,
-    guidance_scale: Option<f64>,
-    default_steps: Option<usize>,
-    max_steps: Option<usize>,
-    default_size: Option<usize>,
-    min_size: Option<usize>,
-    max_size: Option<usize>,
-    max_pixels: Option<usize>,
-    max_queued: Option<usize>,
-    device: Option<String>,
-    dtype: Option<String>,
-}
-
-/// Reads every `[image.*]` entry of the model table at `path` (relative paths in it are
-/// relative to its folder).
+/// Reads the model table at `path` and resolves every `[image."id"]` row (relative paths in it
+/// are relative to its folder).
 pub fn load(path: &Path) -> Result<Vec<ImageModelEntry>, CatalogError> {
-    parse(path, &model_table::read(path)?)
+    resolve(&model_table::load(path)?, path)
 }
 
 /// [`load`] on text already read.
+#[cfg(test)]
 pub fn parse(path: &Path, text: &str) -> Result<Vec<ImageModelEntry>, CatalogError> {
-    let raw: RawFile = model_table::parse(path, text)?;
+    resolve(&model_table::parse(path, text)?, path)
+}
+
+/// Every `[image."id"]` row of the table read from `path`, resolved.
+pub(crate) fn resolve(
+    raw: &RawModelTable,
+    path: &Path,
+) -> Result<Vec<ImageModelEntry>, CatalogError> {
     let rel = |p: &Path| model_table::relative_to(path, p);
     if raw.image.is_empty() {
         return Err(CatalogError::Empty {
@@ -105,7 +79,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<ImageModelEntry>, CatalogErr
         });
     }
     let mut out = Vec::new();
-    for (id, m) in raw.image {
+    for (id, m) in &raw.image {
         let bad = |message: String| CatalogError::Invalid {
             path: path.into(),
             section: "image",
@@ -166,10 +140,11 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<ImageModelEntry>, CatalogErr
             max_queued: m.max_queued.unwrap_or(4).max(1),
             device: m
                 .device
+                .clone()
                 .or(raw.defaults.device.clone())
                 .unwrap_or_else(|| "cpu".into()),
-            dtype: m.dtype,
-            id,
+            dtype: m.dtype.clone(),
+            id: id.clone(),
         });
     }
     Ok(out)
@@ -220,9 +195,24 @@ mod tests {
         .unwrap_err();
         assert!(err.to_string().contains("guidance_scale"), "{err}");
         assert!(matches!(
-            parse(p, "[text.a]\nx = 1\n"),
+            parse(p, "[text.a]\nweights = \"a.gguf\"\n"),
             Err(CatalogError::Empty { .. })
         ));
+    }
+
+    #[test]
+    fn the_image_rows_of_a_table_with_both_kinds_resolve_with_its_defaults() {
+        let p = Path::new("/srv/models.toml");
+        let text = "[defaults]\ndevice = \"cuda:1\"\nthreads = 2\n\n\
+            [text.m]\nweights = \"m.gguf\"\ninput_price_per_million = \"1\"\noutput_price_per_million = \"1\"\n\n\
+            [image.a]\nprice_per_image = \"1\"\n";
+        let table = model_table::parse(p, text).unwrap();
+        let entries = resolve(&table, p).unwrap();
+        assert_eq!(entries.len(), 1);
+        assert_eq!(
+            (entries[0].id.as_str(), entries[0].device.as_str()),
+            ("a", "cuda:1")
+        );
     }
 
     #[test]
