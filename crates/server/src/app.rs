@@ -22,6 +22,7 @@ use tracing::Level;
 use crate::config::{Config, IdpChoice, StoreChoice};
 use crate::error::{ApiError, ErrorKind, MarkdownError};
 use crate::metrics::Metrics;
+use crate::model_table::{self, RawModelTable, TableError};
 use crate::serve::{self, BodyTimeout};
 use crate::service::{ErrorShape, Service, ServiceInitError};
 use crate::services;
@@ -71,6 +72,8 @@ pub enum StartError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    ModelTable(#[from] TableError),
     #[error(transparent)]
     Service(#[from] ServiceInitError),
 }
@@ -239,8 +242,15 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         })
         .collect();
 
+    let model_table = if config.services.iter().any(|s| s.facts().reads_model_table) {
+        model_table::load(&config.models)?
+    } else {
+        RawModelTable::default()
+    };
+
     let shutdown = CancellationToken::new();
     let state = AppState {
+        model_table: Arc::new(model_table),
         billing: Meter::new(store.clone(), config.billing.default_margin),
         config: Arc::new(config),
         store,

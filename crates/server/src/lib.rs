@@ -16,6 +16,7 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod metrics;
+pub mod model_table;
 pub mod models;
 pub mod openapi;
 pub mod pages;

@@ -56,6 +56,8 @@ pub struct Facts {
     /// Health's `status` word and HTTP status when a check fails (spec 3.3).
     pub unhealthy: (&'static str, StatusCode),
     pub money: MoneyMoved,
+    /// Whether it serves models of the model table (`models.toml`, read once at start).
+    pub reads_model_table: bool,
     /// The page header's link to its `/ui`.
     pub nav_label: &'static str,
     /// The sign-in page's link onward to it, for the services a user goes on to.
@@ -76,6 +78,7 @@ impl Service {
         match self {
             Service::Auth => &Facts {
                 name: "auth",
+                reads_model_table: false,
                 money: MoneyMoved::AdminCredits,
                 addr: |c| c.auth.addr,
                 public_url: |c| c.auth.public_url.as_deref(),
@@ -86,6 +89,7 @@ impl Service {
             },
             Service::Completion => &Facts {
                 name: "completion",
+                reads_model_table: true,
                 money: MoneyMoved::Holds,
                 addr: |c| c.completion.addr,
                 public_url: |c| c.completion.public_url.as_deref(),
@@ -96,6 +100,7 @@ impl Service {
             },
             Service::Markdown => &Facts {
                 name: "markdown",
+                reads_model_table: false,
                 money: MoneyMoved::Nothing,
                 addr: |c| c.markdown.addr,
                 public_url: |c| c.markdown.public_url.as_deref(),
@@ -106,6 +111,7 @@ impl Service {
             },
             Service::Imagine => &Facts {
                 name: "imagine",
+                reads_model_table: true,
                 money: MoneyMoved::Holds,
                 addr: |c| c.imagine.addr,
                 public_url: |c| c.imagine.public_url.as_deref(),

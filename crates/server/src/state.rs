@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::model_table::RawModelTable;
 use crate::service::Service;
 
 /// Everything a handler may need. Cheap to clone; handlers take parts with `State<T>` via
@@ -30,6 +31,9 @@ pub struct AppState {
     pub billing: Meter,
     /// Request series of every listener (the rest of `/metrics` is read at scrape time).
     pub metrics: Metrics,
+    /// `models.toml`, read once at start when a service that serves models runs (each resolves
+    /// its own rows from it); empty otherwise.
+    pub model_table: Arc<RawModelTable>,
     /// Cancelled when the server shuts down; long-lived tasks watch it.
     pub shutdown: CancellationToken,
 }

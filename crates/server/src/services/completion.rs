@@ -81,7 +81,7 @@ struct Core {
 /// background (requests wait for a model still loading; a failed load answers `GatewayError`),
 /// and drains the engines when the server shuts down.
 pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
-    let catalog = catalog::load(&state.config.models)
+    let catalog = catalog::resolve(&state.model_table, &state.config.models)
         .map_err(|e| ServiceInitError::new(Service::Completion, e))?;
     let engines = engines::Engines::start(&catalog);
     let core = Arc::new(Core {

@@ -69,7 +69,7 @@ pub struct ImagineState {
 /// Builds the image router: reads the model table, loads the model in the background (requests
 /// wait for it; health says `loading`), and starts the model's worker.
 pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
-    let entries = catalog::load(&state.config.models)
+    let entries = catalog::resolve(&state.model_table, &state.config.models)
         .map_err(|e| ServiceInitError::new(Service::Imagine, e))?;
     // The spec's image model id; the table may name others, the first is served otherwise.
     let entry = entries

@@ -12,7 +12,6 @@ pub mod auth;
 pub mod completion;
 pub mod imagine;
 pub mod markdown;
-mod model_table;
 
 /// Builds the router of one service. Shared layers (tracing, body limit, fallbacks) are added
 /// by the caller, `app::start`.

@@ -75,14 +75,8 @@ pub const DEFAULT_MAX_OUTPUT_TOKENS: usize = 512;
 /// Default temperature when a request leaves it out (capped by the model's maximum).
 pub const DEFAULT_TEMPERATURE: f32 = 0.7;
 
-pub use crate::services::model_table::TableError as CatalogError;
-use crate::services::model_table::{self, RawDefaults, RawModelTable, RawTextModel};
-
-/// Reads the model table at `path` and resolves its `[text]` section (relative paths in it are
-/// relative to its folder).
-pub fn load(path: &Path) -> Result<Catalog, CatalogError> {
-    resolve(&model_table::load(path)?, path)
-}
+pub use crate::model_table::TableError as CatalogError;
+use crate::model_table::{self, RawDefaults, RawModelTable, RawTextModel};
 
 /// Parses model-table text as if read from `base/models.toml`.
 #[cfg(test)]
@@ -238,6 +232,11 @@ fn parse_or_default<T: std::str::FromStr<Err = String> + Default>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The table at `path` read and resolved, as the server does at start.
+    fn load(path: &Path) -> Result<Catalog, CatalogError> {
+        resolve(&model_table::load(path)?, path)
+    }
 
     /// A one-model table with `extra` keys.
     fn table(extra: &str) -> String {

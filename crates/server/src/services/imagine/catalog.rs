@@ -51,14 +51,8 @@ pub struct ImageModelEntry {
     pub dtype: Option<String>,
 }
 
-pub use crate::services::model_table::TableError as CatalogError;
-use crate::services::model_table::{self, RawModelTable};
-
-/// Reads the model table at `path` and resolves every `[image."id"]` row (relative paths in it
-/// are relative to its folder).
-pub fn load(path: &Path) -> Result<Vec<ImageModelEntry>, CatalogError> {
-    resolve(&model_table::load(path)?, path)
-}
+pub use crate::model_table::TableError as CatalogError;
+use crate::model_table::{self, RawModelTable};
 
 /// [`load`] on text already read.
 #[cfg(test)]
@@ -153,6 +147,11 @@ pub(crate) fn resolve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The table at `path` read and resolved, as the server does at start.
+    fn load(path: &Path) -> Result<Vec<ImageModelEntry>, CatalogError> {
+        resolve(&model_table::load(path)?, path)
+    }
 
     #[test]
     fn the_shipped_model_table_has_xl_lightning_with_defaults() {

@@ -1,7 +1,8 @@
 //! The model table (`models.toml`) as a file: one typed raw value for all of it
 //! ([`RawModelTable`]: `[defaults]`, `[text."id"]`, `[image."id"]`), read and deserialized once
-//! per load, from which each service resolves its own part (`completion::catalog` the text rows,
-//! `imagine::catalog` the image rows). Every table in it refuses a key it does not know, naming
+//! by `app::start` when a service that serves models runs and kept in `AppState`, from which each
+//! service resolves its own part (`completion::catalog` the text rows, `imagine::catalog` the
+//! image rows). Every table in it refuses a key it does not know, naming
 //! the key, where it stands (`[defaults] thread`, `[txt."my-model"]`) and the closest known key
 //! ([`crate::config::closest`], the rule `hearth.toml`'s variables use too).
 //!
