@@ -38,9 +38,8 @@ pub enum Error {
     EmptyPrompt,
     #[error("max_tokens must be at least 1")]
     ZeroMaxTokens,
-    #[error("stream id {0:?} is already in use")]
-    DuplicateStreamId(String),
-    /// The request was cancelled (by its stream id) before it was admitted.
+    /// The request was cancelled (its `CancelHandle`, or its caller went away) before it was
+    /// admitted.
     #[error("request cancelled before it started")]
     Cancelled,
     /// New work is refused: the scheduler is draining for shutdown.

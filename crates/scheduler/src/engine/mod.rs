@@ -59,7 +59,6 @@ impl Drop for ExitGuard {
             } else {
                 Error::ShuttingDown
             };
-            self.0.registry.remove(&pending.stream_id, &pending.cancel);
             let _ = pending.admit.send(Err(refusal));
         }
         queue.active = 0;
