@@ -280,7 +280,9 @@ impl SchedulerHandle {
             let refusal = if let Some(why) = &queue.dead {
                 Some(Error::EngineUnavailable(why.clone()))
             } else if matches!(queue.state, RunState::Draining { .. }) {
-                Some(Error::ShuttingDown)
+                Some(Error::ShuttingDown {
+                    retry_after: config.retry_after,
+                })
             } else {
                 let free_slots = config.max_active.saturating_sub(queue.active);
                 let limit = config.max_queued + free_slots;

@@ -119,7 +119,9 @@ impl Batch {
         }
         if draining.is_some() {
             for p in queue.waiting.drain(..) {
-                let _ = p.admit.send(Err(Error::ShuttingDown));
+                let _ = p.admit.send(Err(Error::ShuttingDown {
+                    retry_after: config.retry_after,
+                }));
             }
         }
         while let Some(front) = queue.waiting.front() {

@@ -131,10 +131,13 @@ pub struct ShutdownResponse {
 }
 
 /// The error a generation that ended early answers where there is no stream to end (the
-/// one-shot routes), its partial, billed response in `details.response`.
+/// one-shot routes), its partial, billed response in `details.response`. A stream cut by
+/// shutdown is `Overloaded` with the engine's own retry figure.
 pub fn abort_error(reason: AbortReason, response: CompletionResponse) -> ApiError {
     let err = match reason {
-        AbortReason::Shutdown => ApiError::overloaded("the server is shutting down"),
+        AbortReason::Shutdown { retry_after } => {
+            ApiError::overloaded("the server is shutting down", retry_after)
+        }
         AbortReason::EngineFailure(why) => {
             ApiError::gateway(format!("the model's engine failed: {why}"))
         }

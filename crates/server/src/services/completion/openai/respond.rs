@@ -52,14 +52,13 @@ fn cost(r: &CompletionResponse) -> HearthCost {
     }
 }
 
-/// The API's `finish_reason`. A stream stopped on request (`/stream/shutdown`) or at the
-/// spending cap ends as `stop` / `length`; a failure is an error, not a finish.
+/// The API's `finish_reason`. A stream stopped on request (`/stream/shutdown`) ends as `stop`;
+/// a failure is an error, not a finish.
 fn finish_reason(outcome: &Result<FinishReason, AbortReason>, called: bool) -> &'static str {
     match outcome {
         _ if called => "tool_calls",
         Ok(FinishReason::Stop) | Err(AbortReason::Cancelled | AbortReason::Disconnected) => "stop",
-        Ok(FinishReason::Length | FinishReason::ContextFull)
-        | Err(AbortReason::BudgetExhausted) => "length",
+        Ok(FinishReason::Length | FinishReason::ContextFull) => "length",
         Err(_) => "stop",
     }
 }
@@ -94,7 +93,7 @@ fn end_of(event: DriverEvent) -> Option<End> {
         DriverEvent::Token { .. } => None,
         DriverEvent::Completed { response, finish } => Some(End::Finished(Ok(finish), response)),
         DriverEvent::Aborted { response, reason } => match reason {
-            AbortReason::Cancelled | AbortReason::Disconnected | AbortReason::BudgetExhausted => {
+            AbortReason::Cancelled | AbortReason::Disconnected => {
                 Some(End::Finished(Err(reason), response))
             }
             other => Some(End::Failed(abort_error(other, response))),
