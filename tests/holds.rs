@@ -2,7 +2,9 @@
 //! over HTTP on the real server with the real SmolLM2 weights. A client that gives up while its
 //! request waits in the engine's queue is charged nothing and its hold is released; one user past
 //! the cap is answered 429 `RateLimited` while other users are served; a client that gives up
-//! while its model is still loading holds nothing and frees its slot.
+//! while its model is still loading holds nothing and frees its slot. Every refusal says when to
+//! come back with its owner's figure: `Retry-After` on a full queue and on completions cut by
+//! shutdown is the engines' configured `[completion] retry_after_secs`, on the 429 the cap's.
 //! Elsewhere: cancelled hold placement, and a client that stops reading (aborted at
 //! `client_stall_timeout_secs` and charged for what was made): `billing.rs` and `completion.rs`
 //! unit tests (over loopback the kernel buffers a megabyte of an unread stream, tens of thousands
@@ -19,6 +21,66 @@ use crate::completion::{dec, request, spawn_completion_with, App};
 
 /// A prompt SmolLM2 answers at length, so a stream of it is still running seconds later.
 const LONG: &str = "Count from 1 to 1000, separated by commas.";
+
+/// The engines' retry figure in the tests of refusals for load: not the default (1), so that a
+/// header saying it proves the configured figure reached the client.
+const RETRY_AFTER_SECS: u64 = 7;
+
+/// One running sequence at a time, `extra` more scheduler keys, the per-user cap off and the
+/// engines' retry figure set to [`RETRY_AFTER_SECS`].
+async fn one_at_a_time(extra: &str) -> App {
+    spawn_completion_with(&format!("max_active = 1\n{extra}"), |raw| {
+        raw.completion.max_concurrent_per_user = Some(0);
+        raw.completion.retry_after_secs = Some(RETRY_AFTER_SECS);
+    })
+    .await
+}
+
+/// Checks a refusal for load: 503 `Overloaded`, `Retry-After` and `details.retryAfterSeconds`
+/// both the engines' configured figure. Returns the body.
+async fn assert_overloaded_after_the_engines_figure(refused: reqwest::Response) -> Value {
+    let (status, header) = (
+        refused.status(),
+        refused.headers().get("retry-after").cloned(),
+    );
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    let header = header.expect("Retry-After");
+    assert_eq!(header, RETRY_AFTER_SECS.to_string().as_str(), "{body}");
+    // The spec's shape, or the OpenAI one with ours under `hearth`.
+    let error = match body["error"].get("hearth") {
+        Some(hearth) => hearth.clone(),
+        None => body["error"].clone(),
+    };
+    assert_eq!(error["type"], "Overloaded", "{body}");
+    assert_eq!(error["details"]["retryAfterSeconds"], RETRY_AFTER_SECS);
+    body
+}
+
+/// The engine's gauge `name` (`/metrics`), once it reads `value`; false after 30 s.
+async fn gauge_becomes(app: &App, name: &str, value: f64) -> bool {
+    for _ in 0..300 {
+        let text = app
+            .http
+            .get(format!("{}/metrics", app.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let now = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{{")) && l.contains("alpha-3.3"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok());
+        if now == Some(value) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
 
 /// Waits up to 10 s for `user`'s open holds to number `n`.
 async fn holds_become(app: &App, user: &str, n: usize) -> bool {
@@ -114,10 +176,16 @@ async fn one_user_past_the_cap_gets_429_rate_limited_while_other_users_are_serve
         .await
         .unwrap();
     assert_eq!(refused.status(), 429);
-    assert_eq!(refused.headers()["retry-after"], "1");
+    // The per-user cap's own figure (`user_slots.rs`), in the header and the details.
+    let figure = hearth_server::user_slots::RETRY_AFTER.as_secs();
+    assert_eq!(
+        refused.headers()["retry-after"],
+        figure.to_string().as_str()
+    );
     let error: Value = refused.json().await.unwrap();
     assert_eq!(error["error"]["type"], "RateLimited", "{error}");
     assert_eq!(error["error"]["details"]["limit"], 1);
+    assert_eq!(error["error"]["details"]["retryAfterSeconds"], figure);
     // The refusal held nothing: only the running stream's hold is open.
     assert_eq!(app.store().holds("ann").await.unwrap().len(), 1);
 
@@ -201,4 +269,93 @@ async fn a_client_that_gives_up_while_its_model_loads_holds_nothing_and_frees_it
         .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     drop(unblock);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_answers_503_overloaded_with_the_engines_configured_retry_after() {
+    // One running sequence and no room to wait: the next request is refused at once.
+    let app = one_at_a_time("max_queued = 0").await;
+    let runner = app.user("runner", "10").await;
+    let refused = app.user("refused", "10").await;
+    let running = app.stream(request(&runner, LONG, 2000)).await;
+    assert_eq!(running.status(), 200);
+    let mut body = running.bytes_stream();
+    assert!(next_event(&mut body).await.unwrap()["token"].is_string());
+
+    let answer = app
+        .http
+        .post(format!("{}/", app.url))
+        .json(&request(&refused, "Hi", 5))
+        .send()
+        .await
+        .unwrap();
+    assert_overloaded_after_the_engines_figure(answer).await;
+    // The OpenAI route is refused by the same engine with the same figure.
+    let answer = app
+        .http
+        .post(format!("{}/v1/chat/completions", app.url))
+        .bearer_auth(&refused)
+        .json(&serde_json::json!({
+            "model": "alpha-3.3",
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 5,
+        }))
+        .send()
+        .await
+        .unwrap();
+    let error = assert_overloaded_after_the_engines_figure(answer).await;
+    assert_eq!(error["error"]["code"], "overloaded", "{error}");
+    // Refused before anything ran: its holds were released, nothing was charged.
+    assert!(holds_become(&app, "refused", 0).await);
+    assert_eq!(app.store().balance("refused").await.unwrap(), dec("10"));
+    drop(body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_cut_by_shutdown_answer_503_with_the_engines_configured_retry_after() {
+    let app = one_at_a_time("").await;
+    let runner = app.user("runner", "10").await;
+    let waiter = app.user("waiter", "10").await;
+    let one_shot = |token: &str, content: &str, max: u64| {
+        let (http, url) = (app.http.clone(), app.url.clone());
+        let body = request(token, content, max);
+        tokio::spawn(async move { http.post(format!("{url}/")).json(&body).send().await })
+    };
+    // One completion running, one waiting in the engine's queue behind it.
+    let running = one_shot(&runner, LONG, 2000);
+    assert!(
+        gauge_becomes(&app, "hearth_completion_active_sequences", 1.0).await,
+        "the first completion never ran"
+    );
+    let queued = one_shot(&waiter, "Hi", 5);
+    assert!(
+        gauge_becomes(&app, "hearth_completion_queue_depth", 1.0).await,
+        "the second completion never queued"
+    );
+
+    app.app.running().shutdown_token().cancel();
+    // The queued one is refused by the draining engine, with its figure; nothing is charged.
+    let queued = queued.await.unwrap().unwrap();
+    let error = assert_overloaded_after_the_engines_figure(queued).await;
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("shutting down"),
+        "{error}"
+    );
+    assert!(holds_become(&app, "waiter", 0).await);
+    assert_eq!(app.store().balance("waiter").await.unwrap(), dec("10"));
+    // The running one is aborted after the grace period (500 ms here): the same answer, with
+    // its partial response, billed.
+    let running = running.await.unwrap().unwrap();
+    let error = assert_overloaded_after_the_engines_figure(running).await;
+    let partial = &error["error"]["details"]["response"];
+    assert!(
+        partial["usage"]["completionTokens"].as_u64().unwrap() >= 1,
+        "{error}"
+    );
+    let after = dec(partial["balanceAfter"].as_str().unwrap());
+    assert!(after < dec("10"), "{partial}");
+    assert_eq!(app.store().balance("runner").await.unwrap(), after);
 }

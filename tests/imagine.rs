@@ -366,7 +366,12 @@ async fn a_full_queue_answers_overloaded_and_abandoned_requests_cost_nothing() {
                 .timeout(std::time::Duration::from_millis(1500))
                 .send();
             match send.await {
-                Ok(r) => Some((r.status(), r.json::<Value>().await.unwrap_or(Value::Null))),
+                Ok(r) => {
+                    let status = r.status();
+                    let retry_after = r.headers().get("retry-after").cloned();
+                    let body = r.json::<Value>().await.unwrap_or(Value::Null);
+                    Some((status, retry_after, body))
+                }
                 Err(_) => None,
             }
         }
@@ -375,13 +380,21 @@ async fn a_full_queue_answers_overloaded_and_abandoned_requests_cost_nothing() {
     let refused: Vec<_> = results
         .iter()
         .flatten()
-        .filter(|(s, _)| *s == StatusCode::SERVICE_UNAVAILABLE)
+        .filter(|(s, _, _)| *s == StatusCode::SERVICE_UNAVAILABLE)
         .collect();
     assert!(
         !refused.is_empty(),
         "expected an Overloaded answer, got {results:?}"
     );
-    assert_error(&refused[0].1, "Overloaded");
+    let (_, retry_after, body) = refused[0];
+    assert_error(body, "Overloaded");
+    // The image worker's own figure, in the header and the details.
+    let figure = hearth_imagine::RETRY_AFTER.as_secs();
+    assert_eq!(
+        retry_after.as_ref().expect("Retry-After"),
+        figure.to_string().as_str()
+    );
+    assert_eq!(body["error"]["details"]["retryAfterSeconds"], figure);
     // Every other request was abandoned: once the worker notices, no hold remains and the
     // balance is untouched.
     let store = img.app.running().state.store.clone();
@@ -424,9 +437,15 @@ async fn a_user_past_the_cap_gets_429_rate_limited_and_the_refusal_holds_nothing
         json!({"serviceToken": token, "prompt": "x", "width": 256, "height": 256, "steps": 1});
     let refused = img.app.client.post(&url).json(&small).send().await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(refused.headers()["retry-after"], "1");
+    // The per-user cap's own figure (`user_slots.rs`), in the header and the details.
+    let figure = hearth_server::user_slots::RETRY_AFTER.as_secs();
+    assert_eq!(
+        refused.headers()["retry-after"],
+        figure.to_string().as_str()
+    );
     let body: Value = refused.json().await.unwrap();
     assert_error(&body, "RateLimited");
+    assert_eq!(body["error"]["details"]["retryAfterSeconds"], figure);
     assert_eq!(
         store.holds("gail").await.unwrap().len(),
         1,

@@ -11,9 +11,13 @@ pub enum Error {
         field: &'static str,
         message: String,
     },
-    /// The worker's queue is full.
+    /// The worker's queue is full; the client should come back after `retry_after` (the
+    /// worker's figure, [`crate::RETRY_AFTER`]).
     #[error("image queue full ({waiting} waiting)")]
-    Overloaded { waiting: usize },
+    Overloaded {
+        waiting: usize,
+        retry_after: std::time::Duration,
+    },
     /// The client went away (or the caller cancelled) before the image was finished.
     #[error("generation cancelled")]
     Cancelled,

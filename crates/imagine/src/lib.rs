@@ -29,4 +29,4 @@ pub use pipeline::{Image, ImageParams, PromptEmbeds, SdxlPipeline};
 pub use tiny::write_tiny_sdxl;
 pub use tokenizer::ClipTokenizer;
 pub use unet::SdxlUNet;
-pub use worker::{GeneratedImage, ImageWorker, StepObserver};
+pub use worker::{GeneratedImage, ImageWorker, StepObserver, RETRY_AFTER};

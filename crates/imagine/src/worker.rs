@@ -19,6 +19,10 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::{Error, Result};
 use crate::pipeline::{ImageParams, SdxlPipeline};
 
+/// How long a refused request is told to wait when the queue is full (`Error::Overloaded`): one
+/// place for the figure that reaches `Retry-After`.
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// A finished image.
 #[derive(Debug, Clone)]
 pub struct GeneratedImage {
@@ -98,7 +102,10 @@ impl ImageWorker {
                 .fetch_sub(1, Ordering::Relaxed)
                 .saturating_sub(1);
             return Err(match e {
-                mpsc::error::TrySendError::Full(_) => Error::Overloaded { waiting },
+                mpsc::error::TrySendError::Full(_) => Error::Overloaded {
+                    waiting,
+                    retry_after: RETRY_AFTER,
+                },
                 mpsc::error::TrySendError::Closed(_) => Error::WorkerStopped,
             });
         }

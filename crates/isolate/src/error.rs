@@ -29,6 +29,21 @@ pub enum Error {
     Unavailable { reason: String },
 }
 
+impl Error {
+    /// How long a client should wait before trying again: `Some` for the refusals about the
+    /// pool's capacity (`Busy`, `Unavailable`), with the pool's figure, [`RETRY_AFTER`].
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Error::Busy { .. } | Error::Unavailable { .. } => Some(RETRY_AFTER),
+            Error::Convert { .. } | Error::Crashed { .. } => None,
+        }
+    }
+}
+
+/// The pool's retry figure: a worker frees as soon as one conversion ends, so a second is a
+/// fair first wait.
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// The kind of a converter's own error: [`hearth_markdown::Error`]'s variants, without their
 /// data (the message carries it), so they can cross the process boundary.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

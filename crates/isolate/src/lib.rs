@@ -37,7 +37,7 @@ mod process;
 mod protocol;
 mod worker;
 
-pub use error::{ConvertErrorKind, CrashCause, Error};
+pub use error::{ConvertErrorKind, CrashCause, Error, RETRY_AFTER};
 pub use pool::{Health, Pool, PoolConfig, MIN_MEMORY_LIMIT_BYTES};
 pub use worker::{serve_with, worker_main};
 

@@ -40,7 +40,8 @@ pub struct SchedulerConfig {
     pub stall_timeout: Duration,
     /// On shutdown, how long running streams may go on before they are aborted.
     pub shutdown_grace: Duration,
-    /// What `Retry-After` suggests when a request is refused for load.
+    /// How long a client is told to wait (`Retry-After`) when this engine refuses a request
+    /// for load: queue full, queue timeout, shutting down (and a stream cut by shutdown).
     pub retry_after: Duration,
     /// Whether a request starts from a kept KV cache that holds the start of its prompt (the
     /// previous turn of a chat, a shared system prompt) and prefills only the rest.

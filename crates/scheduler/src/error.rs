@@ -1,5 +1,8 @@
-//! The scheduler's typed errors. The HTTP layer maps them once: `Overloaded` and `QueueTimeout`
-//! to 503 with `Retry-After`, `EngineUnavailable` to a gateway error, the rest to bad requests.
+//! The scheduler's typed errors. Every refusal for load (`Overloaded`, `QueueTimeout`,
+//! `ShuttingDown`) carries how long the client should wait, the engine's configured
+//! `retry_after`, and [`Error::retry_after`] reads it: the HTTP layer sends that figure as
+//! `Retry-After` with its 503 and decides none of its own. `EngineUnavailable` maps to a
+//! gateway error, the rest to bad requests.
 
 use std::time::Duration;
 
@@ -38,14 +41,13 @@ pub enum Error {
     EmptyPrompt,
     #[error("max_tokens must be at least 1")]
     ZeroMaxTokens,
-    #[error("stream id {0:?} is already in use")]
-    DuplicateStreamId(String),
-    /// The request was cancelled (by its stream id) before it was admitted.
+    /// The request was cancelled (its `CancelHandle`, or its caller went away) before it was
+    /// admitted.
     #[error("request cancelled before it started")]
     Cancelled,
     /// New work is refused: the scheduler is draining for shutdown.
     #[error("the model is shutting down")]
-    ShuttingDown,
+    ShuttingDown { retry_after: Duration },
     /// The engine thread is gone (it panicked or failed to start).
     #[error("the model's engine is unavailable: {0}")]
     EngineUnavailable(String),
@@ -57,22 +59,14 @@ pub enum Error {
 }
 
 impl Error {
-    /// How long a client should wait before retrying, for the errors that are about load.
+    /// How long a client should wait before retrying: `Some` exactly for the refusals that are
+    /// about load ("too busy now, try again later", HTTP 503), with the engine's figure.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Error::Overloaded { retry_after, .. } | Error::QueueTimeout { retry_after, .. } => {
-                Some(*retry_after)
-            }
-            Error::ShuttingDown => Some(Duration::from_secs(5)),
+            Error::Overloaded { retry_after, .. }
+            | Error::QueueTimeout { retry_after, .. }
+            | Error::ShuttingDown { retry_after } => Some(*retry_after),
             _ => None,
         }
-    }
-
-    /// True for the errors that mean "too busy now, try again later" (HTTP 503).
-    pub fn is_overload(&self) -> bool {
-        matches!(
-            self,
-            Error::Overloaded { .. } | Error::QueueTimeout { .. } | Error::ShuttingDown
-        )
     }
 }

@@ -1,9 +1,10 @@
 //! The async side: [`SchedulerHandle::submit`] queues a request and waits for its admission,
-//! [`Generation`] is what a caller reads events from, [`StreamRegistry`] finds a running stream
-//! by id to cancel it. Nothing here ever blocks on the engine beyond a short mutex.
+//! [`Generation`] is what a caller reads events from, [`CancelHandle`] stops one stream. Nothing
+//! here ever blocks on the engine beyond a short mutex. Which stream has which id is the caller's
+//! business: the scheduler keeps no map of them (the server's map of live streams is the one).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
@@ -15,8 +16,20 @@ use tracing::Span;
 use crate::engine::Engine;
 use crate::metrics::{Metrics, MetricsSnapshot};
 pub(crate) use crate::queue::{Pending, Queue, RunState, Shared};
-pub use crate::registry::{CancelHandle, StreamRegistry};
 use crate::{Error, SchedulerConfig};
+
+/// Stops one stream (queued or running) within one engine step. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct CancelHandle(Arc<AtomicBool>);
+
+impl CancelHandle {
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
 
 /// One generation request, already tokenized and validated by the caller.
 #[derive(Debug)]
@@ -25,7 +38,9 @@ pub struct Request {
     pub prompt_ids: Vec<u32>,
     /// Sampling parameters; `params.max_tokens` is the most output tokens.
     pub params: SamplingParams,
-    /// Unique id under which [`StreamRegistry::cancel`] finds this stream.
+    /// The stream's name in the engine's spans and logs, and [`Generation::stream_id`]. The
+    /// caller chooses it and keeps it unique (the server's map of live streams refuses a
+    /// duplicate); the scheduler looks nothing up by it.
     pub stream_id: String,
     /// The caller's span; the engine's per-request span is its child.
     pub span: Span,
@@ -42,17 +57,8 @@ pub struct Request {
 pub struct Scheduler;
 
 impl Scheduler {
-    /// Moves `model` onto a new OS thread running its engine loop, with a registry of its own.
+    /// Moves `model` onto a new OS thread running its engine loop.
     pub fn spawn(model: TextModel, config: SchedulerConfig) -> Result<SchedulerHandle, Error> {
-        Self::spawn_with_registry(model, config, StreamRegistry::new())
-    }
-
-    /// Like [`Scheduler::spawn`], registering stream ids in a registry shared with other models.
-    pub fn spawn_with_registry(
-        model: TextModel,
-        config: SchedulerConfig,
-        registry: StreamRegistry,
-    ) -> Result<SchedulerHandle, Error> {
         config.check()?;
         let info = model.info();
         let (stopped, stopped_rx) = watch::channel(false);
@@ -70,7 +76,6 @@ impl Scheduler {
             }),
             wake: Condvar::new(),
             metrics: Metrics::default(),
-            registry,
             stopped,
             announced: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
@@ -122,7 +127,6 @@ impl std::fmt::Debug for SchedulerHandle {
 struct QueueGuard<'a> {
     shared: &'a Shared,
     id: u64,
-    stream_id: &'a str,
     cancel: CancelHandle,
     armed: bool,
 }
@@ -139,10 +143,6 @@ impl QueueGuard<'_> {
             .metrics
             .queue_depth
             .store(queue.waiting.len() as u64, Ordering::Relaxed);
-        drop(queue);
-        if removed {
-            self.shared.registry.remove(self.stream_id, &self.cancel);
-        }
         removed
     }
 }
@@ -190,10 +190,6 @@ impl SchedulerHandle {
         self.inner.shared.context_length
     }
 
-    pub fn registry(&self) -> &StreamRegistry {
-        &self.inner.shared.registry
-    }
-
     pub fn metrics(&self) -> MetricsSnapshot {
         self.inner.shared.metrics.snapshot()
     }
@@ -220,7 +216,7 @@ impl SchedulerHandle {
     ///
     /// Refused at once, without queueing: `Overloaded` past the queue limit, `ShuttingDown`,
     /// `EngineUnavailable`, and requests that can never run (`EmptyPrompt`, `PromptTooLong`,
-    /// `ExceedsKvBudget`, `DuplicateStreamId`). A request not admitted within the queue timeout
+    /// `ExceedsKvBudget`). A request not admitted within the queue timeout
     /// gets `QueueTimeout`. Dropping the returned future withdraws the request.
     pub async fn submit(&self, request: Request) -> Result<Generation, Error> {
         let shared = &*self.inner.shared;
@@ -275,9 +271,6 @@ impl SchedulerHandle {
         }
 
         let cancel = CancelHandle::default();
-        if let Err(e) = shared.registry.insert(&stream_id, cancel.clone()) {
-            return refuse(e);
-        }
         let (tx, events) = mpsc::channel(config.channel_capacity);
         let (admit, admitted) = oneshot::channel();
         let progress = Arc::new(AtomicUsize::new(0));
@@ -287,7 +280,9 @@ impl SchedulerHandle {
             let refusal = if let Some(why) = &queue.dead {
                 Some(Error::EngineUnavailable(why.clone()))
             } else if matches!(queue.state, RunState::Draining { .. }) {
-                Some(Error::ShuttingDown)
+                Some(Error::ShuttingDown {
+                    retry_after: config.retry_after,
+                })
             } else {
                 let free_slots = config.max_active.saturating_sub(queue.active);
                 let limit = config.max_queued + free_slots;
@@ -299,7 +294,6 @@ impl SchedulerHandle {
             };
             if let Some(e) = refusal {
                 drop(queue);
-                shared.registry.remove(&stream_id, &cancel);
                 return refuse(e);
             }
             queue.waiting.push_back(Pending {
@@ -324,11 +318,9 @@ impl SchedulerHandle {
         }
         shared.wake.notify_all();
 
-        let guard_id = stream_id.clone();
         let mut guard = QueueGuard {
             shared,
             id,
-            stream_id: &guard_id,
             cancel: cancel.clone(),
             armed: true,
         };
@@ -356,17 +348,10 @@ impl SchedulerHandle {
                 events,
                 cancel,
                 progress,
-                registry: shared.registry.clone(),
                 done: false,
             }),
-            Ok(Err(e)) => {
-                shared.registry.remove(&stream_id, &cancel);
-                refuse(e)
-            }
-            Err(_engine_gone) => {
-                shared.registry.remove(&stream_id, &cancel);
-                refuse(Error::EngineUnavailable("the engine stopped".into()))
-            }
+            Ok(Err(e)) => refuse(e),
+            Err(_engine_gone) => refuse(Error::EngineUnavailable("the engine stopped".into())),
         }
     }
 
@@ -389,7 +374,6 @@ pub struct Generation {
     events: mpsc::Receiver<TokenEvent>,
     cancel: CancelHandle,
     progress: Arc<AtomicUsize>,
-    registry: StreamRegistry,
     done: bool,
 }
 
@@ -494,6 +478,5 @@ impl Drop for Generation {
         if !self.done {
             self.cancel.cancel();
         }
-        self.registry.remove(&self.stream_id, &self.cancel);
     }
 }

@@ -19,13 +19,11 @@ mod error;
 mod handle;
 pub mod metrics;
 mod queue;
-mod registry;
 mod spare;
 
 pub use config::SchedulerConfig;
 pub use error::Error;
 pub use handle::{
     Announced, CancelHandle, Generation, Outcome, Output, Request, Scheduler, SchedulerHandle,
-    StreamRegistry,
 };
 pub use metrics::MetricsSnapshot;

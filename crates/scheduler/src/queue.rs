@@ -11,8 +11,8 @@ use hearth_types::TokenEvent;
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::Span;
 
+use crate::handle::CancelHandle;
 use crate::metrics::Metrics;
-use crate::registry::{CancelHandle, StreamRegistry};
 use crate::{Error, SchedulerConfig};
 
 /// A request waiting for admission, owned by the shared queue until the engine takes it.
@@ -57,7 +57,6 @@ pub(crate) struct Shared {
     pub queue: Mutex<Queue>,
     pub wake: Condvar,
     pub metrics: Metrics,
-    pub registry: StreamRegistry,
     pub tokenizer: Arc<TextTokenizer>,
     pub context_length: usize,
     pub vocab_size: usize,

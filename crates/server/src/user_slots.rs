@@ -4,12 +4,18 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-/// The user already has `limit` requests of this kind running.
+/// How long a user past the cap is told to wait (`Retry-After` on the 429): one of their
+/// requests may end any moment, so a second is a fair first wait. The one place this is set.
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The user already has `limit` requests of this kind running; retry after `retry_after`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{limit} requests of yours are already running here; wait for one to finish")]
 pub struct SlotsFull {
     pub limit: usize,
+    pub retry_after: Duration,
 }
 
 /// Counts each user's running requests of one service against a cap.
@@ -53,6 +59,7 @@ impl UserSlots {
         if self.inner.limit > 0 && *count >= self.inner.limit {
             return Err(SlotsFull {
                 limit: self.inner.limit,
+                retry_after: RETRY_AFTER,
             });
         }
         *count += 1;
@@ -97,7 +104,11 @@ mod tests {
         let slots = UserSlots::new(2);
         let a = slots.take("ann").unwrap();
         let _b = slots.take("ann").unwrap();
-        assert_eq!(slots.take("ann").unwrap_err(), SlotsFull { limit: 2 });
+        let full = SlotsFull {
+            limit: 2,
+            retry_after: RETRY_AFTER,
+        };
+        assert_eq!(slots.take("ann").unwrap_err(), full);
         // Other users are not affected.
         let _c = slots.take("bob").unwrap();
         drop(a);

@@ -153,10 +153,9 @@ pub enum AbortReason {
     Cancelled,
     /// The receiver went away (the HTTP client disconnected).
     Disconnected,
-    /// The spending cap (the funds held for the request) was used up.
-    BudgetExhausted,
-    /// The server is shutting down and the grace period ran out.
-    Shutdown,
+    /// The server is shutting down and the grace period ran out. `retry_after` is the engine's
+    /// figure for when to come back, the same its refusals for load carry.
+    Shutdown { retry_after: std::time::Duration },
     /// The engine failed while running this sequence.
     EngineFailure(String),
 }

@@ -111,7 +111,6 @@ impl Batch {
         while i < queue.waiting.len() {
             if queue.waiting[i].cancel.is_cancelled() || queue.waiting[i].tx.is_closed() {
                 if let Some(p) = queue.waiting.remove(i) {
-                    shared.registry.remove(&p.stream_id, &p.cancel);
                     let _ = p.admit.send(Err(Error::Cancelled));
                 }
             } else {
@@ -120,8 +119,9 @@ impl Batch {
         }
         if draining.is_some() {
             for p in queue.waiting.drain(..) {
-                shared.registry.remove(&p.stream_id, &p.cancel);
-                let _ = p.admit.send(Err(Error::ShuttingDown));
+                let _ = p.admit.send(Err(Error::ShuttingDown {
+                    retry_after: config.retry_after,
+                }));
             }
         }
         while let Some(front) = queue.waiting.front() {
@@ -176,7 +176,6 @@ impl Batch {
             match seq {
                 Ok(seq) => self.start(p, seq),
                 Err(e) => {
-                    shared.registry.remove(&p.stream_id, &p.cancel);
                     let _ = p.admit.send(Err(e.into()));
                 }
             }
@@ -434,7 +433,6 @@ impl Batch {
     pub(super) fn end(&mut self, i: usize, outcome: Result<FinishReason, AbortReason>) {
         let mut a = self.active.remove(i);
         self.kv_reserved -= a.kv_bytes;
-        self.shared.registry.remove(&a.stream_id, &a.cancel);
         let usage = a.usage();
         let metrics = &self.shared.metrics;
         let terminal = match outcome {

@@ -57,9 +57,10 @@ impl Drop for ExitGuard {
             let refusal = if panicking {
                 Error::EngineUnavailable(why.to_string())
             } else {
-                Error::ShuttingDown
+                Error::ShuttingDown {
+                    retry_after: self.0.config.retry_after,
+                }
             };
-            self.0.registry.remove(&pending.stream_id, &pending.cancel);
             let _ = pending.admit.send(Err(refusal));
         }
         queue.active = 0;
@@ -106,7 +107,8 @@ impl Engine {
             if let Some(deadline) = draining {
                 if Instant::now() >= deadline && !self.batch.active.is_empty() {
                     info!(model = %name, streams = self.batch.active.len(), "grace period over, aborting");
-                    self.batch.abort_all(AbortReason::Shutdown);
+                    let retry_after = self.batch.shared.config.retry_after;
+                    self.batch.abort_all(AbortReason::Shutdown { retry_after });
                 }
             }
             self.batch.reap();

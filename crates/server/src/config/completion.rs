@@ -19,6 +19,10 @@ pub struct RawCompletionConfig {
     /// Seconds a stream may wait on a client that reads nothing before it is aborted and
     /// settled (default 30).
     pub client_stall_timeout_secs: Option<u64>,
+    /// Seconds a client refused for load (queue full, queue timeout, shutting down) is told to
+    /// wait, in `Retry-After`: every engine's `SchedulerConfig::retry_after` (default: the
+    /// scheduler's, 1).
+    pub retry_after_secs: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -28,6 +32,8 @@ pub struct CompletionConfig {
     pub internal_url: Option<String>,
     pub max_concurrent_per_user: usize,
     pub client_stall_timeout: std::time::Duration,
+    /// The engines' retry figure (`SchedulerConfig::retry_after`).
+    pub retry_after: std::time::Duration,
 }
 
 impl RawCompletionConfig {
@@ -45,6 +51,13 @@ impl RawCompletionConfig {
                     ))
                 }
                 n => std::time::Duration::from_secs(n),
+            },
+            retry_after: match self.retry_after_secs {
+                None => hearth_scheduler::SchedulerConfig::default().retry_after,
+                Some(0) => {
+                    return Err(invalid("completion.retry_after_secs", "must be at least 1"))
+                }
+                Some(n) => std::time::Duration::from_secs(n),
             },
         })
     }

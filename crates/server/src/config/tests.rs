@@ -20,6 +20,28 @@ fn defaults_resolve_to_the_documented_addresses() {
     assert_eq!(c.completion.max_concurrent_per_user, 4);
     assert_eq!(c.imagine.max_concurrent_per_user, 2);
     assert_eq!(c.completion.client_stall_timeout.as_secs(), 30);
+    // The engines' Retry-After figure is the scheduler's own default unless set.
+    assert_eq!(
+        c.completion.retry_after,
+        hearth_scheduler::SchedulerConfig::default().retry_after
+    );
+}
+
+#[test]
+fn the_engines_retry_figure_is_read_from_completion_and_zero_is_refused() {
+    let raw: RawConfig = toml::from_str(
+        "[completion]
+retry_after_secs = 7",
+    )
+    .unwrap();
+    assert_eq!(raw.resolve().unwrap().completion.retry_after.as_secs(), 7);
+    let raw: RawConfig = toml::from_str(
+        "[completion]
+retry_after_secs = 0",
+    )
+    .unwrap();
+    let err = raw.resolve().unwrap_err().to_string();
+    assert!(err.contains("completion.retry_after_secs"), "{err}");
 }
 
 #[test]

@@ -71,11 +71,11 @@ impl From<crate::models::ModelError> for ApiError {
 impl From<hearth_scheduler::Error> for ApiError {
     fn from(e: hearth_scheduler::Error) -> Self {
         use hearth_scheduler::Error as E;
+        // Every refusal for load says when to come back: the engine's figure, sent as it is.
+        if let Some(after) = e.retry_after() {
+            return ApiError::overloaded(e.to_string(), after);
+        }
         match e {
-            E::Overloaded { retry_after, .. } | E::QueueTimeout { retry_after, .. } => {
-                ApiError::overloaded_after(e.to_string(), retry_after)
-            }
-            E::ShuttingDown => ApiError::overloaded(e.to_string()),
             E::EngineUnavailable(why) => {
                 ApiError::gateway(format!("the model's engine is unavailable: {why}"))
             }
@@ -94,9 +94,13 @@ impl From<hearth_imagine::Error> for ApiError {
     fn from(e: hearth_imagine::Error) -> Self {
         use hearth_imagine::Error as E;
         match e {
-            E::Overloaded { waiting } => ApiError::overloaded(format!(
-                "the image queue is full ({waiting} waiting); retry shortly"
-            )),
+            E::Overloaded {
+                waiting,
+                retry_after,
+            } => ApiError::overloaded(
+                format!("the image queue is full ({waiting} waiting); retry shortly"),
+                retry_after,
+            ),
             E::InvalidParams { field, message } => ApiError::invalid_request(field, message),
             other => ApiError::internal(other),
         }

@@ -7,7 +7,9 @@ use axum::Json;
 use hearth_isolate::{ConvertErrorKind, Error as IsolateError};
 use serde_json::json;
 
-use super::ErrorKind;
+use std::time::Duration;
+
+use super::{set_retry_after, whole_seconds, ErrorKind};
 
 /// Every way a markdown request can fail.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,8 +34,11 @@ pub enum MarkdownError {
     ContentTooLarge(String),
     /// The conversion failed: a malformed file, the time limit, a worker that died.
     Failed(String),
-    /// No worker came free in time, or none can start.
-    Unavailable(String),
+    /// No worker came free in time, or none can start; retry after the pool's figure.
+    Unavailable {
+        why: String,
+        retry_after: Duration,
+    },
     /// The body stalled or trickled (`serve::BodyTimeout`).
     BodyTimeout(String),
     NotFound,
@@ -51,7 +56,7 @@ impl MarkdownError {
             M::TooLarge { .. } | M::ContentTooLarge(_) => ErrorKind::PayloadTooLarge,
             M::Unsupported(_) => ErrorKind::UnsupportedMediaType,
             M::Failed(_) => ErrorKind::InternalError,
-            M::Unavailable(_) => ErrorKind::Overloaded,
+            M::Unavailable { .. } => ErrorKind::Overloaded,
             M::BodyTimeout(_) => ErrorKind::RequestTimeout,
             M::NotFound => ErrorKind::NotFound,
             M::MethodNotAllowed => ErrorKind::MethodNotAllowed,
@@ -71,7 +76,7 @@ impl MarkdownError {
             M::Empty(why) | M::ContentTooLarge(why) | M::Failed(why) => {
                 format!("Conversion failed: {why}")
             }
-            M::Unavailable(why) => format!("The converter is unavailable: {why}"),
+            M::Unavailable { why, .. } => format!("The converter is unavailable: {why}"),
             M::BodyTimeout(why) => format!("body: {why}"),
             M::NotFound => "No such endpoint".into(),
             M::MethodNotAllowed => "Method not allowed on this endpoint".into(),
@@ -82,8 +87,12 @@ impl MarkdownError {
 impl IntoResponse for MarkdownError {
     fn into_response(self) -> Response {
         let kind = self.kind();
+        let retry_after = match &self {
+            MarkdownError::Unavailable { retry_after, .. } => Some(whole_seconds(*retry_after)),
+            _ => None,
+        };
         let mut resp = (kind.status(), Json(json!({ "error": self.message() }))).into_response();
-        super::set_retry_after(&mut resp, kind, None);
+        set_retry_after(&mut resp, retry_after);
         resp
     }
 }
@@ -99,7 +108,10 @@ impl From<&IsolateError> for MarkdownError {
             },
             IsolateError::Crashed { cause } => MarkdownError::Failed(cause.to_string()),
             IsolateError::Busy { .. } | IsolateError::Unavailable { .. } => {
-                MarkdownError::Unavailable(e.to_string())
+                MarkdownError::Unavailable {
+                    why: e.to_string(),
+                    retry_after: e.retry_after().unwrap_or(hearth_isolate::RETRY_AFTER),
+                }
             }
         }
     }
@@ -134,7 +146,10 @@ mod tests {
                 "Conversion failed",
             ),
             (
-                MarkdownError::Unavailable("busy".into()),
+                MarkdownError::Unavailable {
+                    why: "busy".into(),
+                    retry_after: Duration::from_secs(2),
+                },
                 StatusCode::SERVICE_UNAVAILABLE,
                 "The converter is unavailable",
             ),

@@ -15,6 +15,8 @@ pub use json::{parse_json, AppJson};
 pub use markdown::MarkdownError;
 pub use openai::{OpenAiError, OpenAiJson};
 
+use std::time::Duration;
+
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
@@ -81,9 +83,6 @@ impl ErrorKind {
     }
 }
 
-/// Seconds a client is told to wait after `Overloaded` or `RateLimited`, unless the error
-/// carries its own figure (`details.retryAfterSeconds`, e.g. the scheduler's).
-pub const RETRY_AFTER_SECS: u64 = 1;
 
 /// An error as a JSON service answers it.
 #[derive(Debug, Clone)]
@@ -148,23 +147,20 @@ impl ApiError {
         Self::new(ErrorKind::GatewayError, message)
     }
 
-    pub fn overloaded(message: impl Into<String>) -> Self {
+    /// `Overloaded`, retry after `after`: the figure of whoever refused (the scheduler, the image
+    /// worker, the converter pool), never one chosen here. It goes in `details.retryAfterSeconds`
+    /// and the `Retry-After` header, in whole seconds (rounded up, at least one).
+    pub fn overloaded(message: impl Into<String>, after: Duration) -> Self {
         Self::new(ErrorKind::Overloaded, message)
-            .with_details(json!({ "retryAfterSeconds": RETRY_AFTER_SECS }))
+            .with_details(json!({ "retryAfterSeconds": whole_seconds(after) }))
     }
 
-    /// `Overloaded`, retry after `after` (rounded up to whole seconds, at least one): the figure
-    /// goes in `details.retryAfterSeconds` and the `Retry-After` header.
-    pub fn overloaded_after(message: impl Into<String>, after: std::time::Duration) -> Self {
-        let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
-        Self::new(ErrorKind::Overloaded, message)
-            .with_details(json!({ "retryAfterSeconds": secs.max(1) }))
-    }
-
-    /// Too many of this user's requests already running (a per-user cap); retry shortly.
+    /// Too many of this user's requests already running (a per-user cap); retry after the
+    /// cap's own figure (`user_slots.rs`).
     pub fn rate_limited(e: crate::user_slots::SlotsFull) -> Self {
+        let secs = whole_seconds(e.retry_after);
         Self::new(ErrorKind::RateLimited, e.to_string())
-            .with_details(json!({ "limit": e.limit, "retryAfterSeconds": RETRY_AFTER_SECS }))
+            .with_details(json!({ "limit": e.limit, "retryAfterSeconds": secs }))
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
@@ -194,15 +190,21 @@ impl IntoResponse for ApiError {
         });
         let retry_after = self.details["retryAfterSeconds"].as_u64();
         let mut resp = (self.kind.status(), axum::Json(body)).into_response();
-        set_retry_after(&mut resp, self.kind, retry_after);
+        set_retry_after(&mut resp, retry_after);
         resp
     }
 }
 
-/// `Retry-After` on an `Overloaded` or `RateLimited` answer: `secs`, or the default figure.
-pub(crate) fn set_retry_after(resp: &mut Response, kind: ErrorKind, secs: Option<u64>) {
-    if matches!(kind, ErrorKind::Overloaded | ErrorKind::RateLimited) {
-        let secs = secs.unwrap_or(RETRY_AFTER_SECS);
+/// A retry figure in the whole seconds `Retry-After` takes: rounded up, at least one.
+pub(crate) fn whole_seconds(after: Duration) -> u64 {
+    let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+/// `Retry-After: secs` when the error carries a figure (`Overloaded` and `RateLimited` always
+/// do: their constructors take one).
+pub(crate) fn set_retry_after(resp: &mut Response, secs: Option<u64>) {
+    if let Some(secs) = secs {
         resp.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }

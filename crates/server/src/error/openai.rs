@@ -60,7 +60,7 @@ impl IntoResponse for OpenAiError {
     fn into_response(self) -> Response {
         let retry_after = self.0.details["retryAfterSeconds"].as_u64();
         let mut resp = (self.0.kind.status(), axum::Json(self.body())).into_response();
-        set_retry_after(&mut resp, self.0.kind, retry_after);
+        set_retry_after(&mut resp, retry_after);
         resp
     }
 }
@@ -85,6 +85,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn every_kind_keeps_its_status_and_names_the_field() {
@@ -95,9 +96,10 @@ mod tests {
         assert_eq!(body["error"]["hearth"]["type"], "InvalidRequest");
         let resp = OpenAiError(ApiError::insufficient_funds("1", "0")).into_response();
         assert_eq!(resp.status(), 402);
-        let resp = OpenAiError(ApiError::overloaded("busy")).into_response();
+        let resp = OpenAiError(ApiError::overloaded("busy", Duration::from_secs(7)));
+        let resp = resp.into_response();
         assert_eq!(resp.status(), 503);
-        assert!(resp.headers().contains_key("retry-after"));
+        assert_eq!(resp.headers()["retry-after"], "7");
         let e = OpenAiError(ApiError::invalid_credentials("no key"));
         assert_eq!(e.body()["error"]["code"], "invalid_api_key");
         assert_eq!(e.body()["error"]["param"], Value::Null);

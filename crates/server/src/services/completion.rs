@@ -44,7 +44,8 @@ use crate::user_slots::UserSlots;
 pub use catalog::{Catalog, TextModelSpec};
 use start::start;
 use stream::{
-    abort_error, spawn_driver, CompletionResponse, ShutdownResponse, StreamEvent, Streams,
+    abort_error, spawn_driver, CompletionResponse, DriverEvent, ShutdownResponse, StreamEvent,
+    Streams,
 };
 use validate::RawCompletionRequest;
 
@@ -83,7 +84,7 @@ struct Core {
 pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
     let catalog = catalog::resolve(&state.model_table, &state.config.models)
         .map_err(|e| ServiceInitError::new(Service::Completion, e))?;
-    let engines = engines::Engines::start(&catalog);
+    let engines = engines::Engines::start(&catalog, state.config.completion.retry_after);
     let core = Arc::new(Core {
         catalog,
         engines,
@@ -228,14 +229,12 @@ async fn complete(
     AppJson(raw): AppJson<RawCompletionRequest>,
 ) -> Result<Json<CompletionResponse>, ApiError> {
     let started = start(&cs, raw).await?;
-    let (_id, mut events) = spawn_driver(&cs, started);
+    let (_id, mut events) = spawn_driver(&cs, started)?;
     while let Some(event) = events.recv().await {
         match event {
-            StreamEvent::Token { .. } => {}
-            StreamEvent::Completed { response, .. } => return Ok(Json(response)),
-            StreamEvent::Aborted {
-                response, reason, ..
-            } => return Err(abort_error(reason, response)),
+            DriverEvent::Token { .. } => {}
+            DriverEvent::Completed { response, .. } => return Ok(Json(response)),
+            DriverEvent::Aborted { response, reason } => return Err(abort_error(reason, response)),
         }
     }
     Err(ApiError::internal(
@@ -268,9 +267,9 @@ async fn stream(
     AppJson(raw): AppJson<RawCompletionRequest>,
 ) -> Result<Response, ApiError> {
     let started = start(&cs, raw).await?;
-    let (stream_id, events) = spawn_driver(&cs, started);
+    let (stream_id, events) = spawn_driver(&cs, started)?;
     let events = futures::stream::unfold(events, |mut events| async move {
-        let event = events.recv().await?;
+        let event = StreamEvent::from(events.recv().await?);
         let sse = Event::default().json_data(&event).unwrap_or_default();
         Some((Ok::<Event, Infallible>(sse), events))
     });

@@ -5,6 +5,7 @@
 //! takes the scheduler limits of the first id in id order.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use hearth_infer::{TextModel, TextModelConfig};
 use hearth_scheduler::{Scheduler, SchedulerConfig, SchedulerHandle};
@@ -24,7 +25,8 @@ pub struct Engines {
 
 impl Engines {
     /// Starts loading every model of the catalog on background threads and returns at once.
-    pub fn start(catalog: &Catalog) -> Engines {
+    /// Every engine tells refused clients to wait `retry_after` (`[completion] retry_after_secs`).
+    pub fn start(catalog: &Catalog, retry_after: Duration) -> Engines {
         let mut groups: Vec<(TextModelConfig, SchedulerConfig, Vec<String>)> = Vec::new();
         for entry in catalog.entries() {
             match groups.iter_mut().find(|(load, _, _)| *load == entry.load) {
@@ -37,7 +39,8 @@ impl Engines {
             }
         }
         let mut models = Models::default();
-        for (load, scheduler, ids) in groups {
+        for (load, mut scheduler, ids) in groups {
+            scheduler.retry_after = retry_after;
             models.load(&ids, move || {
                 let model = TextModel::load(&load).map_err(|e| e.to_string())?;
                 Scheduler::spawn(model, scheduler).map_err(|e| e.to_string())

@@ -1,10 +1,12 @@
-//! One stream session: the wire types of a completion (the response and every SSE event, typed
-//! and `Serialize`), the one map of live streams (id -> how to stop it and its final response),
-//! and the driver task that reads a generation to its end, forwards it to the client, settles
-//! the hold exactly once and publishes the final response.
+//! One stream session: the spec's wire types of a completion (the response and every SSE event,
+//! typed and `Serialize`), the driver's own events ([`DriverEvent`], what every route reads,
+//! turned into the spec's [`StreamEvent`] in one place), the one map of live streams (id -> how
+//! to stop it and its final response; the scheduler keeps none), and the driver task that reads
+//! a generation to its end, forwards it to the client, settles the hold exactly once and
+//! publishes the final response.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hearth_billing::money;
@@ -53,9 +55,8 @@ pub struct CompletionUsage {
     pub output_cost: String,
 }
 
-/// One SSE event's payload, exactly one of the spec's three shapes. The driver sends these to
-/// the HTTP side; an abort also carries its reason there (not on the wire), for the one-shot
-/// route's error.
+/// One SSE event's payload on the spec's `POST /stream`: exactly one of its three shapes, and
+/// nothing else. Made only from a [`DriverEvent`] (`From`).
 #[derive(Debug, Clone, Serialize, ToSchema)]
 #[serde(untagged)]
 #[schema(
@@ -67,25 +68,56 @@ pub enum StreamEvent {
     Token {
         /// The next piece of output.
         token: String,
-        /// Each token's log probability, when the request asked (OpenAI routes only).
-        #[serde(skip)]
-        logprobs: Vec<TokenLogprob>,
     },
     Completed {
         /// Always `true`.
         completed: bool,
         response: CompletionResponse,
-        /// Why it ended (OpenAI routes' `finish_reason`).
-        #[serde(skip)]
-        finish: FinishReason,
     },
     Aborted {
         /// Always `true`.
         aborted: bool,
         response: CompletionResponse,
-        #[serde(skip)]
+    },
+}
+
+/// What the driver hands the HTTP side, in order: `Token`s, then one `Completed` or `Aborted`.
+/// It carries everything any route answers with: the spec's route keeps what its wire type
+/// shows ([`StreamEvent`]); the OpenAI routes also read the log-probabilities, the finish
+/// reason, and an abort's reason (a one-shot answer's error, [`abort_error`]).
+#[derive(Debug, Clone)]
+pub enum DriverEvent {
+    Token {
+        text: String,
+        /// Each token's log probability, when the request asked (OpenAI routes only).
+        logprobs: Vec<TokenLogprob>,
+    },
+    Completed {
+        response: CompletionResponse,
+        /// Why it ended (OpenAI routes' `finish_reason`).
+        finish: FinishReason,
+    },
+    Aborted {
+        response: CompletionResponse,
         reason: AbortReason,
     },
+}
+
+/// The one conversion from the driver's events to the spec's wire shapes.
+impl From<DriverEvent> for StreamEvent {
+    fn from(event: DriverEvent) -> Self {
+        match event {
+            DriverEvent::Token { text, .. } => StreamEvent::Token { token: text },
+            DriverEvent::Completed { response, .. } => StreamEvent::Completed {
+                completed: true,
+                response,
+            },
+            DriverEvent::Aborted { response, .. } => StreamEvent::Aborted {
+                aborted: true,
+                response,
+            },
+        }
+    }
 }
 
 /// `/stream/shutdown`'s answer.
@@ -99,10 +131,13 @@ pub struct ShutdownResponse {
 }
 
 /// The error a generation that ended early answers where there is no stream to end (the
-/// one-shot routes), its partial, billed response in `details.response`.
+/// one-shot routes), its partial, billed response in `details.response`. A stream cut by
+/// shutdown is `Overloaded` with the engine's own retry figure.
 pub fn abort_error(reason: AbortReason, response: CompletionResponse) -> ApiError {
     let err = match reason {
-        AbortReason::Shutdown => ApiError::overloaded("the server is shutting down"),
+        AbortReason::Shutdown { retry_after } => {
+            ApiError::overloaded("the server is shutting down", retry_after)
+        }
         AbortReason::EngineFailure(why) => {
             ApiError::gateway(format!("the model's engine failed: {why}"))
         }
@@ -119,15 +154,46 @@ struct Live {
     done: watch::Receiver<Option<CompletionResponse>>,
 }
 
-/// Live streams by id: how to stop each, and where its final response appears.
-#[derive(Default)]
-pub struct Streams(Mutex<HashMap<String, Live>>);
+/// Live streams by id: how to stop each, and where its final response appears. The one owner
+/// of "which stream has this id" (the scheduler keeps no map): it keeps ids unique, and
+/// `/stream/shutdown` looks streams up here.
+#[derive(Clone, Default)]
+pub struct Streams(Arc<Mutex<HashMap<String, Live>>>);
+
+/// A stream's entry in [`Streams`], removed when this is dropped: after the driver published the
+/// final response, or on whatever path the driver ends.
+#[must_use = "the stream leaves the map when this is dropped"]
+struct Registered {
+    streams: Streams,
+    id: String,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.streams.map().remove(&self.id);
+    }
+}
 
 impl Streams {
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
         self.0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Enters a live stream; refuses an id that is already live.
+    fn register(&self, id: &str, live: Live) -> Result<Registered, ApiError> {
+        let mut map = self.map();
+        if map.contains_key(id) {
+            return Err(ApiError::internal(format!(
+                "stream id {id:?} is already live"
+            )));
+        }
+        map.insert(id.to_string(), live);
+        Ok(Registered {
+            streams: self.clone(),
+            id: id.to_string(),
+        })
     }
 
     /// Stops the stream `id` and returns where its final response will appear; `None` when no
@@ -143,11 +209,12 @@ impl Streams {
 // ---- the driver -----------------------------------------------------------------------------
 
 /// Starts the driver task of an admitted generation and registers its stream; returns the
-/// stream id and the events for the HTTP side.
+/// stream id and the events for the HTTP side. An id already live is refused (the generation,
+/// its hold and its slot are dropped, which cancels and releases them).
 pub fn spawn_driver(
     cs: &CompletionState,
     started: Started,
-) -> (String, mpsc::Receiver<StreamEvent>) {
+) -> Result<(String, mpsc::Receiver<DriverEvent>), ApiError> {
     let stream_id = started.generation.stream_id().to_string();
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);
     let (done_tx, done_rx) = watch::channel(None);
@@ -155,9 +222,10 @@ pub fn spawn_driver(
         cancel: started.generation.cancel_handle(),
         done: done_rx,
     };
-    cs.core.streams.map().insert(stream_id.clone(), live);
-    tokio::spawn(drive(cs.clone(), started, tx, done_tx).instrument(Span::current()));
-    (stream_id, rx)
+    let registered = cs.core.streams.register(&stream_id, live)?;
+    let driver = drive(cs.clone(), started, tx, done_tx, registered);
+    tokio::spawn(driver.instrument(Span::current()));
+    Ok((stream_id, rx))
 }
 
 /// Reads the generation to its end, forwarding text to `out` while anyone listens (if `out`
@@ -166,8 +234,9 @@ pub fn spawn_driver(
 async fn drive(
     cs: CompletionState,
     started: Started,
-    out: mpsc::Sender<StreamEvent>,
+    out: mpsc::Sender<DriverEvent>,
     done: watch::Sender<Option<CompletionResponse>>,
+    registered: Registered,
 ) {
     let Started {
         mut generation,
@@ -194,10 +263,7 @@ async fn drive(
         match event {
             Some(TokenEvent::Token { text, logprobs, .. }) => {
                 output.push_str(&text);
-                let event = StreamEvent::Token {
-                    token: text,
-                    logprobs,
-                };
+                let event = DriverEvent::Token { text, logprobs };
                 if listening && !forward(&out, event, stall, &stream_id).await {
                     listening = false;
                     generation.cancel();
@@ -257,18 +323,10 @@ async fn drive(
     };
     info!(%stream_id, prompt_tokens = usage.prompt_tokens, completion_tokens = usage.completion_tokens, ?outcome, "completion settled");
     done.send_replace(Some(response.clone()));
-    cs.core.streams.map().remove(&stream_id);
+    drop(registered);
     let end = match outcome {
-        Ok(finish) => StreamEvent::Completed {
-            completed: true,
-            response,
-            finish,
-        },
-        Err(reason) => StreamEvent::Aborted {
-            aborted: true,
-            response,
-            reason,
-        },
+        Ok(finish) => DriverEvent::Completed { response, finish },
+        Err(reason) => DriverEvent::Aborted { response, reason },
     };
     if listening {
         forward(&out, end, stall, &stream_id).await;
@@ -278,8 +336,8 @@ async fn drive(
 /// Hands `event` to the HTTP side; false when the client is gone or has read nothing for
 /// `stall` (its connection is full), after which nobody waits on it any more.
 async fn forward(
-    out: &mpsc::Sender<StreamEvent>,
-    event: StreamEvent,
+    out: &mpsc::Sender<DriverEvent>,
+    event: DriverEvent,
     stall: Duration,
     stream_id: &str,
 ) -> bool {
@@ -297,9 +355,9 @@ async fn forward(
 mod tests {
     use super::*;
 
-    fn token(t: &str) -> StreamEvent {
-        StreamEvent::Token {
-            token: t.into(),
+    fn token(t: &str) -> DriverEvent {
+        DriverEvent::Token {
+            text: t.into(),
             logprobs: Vec::new(),
         }
     }
@@ -332,9 +390,8 @@ mod tests {
         assert!(started.elapsed() < stall);
     }
 
-    #[test]
-    fn every_event_serializes_to_exactly_one_spec_shape() {
-        let response = CompletionResponse {
+    fn response() -> CompletionResponse {
+        CompletionResponse {
             model: "m".into(),
             output: "hi".into(),
             usage: CompletionUsage {
@@ -346,12 +403,30 @@ mod tests {
             },
             balance_before: "1.000000".into(),
             balance_after: "1.000000".into(),
+        }
+    }
+
+    #[test]
+    fn every_event_serializes_to_exactly_one_spec_shape() {
+        let json = |e: DriverEvent| serde_json::to_value(StreamEvent::from(e)).unwrap();
+        let logprob = TokenLogprob {
+            id: 7,
+            token: "x".into(),
+            bytes: b"x".to_vec(),
+            logprob: -0.5,
+            top: Vec::new(),
         };
-        let json = |e: &StreamEvent| serde_json::to_value(e).unwrap();
-        assert_eq!(json(&token("x")), serde_json::json!({ "token": "x" }));
-        let done = json(&StreamEvent::Completed {
-            completed: true,
-            response: response.clone(),
+        let with_logprobs = DriverEvent::Token {
+            text: "x".into(),
+            logprobs: vec![logprob],
+        };
+        assert_eq!(
+            json(with_logprobs),
+            serde_json::json!({ "token": "x" }),
+            "log-probabilities stay off the spec's wire"
+        );
+        let done = json(DriverEvent::Completed {
+            response: response(),
             finish: FinishReason::Length,
         });
         assert_eq!(done["completed"], true);
@@ -363,15 +438,68 @@ mod tests {
         assert_eq!(done["response"]["usage"]["type"], "completion");
         assert_eq!(done["response"]["usage"]["promptTokens"], 3);
         assert_eq!(done["response"]["balanceBefore"], "1.000000");
-        let aborted = json(&StreamEvent::Aborted {
-            aborted: true,
-            response,
+        let aborted = json(DriverEvent::Aborted {
+            response: response(),
             reason: AbortReason::Disconnected,
         });
+        assert_eq!(aborted["aborted"], true);
         assert_eq!(
             aborted.as_object().unwrap().keys().collect::<Vec<_>>(),
             ["aborted", "response"],
             "the reason stays off the wire"
         );
+    }
+
+    #[test]
+    fn the_wire_type_documents_exactly_the_three_spec_shapes() {
+        let schema =
+            serde_json::to_value(<StreamEvent as utoipa::PartialSchema>::schema()).unwrap();
+        let shapes: Vec<Vec<&str>> = schema["oneOf"]
+            .as_array()
+            .expect("one of three shapes")
+            .iter()
+            .map(|shape| {
+                let mut keys: Vec<&str> = shape["properties"]
+                    .as_object()
+                    .unwrap()
+                    .keys()
+                    .map(String::as_str)
+                    .collect();
+                keys.sort();
+                keys
+            })
+            .collect();
+        assert_eq!(
+            shapes,
+            [
+                vec!["token"],
+                vec!["completed", "response"],
+                vec!["aborted", "response"]
+            ],
+            "{schema}"
+        );
+    }
+
+    #[test]
+    fn the_map_refuses_a_live_id_stops_by_id_and_forgets_a_dropped_entry() {
+        let streams = Streams::default();
+        let live = |cancel: &CancelHandle| Live {
+            cancel: cancel.clone(),
+            done: watch::channel(None).1,
+        };
+        let cancel = CancelHandle::default();
+        let entry = streams.register("s", live(&cancel)).unwrap();
+        let other = CancelHandle::default();
+        assert!(
+            streams.register("s", live(&other)).is_err(),
+            "an id is live once"
+        );
+        assert!(streams.stop("other").is_none());
+        assert!(streams.stop("s").is_some());
+        assert!(cancel.is_cancelled(), "stop cancels the stream");
+        assert!(!other.is_cancelled());
+        drop(entry);
+        assert!(streams.stop("s").is_none(), "an ended stream is not found");
+        assert!(streams.register("s", live(&other)).is_ok());
     }
 }

@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, instrument, Span};
 
 use super::start::{authenticate, start_valid};
-use super::stream::{spawn_driver, StreamEvent};
+use super::stream::{spawn_driver, DriverEvent};
 use super::{CompletionState, KEEP_ALIVE, STREAM_ID_HEADER};
 use crate::error::{ApiError, OpenAiError, OpenAiJson};
 use crate::openapi::OpenAiErrorBody;
@@ -179,7 +179,7 @@ async fn chat(
     let logprobs = checked.valid.decode.logprobs.is_some();
     let started = start_valid(&cs, session, checked.valid).await?;
     let head_model = started.model.clone();
-    let (stream_id, mut events) = spawn_driver(&cs, started);
+    let (stream_id, mut events) = spawn_driver(&cs, started)?;
     let head = Head::new("chatcmpl", &stream_id, &head_model);
     let mut chat = Chat::new(head, &checked.tools, logprobs, checked.include_usage);
     if !checked.stream {
@@ -219,7 +219,7 @@ async fn text(
     let logprobs = checked.valid.decode.logprobs.is_some();
     let started = start_valid(&cs, session, checked.valid).await?;
     let head_model = started.model.clone();
-    let (stream_id, mut events) = spawn_driver(&cs, started);
+    let (stream_id, mut events) = spawn_driver(&cs, started)?;
     let head = Head::new("cmpl", &stream_id, &head_model);
     let mut text = Text::new(head, logprobs, checked.include_usage);
     if !checked.stream {
@@ -235,11 +235,11 @@ async fn text(
 fn sse<F>(
     stream_id: String,
     first: Option<String>,
-    events: mpsc::Receiver<StreamEvent>,
+    events: mpsc::Receiver<DriverEvent>,
     convert: F,
 ) -> Result<Response, OpenAiError>
 where
-    F: FnMut(StreamEvent) -> Vec<String> + Send + 'static,
+    F: FnMut(DriverEvent) -> Vec<String> + Send + 'static,
 {
     let queue: VecDeque<String> = first.into_iter().collect();
     let state = (events, convert, queue);

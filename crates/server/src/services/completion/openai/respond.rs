@@ -11,7 +11,7 @@ use super::wire::{
     ToolCallDelta, TopLogprobEntry, Usage, WireFunctionCall, WireToolCall,
 };
 use crate::error::ApiError;
-use crate::services::completion::stream::{abort_error, CompletionResponse, StreamEvent};
+use crate::services::completion::stream::{abort_error, CompletionResponse, DriverEvent};
 
 /// What every answer of one generation repeats.
 #[derive(Debug, Clone)]
@@ -52,14 +52,13 @@ fn cost(r: &CompletionResponse) -> HearthCost {
     }
 }
 
-/// The API's `finish_reason`. A stream stopped on request (`/stream/shutdown`) or at the
-/// spending cap ends as `stop` / `length`; a failure is an error, not a finish.
+/// The API's `finish_reason`. A stream stopped on request (`/stream/shutdown`) ends as `stop`;
+/// a failure is an error, not a finish.
 fn finish_reason(outcome: &Result<FinishReason, AbortReason>, called: bool) -> &'static str {
     match outcome {
         _ if called => "tool_calls",
         Ok(FinishReason::Stop) | Err(AbortReason::Cancelled | AbortReason::Disconnected) => "stop",
-        Ok(FinishReason::Length | FinishReason::ContextFull)
-        | Err(AbortReason::BudgetExhausted) => "length",
+        Ok(FinishReason::Length | FinishReason::ContextFull) => "length",
         Err(_) => "stop",
     }
 }
@@ -89,16 +88,12 @@ enum End {
     Failed(ApiError),
 }
 
-fn end_of(event: StreamEvent) -> Option<End> {
+fn end_of(event: DriverEvent) -> Option<End> {
     match event {
-        StreamEvent::Token { .. } => None,
-        StreamEvent::Completed {
-            response, finish, ..
-        } => Some(End::Finished(Ok(finish), response)),
-        StreamEvent::Aborted {
-            response, reason, ..
-        } => match reason {
-            AbortReason::Cancelled | AbortReason::Disconnected | AbortReason::BudgetExhausted => {
+        DriverEvent::Token { .. } => None,
+        DriverEvent::Completed { response, finish } => Some(End::Finished(Ok(finish), response)),
+        DriverEvent::Aborted { response, reason } => match reason {
+            AbortReason::Cancelled | AbortReason::Disconnected => {
                 Some(End::Finished(Err(reason), response))
             }
             other => Some(End::Failed(abort_error(other, response))),
@@ -130,11 +125,11 @@ pub trait Answer: Sized {
     ) -> Self::Whole;
 
     /// The SSE `data` payloads one event makes; the last event ends with `[DONE]`.
-    fn on_event(&mut self, event: StreamEvent) -> Vec<String> {
+    fn on_event(&mut self, event: DriverEvent) -> Vec<String> {
         match event {
-            StreamEvent::Token {
-                token, logprobs, ..
-            } => self.chunk_of(token, logprobs).into_iter().collect(),
+            DriverEvent::Token { text, logprobs } => {
+                self.chunk_of(text, logprobs).into_iter().collect()
+            }
             terminal => match end_of(terminal) {
                 Some(End::Finished(outcome, response)) => {
                     let mut out = self.last_chunks(&outcome, &response);
@@ -155,13 +150,11 @@ pub trait Answer: Sized {
 /// trait method, so that its future is `Send` whenever the builder is.)
 pub async fn whole<A: Answer>(
     mut answer: A,
-    events: &mut tokio::sync::mpsc::Receiver<StreamEvent>,
+    events: &mut tokio::sync::mpsc::Receiver<DriverEvent>,
 ) -> Result<A::Whole, ApiError> {
     while let Some(event) = events.recv().await {
         match event {
-            StreamEvent::Token {
-                token, logprobs, ..
-            } => answer.gather(token, logprobs),
+            DriverEvent::Token { text, logprobs } => answer.gather(text, logprobs),
             terminal => match end_of(terminal) {
                 Some(End::Finished(outcome, response)) => {
                     return Ok(answer.finish(&outcome, &response))
