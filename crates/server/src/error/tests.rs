@@ -55,7 +55,7 @@ fn every_kind_has_its_status_and_413_keeps_a_spec_type() {
     let resp = ApiError::rate_limited(full).into_response();
     assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(resp.headers()[header::RETRY_AFTER], "3");
-    let resp = ApiError::bad_request("no").into_response();
+    let resp = ApiError::invalid_request("prompt", "no").into_response();
     assert!(!resp.headers().contains_key(header::RETRY_AFTER));
 }
 
