@@ -3,6 +3,7 @@
 
 mod common;
 
+mod architecture;
 mod auth;
 mod auth_admin;
 mod auth_oidc;
