@@ -83,7 +83,7 @@ struct Core {
 pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
     let catalog = catalog::load(&state.config.models)
         .map_err(|e| ServiceInitError::new(Service::Completion, e))?;
-    let engines = engines::Engines::start(&catalog);
+    let engines = engines::Engines::start(&catalog, state.config.kernel);
     let core = Arc::new(Core {
         catalog,
         engines,

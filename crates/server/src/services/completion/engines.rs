@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use hearth_infer::{TextModel, TextModelConfig};
+use hearth_infer::{KernelPath, TextModel, TextModelConfig};
 use hearth_scheduler::{Scheduler, SchedulerConfig, SchedulerHandle};
 
 use super::catalog::Catalog;
@@ -23,8 +23,9 @@ pub struct Engines {
 }
 
 impl Engines {
-    /// Starts loading every model of the catalog on background threads and returns at once.
-    pub fn start(catalog: &Catalog) -> Engines {
+    /// Starts loading every model of the catalog on background threads and returns at once;
+    /// the fast backend runs on `kernel` where the CPU has it (the configuration's `kernel`).
+    pub fn start(catalog: &Catalog, kernel: Option<KernelPath>) -> Engines {
         let mut groups: Vec<(TextModelConfig, SchedulerConfig, Vec<String>)> = Vec::new();
         for entry in catalog.entries() {
             match groups.iter_mut().find(|(load, _, _)| *load == entry.load) {
@@ -37,7 +38,8 @@ impl Engines {
             }
         }
         let mut models = Models::default();
-        for (load, scheduler, ids) in groups {
+        for (mut load, scheduler, ids) in groups {
+            load.kernel = kernel;
             models.load(&ids, move || {
                 let model = TextModel::load(&load).map_err(|e| e.to_string())?;
                 Scheduler::spawn(model, scheduler).map_err(|e| e.to_string())
