@@ -57,10 +57,6 @@ scripts/python-clients.sh
 
 export HEARTH_BROWSER_TESTS=1
 log "cargo test --workspace $*"
+# (The llama.cpp parity emulator and its bit-exact runs are crates/infer-parity's tests, part of
+# the workspace's: no serving crate depends on that crate.)
 cargo test --workspace "$@"
-# The llama.cpp parity emulator is not in serving builds (the `parity` feature): its unit tests
-# and the bit-exact greedy runs against llama.cpp's fixtures, in a build of their own.
-if [ $# -eq 0 ]; then
-    log "cargo test -p hearth-infer --features parity (the llama.cpp emulator)"
-    cargo test -p hearth-infer --features parity --lib --test parity -- ggml token_for_token
-fi

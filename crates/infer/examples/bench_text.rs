@@ -82,6 +82,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     cfg.threads = args.threads;
     cfg.backend = args.backend;
     cfg.kv_precision = args.kv;
+    // HEARTH_KERNEL=avx512vnni (any path name) forces the fast path's kernels, for A/B runs.
+    cfg.kernel = std::env::var("HEARTH_KERNEL")
+        .ok()
+        .and_then(|name| hearth_infer::KernelPath::from_name(&name));
     let t0 = Instant::now();
     let mut model = TextModel::load(&cfg)?;
     let load_s = t0.elapsed().as_secs_f64();

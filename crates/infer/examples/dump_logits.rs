@@ -1,8 +1,7 @@
 //! Writes the logits Hearth computes after feeding `prompt ids + the first STEP greedy ids` of a
 //! llama.cpp fixture case, as raw little-endian f32 (for comparing against llama.cpp and an
 //! exact reference when chasing a parity divergence).
-//! Usage: dump_logits WEIGHTS FIXTURE CASE STEP BACKEND(auto|candle|fast) OUT [KV(f32|f16)
-//! [NUMERICS(fast|ggml)]]
+//! Usage: dump_logits WEIGHTS FIXTURE CASE STEP BACKEND(auto|candle|fast) OUT [KV(f32|f16)]
 use hearth_infer::{Step, TextModel, TextModelConfig};
 
 fn main() {
@@ -23,9 +22,6 @@ fn main() {
     cfg.backend = a[5].parse().unwrap();
     if let Some(kv) = a.get(7) {
         cfg.kv_precision = kv.parse().unwrap();
-    }
-    if let Some(numerics) = a.get(8) {
-        cfg.numerics = numerics.parse().unwrap();
     }
     let mut model = TextModel::load(&cfg).unwrap();
     let prompt = ids(&case["prompt_ids"]);

@@ -2,13 +2,12 @@
 //! and KV precisions against references made with different llama.cpp settings
 //! (scripts/parity/grid.py reads the output).
 //! Usage: greedy_ids WEIGHTS FIXTURE BACKEND(auto|candle|fast) KV(f32|f16) N OUT.json
-//! [NUMERICS(fast|ggml)]
 use hearth_infer::{Sampler, SamplingParams, Step, TextModel, TextModelConfig};
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
-    if a.len() != 7 && a.len() != 8 {
-        eprintln!("usage: greedy_ids WEIGHTS FIXTURE BACKEND KV N OUT.json [NUMERICS]");
+    if a.len() != 7 {
+        eprintln!("usage: greedy_ids WEIGHTS FIXTURE BACKEND KV N OUT.json");
         std::process::exit(2);
     }
     let fx: serde_json::Value =
@@ -17,9 +16,6 @@ fn main() {
     cfg.threads = 2;
     cfg.backend = a[3].parse().expect("backend");
     cfg.kv_precision = a[4].parse().expect("kv precision");
-    if let Some(numerics) = a.get(7) {
-        cfg.numerics = numerics.parse().expect("numerics");
-    }
     let n: usize = a[5].parse().expect("N");
     let mut model = TextModel::load(&cfg).expect("load");
     let vocab = model.info().vocab_size;

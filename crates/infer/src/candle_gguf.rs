@@ -18,7 +18,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Tensor};
 
 use crate::attn::RopeStyle;
-use crate::candle_llama::{Activation, CandleModel, Embeddings, GateUp, Layer, Linear, Parts, Qkv};
+use crate::candle_llama::{CandleModel, Embeddings, GateUp, Layer, Linear, Parts, Qkv};
 use crate::gguf::{self, Arch, GgufFile, Hparams};
 use crate::Error;
 
@@ -196,11 +196,7 @@ pub(crate) fn from_gguf(
             RopeStyle::Interleaved
         },
         rope_scaling: hp.rope_scaling(factors),
-        activation: if gemma {
-            Activation::GeluTanh
-        } else {
-            Activation::Silu
-        },
+        activation: hp.arch.activation(),
         embeddings,
         layers,
         output,

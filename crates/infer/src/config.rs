@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use hearth_kernels::KernelPath;
+
 /// Where the weights come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WeightSource {
@@ -106,40 +108,6 @@ impl KvPrecision {
     }
 }
 
-/// How the fast CPU backend does its arithmetic.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Numerics {
-    /// The SIMD kernels (the fastest). Default.
-    #[default]
-    Fast,
-    /// A scalar emulation of llama.cpp's CPU arithmetic (ggml-cpu on x86-64 with AVX-512, f32
-    /// KV cache, no flash attention), bit for bit, for parity checks against llama.cpp; slow.
-    /// Llama-family GGUF files with Q4_1 layer matrices and Q8_0 embeddings, and Gemma 3 files
-    /// with Q5_0/Q8_0/Q4_K/Q6_K ones, only, with `kv_precision` f32 (src/fast/ggml_exact/).
-    /// Only in builds with the `parity` feature: serving builds cannot select it.
-    #[cfg(feature = "parity")]
-    Ggml,
-}
-
-impl std::str::FromStr for Numerics {
-    type Err = String;
-    /// Parses `fast` or `ggml`.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim() {
-            "fast" => Ok(Numerics::Fast),
-            #[cfg(feature = "parity")]
-            "ggml" => Ok(Numerics::Ggml),
-            #[cfg(not(feature = "parity"))]
-            "ggml" => Err(
-                "numerics \"ggml\" (the llama.cpp parity emulator) exists only in builds \
-                 with the `parity` cargo feature, for parity checks; serving builds use \"fast\""
-                    .into(),
-            ),
-            other => Err(format!("numerics {other:?}: expected fast or ggml")),
-        }
-    }
-}
-
 /// The candle backend's activation dtype (its dense weights and cache follow it). The fast CPU
 /// path computes in f32 and 8-bit activations whatever this says.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -179,10 +147,11 @@ pub struct TextModelConfig {
     pub backend: BackendChoice,
     /// Precision of the attention over the KV cache (default f32).
     pub kv_precision: KvPrecision,
-    /// How the fast backend computes (default: its SIMD kernels).
-    pub numerics: Numerics,
     /// The candle backend's activation dtype.
     pub dtype: Dtype,
+    /// The fast backend's kernel path, to compare paths on one machine (entry points read
+    /// `HEARTH_KERNEL`); `None`, or a path this CPU lacks, runs the best it has.
+    pub kernel: Option<KernelPath>,
 }
 
 impl TextModelConfig {
@@ -196,8 +165,8 @@ impl TextModelConfig {
             threads: 0,
             backend: BackendChoice::Auto,
             kv_precision: KvPrecision::F32,
-            numerics: Numerics::Fast,
             dtype: Dtype::Auto,
+            kernel: None,
         }
     }
 }
@@ -245,16 +214,5 @@ mod tests {
             KvPrecision::F32
         );
         assert!(KvPrecision::F16.rounds_to_f16() && !KvPrecision::F32.rounds_to_f16());
-    }
-
-    #[test]
-    fn numerics_parse_and_default_to_fast() {
-        #[cfg(feature = "parity")]
-        assert_eq!("ggml".parse::<Numerics>().unwrap(), Numerics::Ggml);
-        #[cfg(not(feature = "parity"))]
-        assert!("ggml".parse::<Numerics>().unwrap_err().contains("parity"));
-        assert_eq!(" fast ".parse::<Numerics>().unwrap(), Numerics::Fast);
-        assert!("exact".parse::<Numerics>().is_err());
-        assert_eq!(TextModelConfig::local("m.gguf").numerics, Numerics::Fast);
     }
 }

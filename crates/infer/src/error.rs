@@ -28,8 +28,25 @@ pub enum Error {
     SequenceTooLong { requested: usize, max: usize },
     #[error("token id {id} is outside the vocabulary of {vocab_size}")]
     InvalidToken { id: u32, vocab_size: usize },
+    /// A step the batch cannot run: no tokens, or a sequence twice in one call.
     #[error("invalid batch: {0}")]
     InvalidBatch(String),
+    /// A step's sequence was made by another model or backend (its cache is not this one's).
+    #[error("step {step}'s sequence was made by another model")]
+    ForeignSequence { step: usize },
+    /// A setting the chosen device or backend cannot honour (say, `backend = "fast"` on a GPU).
+    #[error("{key}: {reason}")]
+    InvalidConfig { key: &'static str, reason: String },
+    /// The model's forward threads could not be started.
+    #[error("cannot start {threads} inference threads: {source}")]
+    ThreadPool {
+        threads: usize,
+        #[source]
+        source: rayon::ThreadPoolBuildError,
+    },
+    /// A CPU kernel refused its input (a shape the fast backend should never pass: a bug).
+    #[error("CPU kernel: {0}")]
+    Kernel(#[from] hearth_kernels::Error),
     #[error("no memory for a KV cache of {bytes} bytes: {source}")]
     KvMemory {
         bytes: usize,

@@ -124,6 +124,22 @@ impl Arch {
     pub fn neox_rope(self) -> bool {
         !matches!(self, Arch::Llama)
     }
+
+    /// The MLP's gate function: GELU for Gemma 3, SiLU for the rest. Both backends read it here.
+    pub(crate) fn activation(self) -> Activation {
+        match self {
+            Arch::Gemma3 => Activation::GeluTanh,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => Activation::Silu,
+        }
+    }
+}
+
+/// The gate function of a family's MLP (`gate(x) * up(x)`), as [`Arch::activation`] picks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Activation {
+    Silu,
+    /// tanh approximation, as ggml's GELU.
+    GeluTanh,
 }
 
 /// Model shape and numerics read from GGUF metadata (`{arch}.*` keys).

@@ -19,8 +19,15 @@ pub(crate) struct KvCache {
 
 impl KvCache {
     /// `layers` zeroed slices of `per_layer` f32 values each.
+    #[cfg(test)]
     pub(crate) fn new(layers: usize, per_layer: usize) -> Result<KvCache, Error> {
         Self::with_elem(layers, per_layer, KvPrecision::F32)
+    }
+
+    /// Layers.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.layers
     }
 
     /// `layers` zeroed slices of `per_layer` values of `elem` each.
@@ -39,11 +46,6 @@ impl KvCache {
             per_layer,
             elem,
         })
-    }
-
-    /// Layers.
-    pub(crate) fn len(&self) -> usize {
-        self.layers
     }
 
     pub(crate) fn elem(&self) -> KvPrecision {

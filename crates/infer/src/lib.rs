@@ -25,18 +25,19 @@ mod model;
 mod pieces;
 mod random;
 mod sampler;
+mod sequence;
 mod template;
 mod tokenizer;
 pub mod tool_calls;
 
-pub use config::{
-    BackendChoice, DeviceSpec, Dtype, KvPrecision, Numerics, TextModelConfig, WeightSource,
-};
+pub use config::{BackendChoice, DeviceSpec, Dtype, KvPrecision, TextModelConfig, WeightSource};
 pub use constraint::{ConstraintError, TokenConstraint, TokenMask};
 pub use error::Error;
 pub use gguf::{Arch, Hparams};
+pub use hearth_kernels::KernelPath;
 pub use hearth_types::{ChatMessage, Role, SamplingParams, ToolCall};
-pub use model::{ModelInfo, Sequence, Step, TextModel};
+pub use model::{ModelInfo, Step, TextModel};
 pub use random::LlamaShape;
 pub use sampler::{Sampler, StepLogprobs};
+pub use sequence::Sequence;
 pub use tokenizer::{Detokenizer, TextTokenizer};

@@ -8,7 +8,7 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 
 use crate::candle_llama::CandleModel;
-use crate::config::{BackendChoice, KvPrecision, TextModelConfig, WeightSource};
+use crate::config::{BackendChoice, TextModelConfig, WeightSource};
 use crate::gguf::{Arch, GgufFile, Hparams};
 use crate::model::{device_for, resolve_backend, Backend, TextModel};
 use crate::Error;
@@ -52,20 +52,6 @@ fn load_path(
             hint: FETCH_HINT.to_string(),
         });
     }
-    // llama.cpp's arithmetic, bit for bit (src/fast/ggml_exact/, `parity` feature), exists for GGUF files on
-    // the fast CPU backend with an f32 KV cache only.
-    #[cfg(feature = "parity")]
-    let ggml = cfg.numerics == crate::config::Numerics::Ggml;
-    #[cfg(not(feature = "parity"))]
-    let ggml = false;
-    if ggml
-        && (path.is_dir() || backend != BackendChoice::Fast || cfg.kv_precision != KvPrecision::F32)
-    {
-        return Err(Error::metadata(
-            "numerics",
-            "\"ggml\" needs a GGUF file, the fast CPU backend and kv_precision f32",
-        ));
-    }
     if path.is_dir() {
         return load_safetensors(path, cfg, device);
     }
@@ -75,19 +61,12 @@ fn load_path(
         Some(tj) => crate::tokenizer::from_files(tj, cfg.chat_template.as_deref())?,
         None => crate::tokenizer::from_gguf(&file.content, cfg.chat_template.as_deref())?,
     };
-    // Asked for explicitly: a file the emulation cannot run is an error, not a fallback.
-    #[cfg(feature = "parity")]
-    if ggml {
-        let m = crate::fast::ggml_exact::from_gguf(path, &file.content, hp.clone(), cfg.threads)?;
-        let weights_bytes = file.file_bytes;
-        drop(file);
-        return TextModel::assemble(hp, Box::new(m), tokenizer, weights_bytes, cfg.threads);
-    }
     // The hand-written CPU path (src/fast/), llama family and Gemma 3. Under `auto`, a file it
     // cannot run (e.g. a block type it lacks) falls back to candle.
     let fast = match backend {
         BackendChoice::Fast => {
-            match crate::fast::from_gguf(path, &file.content, hp.clone(), cfg.threads) {
+            let kernel = hearth_kernels::KernelPath::chosen(cfg.kernel);
+            match crate::fast::from_gguf_on(path, &file.content, hp.clone(), cfg.threads, kernel) {
                 Ok(mut m) => {
                     m.kv = cfg.kv_precision;
                     Some(m)

@@ -1,5 +1,5 @@
-//! `TextModel` (immutable weights + a forward backend), `Sequence` (one KV cache) and the batched
-//! `forward` over `Step`s.
+//! `TextModel` (immutable weights + a forward backend) and the batched `forward` over `Step`s of
+//! [`Sequence`]s (`sequence.rs`).
 
 use std::sync::Arc;
 
@@ -7,6 +7,7 @@ use candle_core::Device;
 
 use crate::config::{BackendChoice, DeviceSpec, TextModelConfig};
 use crate::gguf::Hparams;
+use crate::sequence::Sequence;
 use crate::tokenizer::TextTokenizer;
 use crate::Error;
 
@@ -20,128 +21,8 @@ pub struct ModelInfo {
     /// KV cache bytes one token position takes (all layers, K and V), for memory budgets.
     pub kv_bytes_per_token: usize,
     pub weights_bytes: u64,
-    /// Which forward runs the model ("candle", "fast", or "fast (ggml numerics)").
+    /// Which forward runs the model ("candle" or "fast").
     pub backend: String,
-}
-
-/// One sequence's KV cache, preallocated for `capacity` positions and written in place.
-///
-/// Host backends (the fast CPU path) keep it in `k` and `v`: for each layer `l`, `k[l]` and
-/// `v[l]` are `[f32]` slices (of one mapping per cache, `kv.rs`) of `capacity * kv_dim`
-/// elements, row-major `[position][kv_head][head_dim]`, with `kv_dim = n_head_kv * head_dim`.
-/// The candle backend keeps it on its device instead (`device`, blocks of its model's pool,
-/// `device_kv.rs`; then `k` and `v` hold no positions). K is stored after RoPE. Positions
-/// `0..len` are valid.
-#[derive(Debug)]
-pub struct Sequence {
-    pub(crate) k: crate::kv::KvCache,
-    pub(crate) v: crate::kv::KvCache,
-    pub(crate) device: Option<crate::device_kv::DeviceKv>,
-    pub(crate) len: usize,
-    pub(crate) capacity: usize,
-    pub(crate) kv_dim: usize,
-}
-
-impl Sequence {
-    /// An empty host cache of `capacity` positions for `layers` layers of `kv_dim` floats.
-    pub(crate) fn empty(layers: usize, kv_dim: usize, capacity: usize) -> Result<Self, Error> {
-        Self::on_host(layers, kv_dim, capacity, crate::config::KvPrecision::F32)
-    }
-    /// An empty host cache of `capacity` positions for `layers` layers of `kv_dim` values of
-    /// `elem`.
-    pub(crate) fn on_host(
-        layers: usize,
-        kv_dim: usize,
-        capacity: usize,
-        elem: crate::config::KvPrecision,
-    ) -> Result<Self, Error> {
-        let alloc = || crate::kv::KvCache::with_elem(layers, capacity * kv_dim, elem);
-        Ok(Sequence {
-            k: alloc()?,
-            v: alloc()?,
-            device: None,
-            len: 0,
-            capacity,
-            kv_dim,
-        })
-    }
-    /// An empty cache of `capacity` positions in blocks of `pool` (the candle backend's).
-    pub(crate) fn on_device(
-        pool: &crate::device_kv::SharedPool,
-        layers: usize,
-        kv_dim: usize,
-        capacity: usize,
-    ) -> Result<Self, Error> {
-        let none = || crate::kv::KvCache::new(layers, 0);
-        Ok(Sequence {
-            k: none()?,
-            v: none()?,
-            device: Some(pool.reserve(capacity)?),
-            len: 0,
-            capacity,
-            kv_dim,
-        })
-    }
-    /// Positions filled so far.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// Positions the cache holds in all.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-    /// Positions still free.
-    pub fn remaining(&self) -> usize {
-        self.capacity - self.len
-    }
-    /// Forgets positions from `len` on (e.g. to re-run a suffix); no-op if `len >= self.len()`.
-    pub fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
-    }
-    /// Makes this cache hold the first `len` positions of `from` (a cache of the same model),
-    /// for a sequence that starts with what another one computed; returns how many positions
-    /// it holds now (fewer when `from` has fewer, this cache is smaller, or the two are not of
-    /// the same model: then none).
-    pub fn copy_prefix(&mut self, from: &Sequence, len: usize) -> usize {
-        if from.kv_dim != self.kv_dim
-            || from.k.len() != self.k.len()
-            || from.k.elem() != self.k.elem()
-        {
-            self.len = 0;
-            return 0;
-        }
-        let len = len.min(from.len).min(self.capacity);
-        match (&mut self.device, &from.device) {
-            (None, None) => {
-                self.k.copy_prefix(&from.k, len * self.kv_dim);
-                self.v.copy_prefix(&from.v, len * self.kv_dim);
-            }
-            (Some(to), Some(src)) if to.pool().same(src.pool()) => {
-                if let Err(e) = to.copy_from(src, len) {
-                    tracing::warn!(error = %e, "copying a cached prefix on the device failed");
-                    self.len = 0;
-                    return 0;
-                }
-            }
-            _ => {
-                self.len = 0;
-                return 0;
-            }
-        }
-        self.len = len;
-        len
-    }
-    /// Bytes of KV memory this sequence reserved.
-    pub fn kv_bytes(&self) -> usize {
-        let value = self
-            .device
-            .as_ref()
-            .map_or(self.k.elem().value_bytes(), |d| d.dtype().size_in_bytes());
-        2 * self.k.len() * self.capacity * self.kv_dim * value
-    }
 }
 
 /// One entry of a batched step: append `tokens` to `seq` (a prefill chunk, or one token).
@@ -156,24 +37,19 @@ pub struct Step<'a> {
 pub(crate) trait Backend: Send {
     fn name(&self) -> &'static str;
     fn forward(&mut self, steps: &mut [Step<'_>], logits: &mut Vec<f32>) -> Result<(), Error>;
-    /// A fresh cache for `capacity` positions where this backend keeps it (host memory unless
-    /// the backend says otherwise).
+    /// A fresh cache for `capacity` positions where this backend keeps it, stamped with this
+    /// backend's `Maker`.
     fn new_sequence(
         &self,
         layers: usize,
         kv_dim: usize,
         capacity: usize,
-    ) -> Result<Sequence, Error> {
-        Sequence::empty(layers, kv_dim, capacity)
-    }
-    /// Whether `seq`'s cache is one this backend made (checked before every step).
-    fn accepts(&self, seq: &Sequence) -> bool {
-        seq.device.is_none()
-    }
+    ) -> Result<Sequence, Error>;
+    /// Whether `seq` is one this backend made and can run (checked before every step; a
+    /// sequence of another model or backend is refused, however alike in shape).
+    fn accepts(&self, seq: &Sequence) -> bool;
     /// Bytes of one cached value in the caches this backend makes.
-    fn kv_value_bytes(&self) -> usize {
-        std::mem::size_of::<f32>()
-    }
+    fn kv_value_bytes(&self) -> usize;
     /// Most rows one call computes; a step of more runs as several calls (`pieces.rs`).
     fn max_rows(&self) -> usize {
         crate::pieces::MAX_ROWS
@@ -226,7 +102,7 @@ impl TextModel {
             .num_threads(threads)
             .thread_name(|i| format!("hearth-infer-{i}"))
             .build()
-            .map_err(|e| Error::InvalidBatch(format!("cannot start {threads} threads: {e}")))?;
+            .map_err(|source| Error::ThreadPool { threads, source })?;
         // What one position of the backend's own cache takes (f16 caches take half).
         let kv_bytes_per_token = hp.kv_bytes_per_token(backend.kv_value_bytes());
         let info = ModelInfo {
@@ -320,19 +196,14 @@ impl TextModel {
             if st.tokens.is_empty() {
                 return Err(Error::InvalidBatch(format!("step {i} has no tokens")));
             }
-            if st.seq.k.len() != self.hp.n_layer
-                || st.seq.kv_dim != self.hp.kv_dim()
-                || !self.backend.accepts(st.seq)
-            {
-                return Err(Error::InvalidBatch(format!(
-                    "step {i}'s sequence was made by another model"
-                )));
+            if !self.backend.accepts(st.seq) {
+                return Err(Error::ForeignSequence { step: i });
             }
             let needed = st.seq.len + st.tokens.len();
-            if needed > st.seq.capacity {
+            if needed > st.seq.capacity() {
                 return Err(Error::ContextFull {
                     needed,
-                    capacity: st.seq.capacity,
+                    capacity: st.seq.capacity(),
                 });
             }
             if let Some(&id) = st.tokens.iter().find(|&&t| t as usize >= vocab) {
@@ -365,9 +236,10 @@ pub(crate) fn resolve_backend(
         // Auto: the hand-written CPU path on the CPU (GGUF files; see load.rs), candle elsewhere.
         BackendChoice::Auto if device.is_cpu() => Ok(BackendChoice::Fast),
         BackendChoice::Auto | BackendChoice::Candle => Ok(BackendChoice::Candle),
-        BackendChoice::Fast if !device.is_cpu() => Err(Error::InvalidBatch(
-            "backend \"fast\" runs on the CPU only".into(),
-        )),
+        BackendChoice::Fast if !device.is_cpu() => Err(Error::InvalidConfig {
+            key: "backend",
+            reason: "\"fast\" runs on the CPU only".into(),
+        }),
         // GGUF files only; safetensors folders always load on candle (see load.rs).
         BackendChoice::Fast => Ok(BackendChoice::Fast),
     }
@@ -546,15 +418,16 @@ mod tests {
                 tokens: &[1, 2],
             }])
             .unwrap_err();
-        assert!(matches!(err, Error::InvalidBatch(_)), "{err}");
-        let mut host = Sequence::empty(2, 32, 8).unwrap();
+        assert!(matches!(err, Error::ForeignSequence { step: 0 }), "{err}");
+        let maker = crate::sequence::Maker::new();
+        let mut host = Sequence::on_host(&maker, 2, 32, 8, crate::KvPrecision::F32).unwrap();
         let err = a
             .forward(&mut [Step {
                 seq: &mut host,
                 tokens: &[1],
             }])
             .unwrap_err();
-        assert!(matches!(err, Error::InvalidBatch(_)), "{err}");
+        assert!(matches!(err, Error::ForeignSequence { step: 0 }), "{err}");
         // Another model's cache copies nothing; this model's copies its positions.
         let mut src = a.new_sequence(40).unwrap();
         let prompt: Vec<u32> = (3..33).collect();
@@ -581,6 +454,48 @@ mod tests {
             }])
             .unwrap();
         assert_eq!(copied, whole);
+    }
+
+    /// Two fast models loaded from one file (same shape, same weights) do not take each
+    /// other's sequences, nor does the candle backend of that file take theirs, or they its.
+    #[test]
+    fn a_sequence_another_fast_model_made_is_refused_however_alike_the_models() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = crate::fast::tests::write_model(dir.path(), &crate::fast::tests::llama_q8(), 1);
+        let file = crate::gguf::GgufFile::open(&path).unwrap();
+        let hp = Hparams::from_gguf(&file.content).unwrap();
+        let fast = || {
+            let m = crate::fast::from_gguf(&path, &file.content, hp.clone(), 1).unwrap();
+            TextModel::assemble(hp.clone(), Box::new(m), crate::tokenizer::tiny(), 0, 1).unwrap()
+        };
+        let (mut a, mut b) = (fast(), fast());
+        let candle = crate::candle_gguf::from_gguf(&file, hp.clone(), &Device::Cpu).unwrap();
+        let mut candle =
+            TextModel::assemble(hp.clone(), Box::new(candle), crate::tokenizer::tiny(), 0, 1)
+                .unwrap();
+        let mut of_a = a.new_sequence(8).unwrap();
+        let mut of_candle = candle.new_sequence(8).unwrap();
+        fn refused(model: &mut TextModel, seq: &mut Sequence) {
+            let err = model
+                .forward(&mut [Step {
+                    seq,
+                    tokens: &[1, 2],
+                }])
+                .unwrap_err();
+            assert!(matches!(err, Error::ForeignSequence { step: 0 }), "{err}");
+            assert_eq!(seq.len(), 0);
+        }
+        refused(&mut b, &mut of_a);
+        refused(&mut candle, &mut of_a);
+        refused(&mut a, &mut of_candle);
+        // Its own model runs it, and the other fast model copies none of it.
+        a.forward(&mut [Step {
+            seq: &mut of_a,
+            tokens: &[1, 2],
+        }])
+        .unwrap();
+        let mut of_b = b.new_sequence(8).unwrap();
+        assert_eq!(of_b.copy_prefix(&of_a, 2), 0);
     }
 
     #[test]

@@ -92,7 +92,7 @@ fn in_pieces(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::TextModel;
+    use crate::{Sequence, TextModel};
 
     /// Feeds `steps` (prompt, cache length before) through `m`'s backend in calls of at most
     /// `max_rows`; the logits and the lengths after.
@@ -152,6 +152,20 @@ mod tests {
     impl Backend for Failing<'_> {
         fn name(&self) -> &'static str {
             "failing"
+        }
+        fn new_sequence(
+            &self,
+            layers: usize,
+            kv_dim: usize,
+            cap: usize,
+        ) -> Result<Sequence, Error> {
+            self.inner.new_sequence(layers, kv_dim, cap)
+        }
+        fn accepts(&self, seq: &Sequence) -> bool {
+            self.inner.accepts(seq)
+        }
+        fn kv_value_bytes(&self) -> usize {
+            self.inner.kv_value_bytes()
         }
         fn forward(&mut self, steps: &mut [Step<'_>], logits: &mut Vec<f32>) -> Result<(), Error> {
             self.calls += 1;

@@ -14,7 +14,7 @@ use crate::Error;
 use crate::{L_S8, L_U4, L_U5, L_U5M, L_U6};
 
 /// Which implementation runs the products. [`KernelPath::detect`] picks the best the CPU has;
-/// tests and benchmarks force each one.
+/// tests and benchmarks force each one ([`KernelPath::chosen`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KernelPath {
     Scalar,
@@ -63,16 +63,8 @@ impl KernelPath {
         }
     }
 
-    /// The fastest path this CPU has, or the one `HEARTH_KERNEL` names (`avx512vnni`, ...)
-    /// where the CPU has it: for comparing paths on one machine.
+    /// The fastest path this CPU has.
     pub fn detect() -> KernelPath {
-        if let Some(p) = std::env::var("HEARTH_KERNEL")
-            .ok()
-            .and_then(|v| KernelPath::from_name(&v))
-            .filter(|p| p.is_available())
-        {
-            return p;
-        }
         [
             KernelPath::Amx,
             KernelPath::Avx512Vnni,
@@ -82,6 +74,15 @@ impl KernelPath {
         .into_iter()
         .find(|p| p.is_available())
         .unwrap_or(KernelPath::Scalar)
+    }
+
+    /// `wanted` where this CPU has it, else [`KernelPath::detect`]: the path a caller asked for
+    /// to compare paths on one machine (`HEARTH_KERNEL=avx512vnni`, which the entry points read:
+    /// this crate never reads the environment).
+    pub fn chosen(wanted: Option<KernelPath>) -> KernelPath {
+        wanted
+            .filter(|p| p.is_available())
+            .unwrap_or_else(KernelPath::detect)
     }
 
     /// Every path this CPU can run, slowest first.

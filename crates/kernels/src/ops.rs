@@ -148,96 +148,6 @@ fn rms_norm_body(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// One activation row's quantized form (see `acts`): its padded quants, per-lane scales and
-/// sums, per-block sums (f16-rounded and exact) and exact per-16 sums, each slice the row's own.
-pub struct QuantRow<'a> {
-    pub q: &'a mut [i8],
-    pub lane_scale: &'a mut [f32],
-    pub lane_sum: &'a mut [f32],
-    pub block_sum: &'a mut [f32],
-    pub block_isum: &'a mut [i32],
-    pub half_isum: &'a mut [i32],
-}
-
-impl QuantRow<'_> {
-    /// The part of the row from block `b` on.
-    fn tail_from(&mut self, b: usize) -> QuantRow<'_> {
-        QuantRow {
-            q: &mut self.q[32 * b..],
-            lane_scale: &mut self.lane_scale[8 * b..],
-            lane_sum: &mut self.lane_sum[8 * b..],
-            block_sum: &mut self.block_sum[b..],
-            block_isum: &mut self.block_isum[b..],
-            half_isum: &mut self.half_isum[2 * b..],
-        }
-    }
-}
-
-#[inline(always)]
-fn quantize_row_body(x: &[f32], out: QuantRow<'_>) {
-    let QuantRow {
-        q,
-        lane_scale,
-        lane_sum,
-        block_sum,
-        block_isum,
-        half_isum,
-    } = out;
-    for (b, xb) in x.chunks(32).enumerate() {
-        // |x| with NaN read as 0 (so it cannot become the scale), then a max tree over the
-        // 32 values (vectorizes; the max of NaN-free values does not depend on the order).
-        let mut mx = [0f32; 32];
-        for (m, v) in mx.iter_mut().zip(xb) {
-            let a = v.abs();
-            *m = if a > 0.0 { a } else { 0.0 };
-        }
-        let mut w = 16;
-        while w > 0 {
-            for l in 0..w {
-                mx[l] = if mx[l + w] > mx[l] { mx[l + w] } else { mx[l] };
-            }
-            w /= 2;
-        }
-        let amax = mx[0];
-        // The same arithmetic as llama.cpp's quantize_row_q8_0/q8_1 (x86): `q = round(x * 127 /
-        // amax)` (ties to even), the scale stored as f16, and the block's `d * sum(q)` computed
-        // in f32 and stored as f16. Greedy parity with llama.cpp depends on it: at near-ties its
-        // choice follows these roundings (keeping `d` in f32 flipped SmolLM2's 10th token).
-        let d = amax / 127.0;
-        let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-        let qb = &mut q[32 * b..32 * b + 32];
-        let mut sum = 0i32;
-        for (o, &v) in qb.iter_mut().zip(xb) {
-            // `as` saturates and maps NaN to 0, so odd inputs cannot poison the integer dot.
-            *o = (v * id).round_ties_even().clamp(-127.0, 127.0) as i8;
-            sum += *o as i32;
-        }
-        let d16 = half::f16::from_f32(d).to_f32();
-        // Per-lane sums stay exact for formats whose zero points change every 16 elements
-        // (Q6_K); the f16 rounding of the block total goes into the last lane, so a weight
-        // block with one min (Q4_1, Q4_K) sees llama.cpp's `s`.
-        let mut lanes = 0f32;
-        for l in 0..8 {
-            let s = qb[4 * l] as i32
-                + qb[4 * l + 1] as i32
-                + qb[4 * l + 2] as i32
-                + qb[4 * l + 3] as i32;
-            lane_scale[8 * b + l] = d16;
-            lane_sum[8 * b + l] = d * s as f32;
-            if l < 7 {
-                lanes += d * s as f32;
-            }
-        }
-        let total = half::f16::from_f32(d * sum as f32).to_f32();
-        lane_sum[8 * b + 7] = total - lanes;
-        block_sum[b] = total;
-        block_isum[b] = sum;
-        let lo: i32 = qb[..16].iter().map(|&v| v as i32).sum();
-        half_isum[2 * b] = lo;
-        half_isum[2 * b + 1] = sum - lo;
-    }
-}
-
 macro_rules! multiversion {
     ($(#[$doc:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),*) $(-> $ret:ty)? => $body:ident) => {
         $(#[$doc])*
@@ -300,28 +210,8 @@ multiversion! {
     pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) => rms_norm_body
 }
 
-multiversion! {
-    fn quantize_row_any(x: &[f32], out: QuantRow<'_>) => quantize_row_body
-}
-
 mod quantize;
-
-/// Quantizes one activation row into 8-bit blocks of 32 (see `acts`) into `out`, pre-zeroed by
-/// the caller.
-pub fn quantize_row(x: &[f32], mut out: QuantRow<'_>) {
-    #[cfg(target_arch = "x86_64")]
-    if quantize::available() {
-        let whole = x.len() / 32;
-        // SAFETY: the features were just detected; the output slices hold a row's padded
-        // blocks (at least `whole` of each), as `acts` allocates them.
-        unsafe { quantize::quantize_row_avx512(x, &mut out) };
-        if whole * 32 < x.len() {
-            quantize_row_any(&x[32 * whole..], out.tail_from(whole));
-        }
-        return;
-    }
-    quantize_row_any(x, out)
-}
+pub use quantize::{quantize_row, QuantRow};
 
 /// Rounds every element to the nearest f16 value (what an f16 KV cache keeps), ties to even, as
 /// `half::f16::from_f32` does: sixteen at a time through F16C on AVX-512.

@@ -209,6 +209,10 @@ fn main() {
 async fn run(args: Args) {
     let config = TextModelConfig {
         threads: args.threads,
+        // HEARTH_KERNEL=avx512vnni (any path name) forces the fast path's kernels, for A/B runs.
+        kernel: std::env::var("HEARTH_KERNEL")
+            .ok()
+            .and_then(|name| hearth_infer::KernelPath::from_name(&name)),
         ..TextModelConfig::local(&args.model)
     };
     let started = Instant::now();

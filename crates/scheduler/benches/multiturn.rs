@@ -133,6 +133,10 @@ async fn run(sched: &SchedulerHandle, n: usize, a: &Args) -> (Vec<(f64, usize)>,
 fn engine(a: &Args, prefix_reuse: bool) -> SchedulerHandle {
     let model = TextModel::load(&TextModelConfig {
         threads: a.threads,
+        // HEARTH_KERNEL=avx512vnni (any path name) forces the fast path's kernels, for A/B runs.
+        kernel: std::env::var("HEARTH_KERNEL")
+            .ok()
+            .and_then(|name| hearth_infer::KernelPath::from_name(&name)),
         ..TextModelConfig::local(&a.model)
     })
     .expect("load the model");

@@ -71,6 +71,7 @@ pub struct RawConfig {
     pub allowed_origins: Option<Vec<String>>,
     #[serde(default, deserialize_with = "string_or_list")]
     pub services: Option<Vec<String>>,
+    pub kernel: Option<String>,
     #[serde(default)]
     pub auth: RawAuthConfig,
     #[serde(default)]
@@ -327,6 +328,9 @@ pub struct Config {
     pub max_body_bytes: usize,
     pub allowed_origins: Vec<String>,
     pub services: Vec<Service>,
+    /// The CPU kernel path the fast text backend is asked for (`HEARTH_KERNEL`, for A/B runs);
+    /// `None`: the best the CPU has.
+    pub kernel: Option<hearth_infer::KernelPath>,
     pub auth: AuthConfig,
     pub completion: CompletionConfig,
     pub markdown: MarkdownConfig,
@@ -406,6 +410,16 @@ impl RawConfig {
                 ));
             }
         }
+        let kernel = match self.kernel.as_deref().map(str::trim) {
+            None => None,
+            Some(name) => Some(hearth_infer::KernelPath::from_name(name).ok_or_else(|| {
+                let names: Vec<&str> = hearth_infer::KernelPath::ALL.map(|p| p.name()).into();
+                invalid(
+                    "kernel",
+                    format!("{name:?}: expected one of {}", names.join(", ")),
+                )
+            })?),
+        };
         Ok(Config {
             env: self.env.clone().unwrap_or_else(|| "development".into()),
             region: self.region.clone().unwrap_or_else(|| "local".into()),
@@ -420,6 +434,7 @@ impl RawConfig {
             max_body_bytes,
             allowed_origins,
             services,
+            kernel,
             auth: self.auth.resolve()?,
             completion: self.completion.resolve()?,
             markdown: self.markdown.resolve()?,

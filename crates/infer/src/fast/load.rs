@@ -135,18 +135,31 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Builds the fast backend from an opened GGUF file at `path`.
+/// Builds the fast backend from an opened GGUF file at `path`, on the best kernel path this CPU
+/// has.
+#[cfg(test)]
 pub(crate) fn from_gguf(
     path: &Path,
     content: &Content,
     hp: Hparams,
     threads: usize,
 ) -> Result<FastModel, Error> {
+    from_gguf_on(path, content, hp, threads, KernelPath::detect())
+}
+
+/// Builds the fast backend from an opened GGUF file at `path`, its matrices laid out for
+/// `kernel`.
+pub(crate) fn from_gguf_on(
+    path: &Path,
+    content: &Content,
+    hp: Hparams,
+    threads: usize,
+    kernel: KernelPath,
+) -> Result<FastModel, Error> {
     let file = File::open(path).map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    let kernel = KernelPath::detect();
     let mut rd = Reader {
         path,
         file,
@@ -250,19 +263,18 @@ pub(crate) fn from_gguf(
     } else {
         RopeStyle::Interleaved
     };
-    let (rope_bases, embed_scale, activation) = match hp.arch {
+    let activation = hp.arch.activation();
+    let (rope_bases, embed_scale) = match hp.arch {
         Arch::Gemma3 => (
             vec![hp.rope_theta, hp.rope_theta_local],
             Some((e as f64).sqrt() as f32),
-            Activation::GeluTanh,
         ),
-        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => {
-            (vec![hp.rope_theta], None, Activation::Silu)
-        }
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => (vec![hp.rope_theta], None),
     };
     let model = FastModel {
         attn_scale: 1.0 / (hd as f32).sqrt(),
         kv: KvPrecision::default(),
+        maker: Maker::new(),
         kern: Kern {
             path: kernel,
             pool: ThreadPool::new(threads),

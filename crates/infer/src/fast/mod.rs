@@ -29,24 +29,25 @@ use half::slice::HalfFloatSliceExt;
 use hearth_kernels::{matmul, ops, GgmlType, KernelPath, QActs, QMatrix, ThreadPool};
 
 use crate::attn::{self, RopeScaling, RopeStyle};
-use crate::candle_llama::Activation;
 use crate::config::KvPrecision;
-use crate::gguf::{Arch, Hparams};
+use crate::gguf::{Activation, Arch, Hparams};
 use crate::model::{Backend, Step};
+use crate::sequence::{Maker, Sequence};
 use crate::Error;
+
+/// Every step's cache is a host one: `forward` checks it before anything else.
+const HOST_CHECKED: &str = "host caches, checked at the start of the step";
 
 /// Most rows of a step one attention piece takes (a KV head's keys stay in cache across them).
 const MAX_ROWS_PER_PIECE: usize = 32;
 
-#[cfg(feature = "parity")]
-pub(crate) mod ggml_exact;
 mod load;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
+#[cfg(test)]
 pub(crate) use load::from_gguf;
-#[cfg(feature = "parity")]
-use load::Reader;
+pub(crate) use load::from_gguf_on;
 
 /// A projection whose output columns are the concatenation of one or more weight matrices.
 enum Proj {
@@ -121,8 +122,7 @@ struct Kern {
 
 impl Kern {
     fn matmul(&self, w: &QMatrix, a: &QActs, out: &mut [f32]) -> Result<(), Error> {
-        matmul(self.path, w, a, out, &self.pool)
-            .map_err(|e| Error::InvalidBatch(format!("fast backend: {e}")))
+        Ok(matmul(self.path, w, a, out, &self.pool)?)
     }
 }
 
@@ -172,6 +172,8 @@ pub(crate) struct FastModel {
     attn_scale: f32,
     /// What the attention rounds to f16 (see [`KvPrecision`]).
     pub(crate) kv: KvPrecision,
+    /// Stamped on every sequence this model makes.
+    pub(crate) maker: Maker,
     s: Scratch,
 }
 
@@ -269,18 +271,21 @@ impl Backend for FastModel {
         layers: usize,
         kv_dim: usize,
         capacity: usize,
-    ) -> Result<crate::Sequence, Error> {
-        crate::Sequence::on_host(layers, kv_dim, capacity, self.kv)
+    ) -> Result<Sequence, Error> {
+        Sequence::on_host(&self.maker, layers, kv_dim, capacity, self.kv)
     }
 
     fn kv_value_bytes(&self) -> usize {
         self.kv.value_bytes()
     }
 
-    /// Its own caches, and f32 ones (which hold any value; an f16 cache under f32 attention
-    /// would lose precision).
-    fn accepts(&self, seq: &crate::Sequence) -> bool {
-        seq.device.is_none() && (seq.k.elem() == self.kv || seq.k.elem() == KvPrecision::F32)
+    /// Its own host caches, of its precision or f32 (which holds any value; an f16 cache under
+    /// f32 attention would lose precision).
+    fn accepts(&self, seq: &Sequence) -> bool {
+        seq.made_by(&self.maker)
+            && seq
+                .host()
+                .is_some_and(|c| c.k.elem() == self.kv || c.k.elem() == KvPrecision::F32)
     }
 
     fn forward(&mut self, steps: &mut [Step<'_>], logits: &mut Vec<f32>) -> Result<(), Error> {
@@ -298,8 +303,12 @@ impl Backend for FastModel {
             activation,
             attn_scale,
             kv,
+            maker: _,
             s,
         } = self;
+        if let Some(step) = steps.iter().position(|st| st.seq.host().is_none()) {
+            return Err(Error::ForeignSequence { step });
+        }
         let f16_kv = kv.rounds_to_f16();
         let (e, hd, nh, eps) = (hp.n_embd, hp.head_dim, hp.n_head, hp.rms_eps);
         let (qd, kvd, ff) = (nh * hd, hp.kv_dim(), hp.n_ff);
@@ -321,8 +330,7 @@ impl Backend for FastModel {
             let mut r = 0;
             for st in steps.iter() {
                 for &t in st.tokens {
-                    embd.row_to_f32(t as usize, &mut x[r * e..(r + 1) * e])
-                        .map_err(|err| Error::InvalidBatch(format!("fast backend: {err}")))?;
+                    embd.row_to_f32(t as usize, &mut x[r * e..(r + 1) * e])?;
                     r += 1;
                 }
             }
@@ -343,9 +351,7 @@ impl Backend for FastModel {
             // --- attention ---
             let h = fit(&mut s.h, n * e);
             norm_rows(&s.x[..n * e], &layer.attn_norm, eps, h, &kern.pool);
-            s.acts
-                .quantize_on(h, n, e, Some(&kern.pool))
-                .map_err(|err| Error::InvalidBatch(format!("fast backend: {err}")))?;
+            s.acts.quantize_on(h, n, e, Some(&kern.pool))?;
             let qkv = fit(&mut s.qkv, n * qkv_w);
             layer.qkv.run(kern, &s.acts, qkv, &mut s.tmp)?;
             for (r, &(si, pos)) in s.rows.iter().enumerate() {
@@ -383,17 +389,17 @@ impl Backend for FastModel {
                     ops::round_to_f16(v);
                     ops::round_to_f16(q);
                 }
-                let seq = &mut *steps[si].seq;
+                let c = steps[si].seq.host_mut().expect(HOST_CHECKED);
                 let at = pos * kvd..(pos + 1) * kvd;
-                match (seq.k.f16_mut(il), seq.v.f16_mut(il)) {
+                match (c.k.f16_mut(il), c.v.f16_mut(il)) {
                     (Some(kc), Some(vc)) => {
                         // Exact: the values were rounded to f16 above.
                         kc[at.clone()].convert_from_f32_slice(k);
                         vc[at].convert_from_f32_slice(v);
                     }
                     _ => {
-                        seq.k[il][at.clone()].copy_from_slice(k);
-                        seq.v[il][at].copy_from_slice(v);
+                        c.k[il][at.clone()].copy_from_slice(k);
+                        c.v[il][at].copy_from_slice(v);
                     }
                 }
             }
@@ -409,11 +415,11 @@ impl Backend for FastModel {
                 // Query heads `first..first + out.len() / hd` of row `r`, all of one KV head.
                 let attend_heads = |r: usize, first: usize, out: &mut [f32]| {
                     let (si, pos) = rows[r];
-                    let seq: &crate::Sequence = steps_ro[si].seq;
+                    let c = steps_ro[si].seq.host().expect(HOST_CHECKED);
                     let kvh = first / group;
                     let (start, end) = keys(pos);
                     let q = &qkv[r * qkv_w + first * hd..r * qkv_w + first * hd + out.len()];
-                    if let (Some(k), Some(v)) = (seq.k.f16(il), seq.v.f16(il)) {
+                    if let (Some(k), Some(v)) = (c.k.f16(il), c.v.f16(il)) {
                         let (k, v) = (&k[kvh * hd..], &v[kvh * hd..]);
                         ops::attend(q, hd, k, v, kvd, start, end, scale, f16_kv, out);
                         return;
@@ -421,8 +427,8 @@ impl Backend for FastModel {
                     ops::attend(
                         q,
                         hd,
-                        &seq.k[il][kvh * hd..],
-                        &seq.v[il][kvh * hd..],
+                        &c.k[il][kvh * hd..],
+                        &c.v[il][kvh * hd..],
                         kvd,
                         start,
                         end,
@@ -436,7 +442,7 @@ impl Backend for FastModel {
                 // once for all of them (bit-identical to row by row).
                 let attend_run = |first: usize, kvh: usize, out: &mut [f32]| {
                     let count = out.len() / qd;
-                    let seq: &crate::Sequence = steps_ro[rows[first].0].seq;
+                    let c = steps_ro[rows[first].0].seq.host().expect(HOST_CHECKED);
                     let mut ranges = [(0, 0); MAX_ROWS_PER_PIECE];
                     for (range, &(_, pos)) in ranges.iter_mut().zip(&rows[first..first + count]) {
                         *range = keys(pos);
@@ -452,17 +458,10 @@ impl Backend for FastModel {
                     };
                     let out = &mut out[kvh * group * hd..];
                     let at = kvh * hd..;
-                    if let (Some(k), Some(v)) = (seq.k.f16(il), seq.v.f16(il)) {
+                    if let (Some(k), Some(v)) = (c.k.f16(il), c.v.f16(il)) {
                         ops::attend_rows(&run, &k[at.clone()], &v[at], kvd, out, qd);
                     } else {
-                        ops::attend_rows(
-                            &run,
-                            &seq.k[il][at.clone()],
-                            &seq.v[il][at],
-                            kvd,
-                            out,
-                            qd,
-                        );
+                        ops::attend_rows(&run, &c.k[il][at.clone()], &c.v[il][at], kvd, out, qd);
                     }
                 };
                 let threads = kern.pool.threads();
@@ -504,9 +503,7 @@ impl Backend for FastModel {
                         .for_each_piece_mut(att, hd, &|i, out| attend_heads(i / nh, i % nh, out));
                 }
             }
-            s.acts
-                .quantize_on(att, n, qd, Some(&kern.pool))
-                .map_err(|err| Error::InvalidBatch(format!("fast backend: {err}")))?;
+            s.acts.quantize_on(att, n, qd, Some(&kern.pool))?;
             let proj = fit(&mut s.proj, n * e);
             kern.matmul(&layer.wo, &s.acts, proj)?;
             if let Some(w) = &layer.post_attn_norm {
@@ -519,9 +516,7 @@ impl Backend for FastModel {
             // --- MLP ---
             let h = fit(&mut s.h, n * e);
             norm_rows(&s.x[..n * e], &layer.ffn_norm, eps, h, &kern.pool);
-            s.acts
-                .quantize_on(h, n, e, Some(&kern.pool))
-                .map_err(|err| Error::InvalidBatch(format!("fast backend: {err}")))?;
+            s.acts.quantize_on(h, n, e, Some(&kern.pool))?;
             let gu = fit(&mut s.gu, n * 2 * ff);
             layer.gate_up.run(kern, &s.acts, gu, &mut s.tmp)?;
             let f = fit(&mut s.ff, n * ff);
@@ -537,9 +532,7 @@ impl Backend for FastModel {
                     }
                 }
             });
-            s.acts
-                .quantize_on(f, n, ff, Some(&kern.pool))
-                .map_err(|err| Error::InvalidBatch(format!("fast backend: {err}")))?;
+            s.acts.quantize_on(f, n, ff, Some(&kern.pool))?;
             let proj = fit(&mut s.proj, n * e);
             kern.matmul(&layer.down, &s.acts, proj)?;
             if let Some(w) = &layer.post_ffn_norm {
@@ -561,9 +554,7 @@ impl Backend for FastModel {
                 &mut fin[j * e..(j + 1) * e],
             );
         }
-        s.acts
-            .quantize(fin, ns, e)
-            .map_err(|err| Error::InvalidBatch(format!("fast backend: {err}")))?;
+        s.acts.quantize(fin, ns, e)?;
         let head = output.as_ref().unwrap_or(embd);
         logits.clear();
         logits.resize(ns * head.rows(), 0.0);

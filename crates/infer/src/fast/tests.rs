@@ -14,7 +14,7 @@ use super::*;
 use crate::gguf::GgufFile;
 use crate::Sequence;
 
-struct Spec {
+pub(crate) struct Spec {
     arch: &'static str,
     embd: GgmlDType,
     /// Types of attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down.
@@ -29,7 +29,9 @@ const HD: usize = 64;
 const LAYERS: usize = 2;
 const VOCAB: usize = 300;
 
-fn write_model(dir: &Path, spec: &Spec, seed: u64) -> PathBuf {
+/// A small model of `spec`'s block types with seeded random weights, written as a GGUF file
+/// in `dir` (no tokenizer: tests assemble a [`crate::TextModel`] with the tiny one).
+pub(crate) fn write_model(dir: &Path, spec: &Spec, seed: u64) -> PathBuf {
     write_model_with(dir, spec, seed, |_, _| {})
 }
 
@@ -338,7 +340,7 @@ fn smollm2_greedy_tokens_equal_the_candle_backend() {
     assert_eq!(greedy(&mut fast), greedy(&mut candle));
 }
 
-fn llama_q8() -> Spec {
+pub(crate) fn llama_q8() -> Spec {
     Spec {
         arch: "llama",
         embd: GgmlDType::Q8_0,
@@ -489,9 +491,10 @@ fn an_f16_cache_gives_the_logits_of_an_f32_cache_with_the_same_values_in_half_th
         let hp = Hparams::from_gguf(&file.content).unwrap();
         let mut m = from_gguf(&path, &file.content, hp.clone(), 2).unwrap();
         m.kv = KvPrecision::F16;
-        let host = |e| Sequence::on_host(hp.n_layer, hp.kv_dim(), 64, e).unwrap();
+        let maker = m.maker.clone();
+        let host = |e| Sequence::on_host(&maker, hp.n_layer, hp.kv_dim(), 64, e).unwrap();
         let halves = new_seq(&m, &hp, 64);
-        assert_eq!(halves.k.elem(), KvPrecision::F16);
+        assert_eq!(halves.host().unwrap().k.elem(), KvPrecision::F16);
         assert_eq!(2 * halves.kv_bytes(), host(KvPrecision::F32).kv_bytes());
         let want = run_schedule_on(&mut m, host(KvPrecision::F32), host(KvPrecision::F32));
         let other = new_seq(&m, &hp, 64);
@@ -558,6 +561,7 @@ fn a_prompt_prefilled_at_once_leaves_the_cache_one_token_a_step_leaves() {
         }
         let n = prompt.len() * hp.kv_dim();
         for il in 0..hp.n_layer {
+            let (at_once, by_token) = (at_once.host().unwrap(), by_token.host().unwrap());
             let (a, b) = match (at_once.k.f16(il), by_token.k.f16(il)) {
                 (Some(a), Some(b)) => (
                     a[..n].iter().map(|x| x.to_f32()).collect::<Vec<_>>(),

@@ -124,8 +124,17 @@ impl TextTokenizer {
 
     /// The tokenizer of a GGUF file, read from its metadata alone (no tensor is loaded).
     pub fn from_gguf_file(path: &Path) -> Result<TextTokenizer, Error> {
+        Self::from_gguf_file_with_template(path, None)
+    }
+
+    /// [`Self::from_gguf_file`] with `chat_template` (Jinja source) in place of the file's own
+    /// when given, as `TextModelConfig::chat_template` overrides it.
+    pub fn from_gguf_file_with_template(
+        path: &Path,
+        chat_template: Option<&str>,
+    ) -> Result<TextTokenizer, Error> {
         let file = crate::gguf::GgufFile::open(path)?;
-        from_gguf(&file.content, None)
+        from_gguf(&file.content, chat_template)
     }
 
     /// Renders the chat template with `add_generation_prompt = true`.

@@ -1,19 +1,131 @@
-//! The activation quantizer (`ops::quantize_row`) written out for AVX-512 with F16C: the same
-//! arithmetic as the portable body, bit for bit (`tests`), without its per-block calls into the
-//! f16 conversions and its scalar lane sums. A prompt's rows are quantized before every matrix
-//! product, so on the portable body this was a tenth of a prefill.
+//! The activation quantizer, [`quantize_row`]: a row of f32 into 8-bit blocks of 32 as llama.cpp
+//! quantizes them, in a portable body (compiled per target by `ops`' `multiversion!`) and
+//! written out for AVX-512 with F16C: the same arithmetic, bit for bit (`tests`), without the
+//! portable body's per-block calls into the f16 conversions and its scalar lane sums. A prompt's
+//! rows are quantized before every matrix product, so on the portable body this was a tenth of
+//! a prefill.
 
 // Unsafe is needed for the intrinsics and unaligned loads; `quantize_row` calls this only after
 // detecting the features, and every index is inside the slices it was given (checked below).
 #![allow(unsafe_code)]
 
-use super::QuantRow;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+/// One activation row's quantized form (see `acts`): its padded quants, per-lane scales and
+/// sums, per-block sums (f16-rounded and exact) and exact per-16 sums, each slice the row's own.
+pub struct QuantRow<'a> {
+    pub q: &'a mut [i8],
+    pub lane_scale: &'a mut [f32],
+    pub lane_sum: &'a mut [f32],
+    pub block_sum: &'a mut [f32],
+    pub block_isum: &'a mut [i32],
+    pub half_isum: &'a mut [i32],
+}
+
+impl QuantRow<'_> {
+    /// The part of the row from block `b` on.
+    fn tail_from(&mut self, b: usize) -> QuantRow<'_> {
+        QuantRow {
+            q: &mut self.q[32 * b..],
+            lane_scale: &mut self.lane_scale[8 * b..],
+            lane_sum: &mut self.lane_sum[8 * b..],
+            block_sum: &mut self.block_sum[b..],
+            block_isum: &mut self.block_isum[b..],
+            half_isum: &mut self.half_isum[2 * b..],
+        }
+    }
+}
+
+#[inline(always)]
+fn quantize_row_body(x: &[f32], out: QuantRow<'_>) {
+    let QuantRow {
+        q,
+        lane_scale,
+        lane_sum,
+        block_sum,
+        block_isum,
+        half_isum,
+    } = out;
+    for (b, xb) in x.chunks(32).enumerate() {
+        // |x| with NaN read as 0 (so it cannot become the scale), then a max tree over the
+        // 32 values (vectorizes; the max of NaN-free values does not depend on the order).
+        let mut mx = [0f32; 32];
+        for (m, v) in mx.iter_mut().zip(xb) {
+            let a = v.abs();
+            *m = if a > 0.0 { a } else { 0.0 };
+        }
+        let mut w = 16;
+        while w > 0 {
+            for l in 0..w {
+                mx[l] = if mx[l + w] > mx[l] { mx[l + w] } else { mx[l] };
+            }
+            w /= 2;
+        }
+        let amax = mx[0];
+        // The same arithmetic as llama.cpp's quantize_row_q8_0/q8_1 (x86): `q = round(x * 127 /
+        // amax)` (ties to even), the scale stored as f16, and the block's `d * sum(q)` computed
+        // in f32 and stored as f16. Greedy parity with llama.cpp depends on it: at near-ties its
+        // choice follows these roundings (keeping `d` in f32 flipped SmolLM2's 10th token).
+        let d = amax / 127.0;
+        let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        let qb = &mut q[32 * b..32 * b + 32];
+        let mut sum = 0i32;
+        for (o, &v) in qb.iter_mut().zip(xb) {
+            // `as` saturates and maps NaN to 0, so odd inputs cannot poison the integer dot.
+            *o = (v * id).round_ties_even().clamp(-127.0, 127.0) as i8;
+            sum += *o as i32;
+        }
+        let d16 = half::f16::from_f32(d).to_f32();
+        // Per-lane sums stay exact for formats whose zero points change every 16 elements
+        // (Q6_K); the f16 rounding of the block total goes into the last lane, so a weight
+        // block with one min (Q4_1, Q4_K) sees llama.cpp's `s`.
+        let mut lanes = 0f32;
+        for l in 0..8 {
+            let s = qb[4 * l] as i32
+                + qb[4 * l + 1] as i32
+                + qb[4 * l + 2] as i32
+                + qb[4 * l + 3] as i32;
+            lane_scale[8 * b + l] = d16;
+            lane_sum[8 * b + l] = d * s as f32;
+            if l < 7 {
+                lanes += d * s as f32;
+            }
+        }
+        let total = half::f16::from_f32(d * sum as f32).to_f32();
+        lane_sum[8 * b + 7] = total - lanes;
+        block_sum[b] = total;
+        block_isum[b] = sum;
+        let lo: i32 = qb[..16].iter().map(|&v| v as i32).sum();
+        half_isum[2 * b] = lo;
+        half_isum[2 * b + 1] = sum - lo;
+    }
+}
+
+multiversion! {
+    fn quantize_row_any(x: &[f32], out: QuantRow<'_>) => quantize_row_body
+}
+
+/// Quantizes one activation row into 8-bit blocks of 32 (see `acts`) into `out`, pre-zeroed by
+/// the caller.
+pub fn quantize_row(x: &[f32], mut out: QuantRow<'_>) {
+    #[cfg(target_arch = "x86_64")]
+    if available() {
+        let whole = x.len() / 32;
+        // SAFETY: the features were just detected; the output slices hold a row's padded
+        // blocks (at least `whole` of each), as `acts` allocates them.
+        unsafe { quantize_row_avx512(x, &mut out) };
+        if whole * 32 < x.len() {
+            quantize_row_any(&x[32 * whole..], out.tail_from(whole));
+        }
+        return;
+    }
+    quantize_row_any(x, out)
+}
+
 /// Whether this CPU can run [`quantize_row_avx512`].
 #[cfg(target_arch = "x86_64")]
-pub(super) fn available() -> bool {
+fn available() -> bool {
     is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vl")
@@ -29,7 +141,7 @@ pub(super) fn available() -> bool {
 /// `blocks = x.len() / 32`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
-pub(super) unsafe fn quantize_row_avx512(x: &[f32], out: &mut QuantRow<'_>) {
+unsafe fn quantize_row_avx512(x: &[f32], out: &mut QuantRow<'_>) {
     let blocks = x.len() / 32;
     let q = &mut *out.q;
     let (lane_scale, lane_sum) = (&mut *out.lane_scale, &mut *out.lane_sum);
@@ -169,7 +281,7 @@ mod tests {
                 vec![0i32; blocks],
                 vec![0i32; 2 * blocks],
             );
-            super::super::quantize_row_body(
+            super::quantize_row_body(
                 &x,
                 QuantRow {
                     q: &mut want.0,

@@ -195,3 +195,22 @@ fn a_string_key_set_from_the_environment_may_look_like_a_number_and_a_store_url_
     bad.store.url = Some("mysql://db/hearth".into());
     assert!(bad.resolve().is_err());
 }
+
+#[test]
+fn hearth_kernel_names_the_fast_paths_kernels_and_a_name_no_path_has_is_refused() {
+    let resolve = |value: &str| {
+        let (layers, unknown) = Layers::new().env(env(&[("HEARTH_KERNEL", value)])).unwrap();
+        assert!(unknown.is_empty(), "{unknown:?}");
+        layers.build().unwrap().resolve()
+    };
+    assert_eq!(
+        resolve("avx2").unwrap().kernel,
+        Some(hearth_infer::KernelPath::Avx2)
+    );
+    let err = resolve("avx1024").unwrap_err().to_string();
+    assert!(
+        err.contains("kernel") && err.contains("avx512vnni"),
+        "{err}"
+    );
+    assert_eq!(RawConfig::default().resolve().unwrap().kernel, None);
+}

@@ -84,7 +84,11 @@ struct Core {
 pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
     let catalog = catalog::resolve(&state.model_table, &state.config.models)
         .map_err(|e| ServiceInitError::new(Service::Completion, e))?;
-    let engines = engines::Engines::start(&catalog, state.config.completion.retry_after);
+    let engines = engines::Engines::start(
+        &catalog,
+        state.config.completion.retry_after,
+        state.config.kernel,
+    );
     let core = Arc::new(Core {
         catalog,
         engines,

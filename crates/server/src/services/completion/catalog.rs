@@ -172,12 +172,11 @@ fn resolve_row(
         output_price_per_million: price("output_price_per_million", &m.output_price_per_million)?,
     };
     let kv_precision = parse_or_default(&m.kv_precision).map_err(invalid)?;
-    let numerics = parse_or_default(&m.numerics).map_err(invalid)?;
+    check_numerics(m.numerics.as_deref()).map_err(invalid)?;
     let dtype = parse_or_default(&m.dtype).map_err(invalid)?;
     let load = TextModelConfig {
         source,
         kv_precision,
-        numerics,
         dtype,
         tokenizer: m
             .tokenizer
@@ -219,6 +218,22 @@ fn resolve_row(
         load,
         scheduler,
     })
+}
+
+/// `numerics`: only "fast", the SIMD kernels every build serves with, is accepted (the key is
+/// kept so that tables written for it still load). llama.cpp's arithmetic emulated bit for bit
+/// is the hearth-infer-parity crate's, which no serving build contains.
+fn check_numerics(numerics: Option<&str>) -> Result<(), String> {
+    match numerics.map(str::trim) {
+        None | Some("fast") => Ok(()),
+        Some("ggml") => Err(
+            "numerics \"ggml\" (the llama.cpp parity emulator) is not part of \
+             the server: it lives in the hearth-infer-parity crate, for tests; use \"fast\" or \
+             leave the key out"
+                .into(),
+        ),
+        Some(other) => Err(format!("numerics {other:?}: expected \"fast\"")),
+    }
 }
 
 /// An optional key parsed by its type's `FromStr` (whose message names the key), or the default.
@@ -263,6 +278,7 @@ mod tests {
             hearth_infer::KvPrecision::F32
         );
         // The parity emulator is not in serving builds: a model table cannot select it.
+        assert!(load_with("numerics = \"fast\"").is_ok());
         let err = error("numerics = \"ggml\"");
         assert!(err.contains("parity"), "{err}");
         let err = error("numerics = \"exact\"");

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use hearth_infer::{TextModel, TextModelConfig};
+use hearth_infer::{KernelPath, TextModel, TextModelConfig};
 use hearth_scheduler::{Scheduler, SchedulerConfig, SchedulerHandle};
 
 use super::catalog::Catalog;
@@ -25,8 +25,9 @@ pub struct Engines {
 
 impl Engines {
     /// Starts loading every model of the catalog on background threads and returns at once.
-    /// Every engine tells refused clients to wait `retry_after` (`[completion] retry_after_secs`).
-    pub fn start(catalog: &Catalog, retry_after: Duration) -> Engines {
+    /// Every engine tells refused clients to wait `retry_after` (`[completion] retry_after_secs`);
+    /// the fast backend runs on `kernel` where the CPU has it (the configuration's `kernel`).
+    pub fn start(catalog: &Catalog, retry_after: Duration, kernel: Option<KernelPath>) -> Engines {
         let mut groups: Vec<(TextModelConfig, SchedulerConfig, Vec<String>)> = Vec::new();
         for entry in catalog.entries() {
             match groups.iter_mut().find(|(load, _, _)| *load == entry.load) {
@@ -39,8 +40,9 @@ impl Engines {
             }
         }
         let mut models = Models::default();
-        for (load, mut scheduler, ids) in groups {
+        for (mut load, mut scheduler, ids) in groups {
             scheduler.retry_after = retry_after;
+            load.kernel = kernel;
             models.load(&ids, move || {
                 let model = TextModel::load(&load).map_err(|e| e.to_string())?;
                 Scheduler::spawn(model, scheduler).map_err(|e| e.to_string())

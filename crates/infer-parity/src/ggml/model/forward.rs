@@ -126,7 +126,7 @@ impl GgmlModel {
     /// cache), then their K and V rows stored in layer `il`'s cache.
     pub(super) fn rope_and_cache(
         &self,
-        seq: &mut crate::Sequence,
+        seq: &mut Cache,
         (il, p0): (usize, usize),
         theta_scale: f32,
         rope: fn(&mut [f32], &[(f32, f32)]),
@@ -154,7 +154,7 @@ impl GgmlModel {
     /// state of the last token after the final norm in `b.h[..n_embd]`.
     pub(super) fn ubatch<T: Tap>(
         &self,
-        seq: &mut crate::Sequence,
+        seq: &mut Cache,
         start: usize,
         tokens: &[u32],
         b: &mut Bufs,
@@ -221,7 +221,7 @@ impl GgmlModel {
     /// on after the last layer's attention (llama.cpp's `inp_out_ids`).
     pub(super) fn ubatch_gemma<T: Tap>(
         &self,
-        seq: &mut crate::Sequence,
+        seq: &mut Cache,
         start: usize,
         tokens: &[u32],
         b: &mut Bufs,
@@ -324,46 +324,42 @@ impl GgmlModel {
         Ok(())
     }
 
-    /// The forward of [`Backend::forward`] with a tap on the intermediate tensors.
+    /// The forward of [`GgmlModel::forward`] with a tap on the intermediate tensors: `tokens`
+    /// at positions `seq.len..` (the caller advances `len`), the last one's logits in `logits`.
     pub(super) fn forward_tapped<T: Tap>(
         &mut self,
-        steps: &mut [Step<'_>],
+        seq: &mut Cache,
+        tokens: &[u32],
         logits: &mut Vec<f32>,
         tap: &mut T,
     ) -> Result<(), Error> {
-        let vocab = self.hp.vocab_size;
-        logits.clear();
-        logits.resize(steps.len() * vocab, 0.0);
-        let mut b = Bufs::default();
-        for (st, out) in steps.iter_mut().zip(logits.chunks_exact_mut(vocab)) {
-            if st.tokens.is_empty() {
-                return Err(Error::InvalidBatch("a step without tokens".into()));
-            }
-            let mut start = 0;
-            while start < st.tokens.len() {
-                let end = (start + UBATCH).min(st.tokens.len());
-                if self.layers[0].gemma.is_some() {
-                    self.ubatch_gemma(st.seq, start, &st.tokens[start..end], &mut b, tap)?;
-                } else {
-                    self.ubatch(st.seq, start, &st.tokens[start..end], &mut b, tap)?;
-                }
-                start = end;
-            }
-            let head = self.output.as_ref().unwrap_or(&self.embd);
-            let h = std::mem::take(&mut b.h);
-            self.matmul(head, &h, 1, &mut b, out);
-            tap.tap("result_output", None, out);
+        if tokens.is_empty() {
+            return Err(Error::InvalidBatch("a step without tokens".into()));
         }
+        let needed = seq.len + tokens.len();
+        if needed > seq.capacity {
+            return Err(Error::ContextFull {
+                needed,
+                capacity: seq.capacity,
+            });
+        }
+        let mut b = Bufs::default();
+        let mut start = 0;
+        while start < tokens.len() {
+            let end = (start + UBATCH).min(tokens.len());
+            if self.layers[0].gemma.is_some() {
+                self.ubatch_gemma(seq, start, &tokens[start..end], &mut b, tap)?;
+            } else {
+                self.ubatch(seq, start, &tokens[start..end], &mut b, tap)?;
+            }
+            start = end;
+        }
+        logits.clear();
+        logits.resize(self.hp.vocab_size, 0.0);
+        let head = self.output.as_ref().unwrap_or(&self.embd);
+        let h = std::mem::take(&mut b.h);
+        self.matmul(head, &h, 1, &mut b, logits);
+        tap.tap("result_output", None, logits);
         Ok(())
-    }
-}
-
-impl Backend for GgmlModel {
-    fn name(&self) -> &'static str {
-        "fast (ggml numerics)"
-    }
-
-    fn forward(&mut self, steps: &mut [Step<'_>], logits: &mut Vec<f32>) -> Result<(), Error> {
-        self.forward_tapped(steps, logits, &mut NoTap)
     }
 }

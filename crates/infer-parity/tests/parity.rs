@@ -1,9 +1,8 @@
 //! Real-weights tests: Hearth's tokenizer, chat template and greedy tokens against llama.cpp's
 //! (fixtures made by scripts/reference-tokens.sh with an f32 KV cache), and batched == alone on
 //! 8 sequences. Greedy ids are checked teacher-forced at every step where llama.cpp's choice is
-//! decisive (default numerics); exact free-running ids with `Numerics::Ggml` for SmolLM2 and
-//! Gemma 3 (scripts/parity/README.md), built with the `parity` feature only (scripts/test.sh runs
-//! `cargo test -p hearth-infer --features parity`).
+//! decisive (Hearth's own `TextModel`); exact free-running ids with the emulator, [`GgmlModel`],
+//! for SmolLM2 and Gemma 3 (scripts/parity/README.md).
 //! They need `weights/` (scripts/fetch-weights.sh); without it they fail and say so.
 
 mod support;
@@ -11,9 +10,10 @@ mod support;
 use std::path::{Path, PathBuf};
 
 use hearth_infer::{
-    ChatMessage, KvPrecision, Numerics, Role, Sampler, SamplingParams, Sequence, Step, TextModel,
-    TextModelConfig,
+    ChatMessage, KvPrecision, Role, Sampler, SamplingParams, Sequence, Step, TextModel,
+    TextModelConfig, TextTokenizer,
 };
+use hearth_infer_parity::GgmlModel;
 use support::{argmax, ids};
 
 fn root() -> PathBuf {
@@ -21,10 +21,16 @@ fn root() -> PathBuf {
 }
 
 fn load(weights: &str, template_of: Option<&str>) -> TextModel {
-    load_with(weights, template_of, Numerics::Fast)
+    TextModel::load(&config(weights, template_of)).unwrap()
 }
 
-fn load_with(weights: &str, template_of: Option<&str>, numerics: Numerics) -> TextModel {
+/// The emulator of llama.cpp's arithmetic on the same file and template.
+fn load_ggml(weights: &str, template_of: Option<&str>) -> GgmlModel {
+    GgmlModel::load(&config(weights, template_of)).unwrap()
+}
+
+/// `weights` on 2 threads with the chat template of model `template_of` in models.toml.
+fn config(weights: &str, template_of: Option<&str>) -> TextModelConfig {
     let path = root().join(weights);
     assert!(
         path.exists(),
@@ -33,7 +39,6 @@ fn load_with(weights: &str, template_of: Option<&str>, numerics: Numerics) -> Te
     );
     let mut cfg = TextModelConfig::local(path);
     cfg.threads = 2;
-    cfg.numerics = numerics;
     if let Some(id) = template_of {
         let table: toml::Value = std::fs::read_to_string(root().join("models.toml"))
             .unwrap()
@@ -43,7 +48,7 @@ fn load_with(weights: &str, template_of: Option<&str>, numerics: Numerics) -> Te
             .as_str()
             .map(String::from);
     }
-    TextModel::load(&cfg).unwrap()
+    cfg
 }
 
 fn fixture(name: &str) -> serde_json::Value {
@@ -119,8 +124,7 @@ fn assert_reference_settings(fx: &serde_json::Value) {
 }
 
 /// The rendered chat template and its token ids, against llama.cpp's, for every case.
-fn check_prompts(model: &TextModel, fx: &serde_json::Value) -> Vec<Vec<u32>> {
-    let tok = model.tokenizer();
+fn check_prompts(tok: &TextTokenizer, fx: &serde_json::Value) -> Vec<Vec<u32>> {
     let mut prompts = Vec::new();
     for (i, case) in fx["cases"].as_array().unwrap().iter().enumerate() {
         let rendered = tok.apply_chat_template(&messages(case)).unwrap();
@@ -142,9 +146,9 @@ fn check_prompts(model: &TextModel, fx: &serde_json::Value) -> Vec<Vec<u32>> {
 
 /// Greedy ids of every case against all of llama.cpp's (up to its end of generation or 80).
 /// Every case runs before the verdict, which lists each case's first difference.
-#[cfg(feature = "parity")]
-fn check_greedy(model: &mut TextModel, fx: &serde_json::Value) {
-    let prompts = check_prompts(model, fx);
+fn check_greedy(model: &mut GgmlModel, fx: &serde_json::Value) {
+    let tok = model.tokenizer();
+    let prompts = check_prompts(&tok, fx);
     let mut report = Vec::new();
     for (i, (case, prompt)) in fx["cases"]
         .as_array()
@@ -154,9 +158,8 @@ fn check_greedy(model: &mut TextModel, fx: &serde_json::Value) {
         .enumerate()
     {
         let want = ids(&case["greedy_ids"]);
-        let got = greedy_batch(model, &[prompt], want.len()).remove(0);
+        let got = model.greedy(&prompt, want.len()).unwrap();
         if let Some(k) = got.iter().zip(&want).position(|(a, b)| a != b) {
-            let tok = model.tokenizer();
             report.push(format!(
                 "case {i}: first difference at index {k} of {} (llama.cpp's margin there: {})\n  hearth: {:?}\n  llama.cpp: {:?}",
                 want.len(),
@@ -185,7 +188,7 @@ const NEAR_TIE: f64 = 1.0;
 /// be llama.cpp's id. Steps on a near-tie are not judged; at least half of the steps are decisive
 /// (so the check cannot pass vacuously).
 fn check_decisive_steps(model: &mut TextModel, fx: &serde_json::Value) {
-    let prompts = check_prompts(model, fx);
+    let prompts = check_prompts(&model.tokenizer(), fx);
     let vocab = model.info().vocab_size;
     let (mut judged, mut total, mut agree) = (0, 0, 0);
     let mut wrong = Vec::new();
@@ -248,7 +251,7 @@ fn smollm2_chat_prompts_render_and_tokenize_as_llama_cpp() {
     let model = load(SMOLLM2, None);
     let fx = fixture(SMOLLM2_FX);
     assert_reference_settings(&fx);
-    check_prompts(&model, &fx);
+    check_prompts(&model.tokenizer(), &fx);
 }
 
 #[test]
@@ -256,7 +259,7 @@ fn gemma3_chat_prompts_render_and_tokenize_as_llama_cpp() {
     let model = load(GEMMA3, Some("gamma-3.5-sonnet"));
     let fx = fixture(GEMMA3_FX);
     assert_reference_settings(&fx);
-    check_prompts(&model, &fx);
+    check_prompts(&model.tokenizer(), &fx);
 }
 
 #[test]
@@ -271,35 +274,31 @@ fn gemma3_picks_llama_cpps_token_at_every_decisive_step_of_its_greedy_path() {
     check_decisive_steps(&mut model, &fixture(GEMMA3_FX));
 }
 
-/// With `Numerics::Ggml` (llama.cpp's CPU arithmetic emulated bit for bit, src/fast/ggml_exact/)
-/// every greedy id equals llama.cpp's, all 80 (or up to its end of generation) of every case.
-#[cfg(feature = "parity")]
+/// With the emulator (llama.cpp's CPU arithmetic bit for bit, src/ggml.rs) every greedy id
+/// equals llama.cpp's, all 80 (or up to its end of generation) of every case.
 #[test]
 fn smollm2_matches_llama_cpp_token_for_token() {
-    let mut model = load_with(SMOLLM2, None, Numerics::Ggml);
+    let mut model = load_ggml(SMOLLM2, None);
     check_greedy(&mut model, &fixture(SMOLLM2_FX));
 }
 
-/// `Numerics::Ggml` refuses what it does not emulate (here an f16 KV cache) instead of running
+/// The emulator refuses what it does not emulate (here an f16 KV cache) instead of running
 /// something else.
-#[cfg(feature = "parity")]
 #[test]
-fn ggml_numerics_refuse_an_f16_kv_cache() {
+fn the_emulator_refuses_an_f16_kv_cache() {
     for weights in [SMOLLM2, GEMMA3] {
-        let mut cfg = TextModelConfig::local(root().join(weights));
-        cfg.numerics = Numerics::Ggml;
+        let mut cfg = config(weights, None);
         cfg.kv_precision = KvPrecision::F16;
-        let err = TextModel::load(&cfg).unwrap_err().to_string();
+        let err = GgmlModel::load(&cfg).err().expect("refused").to_string();
         assert!(err.contains("kv_precision"), "{err}");
     }
 }
 
-/// With `Numerics::Ggml` (Gemma 3's Q5_0/Q8_0/Q4_K/Q6_K products, GELU table, Q/K norms and
-/// NeoX RoPE emulated bit for bit) every greedy id equals llama.cpp's, as for SmolLM2.
-#[cfg(feature = "parity")]
+/// With the emulator (Gemma 3's Q5_0/Q8_0/Q4_K/Q6_K products, GELU table, Q/K norms and NeoX
+/// RoPE bit for bit) every greedy id equals llama.cpp's, as for SmolLM2.
 #[test]
 fn gemma3_matches_llama_cpp_token_for_token() {
-    let mut model = load_with(GEMMA3, Some("gamma-3.5-sonnet"), Numerics::Ggml);
+    let mut model = load_ggml(GEMMA3, Some("gamma-3.5-sonnet"));
     check_greedy(&mut model, &fixture(GEMMA3_FX));
 }
 

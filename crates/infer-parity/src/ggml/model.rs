@@ -1,7 +1,16 @@
-//! The emulated model: its tensors as the GGUF stores them, loading, and the attention
-//! helpers its forward uses (`forward.rs`).
+//! The emulated model: its tensors as the GGUF stores them (read by `read.rs`), loading, its
+//! cache, and the attention helpers its forward uses (`forward.rs`).
+
+use std::sync::Arc;
+
+use hearth_infer::{
+    BackendChoice, DeviceSpec, KvPrecision, TextModelConfig, TextTokenizer, WeightSource,
+};
 
 use super::*;
+
+mod read;
+use read::Reader;
 
 // ---------------------------------------------------------------------------------------------
 // The model.
@@ -86,8 +95,12 @@ struct GemmaNorms {
     post_ffw: Vec<f32>,
 }
 
-pub(crate) struct GgmlModel {
+/// A GGUF model run with llama.cpp's CPU arithmetic (see the module doc): load it with
+/// [`GgmlModel::load`], make a [`Cache`] per sequence, and feed it tokens with
+/// [`GgmlModel::forward`] (or [`GgmlModel::greedy`]).
+pub struct GgmlModel {
     hp: Hparams,
+    tokenizer: Arc<TextTokenizer>,
     pool: ThreadPool,
     embd: RawMatrix,
     /// `None`: tied to the embeddings.
@@ -101,14 +114,25 @@ pub(crate) struct GgmlModel {
 }
 
 fn unsupported(name: &str, what: impl std::fmt::Display) -> Error {
-    Error::metadata(name, format!("numerics = \"ggml\" does not support {what}"))
+    metadata(
+        name,
+        format!("the llama.cpp emulator does not support {what}"),
+    )
+}
+
+/// hearth-infer's error for a missing or bad tensor or key.
+fn metadata(key: impl Into<String>, reason: impl std::fmt::Display) -> Error {
+    Error::Metadata {
+        key: key.into(),
+        reason: reason.to_string(),
+    }
 }
 
 impl Reader<'_> {
     /// A 2-D tensor's raw blocks, which must be of one of `types`.
     fn raw(&mut self, name: &str, types: &[GgmlDType]) -> Result<RawMatrix, Error> {
         let info = self.info(name)?;
-        let (rows, cols) = info.shape.dims2().map_err(|e| Error::metadata(name, e))?;
+        let (rows, cols) = info.shape.dims2().map_err(|e| metadata(name, e))?;
         if !types.contains(&info.ggml_dtype) {
             return Err(unsupported(
                 name,
@@ -122,7 +146,7 @@ impl Reader<'_> {
             data: Vec::new(),
         };
         if cols % m.block().1 != 0 {
-            return Err(Error::metadata(name, "row length is not whole blocks"));
+            return Err(metadata(name, "row length is not whole blocks"));
         }
         let len = rows * m.row_bytes();
         self.read_at(self.content.tensor_data_offset + info.offset, len)?;
@@ -131,12 +155,135 @@ impl Reader<'_> {
     }
 }
 
-/// Loads the emulation from an opened GGUF file (llama family with Q4_1 layer matrices, or Gemma
-/// 3 with Q5_0/Q8_0/Q4_K/Q6_K ones).
-pub(crate) fn from_gguf(
+impl GgmlModel {
+    /// Loads the local GGUF file `cfg` names (llama family with Q4_1 layer matrices, or Gemma 3
+    /// with Q5_0/Q8_0/Q4_K/Q6_K ones), with its tokenizer and `cfg.chat_template`, on
+    /// `cfg.threads` threads. What it does not emulate is refused, never approximated: another
+    /// file, a KV precision other than f32, a device other than the CPU, the candle backend.
+    pub fn load(cfg: &TextModelConfig) -> Result<GgmlModel, Error> {
+        let refuse = |key, reason: &str| {
+            Err(Error::InvalidConfig {
+                key,
+                reason: format!("the llama.cpp emulator {reason}"),
+            })
+        };
+        let WeightSource::Local { path } = &cfg.source else {
+            return refuse("weights", "reads a local GGUF file only");
+        };
+        if cfg.kv_precision != KvPrecision::F32 {
+            return refuse("kv_precision", "emulates an f32 KV cache only");
+        }
+        if cfg.device != DeviceSpec::Cpu || cfg.backend == BackendChoice::Candle {
+            return refuse("backend", "is llama.cpp's CPU backend, not candle's");
+        }
+        if !path.is_file() {
+            return Err(Error::WeightsNotFound {
+                path: path.clone(),
+                hint: "run scripts/fetch-weights.sh".into(),
+            });
+        }
+        let mut file = File::open(path).map_err(|source| Error::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let content = Content::read(&mut file)?;
+        let hp = Hparams::from_gguf(&content)?;
+        let tokenizer = match &cfg.tokenizer {
+            Some(_) => return refuse("tokenizer", "reads the tokenizer from the GGUF file"),
+            None => {
+                TextTokenizer::from_gguf_file_with_template(path, cfg.chat_template.as_deref())?
+            }
+        };
+        from_gguf(path, file, &content, hp, Arc::new(tokenizer), cfg.threads)
+    }
+
+    /// The model's shape.
+    pub fn hparams(&self) -> &Hparams {
+        &self.hp
+    }
+
+    pub fn tokenizer(&self) -> Arc<TextTokenizer> {
+        Arc::clone(&self.tokenizer)
+    }
+
+    /// An empty cache of `capacity` positions.
+    pub fn new_cache(&self, capacity: usize) -> Cache {
+        let per_layer = capacity * self.hp.kv_dim();
+        let layers = || vec![vec![0f32; per_layer]; self.hp.n_layer];
+        Cache {
+            k: layers(),
+            v: layers(),
+            len: 0,
+            capacity,
+        }
+    }
+
+    /// Appends `tokens` to `cache` (in ubatches of 512, as llama.cpp decodes one sequence) and
+    /// returns the logits of the last one. On error the cache keeps its length.
+    pub fn forward(&mut self, cache: &mut Cache, tokens: &[u32]) -> Result<Vec<f32>, Error> {
+        let mut logits = Vec::new();
+        self.forward_tapped(cache, tokens, &mut logits, &mut NoTap)?;
+        cache.len += tokens.len();
+        Ok(logits)
+    }
+
+    /// Greedy ids after `prompt`: `n` of them, or fewer when a stop token comes (it is the
+    /// last id returned), as llama.cpp's greedy sampler picks (the first largest logit).
+    pub fn greedy(&mut self, prompt: &[u32], n: usize) -> Result<Vec<u32>, Error> {
+        let mut cache = self.new_cache(prompt.len() + n);
+        let (mut out, mut next) = (Vec::with_capacity(n), prompt.to_vec());
+        while out.len() < n {
+            let logits = self.forward(&mut cache, &next)?;
+            let id = argmax(&logits);
+            out.push(id);
+            if self.tokenizer.is_stop(id) {
+                break;
+            }
+            next = vec![id];
+        }
+        Ok(out)
+    }
+}
+
+/// The first index of the largest value.
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// One sequence's K/V cache, as llama.cpp's f32 cache holds it: per layer, `capacity` rows of
+/// `kv_dim` values (`[position][kv_head][head_dim]`, K after RoPE); positions `0..len` are valid.
+#[derive(Debug, Clone)]
+pub struct Cache {
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+    len: usize,
+    capacity: usize,
+}
+
+impl Cache {
+    /// Positions filled so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Loads the emulation from an opened GGUF file.
+fn from_gguf(
     path: &Path,
+    file: File,
     content: &Content,
     hp: Hparams,
+    tokenizer: Arc<TextTokenizer>,
     threads: usize,
 ) -> Result<GgmlModel, Error> {
     let gemma = hp.arch == Arch::Gemma3;
@@ -158,17 +305,11 @@ pub(crate) fn from_gguf(
             "head sizes other than multiples of 64 (or rows of partial blocks)",
         ));
     }
-    let file = File::open(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
     let mut rd = Reader {
         path,
         file,
         content,
         buf: Vec::new(),
-        kernel: hearth_kernels::KernelPath::detect(),
-        used: Default::default(),
     };
     let (e, hd) = (hp.n_embd, hp.head_dim);
     let layer_types: &[GgmlDType] = if gemma {
@@ -184,7 +325,7 @@ pub(crate) fn from_gguf(
     let head_types = [GgmlDType::Q8_0, GgmlDType::Q4_1];
     let embd = rd.raw("token_embd.weight", &[GgmlDType::Q8_0])?;
     if embd.rows != hp.vocab_size || embd.cols != e {
-        return Err(Error::metadata(
+        return Err(metadata(
             "token_embd.weight",
             "shape differs from vocab_size x embedding_length",
         ));
@@ -238,7 +379,7 @@ pub(crate) fn from_gguf(
             (&layer.down, e, hp.n_ff),
         ];
         if shapes.iter().any(|(m, r, c)| m.rows != *r || m.cols != *c) {
-            return Err(Error::metadata(
+            return Err(metadata(
                 p("attn_q"),
                 "layer shapes differ from the hyperparameters",
             ));
@@ -254,6 +395,7 @@ pub(crate) fn from_gguf(
         kq_scale: if gemma { 1.0 } else { 1.0 / (hd as f32).sqrt() },
         pool: ThreadPool::new(threads),
         hp,
+        tokenizer,
         embd,
         output,
         norm,

@@ -355,10 +355,9 @@ fn logits_and_tensors_match_a_llama_cpp_dump() {
             "tests/fixtures/text/smollm2-135m-instruct-q4_1.json",
         )
     };
-    let path = root.join(weights);
-    let file = crate::gguf::GgufFile::open(&path).unwrap();
-    let hp = Hparams::from_gguf(&file.content).unwrap();
-    let mut m = from_gguf(&path, &file.content, hp.clone(), 2).unwrap();
+    let mut cfg = TextModelConfig::local(root.join(weights));
+    cfg.threads = 2;
+    let mut m = GgmlModel::load(&cfg).unwrap();
     let fx: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(root.join(fixture)).unwrap()).unwrap();
     let ids = |v: &serde_json::Value| -> Vec<u32> {
@@ -371,7 +370,7 @@ fn logits_and_tensors_match_a_llama_cpp_dump() {
     let prompt = ids(&fx["cases"][case]["prompt_ids"]);
     let forced = ids(&fx["cases"][case]["greedy_ids"]);
     let cap = prompt.len() + n_forced;
-    let mut seq = crate::Sequence::empty(hp.n_layer, hp.kv_dim(), cap).unwrap();
+    let mut seq = m.new_cache(cap);
     let mut logits = Vec::new();
     let mut bad = Vec::new();
     for k in 0..=n_forced {
@@ -380,21 +379,18 @@ fn logits_and_tensors_match_a_llama_cpp_dump() {
         } else {
             vec![forced[k - 1]]
         };
-        let mut step = [Step {
-            seq: &mut seq,
-            tokens: &tokens,
-        }];
         if k == call {
             let mut tap = DumpTap {
                 dir: dir.join("t"),
                 first_diff: None,
             };
-            m.forward_tapped(&mut step, &mut logits, &mut tap).unwrap();
+            m.forward_tapped(&mut seq, &tokens, &mut logits, &mut tap)
+                .unwrap();
             println!("call {k}: first differing tensor {:?}", tap.first_diff);
+            seq.len += tokens.len();
         } else {
-            m.forward(&mut step, &mut logits).unwrap();
+            logits = m.forward(&mut seq, &tokens).unwrap();
         }
-        seq.len += tokens.len();
         let want = read_f32(&dir.join(format!("logits_{k}.f32"))).expect("logits in the dump");
         let (n, max) = compare(&logits, &want);
         println!("call {k}: {n} logits differ (max {max:e})");

@@ -1,4 +1,4 @@
-//! [`Numerics::Ggml`](crate::Numerics::Ggml): a scalar forward that reproduces, bit for bit,
+//! [`GgmlModel`]: a scalar forward that reproduces, bit for bit,
 //! the arithmetic of llama.cpp's CPU backend (ggml-cpu built with GCC for x86-64 with AVX-512,
 //! as scripts/build-llama-cpp.sh builds it) for llama-family GGUF files whose layer matrices are
 //! Q4_1 and for Gemma 3 files whose layer matrices are Q5_0, Q8_0, Q4_K and Q6_K, run with an f32
@@ -55,12 +55,8 @@ use std::path::Path;
 use candle_core::quantized::gguf_file::Content;
 use candle_core::quantized::GgmlDType;
 use half::f16;
+use hearth_infer::{Arch, Error, Hparams};
 use hearth_kernels::ThreadPool;
-
-use super::Reader;
-use crate::gguf::{Arch, Hparams};
-use crate::model::{Backend, Step};
-use crate::Error;
 
 /// llama.cpp's n_ubatch in the reference settings: a longer step is decoded in pieces.
 const UBATCH: usize = 512;
@@ -554,4 +550,4 @@ fn soft_max(kq: &[f32], scale: f32, w: &mut [f32]) {
 
 mod model;
 
-pub(crate) use model::from_gguf;
+pub use model::{Cache, GgmlModel};

@@ -14,14 +14,17 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+mod attention;
+
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
-use candle_core::{DType, Device, Module, Tensor, D};
+use candle_core::{DType, Device, Module, Tensor};
 
 use crate::attn::{RopeScaling, RopeStyle};
 use crate::config::KvPrecision;
-use crate::device_kv::{self, SharedPool, BLOCK};
-use crate::gguf::Hparams;
-use crate::model::{Backend, Sequence, Step};
+use crate::device_kv::SharedPool;
+use crate::gguf::{Activation, Hparams};
+use crate::model::{Backend, Step};
+use crate::sequence::{Cache, Maker, Sequence};
 use crate::Error;
 
 /// Token embedding table; quantized tables stay quantized and only the looked-up rows are
@@ -82,13 +85,6 @@ impl Embeddings {
             }
         }
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Activation {
-    Silu,
-    /// tanh approximation, as ggml's GELU.
-    GeluTanh,
 }
 
 /// A weight matrix: quantized (candle's quantized matmul, which takes f32 rows) or dense in the
@@ -231,27 +227,12 @@ pub(crate) struct CandleModel {
     /// The dtype of activations and dense weights: f32 on the CPU, f16 on a GPU.
     act: DType,
     pool: SharedPool,
+    /// Stamped on every sequence this model makes.
+    maker: Maker,
 }
 
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor, Error> {
     Ok(candle_nn::ops::rms_norm(x, w, eps)?)
-}
-
-/// Softmax over the last dimension. On the CPU its sum is taken in f64, so that the masked
-/// padding of a batched attention (exact zeros) cannot change a row's weights: candle's f32 sum
-/// adds in an order that depends on the row's length, and a last-bit difference in one layer's
-/// weights becomes a different 8-bit rounding of the next matmul's input. On a GPU the fused
-/// kernel (whose sums depend on the launch anyway).
-fn softmax(x: &Tensor) -> Result<Tensor, Error> {
-    if !x.device().is_cpu() {
-        return Ok(candle_nn::ops::softmax_last_dim(x)?);
-    }
-    let e = x.broadcast_sub(&x.max_keepdim(D::Minus1)?)?.exp()?;
-    let sum = e
-        .to_dtype(DType::F64)?
-        .sum_keepdim(D::Minus1)?
-        .to_dtype(DType::F32)?;
-    Ok(e.broadcast_div(&sum)?)
 }
 
 fn to_host(t: &Tensor) -> Result<Vec<f32>, Error> {
@@ -279,6 +260,7 @@ impl CandleModel {
             kv: KvPrecision::default(),
             act: DType::F32,
             pool,
+            maker: Maker::new(),
             device: device.clone(),
             m: parts,
             hp,
@@ -322,219 +304,6 @@ impl CandleModel {
     }
 }
 
-/// One attention call of a step: `b` sequences of `qr` query rows each, rows
-/// `first..first + b * qr` of the step (in its row order).
-struct Group {
-    first: usize,
-    b: usize,
-    qr: usize,
-    /// Key positions per sequence after padding (`blocks per sequence * BLOCK`).
-    t: usize,
-    /// `[b * blocks per sequence]` pool blocks (u32).
-    blocks: Tensor,
-    /// `[b, 1, 1, qr, t]` f32: 0 where a row may attend, -inf elsewhere; then the same for the
-    /// sliding window (when a layer has one).
-    mask: Tensor,
-    mask_window: Option<Tensor>,
-}
-
-/// What a step needs on the device besides the weights, built on the host once per step.
-struct Plan {
-    /// Step and absolute position of each row, one-token steps first.
-    rows: Vec<(usize, usize)>,
-    ids: Vec<u32>,
-    /// `[rows]` u32: each row's pool row.
-    write_at: Tensor,
-    /// Per step, the index (in row order) of its last row.
-    last: Tensor,
-    groups: Vec<Group>,
-    /// `(cos, sin)` per RoPE base, `[rows, 1, head_dim / 2]` each, the activation dtype.
-    rope: HashMap<u32, (Tensor, Tensor)>,
-}
-
-impl CandleModel {
-    fn plan(&self, steps: &[Step<'_>]) -> Result<Plan, Error> {
-        let dev = &self.device;
-        let blocks_of = |si: usize| -> Result<&[u32], Error> {
-            steps[si]
-                .seq
-                .device
-                .as_ref()
-                .map(|d| d.blocks())
-                .ok_or_else(|| {
-                    Error::InvalidBatch("a host cache given to the candle backend".into())
-                })
-        };
-        // Steps of the same length attend together (one-token steps above all): their queries
-        // need no padding, only their keys.
-        let mut by_len: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
-        for (si, st) in steps.iter().enumerate() {
-            by_len.entry(st.tokens.len()).or_default().push(si);
-        }
-        let mut rows = Vec::new();
-        let mut ids = Vec::new();
-        let mut last = vec![0u32; steps.len()];
-        let mut groups = Vec::new();
-        let window = self.m.layers.iter().find_map(|l| l.window);
-        let mut add_group =
-            |members: &[usize], rows: &mut Vec<(usize, usize)>| -> Result<(), Error> {
-                if members.is_empty() {
-                    return Ok(());
-                }
-                let first = rows.len();
-                let qr = steps[members[0]].tokens.len();
-                let nb = members
-                    .iter()
-                    .map(|&si| (steps[si].seq.len + steps[si].tokens.len()).div_ceil(BLOCK))
-                    .max()
-                    .unwrap_or(1);
-                let t = nb * BLOCK;
-                let mut blocks = Vec::with_capacity(members.len() * nb);
-                let mut mask = vec![f32::NEG_INFINITY; members.len() * qr * t];
-                let mut mask_w = window.map(|_| vec![f32::NEG_INFINITY; members.len() * qr * t]);
-                for (bi, &si) in members.iter().enumerate() {
-                    let own = blocks_of(si)?;
-                    let used = (steps[si].seq.len + steps[si].tokens.len()).div_ceil(BLOCK);
-                    blocks.extend((0..nb).map(|i| own[i.min(used - 1)]));
-                    for (i, &tok) in steps[si].tokens.iter().enumerate() {
-                        let pos = steps[si].seq.len + i;
-                        rows.push((si, pos));
-                        ids.push(tok);
-                        let m = &mut mask[(bi * qr + i) * t..(bi * qr + i + 1) * t];
-                        m[..=pos].fill(0.0);
-                        if let (Some(mw), Some(w)) = (mask_w.as_mut(), window) {
-                            let m = &mut mw[(bi * qr + i) * t..(bi * qr + i + 1) * t];
-                            m[(pos + 1).saturating_sub(w)..=pos].fill(0.0);
-                        }
-                    }
-                    last[si] = (rows.len() - 1) as u32;
-                }
-                let b = members.len();
-                let shape = (b, 1, 1, qr, t);
-                groups.push(Group {
-                    first,
-                    b,
-                    qr,
-                    t,
-                    blocks: Tensor::from_vec(blocks, b * nb, dev)?,
-                    mask: Tensor::from_vec(mask, shape, dev)?,
-                    mask_window: mask_w
-                        .map(|m| Tensor::from_vec(m, shape, dev))
-                        .transpose()?,
-                });
-                Ok(())
-            };
-        for members in by_len.values() {
-            add_group(members, &mut rows)?;
-        }
-        let mut write_at = Vec::with_capacity(rows.len());
-        for &(si, pos) in &rows {
-            write_at.push(device_kv::row(blocks_of(si)?, pos));
-        }
-        let mut rope = HashMap::new();
-        let half = self.hp.head_dim / 2;
-        let mut cs = Vec::with_capacity(half);
-        for l in &self.m.layers {
-            if rope.contains_key(&l.rope_theta.to_bits()) {
-                continue;
-            }
-            let (mut cos, mut sin) = (Vec::new(), Vec::new());
-            for &(_, pos) in &rows {
-                cs.clear();
-                crate::attn::rope_angles(
-                    self.hp.head_dim,
-                    pos,
-                    l.rope_theta,
-                    &self.m.rope_scaling,
-                    &mut cs,
-                );
-                cos.extend(cs.iter().map(|c| c.0));
-                sin.extend(cs.iter().map(|c| c.1));
-            }
-            let shape = (rows.len(), 1, half);
-            let cos = Tensor::from_vec(cos, shape, dev)?.to_dtype(self.act)?;
-            let sin = Tensor::from_vec(sin, shape, dev)?.to_dtype(self.act)?;
-            rope.insert(l.rope_theta.to_bits(), (cos, sin));
-        }
-        let n = rows.len();
-        Ok(Plan {
-            write_at: Tensor::from_vec(write_at, n, dev)?,
-            last: Tensor::from_vec(last, steps.len(), dev)?,
-            rows,
-            ids,
-            groups,
-            rope,
-        })
-    }
-
-    /// Causal attention of `q` (`[rows, n_head, head_dim]`) over layer `il`'s cache, one call
-    /// per group; returns `[rows, n_head * head_dim]`.
-    fn attention(
-        &self,
-        il: usize,
-        q: &Tensor,
-        plan: &Plan,
-        pool: &device_kv::Pool,
-    ) -> Result<Tensor, Error> {
-        let hp = &self.hp;
-        let (nkv, hd) = (hp.n_head_kv, hp.head_dim);
-        let group = hp.n_head / nkv;
-        let f16_kv = self.kv == KvPrecision::F16 && self.act == DType::F32;
-        let mut outs = Vec::with_capacity(plan.groups.len());
-        for g in &plan.groups {
-            let (b, qr, t) = (g.b, g.qr, g.t);
-            // [b, n_kv, group * qr, hd]
-            let qg = q
-                .narrow(0, g.first, b * qr)?
-                .reshape((b, qr, nkv, group, hd))?
-                .permute((0, 2, 3, 1, 4))?
-                .reshape((b, nkv, group * qr, hd))?;
-            let (k, v) = pool.gather(il, &g.blocks)?;
-            let heads = |x: Tensor| -> Result<Tensor, Error> {
-                Ok(x.reshape((b, t, nkv, hd))?
-                    .transpose(1, 2)?
-                    .to_dtype(self.act)?
-                    .contiguous()?)
-            };
-            let (k, v) = (heads(k)?, heads(v)?);
-            let scores = qg.matmul(&k.t()?)?.to_dtype(DType::F32)?;
-            let scores = (scores * self.attn_scale as f64)?.reshape((b, nkv, group, qr, t))?;
-            let mask = match (self.m.layers[il].window, &g.mask_window) {
-                (Some(_), Some(m)) => m,
-                _ => &g.mask,
-            };
-            let p = softmax(&scores.broadcast_add(mask)?)?;
-            let p = if f16_kv {
-                // llama.cpp's f16 cache: the weights are rounded to f16 for the sum over V.
-                p.to_dtype(DType::F16)?.to_dtype(DType::F32)?
-            } else {
-                p.to_dtype(self.act)?
-            };
-            let o = p.reshape((b, nkv, group * qr, t))?.matmul(&v)?;
-            outs.push(
-                o.reshape((b, nkv, group, qr, hd))?
-                    .permute((0, 3, 1, 2, 4))?
-                    .reshape((b * qr, hp.n_head * hd))?,
-            );
-        }
-        Ok(if outs.len() == 1 {
-            outs.pop().expect("one group")
-        } else {
-            Tensor::cat(&outs, 0)?
-        })
-    }
-
-    fn rope(&self, x: &Tensor, cs: &(Tensor, Tensor)) -> Result<Tensor, Error> {
-        let (n, heads, hd) = x.dims3()?;
-        let x = x.reshape((n, heads, 1, hd))?;
-        let y = match self.m.rope {
-            RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&x, &cs.0, &cs.1)?,
-            RopeStyle::Neox => candle_nn::rotary_emb::rope(&x, &cs.0, &cs.1)?,
-        };
-        Ok(y.reshape((n, heads, hd))?)
-    }
-}
-
 impl Backend for CandleModel {
     fn name(&self) -> &'static str {
         "candle"
@@ -546,13 +315,14 @@ impl Backend for CandleModel {
         kv_dim: usize,
         capacity: usize,
     ) -> Result<Sequence, Error> {
-        Sequence::on_device(&self.pool, layers, kv_dim, capacity)
+        Sequence::on_device(&self.maker, &self.pool, layers, kv_dim, capacity)
     }
 
+    /// Its own sequences, in blocks of its current pool (a sequence made before
+    /// [`CandleModel::configure`] belongs to the pool it replaced).
     fn accepts(&self, seq: &Sequence) -> bool {
-        seq.device
-            .as_ref()
-            .is_some_and(|d| d.pool().same(&self.pool))
+        seq.made_by(&self.maker)
+            && matches!(&seq.cache, Cache::Device(d) if d.pool().same(&self.pool))
     }
 
     fn kv_value_bytes(&self) -> usize {
@@ -698,7 +468,7 @@ pub(crate) fn from_hf_tensors(
         output: Linear(QMatMul::Tensor(output)),
         rope: RopeStyle::Neox,
         rope_scaling: RopeScaling::NONE,
-        activation: Activation::Silu,
+        activation: hp.arch.activation(),
     };
     Ok(CandleModel::new(hp, device, parts))
 }
