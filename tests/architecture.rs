@@ -46,7 +46,10 @@ fn drawn_map() -> BTreeMap<String, BTreeSet<String>> {
         .split("## Crate map")
         .nth(1)
         .expect("ARCHITECTURE.md has a Crate map section");
-    let drawing = section.split("```").nth(1).expect("the map is drawn in a fenced block");
+    let drawing = section
+        .split("```")
+        .nth(1)
+        .expect("the map is drawn in a fenced block");
     let names = |list: &str| -> BTreeSet<String> {
         list.split(',')
             .map(|n| n.split_whitespace().next().unwrap_or("").to_string())
@@ -138,8 +141,14 @@ fn the_environment_is_read_only_at_a_process_entry() {
     }
     let mut readers = Vec::new();
     for (path, code) in files {
-        let rel = path.strip_prefix(root()).unwrap().to_string_lossy().replace('\\', "/");
-        if (code.contains("env::var(") || code.contains("env::vars(") || code.contains("env::var_os("))
+        let rel = path
+            .strip_prefix(root())
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/");
+        if (code.contains("env::var(")
+            || code.contains("env::vars(")
+            || code.contains("env::var_os("))
             && !entries.contains(&rel.as_str())
         {
             readers.push(rel);

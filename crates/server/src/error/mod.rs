@@ -83,7 +83,6 @@ impl ErrorKind {
     }
 }
 
-
 /// An error as a JSON service answers it.
 #[derive(Debug, Clone)]
 pub struct ApiError {
