@@ -5,6 +5,8 @@
 //! for SmolLM2 and Gemma 3 (scripts/parity/README.md).
 //! They need `weights/` (scripts/fetch-weights.sh); without it they fail and say so.
 
+// The comparison tests' shared reading of fixture ids and the greedy pick: hearth-infer's own.
+#[path = "../../infer/tests/support/mod.rs"]
 mod support;
 
 use std::path::{Path, PathBuf};

@@ -1,5 +1,5 @@
-//! What the comparison tests (and examples/device_check.rs) share: reading fixture ids, the
-//! greedy pick and its margin.
+//! What the comparison tests (and examples/device_check.rs, and hearth-infer-parity's
+//! parity.rs) share: reading fixture ids, the greedy pick and its margin.
 #![allow(dead_code)] // each test file uses a different part
 
 /// A JSON array of token ids.
