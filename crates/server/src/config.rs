@@ -124,6 +124,10 @@ impl Layers {
         let value: toml::Value = toml::from_str(text).map_err(|e| parse(e.to_string()))?;
         let json = serde_json::to_value(value).map_err(|e| parse(e.to_string()))?;
         // Check this layer alone so that a typo is reported against its file.
+        let schema = serde_json::to_value(RawConfig::default()).unwrap_or_default();
+        if let Some(message) = misspelt_key(&schema, &json, "") {
+            return Err(parse(message));
+        }
         check::<RawConfig>(origin, json.clone())?;
         merge_into(&mut self.merged, json);
         Ok(self)
@@ -201,6 +205,40 @@ fn check<T: serde::de::DeserializeOwned>(origin: &str, value: Value) -> Result<T
         origin: origin.to_string(),
         message: format!("{}: {}", e.path(), e.inner()),
     })
+}
+
+/// The first key of `layer` that `schema` (the serialized default `RawConfig`) does not know,
+/// when a known key is close to it: `[auth] adr: unknown key; the closest is addr`, the form the
+/// model table's refusals take. A key with nothing close is left to serde, whose message lists
+/// the keys known there.
+fn misspelt_key(schema: &Value, layer: &Value, table: &str) -> Option<String> {
+    let (Some(known), Some(given)) = (schema.as_object(), layer.as_object()) else {
+        return None;
+    };
+    for (key, value) in given {
+        match known.get(key) {
+            Some(inner) => {
+                let path = if table.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{table}.{key}")
+                };
+                if let Some(message) = misspelt_key(inner, value, &path) {
+                    return Some(message);
+                }
+            }
+            None => {
+                let near = closest(key, known.keys().map(String::as_str))?;
+                let place = if table.is_empty() {
+                    key.clone()
+                } else {
+                    format!("[{table}] {key}")
+                };
+                return Some(format!("{place}: unknown key; the closest is {near}"));
+            }
+        }
+    }
+    None
 }
 
 /// Finds the key path of an env-var name (lowercased, without `HEARTH_`) in the schema, where

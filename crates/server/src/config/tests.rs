@@ -214,3 +214,28 @@ fn hearth_kernel_names_the_fast_paths_kernels_and_a_name_no_path_has_is_refused(
     );
     assert_eq!(RawConfig::default().resolve().unwrap().kernel, None);
 }
+
+#[test]
+fn a_misspelt_key_of_hearth_toml_is_refused_with_the_closest_key_as_in_models_toml() {
+    let error = |text: &str| {
+        Layers::new()
+            .toml("hearth.toml", text)
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        error("[auth]\nadr = \"127.0.0.1:1\""),
+        "hearth.toml: [auth] adr: unknown key; the closest is addr"
+    );
+    assert_eq!(
+        error("servics = [\"auth\"]"),
+        "hearth.toml: servics: unknown key; the closest is services"
+    );
+    assert_eq!(
+        error("[completon]\naddr = \"127.0.0.1:1\""),
+        "hearth.toml: completon: unknown key; the closest is completion"
+    );
+    // Nothing close: serde's message, which lists the keys known there.
+    let far = error("[auth]\nzzzzzzzzzz = 1");
+    assert!(far.contains("zzzzzzzzzz") && far.contains("addr"), "{far}");
+}
