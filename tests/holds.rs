@@ -60,20 +60,7 @@ async fn assert_overloaded_after_the_engines_figure(refused: reqwest::Response) 
 /// The engine's gauge `name` (`/metrics`), once it reads `value`; false after 30 s.
 async fn gauge_becomes(app: &App, name: &str, value: f64) -> bool {
     for _ in 0..300 {
-        let text = app
-            .http
-            .get(format!("{}/metrics", app.url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let now = text
-            .lines()
-            .find(|l| l.starts_with(&format!("{name}{{")) && l.contains("alpha-3.3"))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse::<f64>().ok());
+        let now = app.metric(name).await;
         if now == Some(value) {
             return true;
         }

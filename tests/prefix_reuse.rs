@@ -9,22 +9,9 @@ use crate::completion::{request, spawn_completion_with, App};
 
 /// `hearth_completion_prefix_reused_tokens_total` for alpha-3.3 (0 before any reuse).
 async fn reused(app: &App) -> f64 {
-    let text = app
-        .http
-        .get(format!("{}/metrics", app.url))
-        .send()
+    app.metric("hearth_completion_prefix_reused_tokens_total")
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find(|l| {
-            l.starts_with("hearth_completion_prefix_reused_tokens_total{")
-                && l.contains("model=\"alpha-3.3\"")
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .map_or(0.0, |v| v.parse().unwrap())
+        .unwrap_or(0.0)
 }
 
 /// The second turn through the OpenAI route, as `user`.
