@@ -19,8 +19,48 @@ use serde_json::Value;
 
 use crate::completion::{dec, request, spawn_completion_with, App};
 
-/// A prompt SmolLM2 answers at length, so a stream of it is still running seconds later.
-const LONG: &str = "Count from 1 to 1000, separated by commas.";
+/// Starts a completion that runs until it is stopped: 2,000 tokens on the OpenAI route with
+/// `ignore_eos`, so it cannot end on its own within a test however fast the machine (greedy
+/// SmolLM2 ends any prompt's answer within a few hundred tokens). `stream` asks for events.
+fn endless(
+    app: &App,
+    token: &str,
+    stream: bool,
+) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Response>> {
+    let (http, url, token) = (app.http.clone(), app.url.clone(), token.to_owned());
+    let body = serde_json::json!({
+        "model": "alpha-3.3",
+        "messages": [{"role": "user", "content": "Count from 1 to 1000, separated by commas."}],
+        "max_tokens": 2000,
+        "temperature": 0.0,
+        "ignore_eos": true,
+        "stream": stream,
+    });
+    tokio::spawn(async move {
+        http.post(format!("{url}/v1/chat/completions"))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+    })
+}
+
+/// An endless stream ([`endless`]) that has made its first token: its body, still open.
+async fn endless_stream(
+    app: &App,
+    token: &str,
+) -> impl futures::Stream<Item = reqwest::Result<axum::body::Bytes>> + Unpin {
+    let running = endless(app, token, true).await.unwrap().unwrap();
+    assert_eq!(running.status(), 200);
+    let mut body = running.bytes_stream();
+    assert!(is_chunk(next_event(&mut body).await));
+    body
+}
+
+/// Whether `event` is an OpenAI stream chunk.
+fn is_chunk(event: Option<Value>) -> bool {
+    event.is_some_and(|e| e["object"] == "chat.completion.chunk")
+}
 
 /// The engines' retry figure in the tests of refusals for load: not the default (1), so that a
 /// header saying it proves the configured figure reached the client.
@@ -103,10 +143,7 @@ async fn a_client_that_gives_up_while_queued_is_charged_nothing_and_its_hold_is_
     .await;
     let runner = app.user("runner", "10").await;
     let waiter = app.user("waiter", "10").await;
-    let running = app.stream(request(&runner, LONG, 2000)).await;
-    assert_eq!(running.status(), 200);
-    let mut body = running.bytes_stream();
-    assert!(next_event(&mut body).await.unwrap()["token"].is_string());
+    let mut body = endless_stream(&app, &runner).await;
 
     let ledger_before = app.store().ledger("waiter").await.unwrap().len();
     let (http, url, req) = (
@@ -125,7 +162,7 @@ async fn a_client_that_gives_up_while_queued_is_charged_nothing_and_its_hold_is_
     queued.abort();
     let _ = queued.await;
     // The runner is still generating, so the waiter never left the queue.
-    assert!(next_event(&mut body).await.unwrap()["token"].is_string());
+    assert!(is_chunk(next_event(&mut body).await));
 
     assert!(
         holds_become(&app, "waiter", 0).await,
@@ -150,10 +187,7 @@ async fn one_user_past_the_cap_gets_429_rate_limited_while_other_users_are_serve
         spawn_completion_with("", |raw| raw.completion.max_concurrent_per_user = Some(1)).await;
     let ann = app.user("ann", "10").await;
     let bob = app.user("bob", "10").await;
-    let running = app.stream(request(&ann, LONG, 2000)).await;
-    assert_eq!(running.status(), 200);
-    let mut body = running.bytes_stream();
-    assert!(next_event(&mut body).await.unwrap()["token"].is_string());
+    let body = endless_stream(&app, &ann).await;
 
     let refused = app
         .http
@@ -264,10 +298,7 @@ async fn a_full_queue_answers_503_overloaded_with_the_engines_configured_retry_a
     let app = one_at_a_time("max_queued = 0").await;
     let runner = app.user("runner", "10").await;
     let refused = app.user("refused", "10").await;
-    let running = app.stream(request(&runner, LONG, 2000)).await;
-    assert_eq!(running.status(), 200);
-    let mut body = running.bytes_stream();
-    assert!(next_event(&mut body).await.unwrap()["token"].is_string());
+    let body = endless_stream(&app, &runner).await;
 
     let answer = app
         .http
@@ -303,18 +334,17 @@ async fn completions_cut_by_shutdown_answer_503_with_the_engines_configured_retr
     let app = one_at_a_time("").await;
     let runner = app.user("runner", "10").await;
     let waiter = app.user("waiter", "10").await;
-    let one_shot = |token: &str, content: &str, max: u64| {
-        let (http, url) = (app.http.clone(), app.url.clone());
-        let body = request(token, content, max);
-        tokio::spawn(async move { http.post(format!("{url}/")).json(&body).send().await })
-    };
-    // One completion running, one waiting in the engine's queue behind it.
-    let running = one_shot(&runner, LONG, 2000);
+    // One completion running (until it is stopped), one waiting in the engine's queue behind it.
+    let running = endless(&app, &runner, false);
     assert!(
         gauge_becomes(&app, "hearth_completion_active_sequences", 1.0).await,
         "the first completion never ran"
     );
-    let queued = one_shot(&waiter, "Hi", 5);
+    let queued = {
+        let (http, url) = (app.http.clone(), app.url.clone());
+        let body = request(&waiter, "Hi", 5);
+        tokio::spawn(async move { http.post(format!("{url}/")).json(&body).send().await })
+    };
     assert!(
         gauge_becomes(&app, "hearth_completion_queue_depth", 1.0).await,
         "the second completion never queued"
@@ -334,10 +364,10 @@ async fn completions_cut_by_shutdown_answer_503_with_the_engines_configured_retr
     assert!(holds_become(&app, "waiter", 0).await);
     assert_eq!(app.store().balance("waiter").await.unwrap(), dec("10"));
     // The running one is aborted after the grace period (500 ms here): the same answer, with
-    // its partial response, billed.
+    // its partial response under `hearth`, billed.
     let running = running.await.unwrap().unwrap();
     let error = assert_overloaded_after_the_engines_figure(running).await;
-    let partial = &error["error"]["details"]["response"];
+    let partial = &error["error"]["hearth"]["details"]["response"];
     assert!(
         partial["usage"]["completionTokens"].as_u64().unwrap() >= 1,
         "{error}"
