@@ -28,6 +28,7 @@ async fn main() {
         initial_balance: Decimal::from(1_000_000),
         node_id: "bench".into(),
         max_connections: u32::try_from(tasks).unwrap_or(16).max(1),
+        ..StoreOptions::default()
     };
     let store = Store::open_at(&location, options)
         .await

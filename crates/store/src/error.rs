@@ -42,6 +42,10 @@ pub enum Error {
     /// The task running a store call ended without an answer (the runtime is shutting down).
     #[error("the store call was interrupted: the runtime is shutting down")]
     Interrupted,
+    /// The database could not be reached lately, so this call was refused without trying it
+    /// (the circuit is open), or it did not answer within the time given.
+    #[error("no answer from the database (down or restarting); try again in {}s", retry_after.as_secs().max(1))]
+    Unavailable { retry_after: std::time::Duration },
     #[cfg(feature = "sled")]
     #[error("storage: {0}")]
     Storage(#[from] sled::Error),
@@ -51,4 +55,29 @@ pub enum Error {
     #[cfg(feature = "postgres")]
     #[error("database migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+impl Error {
+    /// Whether the call failed because the database could not be reached (down, restarting,
+    /// the pool out of connections, the disk failing), rather than because it refused the call.
+    /// Such a call may have been applied or not; what it meant to write is worth retrying.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Error::Unavailable { .. } | Error::Interrupted | Error::Io { .. } => true,
+            #[cfg(feature = "sled")]
+            Error::Storage(e) => matches!(e, sled::Error::Io(_)),
+            #[cfg(feature = "postgres")]
+            Error::Database(e) => crate::postgres::is_unreachable(e),
+            _ => false,
+        }
+    }
+
+    /// When a client refused for this error should come back: set for unavailability only.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Error::Unavailable { retry_after } => Some(*retry_after),
+            e if e.is_unavailable() => Some(crate::RETRY_AFTER),
+            _ => None,
+        }
+    }
 }

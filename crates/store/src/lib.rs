@@ -19,6 +19,7 @@
 #[cfg(not(any(feature = "sled", feature = "postgres")))]
 compile_error!("hearth-store needs the `sled` or the `postgres` feature (or both)");
 
+mod circuit;
 mod error;
 mod model;
 #[cfg(feature = "postgres")]
@@ -26,6 +27,7 @@ mod postgres;
 #[cfg(feature = "sled")]
 mod sled;
 
+pub use circuit::Reachability;
 pub use error::Error;
 pub use model::{BalanceChange, Hold, HoldId, LedgerEntry, LedgerMeta, User};
 #[cfg(feature = "postgres")]
@@ -35,8 +37,19 @@ use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
+
+use circuit::Circuit;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// When a client refused because the store is unreachable should try again: the circuit's
+/// cool-off, after which the next call tries the database.
+pub const RETRY_AFTER: Duration = circuit::COOL_OFF;
+
+/// The longest [`Store::health_check`] takes: past it the store counts as unreachable, so a
+/// health answer never waits on a database that does not answer.
+pub const HEALTH_BUDGET: Duration = Duration::from_millis(800);
 
 /// Options fixed when the store is opened.
 #[derive(Debug, Clone)]
@@ -48,6 +61,9 @@ pub struct StoreOptions {
     pub node_id: String,
     /// Connections in the PostgreSQL pool (unused by sled).
     pub max_connections: u32,
+    /// How long a PostgreSQL call waits for a connection before it fails as unreachable
+    /// (unused by sled).
+    pub acquire_timeout: Duration,
 }
 
 impl Default for StoreOptions {
@@ -56,6 +72,7 @@ impl Default for StoreOptions {
             initial_balance: Decimal::ZERO,
             node_id: "local".into(),
             max_connections: 16,
+            acquire_timeout: Duration::from_millis(750),
         }
     }
 }
@@ -74,6 +91,8 @@ pub enum Location {
 pub struct Store {
     backend: Backend,
     options: Arc<StoreOptions>,
+    /// Refuses calls at once while the database cannot be reached.
+    circuit: Arc<Circuit>,
 }
 
 #[derive(Clone)]
@@ -98,21 +117,37 @@ impl std::fmt::Debug for Store {
 }
 
 /// A read: inline on sled (no disk sync), awaited on PostgreSQL. The backends' methods have the
-/// same names and arguments, so one expression serves both.
+/// same names and arguments, so one expression serves both. Refused at once while the circuit is
+/// open; its outcome is counted by the circuit.
 macro_rules! read {
-    ($self:ident, |$s:ident| $call:expr) => {
-        match &$self.backend {
+    ($self:ident, |$s:ident| $call:expr) => {{
+        $self.circuit.admit()?;
+        let result = match &$self.backend {
             #[cfg(feature = "sled")]
             Backend::Sled($s) => $call,
             #[cfg(feature = "postgres")]
             Backend::Postgres($s) => $call.await,
-        }
-    };
+        };
+        $self.circuit.record(&result);
+        result
+    }};
 }
 
 /// A write that finishes even if the caller goes away: on a blocking thread for sled (it
-/// flushes), in a task of its own for PostgreSQL. `$call` may use only owned values.
+/// flushes), in a task of its own for PostgreSQL. `$call` may use only owned values. Gated and
+/// counted by the circuit as [`read!`] is.
 macro_rules! write {
+    ($self:ident, |$s:ident| $call:expr) => {{
+        $self.circuit.admit()?;
+        let result = unguarded_write!($self, |$s| $call);
+        $self.circuit.record(&result);
+        result
+    }};
+}
+
+/// [`write!`] without the circuit's gate: for the health probe, which must try the database
+/// to learn that it is back.
+macro_rules! unguarded_write {
     ($self:ident, |$s:ident| $call:expr) => {
         match &$self.backend {
             #[cfg(feature = "sled")]
@@ -164,16 +199,19 @@ impl Store {
         Ok(Self {
             backend: Backend::Sled(Arc::new(sled)),
             options: Arc::new(options),
+            circuit: Arc::default(),
         })
     }
 
     /// Connects to the PostgreSQL database at `url`, creating or upgrading its tables.
     #[cfg(feature = "postgres")]
     pub async fn connect(url: &str, options: StoreOptions) -> Result<Self> {
-        let pg = postgres::PgStore::connect(url, options.max_connections).await?;
+        let pg = postgres::PgStore::connect(url, options.max_connections, options.acquire_timeout)
+            .await?;
         Ok(Self {
             backend: Backend::Postgres(Arc::new(pg)),
             options: Arc::new(options),
+            circuit: Arc::default(),
         })
     }
 
@@ -214,8 +252,25 @@ impl Store {
     /// Checks the store can still be used: a write and a read-back of a marker record succeed
     /// (and, on sled, the database folder is still on disk and the write reaches it). Concurrent
     /// checks use separate markers.
+    ///
+    /// Answers within [`HEALTH_BUDGET`] whatever the database does (past it:
+    /// [`Error::Unavailable`]). It tries the database even while the circuit is open, and its
+    /// success closes the circuit, so health turns good as soon as the database is back.
     pub async fn health_check(&self) -> Result<()> {
-        write!(self, |s| s.health_check())
+        let probe = async { unguarded_write!(self, |s| s.health_check()) };
+        let result = match tokio::time::timeout(HEALTH_BUDGET, probe).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::Unavailable {
+                retry_after: RETRY_AFTER,
+            }),
+        };
+        self.circuit.record(&result);
+        result
+    }
+
+    /// Whether the last calls reached the database, without trying it: for `/metrics`.
+    pub fn reachability(&self) -> Reachability {
+        self.circuit.reachability()
     }
 
     // ---- users --------------------------------------------------------------------------

@@ -111,12 +111,35 @@ async fn push_ledger(
     Ok(seq(row.try_get("seq")?))
 }
 
+/// Whether `e` means the database could not be reached, rather than that it refused the call:
+/// the connection failed or broke, the pool had none to give in time, or the server said it is
+/// shutting down, starting or out of connections (SQLSTATE classes 08 and 53, 57P01-57P03).
+pub(crate) fn is_unreachable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Tls(_) => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08") || code.starts_with("53") || code.starts_with("57P0")
+        }),
+        _ => false,
+    }
+}
+
 impl PgStore {
     /// Connects and brings the schema up to date.
-    pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<Self> {
+    /// A call waits at most `acquire_timeout` for a connection (a free one, or a new one while
+    /// the database is down or restarting), so it fails fast rather than hanging.
+    pub(crate) async fn connect(
+        url: &str,
+        max_connections: u32,
+        acquire_timeout: Duration,
+    ) -> Result<Self> {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
-            .acquire_timeout(Duration::from_secs(10))
+            .acquire_timeout(acquire_timeout)
             .connect_with(options(url)?)
             .await?;
         Migrator::new(Embedded).await?.run(&pool).await?;
