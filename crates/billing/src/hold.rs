@@ -7,6 +7,7 @@ use hearth_store::{Hold, LedgerMeta, Store};
 use rust_decimal::Decimal;
 
 use crate::flows::Flows;
+use crate::journal::{Entry, Journal};
 use crate::{Margin, Result};
 
 /// What settling did to the balance.
@@ -15,7 +16,12 @@ pub struct Charge {
     pub cost: Decimal,
     /// The spendable balance before the hold was placed.
     pub balance_before: Decimal,
+    /// The balance the store has after the settlement; for a [`Charge::journaled`] one, the
+    /// balance before less the cost (what this request alone did to it).
     pub balance_after: Decimal,
+    /// The store could not be reached: the settlement waits in the node's journal, which hands
+    /// it to the store once it answers (the hold stays open until then).
+    pub journaled: bool,
 }
 
 /// Metering on top of the store: the default margin, balances and holds, and the money each
@@ -27,6 +33,9 @@ pub struct Meter {
     flows: Arc<Flows>,
     /// Whose totals the money this meter moves adds to.
     service: &'static str,
+    /// Where settlements and releases wait while the store is unreachable; without one they
+    /// fail (a settlement is then released, and a release waits for the node's next start).
+    journal: Option<Arc<Journal>>,
 }
 
 /// The service of a [`Meter`] that [`Meter::for_service`] has not named.
@@ -39,7 +48,21 @@ impl Meter {
             default_margin,
             flows: Arc::default(),
             service: UNATTRIBUTED,
+            journal: None,
         }
+    }
+
+    /// The same meter, keeping settlements the store cannot take in `journal`.
+    pub fn with_journal(self, journal: Arc<Journal>) -> Meter {
+        Meter {
+            journal: Some(journal),
+            ..self
+        }
+    }
+
+    /// The journal this meter keeps settlements in, if any.
+    pub fn journal(&self) -> Option<&Arc<Journal>> {
+        self.journal.as_ref()
     }
 
     /// The same meter, counting the money it moves under `service` (the totals stay shared).
@@ -92,6 +115,7 @@ impl Meter {
     ) -> Result<HeldFunds> {
         let (store, user) = (self.store.clone(), user_id.to_string());
         let (flows, service) = (Arc::clone(&self.flows), self.service);
+        let journal = self.journal.clone();
         let placing = tokio::spawn(async move {
             let hold = store.place_hold(&user, amount, &meta).await?;
             flows.add(service, |t| t.held += hold.amount);
@@ -100,6 +124,7 @@ impl Meter {
                 hold: Some(hold),
                 flows,
                 service,
+                journal,
             })
         });
         placing.await?
@@ -118,6 +143,7 @@ pub struct HeldFunds {
     /// Where the settlement or release is counted.
     flows: Arc<Flows>,
     service: &'static str,
+    journal: Option<Arc<Journal>>,
 }
 
 impl HeldFunds {
@@ -131,36 +157,62 @@ impl HeldFunds {
         self.hold.as_ref().map_or("", |h| h.user_id.as_str())
     }
 
-    /// Settles with the real cost (at most the held amount). If the store refuses, the hold is
-    /// released (the user is not charged) before the error is returned, so a balance read
-    /// afterwards already has the funds back.
+    /// Settles with the real cost (at most the held amount).
+    ///
+    /// When the store cannot be reached, the settlement is written to the journal (durably,
+    /// before this returns) and comes back as a [`Charge::journaled`] charge: the cost stands,
+    /// and the journal hands it to the store later. If the store refuses it outright, or it
+    /// cannot be journaled either, the hold is released (the user is not charged) before the
+    /// error is returned, so a balance read afterwards already has the funds back.
     pub async fn settle(mut self, cost: Decimal) -> Result<Charge> {
         let Some(hold) = self.hold.take() else {
             unreachable!("a HeldFunds holds its hold until it is consumed");
         };
         // The store finishes the settlement even if this future is dropped meanwhile.
-        match self.store.settle_hold(hold.id, cost).await {
+        let e = match self.store.settle_hold(hold.id, cost).await {
             Ok(change) => {
-                self.flows.add(self.service, |t| {
-                    t.charged += cost;
-                    t.released += hold.amount - cost;
-                });
-                Ok(Charge {
+                self.count_settled(hold.amount, cost);
+                return Ok(Charge {
                     cost,
                     balance_before: change.before,
                     balance_after: change.after,
-                })
+                    journaled: false,
+                });
             }
-            Err(e) => {
-                let e = crate::Error::from(e);
-                // Put it back so that if this future is dropped now, dropping `self` releases it.
-                self.hold = Some(hold);
-                if let Err(release) = self.release_now().await {
-                    tracing::warn!(error = %release, "releasing a hold whose settlement failed failed too");
+            Err(e) => crate::Error::from(e),
+        };
+        if let (Some(journal), true) = (&self.journal, e.is_unavailable()) {
+            let entry = Entry {
+                hold: hold.clone(),
+                cost,
+            };
+            match journal.record_async(entry).await {
+                Ok(()) => {
+                    tracing::warn!(hold = %hold.id, user = %hold.user_id, %cost, error = %e, "the store is unreachable: settlement journaled");
+                    self.count_settled(hold.amount, cost);
+                    return Ok(Charge {
+                        cost,
+                        balance_before: hold.balance_before,
+                        balance_after: hold.balance_before - cost,
+                        journaled: true,
+                    });
                 }
-                Err(e)
+                Err(j) => tracing::error!(error = %j, "journaling a settlement failed"),
             }
         }
+        // Put it back so that if this future is dropped now, dropping `self` releases it.
+        self.hold = Some(hold);
+        if let Err(release) = self.release_now().await {
+            tracing::warn!(error = %release, "releasing a hold whose settlement failed failed too");
+        }
+        Err(e)
+    }
+
+    fn count_settled(&self, held: Decimal, cost: Decimal) {
+        self.flows.add(self.service, |t| {
+            t.charged += cost;
+            t.released += held - cost;
+        });
     }
 
     /// Gives the hold back untouched and waits until the store has done so.
@@ -168,12 +220,29 @@ impl HeldFunds {
         self.release_now().await
     }
 
+    /// Releases the hold, or journals the release when the store cannot be reached (the
+    /// journal gives it back once the store answers; that counts as done here).
     async fn release_now(&mut self) -> Result<()> {
         let Some((id, amount)) = self.hold.as_ref().map(|h| (h.id, h.amount)) else {
             return Ok(());
         };
         // Taken only once released, so a drop mid-await still releases it.
-        self.store.release_hold(id).await?;
+        if let Err(e) = self.store.release_hold(id).await {
+            let journal = self.journal.as_ref().filter(|_| e.is_unavailable());
+            let (Some(journal), Some(hold)) = (journal, self.hold.clone()) else {
+                return Err(e.into());
+            };
+            if let Err(j) = journal
+                .record_async(Entry {
+                    hold,
+                    cost: Decimal::ZERO,
+                })
+                .await
+            {
+                tracing::error!(error = %j, "journaling a release failed");
+                return Err(e.into());
+            }
+        }
         self.hold = None;
         self.flows.add(self.service, |t| t.released += amount);
         Ok(())
@@ -184,17 +253,26 @@ impl Drop for HeldFunds {
     fn drop(&mut self) {
         let Some(hold) = self.hold.take() else { return };
         let (flows, service) = (Arc::clone(&self.flows), self.service);
-        let (id, user, amount) = (hold.id, hold.user_id, hold.amount);
+        let journal = self.journal.clone();
+        let (id, user, amount) = (hold.id, hold.user_id.clone(), hold.amount);
         self.store.release_in_background(id, move |result| match result {
             Ok(_) => {
                 flows.add(service, |t| t.released += amount);
                 tracing::info!(hold = %id, user = %user, amount = %amount, "hold released: the request ended without settling")
             }
-            // Still in the store: its node gives it back at its next start (or
-            // `hearth holds release --node` does).
-            Err(e) => {
-                tracing::warn!(hold = %id, error = %e, "releasing a dropped hold failed")
-            }
+            Err(e) => match journal {
+                // A short fsync on the runtime's thread, once per hold dropped while the store
+                // is unreachable.
+                Some(journal) if e.is_unavailable() => {
+                    match journal.record(&Entry { hold, cost: Decimal::ZERO }) {
+                        Ok(()) => flows.add(service, |t| t.released += amount),
+                        Err(j) => tracing::error!(hold = %id, error = %j, "journaling a release failed; the node releases it at its next start"),
+                    }
+                }
+                // Still in the store: its node gives it back at its next start (or
+                // `hearth holds release --node` does).
+                _ => tracing::warn!(hold = %id, error = %e, "releasing a dropped hold failed"),
+            },
         });
     }
 }

@@ -8,6 +8,8 @@
 //!   **once**, at the end, to [`MONEY_SCALE`] (6) decimal places, half away from zero.
 //! - [`Meter`] places holds on the store; a hold comes back as [`HeldFunds`], an owned value
 //!   that settles with the real cost or is released when dropped, on every path.
+//! - [`Journal`]: settlements and releases the store could not take when they were made, kept
+//!   on the node's disk and handed to the store once it answers, exactly once.
 //! - [`Flows`]: the money each service held, charged, released and had credited, counted where
 //!   it moves, for the metrics export.
 //!
@@ -15,10 +17,12 @@
 
 mod flows;
 mod hold;
+mod journal;
 mod price;
 
 pub use flows::{FlowTotals, Flows};
 pub use hold::{Charge, HeldFunds, Meter, UNATTRIBUTED};
+pub use journal::{Entry, Journal, JournalError, Replayed};
 pub use price::{money, Margin, Price, MONEY_SCALE};
 
 use rust_decimal::Decimal;
@@ -57,6 +61,13 @@ impl From<hearth_store::Error> for Error {
             hearth_store::Error::UnknownUser(user) => Error::UnknownUser(user),
             other => Error::Store(other),
         }
+    }
+}
+
+impl Error {
+    /// Whether the store could not be reached (see [`hearth_store::Error::is_unavailable`]).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Error::Store(e) if e.is_unavailable())
     }
 }
 
