@@ -6,7 +6,7 @@ use axum::response::IntoResponse;
 use axum::Router;
 use chrono::Utc;
 use hearth_auth::{IdentityProvider, OidcIdp, ServiceTokens, SharedSecretIdp};
-use hearth_billing::Meter;
+use hearth_billing::{Journal, JournalError, Meter};
 use hearth_store::{Location, Store, StoreOptions};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -57,6 +57,10 @@ pub mod paths {
     pub fn node_id(data_dir: &Path) -> PathBuf {
         data_dir.join("node-id")
     }
+    /// Settlements the store could not take yet, a file per hold (`hearth_billing::Journal`).
+    pub fn journal(data_dir: &Path) -> PathBuf {
+        data_dir.join("journal")
+    }
 }
 
 /// Why the server could not start.
@@ -64,6 +68,8 @@ pub mod paths {
 pub enum StartError {
     #[error("cannot open the store: {0}")]
     Store(#[from] hearth_store::Error),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
     #[error("cannot load key material: {0}")]
     Keys(#[from] hearth_auth::Error),
     #[error("cannot listen for the {service} service on {addr}: {source}")]
@@ -85,6 +91,15 @@ pub struct Running {
     pub state: AppState,
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
+    /// Hands journaled settlements to the store; stopped after the listeners, once nothing can
+    /// settle any more.
+    journal: JournalTask,
+}
+
+struct JournalTask {
+    journal: Arc<Journal>,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
 }
 
 impl Running {
@@ -115,6 +130,33 @@ impl Running {
     pub async fn wait(self) {
         for t in self.tasks {
             let _ = t.await;
+        }
+        // Every stream has settled: one last try to hand journaled settlements to the store;
+        // what it cannot take waits in the data dir for the next start.
+        let JournalTask {
+            journal,
+            stop,
+            task,
+        } = self.journal;
+        stop.cancel();
+        let _ = task.await;
+        let last = tokio::time::timeout(
+            hearth_store::HEALTH_BUDGET,
+            journal.replay(&self.state.store),
+        );
+        match last.await {
+            Ok(Ok(done)) if done.left == 0 => {}
+            Ok(Ok(done)) => {
+                tracing::warn!(
+                    left = done.left,
+                    "journaled settlements wait for the next start"
+                )
+            }
+            Ok(Err(e)) => tracing::error!(error = %e, "reading the settlement journal failed"),
+            Err(_) => tracing::warn!(
+                left = journal.depth(),
+                "journaled settlements wait for the next start"
+            ),
         }
         // Make sure every acknowledged write is on disk before the process goes.
         if let Err(e) = self.state.store.health_check().await {
@@ -166,6 +208,7 @@ pub async fn open_store(config: &Config) -> Result<Store, hearth_store::Error> {
         initial_balance: config.billing.initial_balance,
         node_id: node_id(config)?,
         max_connections: config.store.max_connections,
+        acquire_timeout: config.store.acquire_timeout,
     };
     Store::open_at(&location, options).await
 }
@@ -195,6 +238,23 @@ fn node_id(config: &Config) -> Result<String, hearth_store::Error> {
 /// Starts the configured services and returns once every listener is bound and serving.
 pub async fn start(config: Config) -> Result<Running, StartError> {
     let store = open_store(&config).await?;
+    // Settlements this node promised while the store was unreachable go in before the holds of
+    // its earlier life are released, so none of them turns into a free answer.
+    let journal = Journal::open(paths::journal(&config.data_dir))?;
+    let replayed = journal.replay(&store).await?;
+    if replayed.left > 0 {
+        return Err(hearth_store::Error::Unavailable {
+            retry_after: hearth_store::RETRY_AFTER,
+        }
+        .into());
+    }
+    if replayed.applied + replayed.already_closed > 0 {
+        tracing::warn!(
+            applied = replayed.applied,
+            already_closed = replayed.already_closed,
+            "settlements journaled by an earlier life reached the store"
+        );
+    }
     store.release_stale_holds().await?;
     store.purge_expired(Utc::now()).await?;
     let secret = shared_secret(&store, &paths::service_token_secret(&config.data_dir)).await?;
@@ -251,7 +311,8 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let shutdown = CancellationToken::new();
     let state = AppState {
         model_table: Arc::new(model_table),
-        billing: Meter::new(store.clone(), config.billing.default_margin),
+        billing: Meter::new(store.clone(), config.billing.default_margin)
+            .with_journal(Arc::clone(&journal)),
         config: Arc::new(config),
         store,
         tokens: Arc::new(tokens),
@@ -285,6 +346,14 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         state.store.clone(),
         shutdown.clone(),
     )));
+    let journal_stop = CancellationToken::new();
+    let journal = JournalTask {
+        task: tokio::spawn(
+            Arc::clone(&journal).run(state.store.clone(), journal_stop.clone().cancelled_owned()),
+        ),
+        journal,
+        stop: journal_stop,
+    };
     if let Some(&auth) = addrs.get(&Service::Auth) {
         write_server_file(&state.config.data_dir, auth);
     }
@@ -293,6 +362,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         state,
         shutdown,
         tasks,
+        journal,
     })
 }
 

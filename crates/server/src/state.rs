@@ -84,7 +84,7 @@ impl AppState {
             .store
             .is_token_revoked(&claims.jti)
             .await
-            .map_err(ApiError::internal)?
+            .map_err(ApiError::from)?
         {
             return Err(ApiError::invalid_credentials(
                 "the service token has been revoked",

@@ -16,6 +16,10 @@ pub struct RawStoreConfig {
     pub node_id: Option<String>,
     /// PostgreSQL connections this node keeps open at most.
     pub max_connections: Option<u32>,
+    /// How long a call waits for a PostgreSQL connection before it fails as unreachable
+    /// (default 750 ms): while the database is down, paid requests are refused after this,
+    /// and at once once the store's circuit opens.
+    pub acquire_timeout_ms: Option<u64>,
 }
 
 /// Where the store lives.
@@ -32,6 +36,7 @@ pub struct StoreConfig {
     pub choice: StoreChoice,
     pub node_id: Option<String>,
     pub max_connections: u32,
+    pub acquire_timeout: std::time::Duration,
 }
 
 impl RawStoreConfig {
@@ -64,10 +69,21 @@ impl RawStoreConfig {
         if max_connections == 0 {
             return Err(invalid("store.max_connections", "must be at least 1"));
         }
+        let acquire_timeout = match self.acquire_timeout_ms {
+            None => hearth_store::StoreOptions::default().acquire_timeout,
+            Some(ms @ 1..=60_000) => std::time::Duration::from_millis(ms),
+            Some(_) => {
+                return Err(invalid(
+                    "store.acquire_timeout_ms",
+                    "must be between 1 and 60000",
+                ))
+            }
+        };
         Ok(StoreConfig {
             choice,
             node_id,
             max_connections,
+            acquire_timeout,
         })
     }
 }

@@ -17,6 +17,11 @@ impl From<hearth_store::Error> for ApiError {
             E::NonPositiveAmount(a) => {
                 ApiError::invalid_request("amount", format!("must be positive, got {a}"))
             }
+            // Down, restarting or out of connections: refused at once, with the store's figure.
+            e if e.is_unavailable() => {
+                let after = e.retry_after().unwrap_or(hearth_store::RETRY_AFTER);
+                ApiError::overloaded(format!("the store is unreachable: {e}"), after)
+            }
             other => ApiError::internal(other),
         }
     }

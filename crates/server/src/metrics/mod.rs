@@ -92,7 +92,7 @@ where
     let labels = [(Cow::Borrowed("service"), Cow::Borrowed(service.name()))];
     let mut registry = Registry::with_labels(labels.into_iter());
     state.metrics.http(service).register(&mut registry);
-    money::register(&mut registry, state.billing.flows(), service);
+    money::register(&mut registry, &state.billing, &state.store, service);
     export.export(&mut registry);
     get(scrape).with_state(Arc::new(registry))
 }

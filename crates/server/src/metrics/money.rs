@@ -1,13 +1,16 @@
 //! The money each service moved ([`hearth_billing::Flows`], exact decimals), as counters of
-//! credits: converted to `f64` here, for the export only.
+//! credits: converted to `f64` here, for the export only. Beside them, where that money is
+//! kept: whether the store answers, and how many settlements wait in the node's journal.
 
 use std::fmt;
 use std::sync::Arc;
 
-use hearth_billing::{FlowTotals, Flows};
+use hearth_billing::{FlowTotals, Flows, Journal, Meter};
+use hearth_store::{Reachability, Store};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 use rust_decimal::prelude::ToPrimitive;
 use rust_decimal::Decimal;
@@ -42,19 +45,59 @@ const ADMIN_REMOVED: (&str, &str, Read) = (
     |t| t.debited,
 );
 
-/// The series of the money `service` moves (its row of the service table).
-pub(super) fn register(registry: &mut Registry, flows: &Arc<Flows>, service: Service) {
+/// The series of the money `service` moves (its row of the service table), and the state of
+/// the store and journal it moves it through.
+pub(super) fn register(registry: &mut Registry, meter: &Meter, store: &Store, service: Service) {
     let series: &'static [(&str, &str, Read)] = match service.facts().money {
         MoneyMoved::Holds => &[HELD, CHARGED, RELEASED],
         MoneyMoved::AdminCredits => &[ADMIN_ADDED, ADMIN_REMOVED],
-        MoneyMoved::Nothing => &[],
+        MoneyMoved::Nothing => return,
     };
-    if !series.is_empty() {
-        registry.register_collector(Box::new(Money {
-            flows: Arc::clone(flows),
-            service: service.name(),
-            series,
-        }));
+    registry.register_collector(Box::new(Money {
+        flows: Arc::clone(meter.flows()),
+        service: service.name(),
+        series,
+    }));
+    registry.register_collector(Box::new(Keeping {
+        store: store.clone(),
+        journal: meter.journal().cloned(),
+    }));
+}
+
+/// The store's reachability and the journal's depth, read at scrape time.
+#[derive(Debug)]
+struct Keeping {
+    store: Store,
+    journal: Option<Arc<Journal>>,
+}
+
+impl Collector for Keeping {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let reachability = self.store.reachability();
+        let gauges = [
+            (
+                "hearth_store_reachable",
+                "1 while the store's last calls reached it, 0 while they fail to",
+                i64::from(reachability == Reachability::Reachable),
+            ),
+            (
+                "hearth_store_circuit_open",
+                "1 while calls to the store are refused at once because it cannot be reached",
+                i64::from(reachability == Reachability::Open),
+            ),
+            (
+                "hearth_billing_journal_depth",
+                "Settlements and releases waiting in this node's journal for the store",
+                self.journal
+                    .as_ref()
+                    .map_or(0, |j| i64::try_from(j.depth()).unwrap_or(i64::MAX)),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let gauge = ConstGauge::new(value);
+            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+        }
+        Ok(())
     }
 }
 
