@@ -3,11 +3,14 @@
 #
 #   eval "$(scripts/postgres.sh start)"   # prints export HEARTH_TEST_POSTGRES_URL=... HEARTH_PG_DIR=...
 #   scripts/postgres.sh stop [DIR]          # stops the cluster in DIR (default $HEARTH_PG_DIR), deletes it
+#   scripts/postgres.sh down DIR            # stops the server (fast shutdown), keeps the cluster
+#   scripts/postgres.sh up DIR              # starts it again on the same port
 #
 # The cluster lives in a new temp dir: initdb with trust auth (as the `postgres` user when run
 # as root, since PostgreSQL refuses to run as root), listening on 127.0.0.1 on a free port and
 # on a unix socket in the same dir, durability off (fsync, synchronous_commit): it is thrown
-# away. Tests make a database each on it (hearth_store::create_database).
+# away. Tests make a database each on it (hearth_store::create_database). `down` and `up` are for
+# the tests that take the database away under a running Hearth (tests/chaos.rs).
 set -euo pipefail
 log() { echo "postgres.sh: $*" >&2; }
 
@@ -31,6 +34,13 @@ free_port() {
         || echo $((20000 + RANDOM % 20000))
 }
 
+# run_server BIN DIR PORT: starts the cluster in DIR on PORT; fails if it does not come up.
+run_server() {
+    as_owner "$1/pg_ctl" -D "$2/data" -l "$2/server.log" -w -t 30 \
+        -o "-p $3 -k $2 -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" \
+        start >/dev/null
+}
+
 start() {
     local bin dir port
     bin="$(bindir)"
@@ -40,9 +50,8 @@ start() {
         || { cat "$dir/initdb.log" >&2; exit 1; }
     for _ in 1 2 3 4 5; do
         port="$(free_port)"
-        if as_owner "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 30 \
-            -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" \
-            start >/dev/null; then
+        if run_server "$bin" "$dir" "$port"; then
+            echo "$port" >"$dir/port"
             log "PostgreSQL on 127.0.0.1:$port (cluster $dir)"
             echo "export HEARTH_PG_DIR=$dir"
             echo "export HEARTH_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:$port/postgres"
@@ -62,8 +71,20 @@ stop() {
     rm -rf "$dir"
 }
 
+down() {
+    local dir="$1"
+    as_owner "$(bindir)/pg_ctl" -D "$dir/data" -m fast -w -t 30 stop >/dev/null
+}
+
+up() {
+    local dir="$1"
+    run_server "$(bindir)" "$dir" "$(cat "$dir/port")" || { tail -n 20 "$dir/server.log" >&2; exit 1; }
+}
+
 case "${1:-}" in
     start) start ;;
     stop) stop "${2:-}" ;;
-    *) echo "usage: $0 start | stop [DIR]" >&2; exit 2 ;;
+    down) down "${2:?usage: $0 down DIR}" ;;
+    up) up "${2:?usage: $0 up DIR}" ;;
+    *) echo "usage: $0 start | stop [DIR] | down DIR | up DIR" >&2; exit 2 ;;
 esac

@@ -22,7 +22,7 @@ async fn database(test: &str) -> Option<String> {
 }
 
 /// Runs the `hearth` CLI on `data_dir` against the store at `url`; returns its stdout.
-fn hearth(args: &[&str], data_dir: &Path, url: &str) -> String {
+pub(crate) fn hearth(args: &[&str], data_dir: &Path, url: &str) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
         .args(args)
         .arg("--data-dir")
@@ -39,7 +39,7 @@ fn hearth(args: &[&str], data_dir: &Path, url: &str) -> String {
     stdout
 }
 
-async fn post(url: &str, path: &str, body: Value) -> (StatusCode, Value) {
+pub(crate) async fn post(url: &str, path: &str, body: Value) -> (StatusCode, Value) {
     let resp = reqwest::Client::new()
         .post(format!("{url}{path}"))
         .json(&body)
@@ -50,7 +50,7 @@ async fn post(url: &str, path: &str, body: Value) -> (StatusCode, Value) {
     (status, resp.json().await.unwrap_or(Value::Null))
 }
 
-async fn sign_in(node: &ServerProcess, user: &str, idp: &str) -> String {
+pub(crate) async fn sign_in(node: &ServerProcess, user: &str, idp: &str) -> String {
     let (status, body) = post(
         node.url("auth"),
         "/token",

@@ -8,6 +8,7 @@ mod auth;
 mod auth_admin;
 mod auth_oidc;
 mod browser_auth;
+mod chaos;
 mod completion;
 mod completion_browser;
 mod completion_refusals;

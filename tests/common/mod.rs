@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test module uses a different part
 
 pub mod browser;
+pub mod postgres;
 pub mod process;
 
 use hearth_server::app::paths;

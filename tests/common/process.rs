@@ -109,8 +109,19 @@ impl ServerProcess {
     /// Kills the process with SIGKILL (no clean-up of any kind runs), then starts it again with
     /// the same data dir, models and environment, on new ephemeral ports.
     pub fn kill_and_restart(&mut self) {
+        self.kill();
+        self.restart();
+    }
+
+    /// Kills the process with SIGKILL and waits for it to end; no clean-up of any kind runs.
+    pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Starts the (ended) process again with the same data dir, models and environment, on
+    /// new ephemeral ports.
+    pub fn restart(&mut self) {
         let (child, urls) = self.launch.spawn(self._dir.path());
         self.child = child;
         self.urls = urls;

@@ -1,0 +1,372 @@
+//! Faults without loss: the database taken away under running `hearth serve` processes and
+//! brought back. Every test runs on a PostgreSQL cluster of its own (`common::postgres`), which
+//! it stops (`pg_ctl stop -m fast`: every connection is cut) and starts again on the same port.
+//!
+//! What must hold, whatever the database does:
+//! - money: the balance at the end is the start less exactly the costs of the answers that said
+//!   they cost something; no hold is left open. A settlement the store cannot take waits in the
+//!   node's journal (`hearth_billing::Journal`) and reaches the store once it is back, also when
+//!   the node is killed with SIGKILL meanwhile and started again;
+//! - nobody hangs: health answers at once (completion 500, auth 503) and new paid requests are
+//!   refused with 503 and `Retry-After` while the database is down, and every request gets an
+//!   answer within its limit.
+//!
+//! Skipped (with a message) without `HEARTH_TEST_POSTGRES_URL`, as the other PostgreSQL tests.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rust_decimal::Decimal;
+use serde_json::{json, Value};
+
+use crate::common::postgres::Cluster;
+use crate::common::process::ServerProcess;
+use crate::completion::{cost_of, dec, models_toml, request};
+use crate::multinode::{hearth, sign_in};
+
+/// The longest a test lets one request take: far above any answer here (a few tokens), so only
+/// a request hanging on the database reaches it.
+const REQUEST_LIMIT: Duration = Duration::from_secs(20);
+
+/// The longest a health answer may take in these tests. The server bounds its check at
+/// `hearth_store::HEALTH_BUDGET` (0.8 s); the rest is room for a loaded CI machine.
+const HEALTH_LIMIT: Duration = Duration::from_secs(2);
+
+/// How long a refusal of a new paid request may take while the database is down: the pool's
+/// acquire timeout (0.75 s) before the circuit opens, at once after; the rest is room again.
+const REFUSAL_LIMIT: Duration = Duration::from_secs(2);
+
+/// `n` auth + completion nodes on the database at `url`, each in its own data dir (10 credits
+/// for a new user, no per-user cap, room in the queue for every client).
+async fn nodes(url: &str, n: usize, dir: &std::path::Path) -> Vec<ServerProcess> {
+    let models = models_toml(dir);
+    let table = std::fs::read_to_string(&models).unwrap().replacen(
+        "shutdown_grace_ms = 500",
+        "shutdown_grace_ms = 500\nmax_queued = 256",
+        1,
+    );
+    std::fs::write(&models, table).unwrap();
+    let url = url.to_string();
+    tokio::task::spawn_blocking(move || {
+        let env = [
+            ("HEARTH_STORE_URL", url.as_str()),
+            ("HEARTH_BILLING_INITIAL_BALANCE", "10"),
+            ("HEARTH_COMPLETION_MAX_CONCURRENT_PER_USER", "0"),
+        ];
+        (0..n)
+            .map(|_| ServerProcess::start(&["auth", "completion"], &models, &env))
+            .collect()
+    })
+    .await
+    .unwrap()
+}
+
+/// A store handle of the test's own, for reading balances and holds.
+async fn store(url: &str) -> hearth_store::Store {
+    hearth_store::Store::connect(url, Default::default())
+        .await
+        .unwrap()
+}
+
+/// `GET {url}/`: its status and how long the answer took.
+async fn health(http: &reqwest::Client, url: &str) -> (u16, Duration) {
+    let started = Instant::now();
+    let status = http
+        .get(format!("{url}/"))
+        .timeout(REQUEST_LIMIT)
+        .send()
+        .await
+        .map_or(0, |r| r.status().as_u16());
+    (status, started.elapsed())
+}
+
+/// A gauge of the node's completion `/metrics` (the first series of that name).
+async fn gauge(http: &reqwest::Client, node: &ServerProcess, name: &str) -> Option<f64> {
+    let text = http
+        .get(format!("{}/metrics", node.url("completion")))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Waits up to 30 s for `check` to hold.
+async fn eventually<F: std::future::Future<Output = bool>>(mut check: impl FnMut() -> F) -> bool {
+    for _ in 0..300 {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+/// One answer a client got: its status and what it said it cost (zero unless 200).
+struct Answer {
+    status: u16,
+    cost: Decimal,
+    took: Duration,
+}
+
+/// Paid completions from `clients` tasks, spread over `nodes`, until `stop` is set.
+fn traffic(
+    nodes: &[ServerProcess],
+    token: &str,
+    clients: usize,
+    stop: &Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<Vec<Answer>>> {
+    let http = reqwest::Client::new();
+    (0..clients)
+        .map(|c| {
+            let urls: Vec<String> = nodes.iter().map(|n| n.url("completion").into()).collect();
+            let (http, token, stop) = (http.clone(), token.to_string(), Arc::clone(stop));
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                let mut i = c;
+                while !stop.load(Ordering::Relaxed) {
+                    let url = format!("{}/", urls[i % urls.len()]);
+                    let body = request(&token, &format!("Say {i}."), 6);
+                    let started = Instant::now();
+                    let sent = http
+                        .post(url)
+                        .json(&body)
+                        .timeout(REQUEST_LIMIT)
+                        .send()
+                        .await;
+                    let response =
+                        sent.unwrap_or_else(|e| panic!("request {i} got no answer: {e}"));
+                    let status = response.status().as_u16();
+                    let retry_after = response.headers().get("retry-after").cloned();
+                    let body: Value = response.json().await.unwrap_or(Value::Null);
+                    let cost = match status {
+                        200 => cost_of(&body),
+                        503 => {
+                            assert!(retry_after.is_some(), "a 503 without Retry-After: {body}");
+                            assert_eq!(body["error"]["type"], "Overloaded", "{body}");
+                            Decimal::ZERO
+                        }
+                        _ => panic!("request {i}: {status} {body}"),
+                    };
+                    answers.push(Answer {
+                        status,
+                        cost,
+                        took: started.elapsed(),
+                    });
+                    i += clients;
+                }
+                answers
+            })
+        })
+        .collect()
+}
+
+/// Traffic on `n` nodes; the database stops for a few seconds and starts again. Health and new
+/// requests answer at once meanwhile, and afterwards the money is exact and no hold is open.
+async fn an_outage_mid_traffic(n: usize, test: &str) {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let url = cluster.database(test).await;
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = nodes(&url, n, dir.path()).await;
+    let idp = hearth(&["idp", "mint", "eve"], nodes[0].data_dir(), &url);
+    let token = sign_in(&nodes[0], "eve", idp.trim()).await;
+    let store = store(&url).await;
+    let initial = store.balance("eve").await.unwrap();
+    let http = reqwest::Client::new();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients = traffic(&nodes, &token, 6, &stop);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    tokio::task::block_in_place(|| cluster.down());
+    let down_at = Instant::now();
+    // Health answers within its bound in the failing states while the database is away.
+    for node in &nodes {
+        let (status, took) = health(&http, node.url("completion")).await;
+        assert_eq!(status, 500, "completion health while the database is down");
+        assert!(took < HEALTH_LIMIT, "completion health took {took:?}");
+        let (status, took) = health(&http, node.url("auth")).await;
+        assert_eq!(status, 503, "auth health while the database is down");
+        assert!(took < HEALTH_LIMIT, "auth health took {took:?}");
+    }
+    // A new paid request is refused at once with the store's figure, not left waiting.
+    for node in &nodes {
+        let started = Instant::now();
+        let refused = http
+            .post(format!("{}/", node.url("completion")))
+            .json(&request(&token, "Say hello.", 6))
+            .timeout(REQUEST_LIMIT)
+            .send()
+            .await
+            .unwrap();
+        let took = started.elapsed();
+        assert_eq!(refused.status(), 503);
+        assert_eq!(
+            refused.headers()["retry-after"],
+            hearth_store::RETRY_AFTER.as_secs().to_string().as_str()
+        );
+        assert!(took < REFUSAL_LIMIT, "the refusal took {took:?}");
+    }
+    tokio::time::sleep(Duration::from_secs(5).saturating_sub(down_at.elapsed())).await;
+    tokio::task::block_in_place(|| cluster.up());
+
+    // Healthy again as soon as the database is back, and serving.
+    for node in &nodes {
+        let url = node.url("completion").to_string();
+        assert!(
+            eventually(|| {
+                let (http, url) = (http.clone(), url.clone());
+                async move { health(&http, &url).await.0 == 200 }
+            })
+            .await,
+            "the node never turned healthy again"
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut answers = Vec::new();
+    for c in clients {
+        answers.extend(c.await.unwrap());
+    }
+    let served = answers.iter().filter(|a| a.status == 200).count();
+    let refused = answers.iter().filter(|a| a.status == 503).count();
+    assert!(
+        served > 0 && refused > 0,
+        "{served} served, {refused} refused"
+    );
+    let slowest = answers.iter().map(|a| a.took).max().unwrap();
+    assert!(slowest < REQUEST_LIMIT, "an answer took {slowest:?}");
+
+    // Every journaled settlement reached the store; the money is exact.
+    for node in &nodes {
+        assert!(
+            eventually(|| async {
+                gauge(&http, node, "hearth_billing_journal_depth").await == Some(0.0)
+            })
+            .await,
+            "a node's journal never emptied"
+        );
+    }
+    assert_eq!(
+        store.holds("eve").await.unwrap(),
+        vec![],
+        "a hold was left open"
+    );
+    let spent: Decimal = answers.iter().map(|a| a.cost).sum();
+    assert_eq!(
+        store.balance("eve").await.unwrap(),
+        initial - spent,
+        "{served} answers said they cost {spent} in all"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_stopped_mid_traffic_under_one_node_costs_no_money_and_nothing_hangs() {
+    an_outage_mid_traffic(1, "chaos_one_node").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_stopped_mid_traffic_under_two_nodes_costs_no_money_and_nothing_hangs() {
+    an_outage_mid_traffic(2, "chaos_two_nodes").await;
+}
+
+/// Completions finish while the database is down: each is answered with its cost and waits in
+/// the node's journal. The node is killed with SIGKILL, the database comes back, the node starts
+/// again in its data dir: it replays the journal before releasing its earlier life's holds, so
+/// the balance is the start less exactly what the answers said, once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_while_its_journal_holds_settlements_charges_them_once_after_restart() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let url = cluster.database("chaos_journal").await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = nodes(&url, 1, dir.path()).await;
+    let idp = hearth(&["idp", "mint", "fay"], nodes[0].data_dir(), &url);
+    let token = sign_in(&nodes[0], "fay", idp.trim()).await;
+    let store = store(&url).await;
+    let initial = store.balance("fay").await.unwrap();
+    let http = reqwest::Client::new();
+
+    // Three completions that run until their token limit (`ignore_eos`), long enough to be
+    // running when the database goes.
+    const RUNNING: usize = 3;
+    let running: Vec<_> = (0..RUNNING)
+        .map(|i| {
+            let url = format!("{}/v1/chat/completions", nodes[0].url("completion"));
+            let body = json!({
+                "model": "alpha-3.3",
+                "messages": [{"role": "user", "content": format!("Count from {i} to 1000.")}],
+                "max_tokens": 300,
+                "temperature": 0.0,
+                "ignore_eos": true,
+            });
+            let (http, token) = (http.clone(), token.clone());
+            tokio::spawn(async move {
+                let r = http
+                    .post(url)
+                    .bearer_auth(token)
+                    .json(&body)
+                    .timeout(Duration::from_secs(120))
+                    .send()
+                    .await
+                    .unwrap();
+                let status = r.status();
+                let body: Value = r.json().await.unwrap();
+                assert_eq!(status, 200, "{body}");
+                body
+            })
+        })
+        .collect();
+    assert!(
+        eventually(|| async { store.holds("fay").await.unwrap().len() == RUNNING }).await,
+        "the completions never held their funds"
+    );
+    tokio::task::block_in_place(|| cluster.down());
+
+    let mut spent = Decimal::ZERO;
+    for r in running {
+        let body = r.await.unwrap();
+        let cost = &body["hearth"];
+        spent +=
+            dec(cost["input_cost"].as_str().unwrap()) + dec(cost["output_cost"].as_str().unwrap());
+    }
+    assert!(spent > Decimal::ZERO);
+    let journal = nodes[0].data_dir().join("journal");
+    let waiting = std::fs::read_dir(&journal).unwrap().count();
+    assert_eq!(
+        waiting, RUNNING,
+        "each answered settlement waits in {journal:?}"
+    );
+
+    // Killed while they wait; the database comes back; the node starts again.
+    let node = &mut nodes[0];
+    tokio::task::block_in_place(|| {
+        node.kill();
+        cluster.up();
+        node.restart();
+    });
+    assert_eq!(std::fs::read_dir(&journal).unwrap().count(), 0);
+    assert_eq!(
+        store.holds("fay").await.unwrap(),
+        vec![],
+        "a hold was left open"
+    );
+    assert_eq!(store.balance("fay").await.unwrap(), initial - spent);
+    // One debit per answer: replaying did not charge twice.
+    let debits = store
+        .ledger("fay")
+        .await
+        .unwrap()
+        .iter()
+        .filter(|e| e.amount < Decimal::ZERO)
+        .count();
+    assert_eq!(debits, RUNNING);
+}
