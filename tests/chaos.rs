@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use crate::common::postgres::Cluster;
 use crate::common::process::ServerProcess;
 use crate::completion::{cost_of, dec, models_toml, request};
-use crate::multinode::{hearth, sign_in};
+use crate::multinode::{hearth, n_completion_nodes, sign_in};
 
 /// The longest a test lets one request take: far above any answer here (a few tokens), so only
 /// a request hanging on the database reaches it.
@@ -47,19 +47,7 @@ async fn nodes(url: &str, n: usize, dir: &std::path::Path) -> Vec<ServerProcess>
         1,
     );
     std::fs::write(&models, table).unwrap();
-    let url = url.to_string();
-    tokio::task::spawn_blocking(move || {
-        let env = [
-            ("HEARTH_STORE_URL", url.as_str()),
-            ("HEARTH_BILLING_INITIAL_BALANCE", "10"),
-            ("HEARTH_COMPLETION_MAX_CONCURRENT_PER_USER", "0"),
-        ];
-        (0..n)
-            .map(|_| ServerProcess::start(&["auth", "completion"], &models, &env))
-            .collect()
-    })
-    .await
-    .unwrap()
+    n_completion_nodes(url, models, n).await
 }
 
 /// A store handle of the test's own, for reading balances and holds.

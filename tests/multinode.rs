@@ -99,6 +99,17 @@ fn two_nodes(url: &str) -> (tempfile::TempDir, ServerProcess, ServerProcess) {
 /// Starts two auth + completion nodes on the database at `url` with the model table `models`
 /// (10 credits for a new user, no per-user cap).
 async fn completion_nodes(url: &str, models: std::path::PathBuf) -> (ServerProcess, ServerProcess) {
+    let mut nodes = n_completion_nodes(url, models, 2).await;
+    let b = nodes.pop().unwrap();
+    (nodes.pop().unwrap(), b)
+}
+
+/// Starts `n` auth + completion nodes, as [`completion_nodes`] does.
+pub(crate) async fn n_completion_nodes(
+    url: &str,
+    models: std::path::PathBuf,
+    n: usize,
+) -> Vec<ServerProcess> {
     let url = url.to_string();
     tokio::task::spawn_blocking(move || {
         let env = [
@@ -106,8 +117,9 @@ async fn completion_nodes(url: &str, models: std::path::PathBuf) -> (ServerProce
             ("HEARTH_BILLING_INITIAL_BALANCE", "10"),
             ("HEARTH_COMPLETION_MAX_CONCURRENT_PER_USER", "0"),
         ];
-        let start = || ServerProcess::start(&["auth", "completion"], &models, &env);
-        (start(), start())
+        (0..n)
+            .map(|_| ServerProcess::start(&["auth", "completion"], &models, &env))
+            .collect()
     })
     .await
     .unwrap()

@@ -288,23 +288,8 @@ impl std::fmt::Debug for HeldFunds {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::{d, store_with};
     use crate::Error;
-    use std::str::FromStr;
-
-    fn d(s: &str) -> Decimal {
-        Decimal::from_str(s).unwrap()
-    }
-
-    async fn store_with(user: &str, balance: &str) -> (tempfile::TempDir, Store) {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), Default::default()).unwrap();
-        store.ensure_user(user, false).await.unwrap();
-        store
-            .credit(user, d(balance), &LedgerMeta::reason("test funds"))
-            .await
-            .unwrap();
-        (dir, store)
-    }
 
     /// Waits (up to 5 s) until `user` has no open hold.
     async fn holds_end(store: &Store, user: &str) -> bool {

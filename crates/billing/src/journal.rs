@@ -243,23 +243,8 @@ impl Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::{d, store_with};
     use hearth_store::LedgerMeta;
-    use std::str::FromStr;
-
-    fn d(s: &str) -> Decimal {
-        Decimal::from_str(s).unwrap()
-    }
-
-    async fn store_with(user: &str, balance: &str) -> (tempfile::TempDir, Store) {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path().join("db"), Default::default()).unwrap();
-        store.ensure_user(user, false).await.unwrap();
-        store
-            .credit(user, d(balance), &LedgerMeta::reason("test funds"))
-            .await
-            .unwrap();
-        (dir, store)
-    }
 
     async fn hold(store: &Store, user: &str, amount: &str) -> Hold {
         store

@@ -19,6 +19,8 @@ mod flows;
 mod hold;
 mod journal;
 mod price;
+#[cfg(test)]
+mod test_support;
 
 pub use flows::{FlowTotals, Flows};
 pub use hold::{Charge, HeldFunds, Meter, UNATTRIBUTED};
