@@ -61,8 +61,9 @@ pub struct StoreOptions {
     pub node_id: String,
     /// Connections in the PostgreSQL pool (unused by sled).
     pub max_connections: u32,
-    /// How long a PostgreSQL call waits for a connection before it fails as unreachable
-    /// (unused by sled).
+    /// How long a PostgreSQL call waits for a connection while no call gets one (the database
+    /// is down or restarting) before it fails as unreachable; a pool that is only busy is waited
+    /// for (unused by sled).
     pub acquire_timeout: Duration,
 }
 

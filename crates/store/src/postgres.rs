@@ -14,10 +14,11 @@
 use chrono::{DateTime, SubsecRound, Utc};
 use rust_decimal::Decimal;
 use sqlx::migrate::Migrator;
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgPoolOptions, PgRow};
 use sqlx::{PgPool, Postgres, Row, Transaction};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::model::{self, BalanceChange, Hold, HoldId, LedgerEntry, LedgerMeta, User};
 use crate::{Error, Result};
@@ -31,7 +32,16 @@ pub(crate) struct PgStore {
     pool: PgPool,
     /// Makes each health check's marker key unique within this process.
     health_seq: AtomicU64,
+    /// How long a call waits for a connection while no call has got one (see [`PgStore::conn`]).
+    unreachable_after: Duration,
+    /// When a call last got a connection, in milliseconds since `epoch`.
+    last_acquired_ms: AtomicU64,
+    epoch: Instant,
 }
+
+/// The longest a call waits for a connection while the database answers others: under load
+/// the pool is busy, not broken, and a request should wait its turn.
+const BUSY_WAIT: Duration = Duration::from_secs(30);
 
 type Tx = Transaction<'static, Postgres>;
 
@@ -129,24 +139,61 @@ pub(crate) fn is_unreachable(e: &sqlx::Error) -> bool {
 }
 
 impl PgStore {
-    /// Connects and brings the schema up to date.
-    /// A call waits at most `acquire_timeout` for a connection (a free one, or a new one while
-    /// the database is down or restarting), so it fails fast rather than hanging.
+    /// Connects and brings the schema up to date. `unreachable_after`: see [`PgStore::conn`].
     pub(crate) async fn connect(
         url: &str,
         max_connections: u32,
-        acquire_timeout: Duration,
+        unreachable_after: Duration,
     ) -> Result<Self> {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
-            .acquire_timeout(acquire_timeout)
+            .acquire_timeout(BUSY_WAIT)
             .connect_with(options(url)?)
             .await?;
         Migrator::new(Embedded).await?.run(&pool).await?;
         Ok(Self {
             pool,
             health_seq: AtomicU64::new(0),
+            unreachable_after,
+            last_acquired_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
         })
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// A connection of the pool. While other calls keep getting connections the database
+    /// answers and the pool is only busy, so this waits its turn (up to [`BUSY_WAIT`]); once no
+    /// call has got one for `unreachable_after` (the database is down or restarting: the pool
+    /// keeps failing to connect), it gives up with `PoolTimedOut`, which counts as unreachable.
+    /// Only the wait is cut short, never a statement, so no write is left half-known.
+    async fn conn(&self) -> Result<PoolConnection<Postgres>> {
+        let acquire = self.pool.acquire();
+        tokio::pin!(acquire);
+        let window = u64::try_from(self.unreachable_after.as_millis()).unwrap_or(u64::MAX);
+        loop {
+            match tokio::time::timeout(self.unreachable_after, &mut acquire).await {
+                Ok(conn) => {
+                    let conn = conn?;
+                    self.last_acquired_ms
+                        .store(self.now_ms(), Ordering::Relaxed);
+                    return Ok(conn);
+                }
+                Err(_) => {
+                    let last = self.last_acquired_ms.load(Ordering::Relaxed);
+                    if self.now_ms().saturating_sub(last) > window {
+                        return Err(sqlx::Error::PoolTimedOut.into());
+                    }
+                }
+            }
+        }
+    }
+
+    /// A transaction on a connection from [`PgStore::conn`].
+    async fn begin(&self) -> Result<Tx> {
+        Ok(Transaction::begin(self.conn().await?, None).await?)
     }
 
     /// A write, a read-back and a rollback of a marker row in `meta`.
@@ -154,7 +201,7 @@ impl PgStore {
         let n = self.health_seq.fetch_add(1, Ordering::Relaxed);
         let key = format!("health/{}/{n}", std::process::id());
         let stamp = Utc::now().to_rfc3339();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         sqlx::query("INSERT INTO meta (key, value) VALUES ($1, $2)")
             .bind(&key)
             .bind(&stamp)
@@ -179,7 +226,7 @@ impl PgStore {
         is_marketing: bool,
         initial: Decimal,
     ) -> Result<(User, bool)> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let created_at = now();
         // A second node creating the same user at the same moment waits here for the first's
         // commit, then sees the row and inserts nothing.
@@ -231,7 +278,7 @@ impl PgStore {
     pub(crate) async fn user(&self, user_id: &str) -> Result<Option<User>> {
         let row = sqlx::query("SELECT is_marketing, created_at FROM users WHERE user_id = $1")
             .bind(user_id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *self.conn().await?)
             .await?;
         row.map(|r| {
             Ok(User {
@@ -249,7 +296,7 @@ impl PgStore {
             "SELECT u.user_id, u.is_marketing, u.created_at, COALESCE(b.balance, 0) AS balance \
              FROM users u LEFT JOIN balances b USING (user_id) ORDER BY u.user_id COLLATE \"C\"",
         )
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *self.conn().await?)
         .await?;
         rows.iter()
             .map(|r| {
@@ -266,7 +313,7 @@ impl PgStore {
     pub(crate) async fn balance(&self, user_id: &str) -> Result<Decimal> {
         sqlx::query_scalar("SELECT balance FROM balances WHERE user_id = $1")
             .bind(user_id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *self.conn().await?)
             .await?
             .ok_or_else(|| Error::UnknownUser(user_id.to_string()))
     }
@@ -277,7 +324,7 @@ impl PgStore {
              FROM ledger WHERE user_id = $1 ORDER BY seq",
         )
         .bind(user_id)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *self.conn().await?)
         .await?;
         rows.iter()
             .map(|r| {
@@ -306,7 +353,7 @@ impl PgStore {
         delta: Decimal,
         meta: &LedgerMeta,
     ) -> Result<BalanceChange> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let before = lock_balance(&mut tx, user_id).await?;
         let after = model::checked_after(before, delta)?;
         set_balance(&mut tx, user_id, after).await?;
@@ -326,7 +373,7 @@ impl PgStore {
         meta: &LedgerMeta,
         node_id: &str,
     ) -> Result<Hold> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let before = lock_balance(&mut tx, user_id).await?;
         let after = model::checked_after(before, -amount)?;
         set_balance(&mut tx, user_id, after).await?;
@@ -363,7 +410,7 @@ impl PgStore {
         hold_id: HoldId,
         actual: Decimal,
     ) -> Result<BalanceChange> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let row = sqlx::query(&format!(
             "DELETE FROM holds WHERE id = $1 RETURNING {HOLD_COLUMNS}"
         ))
@@ -404,7 +451,7 @@ impl PgStore {
         ))
         .bind(user_id)
         .bind(node_id)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *self.conn().await?)
         .await?;
         rows.iter().map(hold_row).collect()
     }
@@ -418,7 +465,7 @@ impl PgStore {
         )
         .bind(jti)
         .bind(expires_at)
-        .execute(&self.pool)
+        .execute(&mut *self.conn().await?)
         .await?;
         Ok(())
     }
@@ -427,7 +474,7 @@ impl PgStore {
         Ok(
             sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM revoked_tokens WHERE jti = $1)")
                 .bind(jti)
-                .fetch_one(&self.pool)
+                .fetch_one(&mut *self.conn().await?)
                 .await?,
         )
     }
@@ -445,7 +492,7 @@ impl PgStore {
         .bind(idp_token_id)
         .bind(jti)
         .bind(jti_expires_at)
-        .execute(&self.pool)
+        .execute(&mut *self.conn().await?)
         .await?;
         Ok(())
     }
@@ -455,7 +502,7 @@ impl PgStore {
         idp_token_id: &str,
         idp_expires_at: DateTime<Utc>,
     ) -> Result<usize> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let count: i64 = sqlx::query_scalar(
             "WITH gone AS (DELETE FROM idp_sessions WHERE idp_token_id = $1 \
              RETURNING jti, expires_at), \
@@ -483,7 +530,7 @@ impl PgStore {
         Ok(
             sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM idp_revoked WHERE idp_token_id = $1)")
                 .bind(idp_token_id)
-                .fetch_one(&self.pool)
+                .fetch_one(&mut *self.conn().await?)
                 .await?,
         )
     }
@@ -493,7 +540,7 @@ impl PgStore {
         for table in ["revoked_tokens", "idp_sessions", "idp_revoked"] {
             removed += sqlx::query(&format!("DELETE FROM {table} WHERE expires_at <= $1"))
                 .bind(now)
-                .execute(&self.pool)
+                .execute(&mut *self.conn().await?)
                 .await?
                 .rows_affected();
         }
@@ -503,7 +550,10 @@ impl PgStore {
     /// Runs a statement as it is (tests reach past the API with it).
     #[cfg(test)]
     pub(crate) async fn raw(&self, sql: &str) -> Result<u64> {
-        Ok(sqlx::query(sql).execute(&self.pool).await?.rows_affected())
+        Ok(sqlx::query(sql)
+            .execute(&mut *self.conn().await?)
+            .await?
+            .rows_affected())
     }
 
     // ---- shared values ------------------------------------------------------------------
@@ -512,11 +562,11 @@ impl PgStore {
         sqlx::query("INSERT INTO meta (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING")
             .bind(key)
             .bind(value)
-            .execute(&self.pool)
+            .execute(&mut *self.conn().await?)
             .await?;
         Ok(sqlx::query_scalar("SELECT value FROM meta WHERE key = $1")
             .bind(key)
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *self.conn().await?)
             .await?)
     }
 }
@@ -529,7 +579,7 @@ impl PgStore {
         )
         .bind(key)
         .bind(value)
-        .execute(&self.pool)
+        .execute(&mut *self.conn().await?)
         .await?;
         Ok(())
     }
@@ -537,7 +587,7 @@ impl PgStore {
     pub(crate) async fn remove_value(&self, key: &str) -> Result<()> {
         sqlx::query("DELETE FROM meta WHERE key = $1")
             .bind(key)
-            .execute(&self.pool)
+            .execute(&mut *self.conn().await?)
             .await?;
         Ok(())
     }
@@ -547,7 +597,7 @@ impl PgStore {
             "SELECT key, value FROM meta WHERE starts_with(key, $1) ORDER BY key COLLATE \"C\"",
         )
         .bind(prefix)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *self.conn().await?)
         .await?;
         rows.iter()
             .map(|r| Ok((r.try_get("key")?, r.try_get("value")?)))

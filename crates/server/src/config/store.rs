@@ -16,9 +16,9 @@ pub struct RawStoreConfig {
     pub node_id: Option<String>,
     /// PostgreSQL connections this node keeps open at most.
     pub max_connections: Option<u32>,
-    /// How long a call waits for a PostgreSQL connection before it fails as unreachable
-    /// (default 750 ms): while the database is down, paid requests are refused after this,
-    /// and at once once the store's circuit opens.
+    /// How long a call waits for a PostgreSQL connection while no call gets one (the database
+    /// is down or restarting) before it fails as unreachable (default 750 ms); a pool that is
+    /// only busy is waited for. Past three such failures the store's circuit refuses at once.
     pub acquire_timeout_ms: Option<u64>,
 }
 
