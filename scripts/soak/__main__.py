@@ -57,9 +57,11 @@ RSS_EVERY = 5
 
 
 def with_rss_window(proc, samples):
-    """`proc` with the median and maximum RSS of `samples` (its own reading when there are none)."""
+    """`proc` with the least, median and greatest RSS of `samples` (its own reading when there
+    are none)."""
     samples = sorted(samples) or [proc["rss_kib"]]
-    return dict(proc, rss_med_kib=samples[len(samples) // 2], rss_max_kib=samples[-1])
+    return dict(proc, rss_min_kib=samples[0], rss_med_kib=samples[len(samples) // 2],
+                rss_max_kib=samples[-1])
 
 
 def drive(traffic, duration, rate, stop, on_tick):
@@ -174,9 +176,10 @@ def main():
         traffic = Traffic(server.urls, users, recorder, benign, hostile)
         table.row(0, server.sample(), [], 0)  # idle, models loaded: the baseline
 
-        # RSS moves by tens of MiB within a minute as images and batches come and go, so a row
-        # reports the median and the maximum of samples taken every RSS_EVERY seconds, and the
-        # summary compares medians: one reading a minute would measure the moment, not the trend.
+        # RSS moves by 150 MiB within a minute as images come and go (a VAE decode's activations
+        # are freed after each), so one reading a minute measures the moment, not the trend. A
+        # row reports the least, median and greatest of samples taken every RSS_EVERY seconds;
+        # the summary compares the least and the greatest: a leak raises both.
         next_row = [args.interval]
         next_rss = [RSS_EVERY]
         rss_window = []
@@ -229,13 +232,13 @@ def main():
         base = next((r for r in rows if r[0] >= 300), None) if elapsed >= 300 + args.interval else None
         base = base or (rows[0] if rows else table.rows[0])
         last = table.rows[-1]
-        def med(row):
-            return row[1].get("rss_med_kib", row[1]["rss_kib"])
-        rss_ratio = med(last) / max(1, med(base))
-        report(f"- RSS (median of the minute's samples): {table.rows[0][1]['rss_kib'] / 1024:.0f} MiB idle, "
-               f"{med(base) / 1024:.0f} MiB in the minute to {fmt_elapsed(base[0])}, "
-               f"{med(last) / 1024:.0f} MiB in the last: x{rss_ratio:.3f} "
-               f"(peak {last[1]['hwm_kib'] / 1024:.0f} MiB)")
+        def rss(row, which):
+            return row[1].get(f"rss_{which}_kib", row[1]["rss_kib"])
+        report(f"- RSS: {table.rows[0][1]['rss_kib'] / 1024:.0f} MiB idle; the least and greatest of the "
+               f"minute's samples: {rss(base, 'min') / 1024:.0f} and {rss(base, 'max') / 1024:.0f} MiB in the "
+               f"minute to {fmt_elapsed(base[0])}, {rss(last, 'min') / 1024:.0f} and {rss(last, 'max') / 1024:.0f} "
+               f"MiB in the last: x{rss(last, 'min') / max(1, rss(base, 'min')):.3f} and "
+               f"x{rss(last, 'max') / max(1, rss(base, 'max')):.3f} (peak {last[1]['hwm_kib'] / 1024:.0f} MiB)")
         report(f"- open fds: {base[1]['fds']} at {fmt_elapsed(base[0])}, {last[1]['fds']} at the end; threads: "
                f"{base[1]['threads']} -> {last[1]['threads']}; conversion workers: {base[1]['workers']} -> "
                f"{last[1]['workers']}")

@@ -103,7 +103,7 @@ class User:
 class Table:
     """The per-interval table: printed to stdout and appended to the report as it goes."""
 
-    HEADER = (["elapsed", "RSS MiB median/max", "fds", "threads", "workers (MiB)", "answers", "2xx", "4xx", "5xx", "unexpected"]
+    HEADER = (["elapsed", "RSS MiB min/median/max", "fds", "threads", "workers (MiB)", "answers", "2xx", "4xx", "5xx", "unexpected"]
               + [f"{c} p50/p99 ms" for c in LATENCY_COLUMNS])
 
     def __init__(self, path):
@@ -126,8 +126,8 @@ class Table:
             by_class.setdefault(cls, []).append(ms)
             if isinstance(status, int) and 200 <= status < 600:
                 classes[f"{status // 100}xx"] = classes.get(f"{status // 100}xx", 0) + 1
-        rss = (f"{proc['rss_med_kib'] / 1024:.0f}/{proc['rss_max_kib'] / 1024:.0f}" if "rss_med_kib" in proc
-               else f"{proc['rss_kib'] / 1024:.0f}")
+        rss = ("/".join(f"{proc[f'rss_{w}_kib'] / 1024:.0f}" for w in ("min", "med", "max"))
+               if "rss_med_kib" in proc else f"{proc['rss_kib'] / 1024:.0f}")
         cells = [fmt_elapsed(elapsed), rss, str(proc["fds"]), str(proc["threads"]),
                  f"{proc['workers']} ({proc['workers_rss_kib'] / 1024:.0f})", str(len(window)),
                  str(classes["2xx"]), str(classes["4xx"]), str(classes["5xx"]), str(unexpected)]
