@@ -154,6 +154,45 @@ fn traffic(
         .collect()
 }
 
+/// A completion on the OpenAI route that runs to its token limit (`ignore_eos`, 300 tokens):
+/// long enough to be running when the database goes. Its answer must be a 200.
+fn long_completion(
+    http: &reqwest::Client,
+    node: &ServerProcess,
+    token: &str,
+    i: usize,
+) -> tokio::task::JoinHandle<Value> {
+    let url = format!("{}/v1/chat/completions", node.url("completion"));
+    let body = json!({
+        "model": "alpha-3.3",
+        "messages": [{"role": "user", "content": format!("Count from {i} to 1000.")}],
+        "max_tokens": 300,
+        "temperature": 0.0,
+        "ignore_eos": true,
+    });
+    let (http, token) = (http.clone(), token.to_string());
+    tokio::spawn(async move {
+        let r = http
+            .post(url)
+            .bearer_auth(token)
+            .json(&body)
+            .timeout(Duration::from_secs(120))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status();
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        body
+    })
+}
+
+/// What an OpenAI-route answer says it cost (Hearth's `hearth` object).
+fn openai_cost(body: &Value) -> Decimal {
+    let cost = &body["hearth"];
+    dec(cost["input_cost"].as_str().unwrap()) + dec(cost["output_cost"].as_str().unwrap())
+}
+
 /// Traffic on `n` nodes; the database stops for a few seconds and starts again. Health and new
 /// requests answer at once meanwhile, and afterwards the money is exact and no hold is open.
 async fn an_outage_mid_traffic(n: usize, test: &str) {
@@ -169,9 +208,21 @@ async fn an_outage_mid_traffic(n: usize, test: &str) {
     let initial = store.balance("eve").await.unwrap();
     let http = reqwest::Client::new();
 
+    // Beside the traffic, one long completion of another user on the last node, running when
+    // the database goes (300 tokens beside the traffic take seconds on a 2-core machine):
+    // whenever it ends, before, during or after the outage, it answers 200 and is charged once.
+    let idp = hearth(&["idp", "mint", "gil"], nodes[0].data_dir(), &url);
+    let long_token = sign_in(&nodes[0], "gil", idp.trim()).await;
+    let long_initial = store.balance("gil").await.unwrap();
+
     let stop = Arc::new(AtomicBool::new(false));
     let clients = traffic(&nodes, &token, 6, &stop);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let long = long_completion(&http, &nodes[n - 1], &long_token, 0);
+    assert!(
+        eventually(|| async { store.holds("gil").await.unwrap().len() == 1 }).await,
+        "the long completion never held its funds"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
 
     tokio::task::block_in_place(|| cluster.down());
     let down_at = Instant::now();
@@ -247,6 +298,12 @@ async fn an_outage_mid_traffic(n: usize, test: &str) {
         vec![],
         "a hold was left open"
     );
+    let long_cost = openai_cost(&long.await.unwrap());
+    assert_eq!(store.holds("gil").await.unwrap(), vec![]);
+    assert_eq!(
+        store.balance("gil").await.unwrap(),
+        long_initial - long_cost
+    );
     let spent: Decimal = answers.iter().map(|a| a.cost).sum();
     assert_eq!(
         store.balance("eve").await.unwrap(),
@@ -287,31 +344,7 @@ async fn a_node_killed_while_its_journal_holds_settlements_charges_them_once_aft
     // running when the database goes.
     const RUNNING: usize = 3;
     let running: Vec<_> = (0..RUNNING)
-        .map(|i| {
-            let url = format!("{}/v1/chat/completions", nodes[0].url("completion"));
-            let body = json!({
-                "model": "alpha-3.3",
-                "messages": [{"role": "user", "content": format!("Count from {i} to 1000.")}],
-                "max_tokens": 300,
-                "temperature": 0.0,
-                "ignore_eos": true,
-            });
-            let (http, token) = (http.clone(), token.clone());
-            tokio::spawn(async move {
-                let r = http
-                    .post(url)
-                    .bearer_auth(token)
-                    .json(&body)
-                    .timeout(Duration::from_secs(120))
-                    .send()
-                    .await
-                    .unwrap();
-                let status = r.status();
-                let body: Value = r.json().await.unwrap();
-                assert_eq!(status, 200, "{body}");
-                body
-            })
-        })
+        .map(|i| long_completion(&http, &nodes[0], &token, i))
         .collect();
     assert!(
         eventually(|| async { store.holds("fay").await.unwrap().len() == RUNNING }).await,
@@ -321,10 +354,7 @@ async fn a_node_killed_while_its_journal_holds_settlements_charges_them_once_aft
 
     let mut spent = Decimal::ZERO;
     for r in running {
-        let body = r.await.unwrap();
-        let cost = &body["hearth"];
-        spent +=
-            dec(cost["input_cost"].as_str().unwrap()) + dec(cost["output_cost"].as_str().unwrap());
+        spent += openai_cost(&r.await.unwrap());
     }
     assert!(spent > Decimal::ZERO);
     let journal = nodes[0].data_dir().join("journal");
