@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use rust_decimal::Decimal;
 use serde_json::{json, Value};
 
+use crate::common::eventually;
 use crate::common::postgres::Cluster;
 use crate::common::process::ServerProcess;
 use crate::completion::{cost_of, dec, models_toml, request};
@@ -69,30 +70,14 @@ async fn health(http: &reqwest::Client, url: &str) -> (u16, Duration) {
     (status, started.elapsed())
 }
 
-/// A gauge of the node's completion `/metrics` (the first series of that name).
+/// The node's completion gauge `name`.
 async fn gauge(http: &reqwest::Client, node: &ServerProcess, name: &str) -> Option<f64> {
-    let text = http
-        .get(format!("{}/metrics", node.url("completion")))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    crate::common::metric(http, node.url("completion"), name, None).await
 }
 
 /// Waits up to 30 s for `check` to hold.
-async fn eventually<F: std::future::Future<Output = bool>>(mut check: impl FnMut() -> F) -> bool {
-    for _ in 0..300 {
-        if check().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
+async fn within_30s<F: std::future::Future<Output = bool>>(check: impl FnMut() -> F) -> bool {
+    eventually(Duration::from_secs(30), Duration::from_millis(100), check).await
 }
 
 /// One answer a client got: its status and what it said it cost (zero unless 200).
@@ -219,7 +204,7 @@ async fn an_outage_mid_traffic(n: usize, test: &str) {
     let clients = traffic(&nodes, &token, 6, &stop);
     let long = long_completion(&http, &nodes[n - 1], &long_token, 0);
     assert!(
-        eventually(|| async { store.holds("gil").await.unwrap().len() == 1 }).await,
+        within_30s(|| async { store.holds("gil").await.unwrap().len() == 1 }).await,
         "the long completion never held its funds"
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -260,7 +245,7 @@ async fn an_outage_mid_traffic(n: usize, test: &str) {
     for node in &nodes {
         let url = node.url("completion").to_string();
         assert!(
-            eventually(|| {
+            within_30s(|| {
                 let (http, url) = (http.clone(), url.clone());
                 async move { health(&http, &url).await.0 == 200 }
             })
@@ -286,7 +271,7 @@ async fn an_outage_mid_traffic(n: usize, test: &str) {
     // Every journaled settlement reached the store; the money is exact.
     for node in &nodes {
         assert!(
-            eventually(|| async {
+            within_30s(|| async {
                 gauge(&http, node, "hearth_billing_journal_depth").await == Some(0.0)
             })
             .await,
@@ -347,7 +332,7 @@ async fn a_node_killed_while_its_journal_holds_settlements_charges_them_once_aft
         .map(|i| long_completion(&http, &nodes[0], &token, i))
         .collect();
     assert!(
-        eventually(|| async { store.holds("fay").await.unwrap().len() == RUNNING }).await,
+        within_30s(|| async { store.holds("fay").await.unwrap().len() == RUNNING }).await,
         "the completions never held their funds"
     );
     tokio::task::block_in_place(|| cluster.down());

@@ -125,19 +125,7 @@ impl App {
 
     /// The value of alpha-3.3's series `name` in the listener's `/metrics`, if it has one.
     pub(crate) async fn metric(&self, name: &str) -> Option<f64> {
-        let text = self
-            .http
-            .get(format!("{}/metrics", self.url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .find(|l| l.starts_with(&format!("{name}{{")) && l.contains("model=\"alpha-3.3\""))
-            .and_then(|l| l.rsplit(' ').next())
-            .map(|v| v.parse().unwrap())
+        crate::common::metric(&self.http, &self.url, name, Some("model=\"alpha-3.3\"")).await
     }
 
     pub(crate) fn tokens(&self) -> &hearth_auth::ServiceTokens {

@@ -17,6 +17,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::Value;
 
+use crate::common::eventually;
 use crate::completion::{dec, request, spawn_completion_with, App};
 
 /// Starts a completion that runs until it is stopped: 2,000 tokens on the OpenAI route with
@@ -99,25 +100,20 @@ async fn assert_overloaded_after_the_engines_figure(refused: reqwest::Response) 
 
 /// The engine's gauge `name` (`/metrics`), once it reads `value`; false after 30 s.
 async fn gauge_becomes(app: &App, name: &str, value: f64) -> bool {
-    for _ in 0..300 {
-        let now = app.metric(name).await;
-        if now == Some(value) {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
+    let (within, every) = (Duration::from_secs(30), Duration::from_millis(100));
+    eventually(within, every, || async {
+        app.metric(name).await == Some(value)
+    })
+    .await
 }
 
 /// Waits up to 10 s for `user`'s open holds to number `n`.
 async fn holds_become(app: &App, user: &str, n: usize) -> bool {
-    for _ in 0..1000 {
-        if app.store().holds(user).await.unwrap().len() == n {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    false
+    let (within, every) = (Duration::from_secs(10), Duration::from_millis(10));
+    eventually(within, every, || async {
+        app.store().holds(user).await.unwrap().len() == n
+    })
+    .await
 }
 
 /// The `data:` payload of the next SSE event of `body`.

@@ -300,3 +300,48 @@ pub async fn run_client_script(
     .await
     .unwrap()
 }
+
+/// Whether `check` holds within `within`, asking every `every`.
+pub async fn eventually<F: std::future::Future<Output = bool>>(
+    within: std::time::Duration,
+    every: std::time::Duration,
+    mut check: impl FnMut() -> F,
+) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// The value of the first series `name` at `{base}/metrics` whose labels include `label`
+/// (`key="value"`; any series of that name with `None`); `None` when there is none or the
+/// listener does not answer.
+pub async fn metric(
+    http: &reqwest::Client,
+    base: &str,
+    name: &str,
+    label: Option<&str>,
+) -> Option<f64> {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find(|l| {
+            l.strip_prefix(name).is_some_and(|rest| match label {
+                Some(label) => rest.starts_with('{') && rest.contains(label),
+                None => rest.starts_with([' ', '{']),
+            })
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}

@@ -179,33 +179,42 @@ impl HeldFunds {
                     journaled: false,
                 });
             }
+            Err(e) => e,
+        };
+        let entry = Entry {
+            hold: hold.clone(),
+            cost,
+        };
+        let e = match self.take_over(e, entry).await {
+            Ok(()) => {
+                self.count_settled(hold.amount, cost);
+                return Ok(Charge {
+                    cost,
+                    balance_before: hold.balance_before,
+                    balance_after: hold.balance_before - cost,
+                    journaled: true,
+                });
+            }
             Err(e) => crate::Error::from(e),
         };
-        if let (Some(journal), true) = (&self.journal, e.is_unavailable()) {
-            let entry = Entry {
-                hold: hold.clone(),
-                cost,
-            };
-            match journal.record_async(entry).await {
-                Ok(()) => {
-                    tracing::warn!(hold = %hold.id, user = %hold.user_id, %cost, error = %e, "the store is unreachable: settlement journaled");
-                    self.count_settled(hold.amount, cost);
-                    return Ok(Charge {
-                        cost,
-                        balance_before: hold.balance_before,
-                        balance_after: hold.balance_before - cost,
-                        journaled: true,
-                    });
-                }
-                Err(j) => tracing::error!(error = %j, "journaling a settlement failed"),
-            }
-        }
         // Put it back so that if this future is dropped now, dropping `self` releases it.
         self.hold = Some(hold);
         if let Err(release) = self.release_now().await {
             tracing::warn!(error = %release, "releasing a hold whose settlement failed failed too");
         }
         Err(e)
+    }
+
+    /// The journal's [`Journal::take_over`], or `error` back without one.
+    async fn take_over(
+        &self,
+        error: hearth_store::Error,
+        entry: Entry,
+    ) -> hearth_store::Result<()> {
+        match &self.journal {
+            Some(journal) => journal.take_over_async(error, entry).await,
+            None => Err(error),
+        }
     }
 
     fn count_settled(&self, held: Decimal, cost: Decimal) {
@@ -228,20 +237,14 @@ impl HeldFunds {
         };
         // Taken only once released, so a drop mid-await still releases it.
         if let Err(e) = self.store.release_hold(id).await {
-            let journal = self.journal.as_ref().filter(|_| e.is_unavailable());
-            let (Some(journal), Some(hold)) = (journal, self.hold.clone()) else {
+            let Some(hold) = self.hold.clone() else {
                 return Err(e.into());
             };
-            if let Err(j) = journal
-                .record_async(Entry {
-                    hold,
-                    cost: Decimal::ZERO,
-                })
-                .await
-            {
-                tracing::error!(error = %j, "journaling a release failed");
-                return Err(e.into());
-            }
+            let release = Entry {
+                hold,
+                cost: Decimal::ZERO,
+            };
+            self.take_over(e, release).await?;
         }
         self.hold = None;
         self.flows.add(self.service, |t| t.released += amount);
@@ -254,25 +257,29 @@ impl Drop for HeldFunds {
         let Some(hold) = self.hold.take() else { return };
         let (flows, service) = (Arc::clone(&self.flows), self.service);
         let journal = self.journal.clone();
-        let (id, user, amount) = (hold.id, hold.user_id.clone(), hold.amount);
+        let (id, amount) = (hold.id, hold.amount);
         self.store.release_in_background(id, move |result| match result {
             Ok(_) => {
                 flows.add(service, |t| t.released += amount);
-                tracing::info!(hold = %id, user = %user, amount = %amount, "hold released: the request ended without settling")
+                tracing::info!(hold = %id, user = %hold.user_id, amount = %amount, "hold released: the request ended without settling")
             }
-            Err(e) => match journal {
-                // A short fsync on the runtime's thread, once per hold dropped while the store
-                // is unreachable.
-                Some(journal) if e.is_unavailable() => {
-                    match journal.record(&Entry { hold, cost: Decimal::ZERO }) {
-                        Ok(()) => flows.add(service, |t| t.released += amount),
-                        Err(j) => tracing::error!(hold = %id, error = %j, "journaling a release failed; the node releases it at its next start"),
-                    }
+            // A short fsync on the runtime's thread, once per hold dropped while the store is
+            // unreachable. Without the journal the hold stays in the store: its node gives it
+            // back at its next start (or `hearth holds release --node` does).
+            Err(e) => {
+                let release = Entry {
+                    hold,
+                    cost: Decimal::ZERO,
+                };
+                let kept = match journal {
+                    Some(journal) => journal.take_over(e, release),
+                    None => Err(e),
+                };
+                match kept {
+                    Ok(()) => flows.add(service, |t| t.released += amount),
+                    Err(e) => tracing::warn!(hold = %id, error = %e, "releasing a dropped hold failed"),
                 }
-                // Still in the store: its node gives it back at its next start (or
-                // `hearth holds release --node` does).
-                _ => tracing::warn!(hold = %id, error = %e, "releasing a dropped hold failed"),
-            },
+            }
         });
     }
 }

@@ -56,6 +56,9 @@ pub struct Replayed {
 const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
+/// The longest the last pass at shutdown may take.
+const LAST_PASS: Duration = Duration::from_secs(1);
+
 /// The journal folder of one node.
 #[derive(Debug)]
 pub struct Journal {
@@ -126,16 +129,40 @@ impl Journal {
         Ok(())
     }
 
-    /// [`Journal::record`] on a blocking thread.
-    pub async fn record_async(self: &Arc<Self>, entry: Entry) -> Result<(), JournalError> {
-        let journal = Arc::clone(self);
-        match tokio::task::spawn_blocking(move || journal.record(&entry)).await {
-            Ok(result) => result,
-            Err(e) => Err(JournalError {
-                path: self.dir.clone(),
-                source: std::io::Error::other(e),
-            }),
+    /// Takes over a settlement (or, at cost 0, a release) that the store failed with `error`:
+    /// when `error` says the store could not be reached, the entry is recorded and this is
+    /// `Ok`; otherwise, or when it cannot be recorded either, `error` comes back. Blocks on the
+    /// disk.
+    pub fn take_over(
+        &self,
+        error: hearth_store::Error,
+        entry: Entry,
+    ) -> Result<(), hearth_store::Error> {
+        if !error.is_unavailable() {
+            return Err(error);
         }
+        match self.record(&entry) {
+            Ok(()) => {
+                tracing::warn!(hold = %entry.hold.id, user = %entry.hold.user_id, cost = %entry.cost, %error, "the store is unreachable: journaled");
+                Ok(())
+            }
+            Err(j) => {
+                tracing::error!(hold = %entry.hold.id, error = %j, "journaling failed");
+                Err(error)
+            }
+        }
+    }
+
+    /// [`Journal::take_over`] on a blocking thread.
+    pub async fn take_over_async(
+        self: &Arc<Self>,
+        error: hearth_store::Error,
+        entry: Entry,
+    ) -> Result<(), hearth_store::Error> {
+        let journal = Arc::clone(self);
+        tokio::task::spawn_blocking(move || journal.take_over(error, entry))
+            .await
+            .unwrap_or(Err(hearth_store::Error::Interrupted))
     }
 
     fn entries(&self) -> Result<Vec<(PathBuf, Entry)>, JournalError> {
@@ -196,45 +223,60 @@ impl Journal {
     }
 
     /// Replays until `stop` resolves: at once when an entry is written, then with backoff while
-    /// the store stays unreachable. Whatever is left at `stop` waits in the folder for the next
-    /// start.
+    /// the store stays unreachable. At `stop` (after the listeners have ended, so nothing settles
+    /// any more) it makes one last pass of at most [`LAST_PASS`]; what is still left waits in the
+    /// folder for the next start.
     pub async fn run(self: Arc<Self>, store: Store, stop: impl std::future::Future<Output = ()>) {
         tokio::pin!(stop);
         let mut backoff = FIRST_BACKOFF;
         loop {
-            let wait = if self.depth() == 0 {
+            let idle = self.depth() == 0;
+            if idle {
                 backoff = FIRST_BACKOFF;
-                Duration::MAX
-            } else {
-                backoff
-            };
-            tokio::select! {
-                _ = &mut stop => return,
-                _ = self.written.notified() => {}
-                _ = tokio::time::sleep(wait.min(Duration::from_secs(3600))) => {}
             }
-            match self.replay(&store).await {
-                Ok(done) if done.left == 0 => {
-                    if done.applied + done.already_closed > 0 {
-                        tracing::info!(
-                            applied = done.applied,
-                            already_closed = done.already_closed,
-                            "journaled settlements reached the store"
-                        );
-                    }
-                }
-                Ok(done) => {
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                    tracing::debug!(
-                        left = done.left,
-                        ?backoff,
-                        "the store is still unreachable; journaled settlements wait"
+            tokio::select! {
+                _ = &mut stop => break,
+                _ = self.written.notified() => {}
+                _ = tokio::time::sleep(backoff), if !idle => {}
+            }
+            if !self.pass(&store).await {
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+        if !matches!(
+            tokio::time::timeout(LAST_PASS, self.pass(&store)).await,
+            Ok(true)
+        ) {
+            tracing::warn!(
+                left = self.depth(),
+                "journaled settlements wait for the next start"
+            );
+        }
+    }
+
+    /// One [`Journal::replay`], logged; whether it emptied the journal.
+    async fn pass(&self, store: &Store) -> bool {
+        match self.replay(store).await {
+            Ok(done) if done.left == 0 => {
+                if done.applied + done.already_closed > 0 {
+                    tracing::info!(
+                        applied = done.applied,
+                        already_closed = done.already_closed,
+                        "journaled settlements reached the store"
                     );
                 }
-                Err(e) => {
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                    tracing::error!(error = %e, "reading the settlement journal failed");
-                }
+                true
+            }
+            Ok(done) => {
+                tracing::debug!(
+                    left = done.left,
+                    "the store is still unreachable; journaled settlements wait"
+                );
+                false
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "reading the settlement journal failed");
+                false
             }
         }
     }
@@ -328,11 +370,10 @@ mod tests {
         let running = tokio::spawn(Arc::clone(&journal).run(store.clone(), stop.1));
         let placed = hold(&store, "cy", "2").await;
         journal
-            .record_async(Entry {
+            .record(&Entry {
                 hold: placed,
                 cost: d("1"),
             })
-            .await
             .unwrap();
         for _ in 0..500 {
             if journal.depth() == 0 {

@@ -92,12 +92,11 @@ pub struct Running {
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
     /// Hands journaled settlements to the store; stopped after the listeners, once nothing can
-    /// settle any more.
+    /// settle any more (`Journal::run`).
     journal: JournalTask,
 }
 
 struct JournalTask {
-    journal: Arc<Journal>,
     stop: CancellationToken,
     task: JoinHandle<()>,
 }
@@ -131,33 +130,9 @@ impl Running {
         for t in self.tasks {
             let _ = t.await;
         }
-        // Every stream has settled: one last try to hand journaled settlements to the store;
-        // what it cannot take waits in the data dir for the next start.
-        let JournalTask {
-            journal,
-            stop,
-            task,
-        } = self.journal;
-        stop.cancel();
-        let _ = task.await;
-        let last = tokio::time::timeout(
-            hearth_store::HEALTH_BUDGET,
-            journal.replay(&self.state.store),
-        );
-        match last.await {
-            Ok(Ok(done)) if done.left == 0 => {}
-            Ok(Ok(done)) => {
-                tracing::warn!(
-                    left = done.left,
-                    "journaled settlements wait for the next start"
-                )
-            }
-            Ok(Err(e)) => tracing::error!(error = %e, "reading the settlement journal failed"),
-            Err(_) => tracing::warn!(
-                left = journal.depth(),
-                "journaled settlements wait for the next start"
-            ),
-        }
+        // Every stream has settled: the journal makes its last pass and stops.
+        self.journal.stop.cancel();
+        let _ = self.journal.task.await;
         // Make sure every acknowledged write is on disk before the process goes.
         if let Err(e) = self.state.store.health_check().await {
             tracing::warn!(error = %e, "store not healthy at shutdown");
@@ -349,9 +324,8 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let journal_stop = CancellationToken::new();
     let journal = JournalTask {
         task: tokio::spawn(
-            Arc::clone(&journal).run(state.store.clone(), journal_stop.clone().cancelled_owned()),
+            journal.run(state.store.clone(), journal_stop.clone().cancelled_owned()),
         ),
-        journal,
         stop: journal_stop,
     };
     if let Some(&auth) = addrs.get(&Service::Auth) {
