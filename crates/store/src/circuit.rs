@@ -4,7 +4,7 @@
 //! Once the cool-off has passed, one call goes through as a trial; the first call that reaches
 //! the database closes the circuit again.
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::Error;
@@ -16,17 +16,26 @@ const FAILURES_TO_OPEN: u32 = 3;
 /// refusal gives clients to come back after ([`crate::RETRY_AFTER`]).
 pub(crate) const COOL_OFF: Duration = Duration::from_secs(1);
 
-#[derive(Debug, Default)]
+/// Every store call passes here twice, so a closed circuit with nothing to forget costs two
+/// atomic loads and no write.
+#[derive(Debug)]
 pub(crate) struct Circuit {
-    state: Mutex<State>,
+    /// Unreachable-database failures since the last call that reached it.
+    failures: AtomicU32,
+    /// While open: when the next trial call may go through, in milliseconds since `epoch`;
+    /// 0 while closed.
+    open_until_ms: AtomicU64,
+    epoch: Instant,
 }
 
-#[derive(Debug, Default)]
-struct State {
-    /// Unreachable-database failures since the last call that reached it.
-    failures: u32,
-    /// While open: when the next trial call may go through.
-    open_until: Option<Instant>,
+impl Default for Circuit {
+    fn default() -> Self {
+        Self {
+            failures: AtomicU32::new(0),
+            open_until_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
 }
 
 /// What the store looks like from here, for health answers and `/metrics`.
@@ -41,59 +50,78 @@ pub enum Reachability {
 }
 
 impl Circuit {
+    /// Milliseconds since `epoch`, plus `later`; never 0 (which means closed).
+    fn at(&self, later: Duration) -> u64 {
+        u64::try_from((self.epoch.elapsed() + later).as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
     /// Lets a call through, or refuses it while the circuit is open. When the cool-off has
     /// passed, this call is the trial and the others keep being refused until it ends.
     pub(crate) fn admit(&self) -> Result<(), Error> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(until) = state.open_until else {
+        let until = self.open_until_ms.load(Ordering::Acquire);
+        if until == 0 {
             return Ok(());
-        };
-        let now = Instant::now();
-        if now < until {
-            return Err(Error::Unavailable {
-                retry_after: COOL_OFF,
-            });
         }
-        state.open_until = Some(now + COOL_OFF);
-        Ok(())
+        let refused = Err(Error::Unavailable {
+            retry_after: COOL_OFF,
+        });
+        if self.at(Duration::ZERO) < until {
+            return refused;
+        }
+        // The first caller past the cool-off moves it on and is the trial.
+        let next = self.at(COOL_OFF);
+        match self
+            .open_until_ms
+            .compare_exchange(until, next, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => Ok(()),
+            Err(_) => refused,
+        }
     }
 
     /// Counts a call's outcome: any answer from the database (even a refusal) closes the
     /// circuit; a failure to reach it counts towards opening it.
     pub(crate) fn record<T>(&self, result: &Result<T, Error>) {
-        let unreachable = match result {
-            Ok(_) => false,
-            Err(e) => e.is_unavailable(),
-        };
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if !unreachable {
-            if state.open_until.is_some() {
-                tracing::info!("the store answers again: circuit closed");
+        match result {
+            // Its own refusals do not keep it open longer.
+            Err(Error::Unavailable { .. }) => {}
+            Err(e) if e.is_unavailable() => {
+                let failures = self
+                    .failures
+                    .fetch_add(1, Ordering::AcqRel)
+                    .saturating_add(1);
+                if failures >= FAILURES_TO_OPEN {
+                    let was = self.open_until_ms.swap(self.at(COOL_OFF), Ordering::AcqRel);
+                    if was == 0 {
+                        tracing::warn!(
+                            failures,
+                            "the store cannot be reached: circuit open, calls refused until it answers"
+                        );
+                    }
+                }
             }
-            *state = State::default();
-            return;
-        }
-        if matches!(result, Err(Error::Unavailable { .. })) {
-            return;
-        }
-        state.failures = state.failures.saturating_add(1);
-        if state.failures >= FAILURES_TO_OPEN {
-            if state.open_until.is_none() {
-                tracing::warn!(
-                    failures = state.failures,
-                    "the store cannot be reached: circuit open, calls refused until it answers"
-                );
+            _ => {
+                if self.failures.load(Ordering::Acquire) != 0 {
+                    self.failures.store(0, Ordering::Release);
+                }
+                if self.open_until_ms.load(Ordering::Acquire) != 0
+                    && self.open_until_ms.swap(0, Ordering::AcqRel) != 0
+                {
+                    tracing::info!("the store answers again: circuit closed");
+                }
             }
-            state.open_until = Some(Instant::now() + COOL_OFF);
         }
     }
 
     pub(crate) fn reachability(&self) -> Reachability {
-        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        match (state.open_until, state.failures) {
-            (Some(_), _) => Reachability::Open,
-            (None, 0) => Reachability::Reachable,
-            (None, _) => Reachability::Failing,
+        if self.open_until_ms.load(Ordering::Acquire) != 0 {
+            Reachability::Open
+        } else if self.failures.load(Ordering::Acquire) != 0 {
+            Reachability::Failing
+        } else {
+            Reachability::Reachable
         }
     }
 }
@@ -129,7 +157,9 @@ mod tests {
         // Its own refusals do not keep it open longer.
         circuit.record(&Err::<(), _>(refused));
         // After the cool-off one trial goes through, the rest wait for it.
-        circuit.state.lock().unwrap().open_until = Some(Instant::now());
+        circuit
+            .open_until_ms
+            .store(circuit.at(Duration::ZERO), Ordering::Release);
         circuit.admit().unwrap();
         assert!(circuit.admit().is_err(), "a second trial went through");
         circuit.record(&Ok(()));
