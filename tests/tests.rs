@@ -28,3 +28,4 @@ mod openapi;
 mod pages_browser;
 mod prefix_reuse;
 mod quickstart;
+mod random_model;

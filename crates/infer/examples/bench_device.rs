@@ -14,7 +14,7 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use hearth_infer::{DeviceSpec, LlamaShape, Step, TextModel};
+use hearth_infer::{DeviceSpec, GpuTuning, LlamaShape, Step, TextModel};
 
 fn main() -> ExitCode {
     match run() {
@@ -55,7 +55,10 @@ fn run() -> Result<(), String> {
     }
     let spec: DeviceSpec = device.parse()?;
     let t = Instant::now();
-    let mut model = TextModel::random(shape, spec, 7).map_err(|e| e.to_string())?;
+    // HEARTH_CUDA_EVENTS=track, HEARTH_CUDA_POOL=trim, HEARTH_DECODE_ATTENTION=gather and
+    // HEARTH_FUSED=off turn the GPU's fast paths off one by one, to measure each.
+    let gpu = GpuTuning::from_vars(|k| std::env::var(k).ok());
+    let mut model = TextModel::random(shape, spec, gpu, 7).map_err(|e| e.to_string())?;
     eprintln!(
         "model: {:.2}B parameters, made in {:.1} s on {device}",
         shape.parameters() as f64 / 1e9,

@@ -12,7 +12,7 @@
 
 use std::process::ExitCode;
 
-use hearth_infer::{BackendChoice, DeviceSpec, Dtype, Step, TextModel, TextModelConfig};
+use hearth_infer::{BackendChoice, DeviceSpec, Dtype, GpuTuning, Step, TextModel, TextModelConfig};
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -74,6 +74,9 @@ fn load(
 ) -> Result<TextModel, String> {
     let mut cfg = TextModelConfig::local(path);
     cfg.device = device;
+    // HEARTH_CUDA_EVENTS, HEARTH_CUDA_POOL, HEARTH_DECODE_ATTENTION, HEARTH_FUSED: the GPU's fast
+    // paths turned off, to check the path they replace.
+    cfg.gpu = GpuTuning::from_vars(|k| std::env::var(k).ok());
     cfg.dtype = dtype;
     cfg.backend = backend;
     cfg.threads = 4;

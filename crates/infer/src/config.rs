@@ -133,6 +133,38 @@ impl std::str::FromStr for Dtype {
     }
 }
 
+/// What the candle backend does differently on a GPU, each on by default; turned off one by one
+/// only to measure what each is worth (`bench_device` and `device_check` read the environment
+/// variables of [`GpuTuning::from_vars`]; the server always runs the default).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuTuning {
+    /// candle's default device: a per-thread stream, cudarc's event tracking, and the driver's
+    /// memory pool threshold (`HEARTH_CUDA_EVENTS=track`).
+    pub candle_device: bool,
+    /// The memory pool hands its free memory back at every synchronisation
+    /// (`HEARTH_CUDA_POOL=trim`).
+    pub trim_pool: bool,
+    /// Decode rows attend on the general path, not the decode attention kernel
+    /// (`HEARTH_DECODE_ATTENTION=gather`).
+    pub gathered_attention: bool,
+    /// candle's ops for the projections, not the fused kernels (`HEARTH_FUSED=off`).
+    pub unfused: bool,
+}
+
+impl GpuTuning {
+    /// The tuning the variables named above ask for, read through `var` (an entry point hands
+    /// in its process environment).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Self {
+        let is = |key: &str, value: &str| var(key).as_deref() == Some(value);
+        GpuTuning {
+            candle_device: is("HEARTH_CUDA_EVENTS", "track"),
+            trim_pool: is("HEARTH_CUDA_POOL", "trim"),
+            gathered_attention: is("HEARTH_DECODE_ATTENTION", "gather"),
+            unfused: is("HEARTH_FUSED", "off"),
+        }
+    }
+}
+
 /// Where and how to load one text model.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TextModelConfig {
@@ -152,6 +184,8 @@ pub struct TextModelConfig {
     /// The fast backend's kernel path, to compare paths on one machine (entry points read
     /// `HEARTH_KERNEL`); `None`, or a path this CPU lacks, runs the best it has.
     pub kernel: Option<KernelPath>,
+    /// On a GPU: the candle backend's fast paths, each of which can be turned off to compare.
+    pub gpu: GpuTuning,
 }
 
 impl TextModelConfig {
@@ -167,6 +201,7 @@ impl TextModelConfig {
             kv_precision: KvPrecision::F32,
             dtype: Dtype::Auto,
             kernel: None,
+            gpu: GpuTuning::default(),
         }
     }
 }
@@ -214,5 +249,36 @@ mod tests {
             KvPrecision::F32
         );
         assert!(KvPrecision::F16.rounds_to_f16() && !KvPrecision::F32.rounds_to_f16());
+    }
+
+    /// Every fast path is on unless its variable asks, with its exact value, for it off: a
+    /// config, and so the server, never turns one off by accident.
+    #[test]
+    fn gpu_fast_paths_are_on_unless_a_variable_turns_one_off_by_name() {
+        assert_eq!(TextModelConfig::local("m.gguf").gpu, GpuTuning::default());
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(key, _)| *key == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(GpuTuning::from_vars(vars(&[])), GpuTuning::default());
+        let all_off = GpuTuning::from_vars(vars(&[
+            ("HEARTH_CUDA_EVENTS", "track"),
+            ("HEARTH_CUDA_POOL", "trim"),
+            ("HEARTH_DECODE_ATTENTION", "gather"),
+            ("HEARTH_FUSED", "off"),
+        ]));
+        assert!(
+            all_off.candle_device
+                && all_off.trim_pool
+                && all_off.gathered_attention
+                && all_off.unfused
+        );
+        let other_values =
+            GpuTuning::from_vars(vars(&[("HEARTH_CUDA_EVENTS", "1"), ("HEARTH_FUSED", "no")]));
+        assert_eq!(other_values, GpuTuning::default());
     }
 }

@@ -136,6 +136,11 @@ impl Pool {
         Ok(())
     }
 
+    /// The whole K and V pools of layer `il`, `[blocks * BLOCK, kv_dim]` each.
+    pub(crate) fn layer(&self, il: usize) -> (&Tensor, &Tensor) {
+        (&self.k[il], &self.v[il])
+    }
+
     /// K and V of layer `il` for the blocks `blocks` (u32), as `[blocks.len() * BLOCK, kv_dim]`.
     pub(crate) fn gather(&self, il: usize, blocks: &Tensor) -> Result<(Tensor, Tensor), Error> {
         let by_block = |t: &Tensor| -> Result<Tensor, Error> {

@@ -12,10 +12,13 @@ mod candle_gguf;
 mod candle_llama;
 mod config;
 mod constraint;
+mod cuda_kernels;
+mod decode_attn;
 mod error;
 // The hand-written CPU backend (owned by the kernels engineer; see src/fast/mod.rs).
 mod device_kv;
 mod fast;
+mod fused;
 pub(crate) mod gguf;
 mod hub;
 mod kv;
@@ -24,13 +27,16 @@ mod load;
 mod model;
 mod pieces;
 mod random;
+mod random_file;
 mod sampler;
 mod sequence;
 mod template;
 mod tokenizer;
 pub mod tool_calls;
 
-pub use config::{BackendChoice, DeviceSpec, Dtype, KvPrecision, TextModelConfig, WeightSource};
+pub use config::{
+    BackendChoice, DeviceSpec, Dtype, GpuTuning, KvPrecision, TextModelConfig, WeightSource,
+};
 pub use constraint::{ConstraintError, TokenConstraint, TokenMask};
 pub use error::Error;
 pub use gguf::{Arch, Hparams};
@@ -38,6 +44,7 @@ pub use hearth_kernels::KernelPath;
 pub use hearth_types::{ChatMessage, Role, SamplingParams, ToolCall};
 pub use model::{ModelInfo, Step, TextModel};
 pub use random::LlamaShape;
+pub use random_file::{write_random_gguf, write_tokenizer_gguf, RandomWeights};
 pub use sampler::{Sampler, StepLogprobs};
 pub use sequence::Sequence;
 pub use tokenizer::{Detokenizer, TextTokenizer};

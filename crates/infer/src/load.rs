@@ -17,7 +17,7 @@ const FETCH_HINT: &str = "run scripts/fetch-weights.sh to download the default w
 
 pub(crate) fn load(cfg: &TextModelConfig) -> Result<TextModel, Error> {
     let started = Instant::now();
-    let device = device_for(cfg.device)?;
+    let device = device_for(cfg.device, cfg.gpu)?;
     let backend_choice = resolve_backend(cfg.backend, &device)?;
     let model = match &cfg.source {
         WeightSource::Local { path } => load_path(path, cfg, &device, backend_choice)?,
@@ -84,7 +84,11 @@ fn load_path(
         Some(m) => Box::new(m),
         None => {
             let mut m = crate::candle_gguf::from_gguf(&file, hp.clone(), device)?;
-            m.configure(cfg.kv_precision, CandleModel::act_for(device, cfg.dtype))?;
+            m.configure(
+                cfg.kv_precision,
+                CandleModel::act_for(device, cfg.dtype),
+                cfg.gpu,
+            )?;
             Box::new(m)
         }
     };
@@ -187,7 +191,11 @@ fn load_safetensors(
         .unwrap_or_else(|| dir.join("tokenizer.json"));
     let tokenizer = crate::tokenizer::from_files(&tokenizer_json, cfg.chat_template.as_deref())?;
     let mut backend = crate::candle_llama::from_hf_tensors(tensors, hp.clone(), device)?;
-    backend.configure(cfg.kv_precision, CandleModel::act_for(device, cfg.dtype))?;
+    backend.configure(
+        cfg.kv_precision,
+        CandleModel::act_for(device, cfg.dtype),
+        cfg.gpu,
+    )?;
     TextModel::assemble(hp, Box::new(backend), tokenizer, bytes, cfg.threads)
 }
 

@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::config::{DeviceSpec, KvPrecision};
+use crate::config::{DeviceSpec, GpuTuning, KvPrecision};
 use crate::gguf::{Arch, Hparams};
 use crate::model::{device_for, TextModel};
 use crate::Error;
@@ -122,8 +122,13 @@ impl TextModel {
     /// on `device` by the candle backend, in the device's activation dtype (f16 on a GPU), with
     /// the tiny test tokenizer (its ids are a small part of the vocabulary): for benchmarks that
     /// feed token ids, not text.
-    pub fn random(shape: LlamaShape, device: DeviceSpec, seed: u64) -> Result<TextModel, Error> {
-        let dev = device_for(device)?;
+    pub fn random(
+        shape: LlamaShape,
+        device: DeviceSpec,
+        gpu: GpuTuning,
+        seed: u64,
+    ) -> Result<TextModel, Error> {
+        let dev = device_for(device, gpu)?;
         if !dev.is_cpu() {
             // The CPU's generator cannot be seeded; a benchmark's timings do not depend on it.
             dev.set_seed(seed)?;
@@ -174,7 +179,7 @@ impl TextModel {
         t.insert("model.norm.weight".to_string(), ones(e)?);
         t.insert("lm_head.weight".to_string(), rand(hp.vocab_size, e)?);
         let mut backend = crate::candle_llama::from_hf_tensors(t, hp.clone(), &dev)?;
-        backend.configure(KvPrecision::F32, act)?;
+        backend.configure(KvPrecision::F32, act, gpu)?;
         let bytes = (shape.parameters() * act.size_in_bytes()) as u64;
         TextModel::assemble(hp, Box::new(backend), crate::tokenizer::tiny(), bytes, 0)
     }

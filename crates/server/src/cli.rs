@@ -101,6 +101,39 @@ enum DevCommand {
         #[arg(long, default_value_t = hearth_imagine::tiny::TINY_SEED)]
         seed: u64,
     },
+    /// Write a llama-shaped GGUF model with seeded random weights and the tokenizer of another
+    /// GGUF file (default shape: Llama 3.2 1B's layers; the vocabulary is the tokenizer's).
+    #[command(after_help = "Examples:\n  \
+        hearth dev random-model /tmp/llama-1b-f16.gguf --tokenizer-from weights/SmolLM2-135M-Instruct.Q4_1.gguf\n  \
+        hearth dev random-model /tmp/tok.gguf --tokenizer-from weights/SmolLM2-135M-Instruct.Q4_1.gguf --tokenizer-only")]
+    RandomModel {
+        /// File to write (overwritten).
+        out: PathBuf,
+        /// GGUF file whose tokenizer (tokens, merges, special ids, chat template) is copied.
+        #[arg(long, value_name = "FILE")]
+        tokenizer_from: PathBuf,
+        /// Write only the tokenizer (a small file to carry where the model is written).
+        #[arg(long)]
+        tokenizer_only: bool,
+        /// How the matrices are stored: f16, q8_0 or q4_k.
+        #[arg(long, default_value = "f16")]
+        weights: hearth_infer::RandomWeights,
+        #[arg(long, default_value_t = 16)]
+        layers: usize,
+        #[arg(long, default_value_t = 2048)]
+        hidden: usize,
+        #[arg(long, default_value_t = 32)]
+        heads: usize,
+        #[arg(long, default_value_t = 8)]
+        kv_heads: usize,
+        #[arg(long, default_value_t = 8192)]
+        ff: usize,
+        #[arg(long, default_value_t = 8192)]
+        context: usize,
+        /// Seed of the weights.
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -382,6 +415,54 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             println!(
                 "wrote the tiny SDXL test model (seed {seed}) to {}",
                 dir.display()
+            );
+            Ok(())
+        }
+        Command::Dev(DevCommand::RandomModel {
+            out,
+            tokenizer_from,
+            tokenizer_only: true,
+            ..
+        }) => {
+            let vocab = hearth_infer::write_tokenizer_gguf(&tokenizer_from, &out)
+                .map_err(|e| CliError::Usage(e.to_string()))?;
+            println!(
+                "wrote the tokenizer of {} ({vocab} tokens) to {}",
+                tokenizer_from.display(),
+                out.display()
+            );
+            Ok(())
+        }
+        Command::Dev(DevCommand::RandomModel {
+            out,
+            tokenizer_from,
+            weights,
+            layers,
+            hidden,
+            heads,
+            kv_heads,
+            ff,
+            context,
+            seed,
+            ..
+        }) => {
+            let shape = hearth_infer::LlamaShape {
+                layers,
+                hidden,
+                heads,
+                kv_heads,
+                ff,
+                vocab: 0,
+                context,
+            };
+            let vocab =
+                hearth_infer::write_random_gguf(&out, shape, weights, &tokenizer_from, seed)
+                    .map_err(|e| CliError::Usage(e.to_string()))?;
+            let shape = hearth_infer::LlamaShape { vocab, ..shape };
+            println!(
+                "wrote a random llama of {:.2}B weights ({weights:?}, vocabulary {vocab}, seed {seed}) to {}",
+                shape.parameters() as f64 / 1e9,
+                out.display()
             );
             Ok(())
         }

@@ -10,6 +10,7 @@ use candle_core::{DType, Tensor, D};
 use super::CandleModel;
 use crate::attn::RopeStyle;
 use crate::config::KvPrecision;
+use crate::decode_attn::DecodeAttention;
 use crate::device_kv::{self, BLOCK};
 use crate::model::Step;
 use crate::sequence::Cache;
@@ -40,12 +41,23 @@ pub(super) struct Group {
     qr: usize,
     /// Key positions per sequence after padding (`blocks per sequence * BLOCK`).
     t: usize,
-    /// `[b * blocks per sequence]` pool blocks (u32).
-    blocks: Tensor,
-    /// `[b, 1, 1, qr, t]` f32: 0 where a row may attend, -inf elsewhere; then the same for the
-    /// sliding window (when a layer has one).
-    mask: Tensor,
-    mask_window: Option<Tensor>,
+    keys: Keys,
+}
+
+/// How a group reaches its keys.
+enum Keys {
+    /// Gathered from the pool, padded and masked.
+    Gathered {
+        /// `[b * blocks per sequence]` pool blocks (u32).
+        blocks: Tensor,
+        /// `[b, 1, 1, qr, t]` f32: 0 where a row may attend, -inf elsewhere; then the same for
+        /// the sliding window (when a layer has one).
+        mask: Tensor,
+        mask_window: Option<Tensor>,
+    },
+    /// One-token rows on a GPU: the decode attention kernel reads the pool in place, through
+    /// the table of [`DecodeAttention::meta`].
+    Direct { meta: Tensor },
 }
 
 /// What a step needs on the device besides the weights, built on the host once per step.
@@ -95,17 +107,25 @@ impl CandleModel {
                     .max()
                     .unwrap_or(1);
                 let t = nb * BLOCK;
-                let mut blocks = Vec::with_capacity(members.len() * nb);
-                let mut mask = vec![f32::NEG_INFINITY; members.len() * qr * t];
-                let mut mask_w = window.map(|_| vec![f32::NEG_INFINITY; members.len() * qr * t]);
+                let direct = self.direct_decode && qr == 1;
+                let mut blocks = Vec::with_capacity(members.len() * (nb + 1));
+                let mut lens = Vec::with_capacity(members.len());
+                let masked = if direct { 0 } else { members.len() * qr * t };
+                let mut mask = vec![f32::NEG_INFINITY; masked];
+                let mut mask_w = window.map(|_| vec![f32::NEG_INFINITY; masked]);
                 for (bi, &si) in members.iter().enumerate() {
                     let own = blocks_of(si)?;
-                    let used = (steps[si].seq.len + steps[si].tokens.len()).div_ceil(BLOCK);
+                    let len = steps[si].seq.len + steps[si].tokens.len();
+                    let used = len.div_ceil(BLOCK);
                     blocks.extend((0..nb).map(|i| own[i.min(used - 1)]));
+                    lens.push(len as u32);
                     for (i, &tok) in steps[si].tokens.iter().enumerate() {
                         let pos = steps[si].seq.len + i;
                         rows.push((si, pos));
                         ids.push(tok);
+                        if direct {
+                            continue;
+                        }
                         let m = &mut mask[(bi * qr + i) * t..(bi * qr + i + 1) * t];
                         m[..=pos].fill(0.0);
                         if let (Some(mw), Some(w)) = (mask_w.as_mut(), window) {
@@ -116,17 +136,27 @@ impl CandleModel {
                     last[si] = (rows.len() - 1) as u32;
                 }
                 let b = members.len();
-                let shape = (b, 1, 1, qr, t);
+                let keys = if direct {
+                    blocks.extend(lens);
+                    Keys::Direct {
+                        meta: Tensor::from_vec(blocks, b * (nb + 1), dev)?,
+                    }
+                } else {
+                    let shape = (b, 1, 1, qr, t);
+                    Keys::Gathered {
+                        blocks: Tensor::from_vec(blocks, b * nb, dev)?,
+                        mask: Tensor::from_vec(mask, shape, dev)?,
+                        mask_window: mask_w
+                            .map(|m| Tensor::from_vec(m, shape, dev))
+                            .transpose()?,
+                    }
+                };
                 groups.push(Group {
                     first,
                     b,
                     qr,
                     t,
-                    blocks: Tensor::from_vec(blocks, b * nb, dev)?,
-                    mask: Tensor::from_vec(mask, shape, dev)?,
-                    mask_window: mask_w
-                        .map(|m| Tensor::from_vec(m, shape, dev))
-                        .transpose()?,
+                    keys,
                 });
                 Ok(())
             };
@@ -189,13 +219,35 @@ impl CandleModel {
         let mut outs = Vec::with_capacity(plan.groups.len());
         for g in &plan.groups {
             let (b, qr, t) = (g.b, g.qr, g.t);
+            let (blocks, mask, mask_window) = match &g.keys {
+                Keys::Direct { meta } => {
+                    let (k, v) = pool.layer(il);
+                    let op = DecodeAttention {
+                        meta: meta.clone(),
+                        rows: b,
+                        nb: t / BLOCK,
+                        n_head: hp.n_head,
+                        n_head_kv: nkv,
+                        head_dim: hd,
+                        scale: self.attn_scale,
+                        window: self.m.layers[il].window.unwrap_or(0),
+                    };
+                    outs.push(op.run(&q.narrow(0, g.first, b)?, k, v)?);
+                    continue;
+                }
+                Keys::Gathered {
+                    blocks,
+                    mask,
+                    mask_window,
+                } => (blocks, mask, mask_window),
+            };
             // [b, n_kv, group * qr, hd]
             let qg = q
                 .narrow(0, g.first, b * qr)?
                 .reshape((b, qr, nkv, group, hd))?
                 .permute((0, 2, 3, 1, 4))?
                 .reshape((b, nkv, group * qr, hd))?;
-            let (k, v) = pool.gather(il, &g.blocks)?;
+            let (k, v) = pool.gather(il, blocks)?;
             let heads = |x: Tensor| -> Result<Tensor, Error> {
                 Ok(x.reshape((b, t, nkv, hd))?
                     .transpose(1, 2)?
@@ -205,9 +257,9 @@ impl CandleModel {
             let (k, v) = (heads(k)?, heads(v)?);
             let scores = qg.matmul(&k.t()?)?.to_dtype(DType::F32)?;
             let scores = (scores * self.attn_scale as f64)?.reshape((b, nkv, group, qr, t))?;
-            let mask = match (self.m.layers[il].window, &g.mask_window) {
+            let mask = match (self.m.layers[il].window, mask_window) {
                 (Some(_), Some(m)) => m,
-                _ => &g.mask,
+                _ => mask,
             };
             let p = softmax(&scores.broadcast_add(mask)?)?;
             let p = if f16_kv {

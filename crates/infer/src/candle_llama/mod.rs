@@ -20,7 +20,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use crate::attn::{RopeScaling, RopeStyle};
-use crate::config::KvPrecision;
+use crate::config::{GpuTuning, KvPrecision};
 use crate::device_kv::SharedPool;
 use crate::gguf::{Activation, Hparams};
 use crate::model::{Backend, Step};
@@ -193,6 +193,35 @@ pub(crate) struct Layer {
 }
 
 impl Layer {
+    /// Whether Q and K go from the projection straight to RoPE (no biases, no Q/K norms), as
+    /// the fused RoPE-and-KV-write kernel takes them.
+    fn plain_attention_inputs(&self) -> bool {
+        self.qkv_bias.is_none() && self.q_norm.is_none() && self.k_norm.is_none()
+    }
+
+    /// Concatenates dense separate Q, K, V (and gate, up) matrices into one, so that each pair
+    /// or triple is one matrix product (quantized ones stay as they are).
+    fn fuse_dense(&mut self) -> Result<(), Error> {
+        let dense = |l: &Linear| match &l.0 {
+            QMatMul::Tensor(w) => Some(w.clone()),
+            _ => None,
+        };
+        let cat = |ws: &[Tensor]| -> Result<Linear, Error> {
+            Ok(Linear(QMatMul::Tensor(Tensor::cat(ws, 0)?)))
+        };
+        if let Qkv::Separate { q, k, v } = &self.qkv {
+            if let (Some(q), Some(k), Some(v)) = (dense(q), dense(k), dense(v)) {
+                self.qkv = Qkv::Fused(cat(&[q, k, v])?);
+            }
+        }
+        if let GateUp::Separate { gate, up } = &self.gate_up {
+            if let (Some(g), Some(u)) = (dense(gate), dense(up)) {
+                self.gate_up = GateUp::Fused(cat(&[g, u])?);
+            }
+        }
+        Ok(())
+    }
+
     fn convert(&mut self, dtype: DType) -> Result<(), Error> {
         for t in [&mut self.attn_norm, &mut self.ffn_norm]
             .into_iter()
@@ -227,6 +256,14 @@ pub(crate) struct CandleModel {
     /// The dtype of activations and dense weights: f32 on the CPU, f16 on a GPU.
     act: DType,
     pool: SharedPool,
+    /// Whether one-token rows attend through the decode attention kernel (`decode_attn.rs`): on
+    /// a GPU, when the cache is in the activations' dtype and the head fits the kernel, unless
+    /// [`GpuTuning::gathered_attention`] asks for the general path (to compare the two).
+    direct_decode: bool,
+    /// Whether dense Q/K/V and gate/up matrices are concatenated at load and their outputs go
+    /// through the fused kernels (`fused.rs`): on a GPU with the cache in the activations' dtype,
+    /// unless [`GpuTuning::unfused`].
+    fused: bool,
     /// Stamped on every sequence this model makes.
     maker: Maker,
 }
@@ -260,6 +297,8 @@ impl CandleModel {
             kv: KvPrecision::default(),
             act: DType::F32,
             pool,
+            direct_decode: false,
+            fused: false,
             maker: Maker::new(),
             device: device.clone(),
             m: parts,
@@ -270,7 +309,12 @@ impl CandleModel {
     /// Sets the attention's precision and the activation dtype (`act`: f32, or f16/bf16 for a
     /// GPU, which then keeps its dense weights and its cache in that dtype too). Sequences made
     /// before belong to the old cache pool and are refused afterwards.
-    pub(crate) fn configure(&mut self, kv: KvPrecision, act: DType) -> Result<(), Error> {
+    pub(crate) fn configure(
+        &mut self,
+        kv: KvPrecision,
+        act: DType,
+        gpu: GpuTuning,
+    ) -> Result<(), Error> {
         for l in &mut self.m.layers {
             l.convert(act)?;
         }
@@ -288,6 +332,16 @@ impl CandleModel {
         self.pool = SharedPool::new(self.hp.n_layer, self.hp.kv_dim(), cache, &self.device);
         self.kv = kv;
         self.act = act;
+        let on_gpu = !self.device.is_cpu() && cache == act;
+        self.direct_decode = on_gpu
+            && crate::decode_attn::DecodeAttention::fits(self.hp.head_dim)
+            && !gpu.gathered_attention;
+        self.fused = on_gpu && !gpu.unfused;
+        if self.fused {
+            for l in &mut self.m.layers {
+                l.fuse_dense()?;
+            }
+        }
         Ok(())
     }
 
@@ -340,14 +394,8 @@ impl Backend for CandleModel {
 
     fn forward(&mut self, steps: &mut [Step<'_>], logits: &mut Vec<f32>) -> Result<(), Error> {
         let hp = &self.hp;
-        let (hd, qd, kvd, eps) = (
-            hp.head_dim,
-            hp.n_head * hp.head_dim,
-            hp.kv_dim(),
-            hp.rms_eps,
-        );
+        let (hd, eps) = (hp.head_dim, hp.rms_eps);
         let plan = self.plan(steps)?;
-        let n = plan.rows.len();
         let mut x = self
             .m
             .embeddings
@@ -357,37 +405,27 @@ impl Backend for CandleModel {
             x = (x * s)?;
         }
         let pool = self.pool.lock();
-        let f16_q = self.kv == KvPrecision::F16 && self.act == DType::F32;
         for (il, layer) in self.m.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.attn_norm, eps)?;
-            let (mut q, mut k, mut v) = layer.qkv.project(&h, qd, kvd)?;
-            if let Some([bq, bk, bv]) = &layer.qkv_bias {
-                q = q.broadcast_add(bq)?;
-                k = k.broadcast_add(bk)?;
-                v = v.broadcast_add(bv)?;
-            }
-            let mut q = q.reshape((n, hp.n_head, hd))?;
-            let mut k = k.reshape((n, hp.n_head_kv, hd))?;
-            if let Some(w) = &layer.q_norm {
-                q = rms_norm(&q, w, eps)?;
-            }
-            if let Some(w) = &layer.k_norm {
-                k = rms_norm(&k, w, eps)?;
-            }
             let cs = &plan.rope[&layer.rope_theta.to_bits()];
-            let mut q = self.rope(&q, cs)?;
-            let k = self.rope(&k, cs)?;
-            if f16_q {
-                // Without flash attention llama.cpp converts Q to f16 for the Q·K products.
-                q = q.to_dtype(DType::F16)?.to_dtype(DType::F32)?;
-            }
-            let cache = pool.dtype();
-            pool.write(
-                il,
-                &plan.write_at,
-                &k.reshape((n, kvd))?.to_dtype(cache)?,
-                &v.to_dtype(cache)?,
-            )?;
+            let q = match &layer.qkv {
+                Qkv::Fused(w) if self.fused && layer.plain_attention_inputs() => {
+                    let (pool_k, pool_v) = pool.layer(il);
+                    crate::fused::RopeKv {
+                        cos: &cs.0,
+                        sin: &cs.1,
+                        write_at: &plan.write_at,
+                        pool_k,
+                        pool_v,
+                        n_head: hp.n_head,
+                        n_kv: hp.n_head_kv,
+                        head_dim: hd,
+                        interleaved: matches!(self.m.rope, RopeStyle::Interleaved),
+                    }
+                    .run(&w.forward(&h)?)?
+                }
+                _ => self.project_rope_write(il, layer, &h, cs, &plan, &pool)?,
+            };
             let out = self.attention(il, &q, &plan, &pool)?;
             let attn_out = layer.wo.forward(&out)?;
             let attn_out = match &layer.post_attn_norm {
@@ -396,12 +434,18 @@ impl Backend for CandleModel {
             };
             x = (x + attn_out)?;
             let h = rms_norm(&x, &layer.ffn_norm, eps)?;
-            let (gate, up) = layer.gate_up.forward(&h)?;
-            let gate = match self.m.activation {
-                Activation::Silu => gate.silu()?,
-                Activation::GeluTanh => gate.gelu()?,
+            let gelu = matches!(self.m.activation, Activation::GeluTanh);
+            let act = match &layer.gate_up {
+                GateUp::Fused(w) if self.fused => {
+                    crate::fused::Glu { gelu }.run(&w.forward(&h)?)?
+                }
+                _ => {
+                    let (gate, up) = layer.gate_up.forward(&h)?;
+                    let gate = if gelu { gate.gelu()? } else { gate.silu()? };
+                    (gate * up)?
+                }
             };
-            let ffn_out = layer.down.forward(&(gate * up)?)?;
+            let ffn_out = layer.down.forward(&act)?;
             let ffn_out = match &layer.post_ffn_norm {
                 Some(w) => rms_norm(&ffn_out, w, eps)?,
                 None => ffn_out,
@@ -413,6 +457,58 @@ impl Backend for CandleModel {
         logits.clear();
         logits.extend(to_host(&out)?);
         Ok(())
+    }
+}
+
+impl CandleModel {
+    /// The general path from a layer's normed input to its rotated Q: the projections, biases,
+    /// Q/K norms and RoPE as candle ops, and K and V written into the pool.
+    fn project_rope_write(
+        &self,
+        il: usize,
+        layer: &Layer,
+        h: &Tensor,
+        cs: &(Tensor, Tensor),
+        plan: &attention::Plan,
+        pool: &crate::device_kv::Pool,
+    ) -> Result<Tensor, Error> {
+        let hp = &self.hp;
+        let (hd, qd, kvd, eps) = (
+            hp.head_dim,
+            hp.n_head * hp.head_dim,
+            hp.kv_dim(),
+            hp.rms_eps,
+        );
+        let n = plan.rows.len();
+        let f16_q = self.kv == KvPrecision::F16 && self.act == DType::F32;
+        let (mut q, mut k, mut v) = layer.qkv.project(h, qd, kvd)?;
+        if let Some([bq, bk, bv]) = &layer.qkv_bias {
+            q = q.broadcast_add(bq)?;
+            k = k.broadcast_add(bk)?;
+            v = v.broadcast_add(bv)?;
+        }
+        let mut q = q.reshape((n, hp.n_head, hd))?;
+        let mut k = k.reshape((n, hp.n_head_kv, hd))?;
+        if let Some(w) = &layer.q_norm {
+            q = rms_norm(&q, w, eps)?;
+        }
+        if let Some(w) = &layer.k_norm {
+            k = rms_norm(&k, w, eps)?;
+        }
+        let mut q = self.rope(&q, cs)?;
+        let k = self.rope(&k, cs)?;
+        if f16_q {
+            // Without flash attention llama.cpp converts Q to f16 for the Q·K products.
+            q = q.to_dtype(DType::F16)?.to_dtype(DType::F32)?;
+        }
+        let cache = pool.dtype();
+        pool.write(
+            il,
+            &plan.write_at,
+            &k.reshape((n, kvd))?.to_dtype(cache)?,
+            &v.to_dtype(cache)?,
+        )?;
+        Ok(q)
     }
 }
 

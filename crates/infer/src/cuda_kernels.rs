@@ -1,0 +1,54 @@
+//! What Hearth's own CUDA kernels share: the prelude every kernel source starts with (loads and
+//! stores of f32, f16 and bf16 values as f32, with no headers, so that NVRTC needs nothing but
+//! itself), and compiling a source once per process. The kernels: `decode_attn.rs` (attention of
+//! decode rows over the block pool) and `fused.rs` (RoPE with the KV write, the gated MLP's
+//! activation); `kv_write.rs` predates this module and copies raw words, needing no prelude.
+
+/// Conversions between the stored dtypes and f32: `C::load(x)` and `C::store(f)` for `C` one of
+/// `F32`, `F16`, `BF16` (whose `C::T` is the stored type). f16 through PTX's `cvt`, bf16 by
+/// shifting (stores round to nearest even).
+#[cfg(feature = "cuda")]
+pub(crate) const PRELUDE: &str = r#"
+struct F32 {
+    typedef float T;
+    static __device__ __forceinline__ float load(float x) { return x; }
+    static __device__ __forceinline__ float store(float x) { return x; }
+};
+struct F16 {
+    typedef unsigned short T;
+    static __device__ __forceinline__ float load(unsigned short h) {
+        float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+    }
+    static __device__ __forceinline__ unsigned short store(float f) {
+        unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+    }
+};
+struct BF16 {
+    typedef unsigned short T;
+    static __device__ __forceinline__ float load(unsigned short b) {
+        return __uint_as_float(((unsigned int)b) << 16);
+    }
+    static __device__ __forceinline__ unsigned short store(float f) {
+        unsigned int u = __float_as_uint(f);
+        u += 0x7fffu + ((u >> 16) & 1u);
+        return (unsigned short)(u >> 16);
+    }
+};
+"#;
+
+/// `PRELUDE` + `source` compiled by NVRTC into `cell` on first use (an error is kept and
+/// returned again: a GPU machine without NVRTC does not retry every step).
+#[cfg(feature = "cuda")]
+pub(crate) fn compile(
+    cell: &'static std::sync::OnceLock<Result<String, String>>,
+    what: &str,
+    source: &str,
+) -> candle_core::Result<&'static str> {
+    cell.get_or_init(|| {
+        candle_core::cuda_backend::cudarc::nvrtc::compile_ptx(format!("{PRELUDE}{source}"))
+            .map(|p| p.to_src())
+            .map_err(|e| format!("compiling the {what} kernel: {e}"))
+    })
+    .as_deref()
+    .map_err(|e| candle_core::Error::Msg(e.clone()))
+}

@@ -1,0 +1,320 @@
+//! Two fused steps of the candle backend's layer on a GPU, each one kernel where candle runs
+//! several:
+//! - [`RopeKv`]: from the fused `[q; k; v]` projection of a step's rows, Q rotated into a tensor
+//!   of its own, K rotated and V copied straight into their pool rows (where candle runs a rope
+//!   for Q and one for K, three copies out of the projection and two KV writes);
+//! - [`Glu`]: the gated MLP's `act(gate) * up` from the fused `[gate; up]` projection (where
+//!   candle runs two copies, the activation and the product).
+//!
+//! Arithmetic is in f32 between f16/bf16 loads and stores. Compiled by NVRTC at first use. The
+//! CPU keeps the general path (`candle_llama`), against which `device_check` holds these.
+
+use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
+
+use crate::Error;
+
+/// RoPE of Q and K and the KV write of one layer, from `[rows, (n_head + 2 n_kv) * head_dim]`.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // read by the CUDA launch
+pub(crate) struct RopeKv<'a> {
+    /// `[rows, 1, head_dim / 2]` each, the activations' dtype.
+    pub cos: &'a Tensor,
+    pub sin: &'a Tensor,
+    /// `[rows]` u32: each row's pool row.
+    pub write_at: &'a Tensor,
+    /// The layer's K and V pools, `[pool rows, n_kv * head_dim]`, the activations' dtype.
+    pub pool_k: &'a Tensor,
+    pub pool_v: &'a Tensor,
+    pub n_head: usize,
+    pub n_kv: usize,
+    pub head_dim: usize,
+    /// Pairs `(2i, 2i + 1)` rotate (GGUF llama layout) rather than `(i, i + head_dim / 2)`.
+    pub interleaved: bool,
+}
+
+impl RopeKv<'_> {
+    /// Rotated Q, `[rows, n_head, head_dim]`; K and V are in the pools afterwards.
+    pub(crate) fn run(&self, qkv: &Tensor) -> Result<Tensor, Error> {
+        Ok(qkv.contiguous()?.apply_op1_no_bwd(self)?)
+    }
+}
+
+/// `act(gate) * up` of `[rows, 2 ff]` (`gate` the first half of each row): `[rows, ff]`.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // read by the CUDA launch
+pub(crate) struct Glu {
+    /// GELU (tanh approximation) rather than SiLU.
+    pub gelu: bool,
+}
+
+impl Glu {
+    pub(crate) fn run(&self, gate_up: &Tensor) -> Result<Tensor, Error> {
+        Ok(gate_up.contiguous()?.apply_op1_no_bwd(self)?)
+    }
+}
+
+fn gpu_only(name: &str) -> candle_core::Result<(CpuStorage, Shape)> {
+    candle_core::bail!("{name} runs on a GPU; the CPU takes the general path")
+}
+
+impl CustomOp1 for RopeKv<'_> {
+    fn name(&self) -> &'static str {
+        "hearth-rope-kv"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        gpu_only(self.name())
+    }
+
+    #[cfg(feature = "cuda")]
+    #[allow(unsafe_code)] // the kernel launch
+    fn cuda_fwd(
+        &self,
+        qkv: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+        use candle_core::cuda_backend::{CudaStorageSlice as S, WrapErr};
+        use candle_core::Storage;
+
+        let (hd, nh, nkv) = (self.head_dim, self.n_head, self.n_kv);
+        let width = (nh + 2 * nkv) * hd;
+        let (x0, x1) = contiguous(l)?;
+        if !(x1 - x0).is_multiple_of(width) || !hd.is_multiple_of(2) {
+            candle_core::bail!(
+                "rope-kv: the projection is not [rows, (n_head + 2 n_kv) * head_dim]"
+            )
+        }
+        let rows = (x1 - x0) / width;
+        let dev = qkv.device.clone();
+        let stream = dev.cuda_stream();
+        // The other tensors: read locks for the launch, raw pointers into the kernel. The pools
+        // are written through them: the model holds the pool's lock for the whole step, and
+        // nothing reads a pool but this stream's later launches.
+        let tensors = [self.cos, self.sin, self.write_at, self.pool_k, self.pool_v];
+        let guards: Vec<_> = tensors.iter().map(|t| t.storage_and_layout()).collect();
+        let mut ptrs = [0u64; 5];
+        let mut lens = [0usize; 5];
+        for (i, (storage, layout)) in guards.iter().enumerate() {
+            let Storage::Cuda(c) = &**storage else {
+                candle_core::bail!("rope-kv: a tensor is not on the GPU")
+            };
+            let (a, b) = contiguous(layout)?;
+            let (ptr, elem) = match (&c.slice, i) {
+                (S::U32(s), 2) => (s.device_ptr(&stream).0, 4),
+                (S::F32(s), _) if i != 2 && matches!(qkv.slice, S::F32(_)) => {
+                    (s.device_ptr(&stream).0, 4)
+                }
+                (S::F16(s), _) if i != 2 && matches!(qkv.slice, S::F16(_)) => {
+                    (s.device_ptr(&stream).0, 2)
+                }
+                (S::BF16(s), _) if i != 2 && matches!(qkv.slice, S::BF16(_)) => {
+                    (s.device_ptr(&stream).0, 2)
+                }
+                _ => candle_core::bail!("rope-kv: dtypes do not match"),
+            };
+            ptrs[i] = ptr + (a * elem) as u64;
+            lens[i] = b - a;
+        }
+        let kvd = nkv * hd;
+        if lens[0] != rows * hd / 2
+            || lens[1] != rows * hd / 2
+            || lens[2] != rows
+            || !lens[3].is_multiple_of(kvd)
+            || lens[3] != lens[4]
+        {
+            candle_core::bail!("rope-kv: shapes do not match")
+        }
+        let pool_rows = (lens[3] / kvd) as u32;
+        let slots = rows * (nh + 2 * nkv) * hd / 2;
+        let cfg = LaunchConfig::for_num_elems(slots.max(1) as u32);
+        let args = [
+            rows as u32,
+            nh as u32,
+            nkv as u32,
+            hd as u32,
+            pool_rows,
+            self.interleaved as u32,
+        ];
+        let n = rows * nh * hd;
+        macro_rules! launch {
+            ($x:expr, $ty:ty, $kernel:literal) => {{
+                let func = dev.get_or_load_custom_func($kernel, "hearth_fused", ptx()?)?;
+                // SAFETY: every element of `out` is written by the kernel.
+                let mut out = unsafe { dev.alloc::<$ty>(n)? };
+                let x = $x.slice(x0..x1);
+                let mut b = func.builder();
+                b.arg(&x);
+                for p in &ptrs {
+                    b.arg(p);
+                }
+                b.arg(&mut out);
+                for a in &args {
+                    b.arg(a);
+                }
+                // SAFETY: the kernel reads `rows * width` projection values, `rows * hd / 2`
+                // cos and sin values and `rows` pool rows (each checked below `pool_rows`),
+                // writes `n` values of `out` and pool rows below `pool_rows`.
+                unsafe { b.launch(cfg) }.w()?;
+                candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone())
+            }};
+        }
+        let out = match &qkv.slice {
+            S::F32(x) => launch!(x, f32, "rope_kv_f32"),
+            S::F16(x) => launch!(x, half::f16, "rope_kv_f16"),
+            S::BF16(x) => launch!(x, half::bf16, "rope_kv_bf16"),
+            _ => candle_core::bail!("rope-kv: the projection is not f32, f16 or bf16"),
+        };
+        drop(guards);
+        Ok((out, Shape::from((rows, nh, hd))))
+    }
+}
+
+impl CustomOp1 for Glu {
+    fn name(&self) -> &'static str {
+        "hearth-glu"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        gpu_only(self.name())
+    }
+
+    #[cfg(feature = "cuda")]
+    #[allow(unsafe_code)] // the kernel launch
+    fn cuda_fwd(
+        &self,
+        x: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+        use candle_core::cuda_backend::{CudaStorageSlice as S, WrapErr};
+
+        let (rows, two_ff) = l.shape().dims2()?;
+        let (x0, x1) = contiguous(l)?;
+        if !two_ff.is_multiple_of(2) || x1 - x0 != rows * two_ff {
+            candle_core::bail!("glu: the projection is not [rows, 2 ff]")
+        }
+        let ff = two_ff / 2;
+        let n = rows * ff;
+        let dev = x.device.clone();
+        let cfg = LaunchConfig::for_num_elems(n.max(1) as u32);
+        let (n32, ff32, gelu) = (n as u32, ff as u32, self.gelu as u32);
+        macro_rules! launch {
+            ($x:expr, $ty:ty, $kernel:literal) => {{
+                let func = dev.get_or_load_custom_func($kernel, "hearth_fused", ptx()?)?;
+                // SAFETY: every element of `out` is written by the kernel.
+                let mut out = unsafe { dev.alloc::<$ty>(n)? };
+                let x = $x.slice(x0..x1);
+                let mut b = func.builder();
+                b.arg(&x);
+                b.arg(&mut out);
+                b.arg(&n32);
+                b.arg(&ff32);
+                b.arg(&gelu);
+                // SAFETY: reads `2 n` values of `x`, writes `n` of `out`.
+                unsafe { b.launch(cfg) }.w()?;
+                candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone())
+            }};
+        }
+        let out = match &x.slice {
+            S::F32(x) => launch!(x, f32, "glu_f32"),
+            S::F16(x) => launch!(x, half::f16, "glu_f16"),
+            S::BF16(x) => launch!(x, half::bf16, "glu_bf16"),
+            _ => candle_core::bail!("glu: the projection is not f32, f16 or bf16"),
+        };
+        Ok((out, Shape::from((rows, ff))))
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn contiguous(l: &Layout) -> candle_core::Result<(usize, usize)> {
+    l.contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg("a fused kernel needs contiguous tensors".into()))
+}
+
+/// The kernels' source (after [`crate::cuda_kernels::PRELUDE`]).
+#[cfg(feature = "cuda")]
+const SOURCE: &str = r#"
+// One thread per rotated pair: row r, head h of n_head Q heads, n_kv K heads, n_kv V heads.
+template <typename C>
+__device__ void rope_kv(const typename C::T *x, const typename C::T *cos_,
+                        const typename C::T *sin_, const unsigned int *at,
+                        typename C::T *pool_k, typename C::T *pool_v, typename C::T *q,
+                        unsigned int rows, unsigned int n_head, unsigned int n_kv,
+                        unsigned int hd, unsigned int pool_rows, unsigned int interleaved) {
+    const unsigned int half = hd / 2, heads = n_head + 2 * n_kv, kvd = n_kv * hd;
+    const size_t width = (size_t)heads * hd;
+    const size_t total = (size_t)rows * heads * half;
+    for (size_t s = blockIdx.x * (size_t)blockDim.x + threadIdx.x; s < total;
+         s += (size_t)blockDim.x * gridDim.x) {
+        const unsigned int i = s % half;
+        const size_t t = s / half;
+        const unsigned int h = t % heads;
+        const unsigned int r = t / heads;
+        const typename C::T *xh = x + r * width + (size_t)h * hd;
+        const unsigned int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+        if (h >= n_head + n_kv) {
+            const unsigned int row = at[r];
+            if (row < pool_rows) {
+                typename C::T *o = pool_v + (size_t)row * kvd + (size_t)(h - n_head - n_kv) * hd;
+                o[a] = xh[a];
+                o[b] = xh[b];
+            }
+            continue;
+        }
+        const float x0 = C::load(xh[a]), x1 = C::load(xh[b]);
+        const float c = C::load(cos_[(size_t)r * half + i]), sn = C::load(sin_[(size_t)r * half + i]);
+        const float y0 = x0 * c - x1 * sn, y1 = x1 * c + x0 * sn;
+        typename C::T *o;
+        if (h < n_head) {
+            o = q + ((size_t)r * n_head + h) * hd;
+        } else {
+            const unsigned int row = at[r];
+            if (row >= pool_rows) continue;
+            o = pool_k + (size_t)row * kvd + (size_t)(h - n_head) * hd;
+        }
+        o[a] = C::store(y0);
+        o[b] = C::store(y1);
+    }
+}
+
+template <typename C>
+__device__ void glu(const typename C::T *x, typename C::T *out, unsigned int n,
+                    unsigned int ff, unsigned int gelu) {
+    for (unsigned int s = blockIdx.x * blockDim.x + threadIdx.x; s < n;
+         s += blockDim.x * gridDim.x) {
+        const size_t r = s / ff, j = s % ff;
+        const float g = C::load(x[r * 2 * ff + j]), u = C::load(x[r * 2 * ff + ff + j]);
+        const float act = gelu
+            ? 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)))
+            : g / (1.0f + __expf(-g));
+        out[s] = C::store(act * u);
+    }
+}
+
+#define ROPE_KV(NAME, C)                                                                      \
+extern "C" __global__ void NAME(const C::T *x, unsigned long long cos_,                      \
+    unsigned long long sin_, unsigned long long at, unsigned long long pool_k,               \
+    unsigned long long pool_v, C::T *q, unsigned int rows, unsigned int n_head,              \
+    unsigned int n_kv, unsigned int hd, unsigned int pool_rows, unsigned int interleaved) {  \
+    rope_kv<C>(x, (const C::T *)cos_, (const C::T *)sin_, (const unsigned int *)at,          \
+               (C::T *)pool_k, (C::T *)pool_v, q, rows, n_head, n_kv, hd, pool_rows,         \
+               interleaved);                                                                  \
+}
+#define GLU(NAME, C)                                                                          \
+extern "C" __global__ void NAME(const C::T *x, C::T *out, unsigned int n, unsigned int ff,   \
+                                unsigned int gelu) {                                          \
+    glu<C>(x, out, n, ff, gelu);                                                              \
+}
+ROPE_KV(rope_kv_f32, F32)
+ROPE_KV(rope_kv_f16, F16)
+ROPE_KV(rope_kv_bf16, BF16)
+GLU(glu_f32, F32)
+GLU(glu_f16, F16)
+GLU(glu_bf16, BF16)
+"#;
+
+/// The kernels' PTX, compiled once per process.
+#[cfg(feature = "cuda")]
+fn ptx() -> candle_core::Result<&'static str> {
+    static PTX: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
+    crate::cuda_kernels::compile(&PTX, "fused layer", SOURCE)
+}
