@@ -3,13 +3,14 @@
 //!
 //! ```text
 //! cargo bench --bench loadgen -- --url http://127.0.0.1:8081 --token <serviceToken> \
-//!     [--target hearth|llama] [--model alpha-3.3] [--streams 1,4,8,16] [--max-tokens 64]
+//!     [--target hearth|openai|llama] [--model alpha-3.3] [--streams 1,4,8,16] [--max-tokens 64]
 //!     [--ignore-eos] [--json out.jsonl]
 //! ```
 //! `--target hearth` posts the spec's completion request to `{url}/stream` and reads `{token}`
 //! events until `{completed}`; `--target llama` posts an OpenAI-style chat request to
 //! llama.cpp's `llama-server` (`{url}/v1/chat/completions`), for the same figures on the same
-//! model. Only loopback addresses are accepted. Prompts are the scheduler bench's.
+//! model; `--target openai` posts the same request to Hearth's OpenAI route (with `model` and
+//! the token as a bearer header). Only loopback addresses are accepted. Prompts are the scheduler bench's.
 
 use std::time::{Duration, Instant};
 
@@ -41,6 +42,8 @@ struct Args {
 #[derive(Clone, Copy, PartialEq)]
 enum Target {
     Hearth,
+    /// Hearth's `/v1/chat/completions`.
+    OpenAi,
     Llama,
 }
 
@@ -67,8 +70,13 @@ fn parse_args() -> Result<Args, String> {
             "--target" => {
                 args.target = match value()?.as_str() {
                     "hearth" => Target::Hearth,
+                    "openai" => Target::OpenAi,
                     "llama" => Target::Llama,
-                    other => return Err(format!("--target {other}: expected hearth or llama")),
+                    other => {
+                        return Err(format!(
+                            "--target {other}: expected hearth, openai or llama"
+                        ))
+                    }
                 }
             }
             "--max-tokens" => {
@@ -89,8 +97,8 @@ fn parse_args() -> Result<Args, String> {
     if args.url.is_empty() {
         return Err("--url is required".into());
     }
-    if args.target == Target::Hearth && args.token.is_empty() {
-        return Err("--token is required for --target hearth".into());
+    if args.target != Target::Llama && args.token.is_empty() {
+        return Err("--token is required for --target hearth and openai".into());
     }
     Ok(args)
 }
@@ -119,21 +127,29 @@ async fn one_stream(
                 "maxOutputTokens": args.max_tokens,
             }),
         ),
-        Target::Llama => (
-            format!("{}/v1/chat/completions", args.url),
-            json!({
+        Target::OpenAi | Target::Llama => {
+            let mut body = json!({
                 "messages": [{"role": "user", "content": prompt}],
                 "max_tokens": args.max_tokens,
                 "temperature": 0.0,
-                "top_k": 1,
                 "stream": true,
                 "ignore_eos": args.ignore_eos,
-                "cache_prompt": false,
                 "stream_options": {"include_usage": true},
-            }),
-        ),
+            });
+            if args.target == Target::OpenAi {
+                body["model"] = json!(args.model);
+            } else {
+                body["top_k"] = json!(1);
+                body["cache_prompt"] = json!(false);
+            }
+            (format!("{}/v1/chat/completions", args.url), body)
+        }
     };
-    let response = http::send(client.post(&url).json(&body), &url).await?;
+    let mut request = client.post(&url).json(&body);
+    if args.target == Target::OpenAi {
+        request = request.bearer_auth(&args.token);
+    }
+    let response = http::send(request, &url).await?;
     let mut stats = StreamStats {
         tokens: 0,
         ttft_ms: f64::NAN,
@@ -170,7 +186,7 @@ async fn one_stream(
                     return false;
                 }
             }
-            Target::Llama => {
+            Target::OpenAi | Target::Llama => {
                 if let Some(n) = value["usage"]["completion_tokens"].as_u64() {
                     stats.tokens = n as usize;
                 }
@@ -254,6 +270,7 @@ async fn run(args: Args) -> Result<(), String> {
     level(&client, &args, max_streams).await?;
     let label = args.label.clone().unwrap_or_else(|| match args.target {
         Target::Hearth => "hearth-http".into(),
+        Target::OpenAi => "hearth-v1".into(),
         Target::Llama => "llama-server".into(),
     });
     println!(

@@ -1,46 +1,75 @@
 #!/usr/bin/env bash
-# The GPU benchmarks of the candle backend (text) and the image pipeline against PyTorch on the
-# same machine, in two halves, since the GPU machine has no Rust toolchain and no network:
+# Hearth on a GPU against its peers on the same machine, in two halves, since the GPU machine has
+# no Rust toolchain and no network:
 #
-#   scripts/bench-gpu.sh prepare      # here: the CUDA builds of bench_device and bench_imagine
-#                                     # (scripts/build-cuda.sh), stripped and packed into .gpu/,
-#                                     # with the diffusers wheels the PyTorch image side needs
-#                                     # (IMAGE_FEATURES=cudnn: bench_imagine on cuDNN)
-#   scripts/bench-gpu.sh run [DIR]    # on the GPU machine, with .gpu/ beside the checkout:
-#                                     # the check below, then every benchmark, JSON lines into DIR
-#                                     # (default $OUT)
+#   scripts/bench-gpu.sh prepare      # here: the CUDA builds (scripts/build-cuda.sh) of `hearth`,
+#                                     # bench_device, device_check and bench_imagine, the load
+#                                     # generator, SmolLM2's tokenizer as a small GGUF, llama.cpp's
+#                                     # CUDA llama-bench when scripts/build-llama-cpp-cuda.sh has
+#                                     # built it, and the diffusers wheels: stripped, packed into
+#                                     # .gpu/ (name .gpu in the device run's carry)
+#   scripts/bench-gpu.sh run [DIR]    # on the GPU machine: everything below, results into DIR
+#                                     # (default $OUT), a summary last
 #   scripts/bench-gpu.sh check [DIR]  # on the GPU machine: the candle backend on the GPU against
 #                                     # the fast CPU path on every generated model of
 #                                     # tests/fixtures/arch (examples/device_check.rs)
 #
-# What runs: a llama shape of 1.2B weights (Llama 3.2 1B's layers with a 32k vocabulary), random
-# f16 weights made on the GPU, 128-token prompts then 64 decode steps, at 1, 8, 32 and 64
-# streams: Hearth (examples/bench_device.rs) and Hugging Face transformers' LlamaForCausalLM
-# (scripts/gpu/torch_llama.py, SDPA attention, and eager at 32 streams). Then images at
-# 1024x1024, 4 steps without guidance (SDXL-Lightning's schedule): Hearth on the tiny test model
-# and on SDXL base's full-size shapes with random weights, and diffusers on the same full-size
-# shapes (scripts/gpu/torch_sdxl.py). The binaries need a CUDA 13 driver and CUDA 13's cuBLAS,
-# cuRAND, NVRTC, cudart and (bench_imagine built with `cudnn`) cuDNN 9, which PyTorch's CUDA 13
-# wheels carry there. Figures and the machine they came from: docs/benchmarks.md, "On a GPU".
+# What `run` does, in this order (each step bounded; the whole under 5 minutes on an H100):
+#   1. `hearth serve` on the GPU (scripts/gpu/serve.py): `hearth dev random-model` writes a 1.1B
+#      llama (Llama 3.2 1B's layers, SmolLM2's 49,152-token vocabulary) in f16 and Q8_0, the
+#      server serves both and the tiny image model on the GPU, the contract checks run over
+#      HTTP, then the load generator drives SSE `/stream` and `/v1/chat/completions` at 1, 8, 32
+#      and 64 concurrent streams of 128 tokens; SIGTERM last.
+#   2. bench_device on the same shape (random f16 weights made on the GPU): prefill of 128-token
+#      prompts and 64 decode steps at 1, 8, 32 and 64 streams; then at 1 and 32 streams with the
+#      memory pool trimmed at every synchronisation (HEARTH_CUDA_POOL=trim), with the fused
+#      projection kernels off as well (HEARTH_FUSED=off), and with everything of issue 31 off
+#      (HEARTH_CUDA_EVENTS=track HEARTH_DECODE_ATTENTION=gather: the code before).
+#   3. the GPU against the CPU path (check, f16 activations), with two dense f16 llama files
+#      besides the fixtures (the fused kernels' path).
+#   4. llama.cpp's CUDA llama-bench on the very GGUF files the server served (when packed).
+#   5. Hugging Face transformers' LlamaForCausalLM, eager attention (scripts/gpu/torch_llama.py).
+#   6. images at 1024x1024, 4 steps without guidance: Hearth on SDXL base's full-size shapes with
+#      random weights, diffusers on the same shapes (scripts/gpu/torch_sdxl.py).
+#   7. scripts/gpu/summary.py: one JSON object of the headline figures (docs/gpu/*-summary.json).
+# The binaries need a CUDA 13 driver and CUDA 13's cuBLAS, cuRAND, NVRTC and cudart, which
+# PyTorch's CUDA 13 wheels carry there. Figures: docs/benchmarks.md, "On a GPU".
 # Not part of scripts/test.sh: it needs a GPU.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 PACK="$ROOT/.gpu"
+CUDA_BINS=(hearth bench_device device_check bench_imagine)
 
 prepare() {
     set -e
-    for spec in hearth-infer:bench_device:cuda hearth-infer:device_check:cuda \
-        "hearth-imagine:bench_imagine:${IMAGE_FEATURES:-cuda}"; do
-        IFS=: read -r pkg ex features <<<"$spec"
-        FEATURES="$features" scripts/build-cuda.sh -p "$pkg" --example "$ex"
-    done
+    local target="${CUDA_TARGET_DIR:-$ROOT/target/cuda}"
+    CARGO_TARGET_DIR="$target" scripts/build-cuda.sh -p hearth -p hearth-infer -p hearth-imagine \
+        --features hearth/cuda,hearth-infer/cuda,hearth-imagine/cuda --bin hearth \
+        --example bench_device --example device_check --example bench_imagine
+    rm -rf "$PACK"
     mkdir -p "$PACK/whl"
-    local target="${CARGO_TARGET_DIR:-$ROOT/target/cuda}"
-    for ex in bench_device device_check bench_imagine; do
-        strip -o "$PACK/$ex" "$target/release/examples/$ex"
-        xz -T2 -6 -f "$PACK/$ex"
+    for b in "${CUDA_BINS[@]}"; do
+        local f="$target/release/$b"
+        [ -f "$f" ] || f="$target/release/examples/$b"
+        strip -o "$PACK/$b" "$f"
     done
+    # The CPU side: the load generator and the tokenizer (written by the CPU build of hearth).
+    local loadgen
+    loadgen="$(cargo bench --no-run --profile dev --bench loadgen --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "loadgen" and m.get("executable"):
+        print(m["executable"])')"
+    strip -o "$PACK/loadgen" "$loadgen"
+    [ -f weights/SmolLM2-135M-Instruct.Q4_1.gguf ] || scripts/fetch-weights.sh smollm2
+    cargo run -q --bin hearth -- dev random-model "$PACK/tok.gguf" --tokenizer-only \
+        --tokenizer-from weights/SmolLM2-135M-Instruct.Q4_1.gguf
+    local llama="$ROOT/.cache/llama.cpp-cuda/build/bin/llama-bench"
+    if [ -x "$llama" ]; then strip -o "$PACK/llama-bench" "$llama"; else
+        echo "no CUDA llama-bench (scripts/build-llama-cpp-cuda.sh): packed without it"; fi
+    for f in "$PACK"/*; do [ -f "$f" ] && [ "${f%.gguf}" = "$f" ] && xz -T2 -6 -f "$f"; done
     python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux_2_28_x86_64 -d "$PACK/whl" \
         diffusers==0.42.1 importlib_metadata==10.2.0
@@ -51,10 +80,11 @@ prepare() {
 unpack() {
     bin=/tmp/hearth-gpu
     mkdir -p "$bin"
-    for ex in bench_device device_check bench_imagine; do
+    for f in "$PACK"/*.xz; do
+        local name; name="$(basename "$f" .xz)"
         python3 -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.open(sys.argv[1]).read())' \
-            "$PACK/$ex.xz" "$bin/$ex"
-        chmod +x "$bin/$ex"
+            "$f" "$bin/$name"
+        chmod +x "$bin/$name"
     done
     # CUDA 13's libraries from the PyTorch wheels (nvidia/cu13/lib), the driver's from the system.
     local libs
@@ -76,45 +106,77 @@ check() {
     local out="${1:-${OUT:-/tmp/bench-gpu}}"
     mkdir -p "$out"
     [ -n "${bin:-}" ] || unpack
-    echo "== the candle backend on the GPU against the fast CPU path"
-    timeout 150 "$bin/device_check" --device cuda tests/fixtures/arch/*.gguf 2>&1 | tee "$out/check.jsonl"
-    echo "== the same with f32 activations on the GPU"
-    timeout 150 "$bin/device_check" --device cuda --dtype f32 tests/fixtures/arch/*.gguf 2>&1 |
-        tee "$out/check-f32.jsonl"
+    # Dense f16 llama files take the fused kernels (the fixtures are quantized: only Phi-3's fused
+    # projections do): a small one, and the served 1.1B one when step 1 wrote it.
+    local dense=/tmp/hearth-gpu-work/small-f16.gguf
+    mkdir -p /tmp/hearth-gpu-work
+    "$bin/hearth" dev random-model "$dense" --tokenizer-from "$PACK/tok.gguf" --layers 4 \
+        --hidden 512 --heads 8 --kv-heads 2 --ff 1024 >/dev/null
+    echo "== the candle backend on the GPU against the fast CPU path (f16 activations)"
+    timeout 150 "$bin/device_check" --device cuda tests/fixtures/arch/*.gguf "$dense" \
+        $(ls /tmp/hearth-gpu-work/llama-1b-f16.gguf 2>/dev/null) 2>&1 | tee "$out/check.jsonl"
 }
+
+# Tags each JSON line of stdin with an engine name.
+tag() { sed -u "s/^{/{\"engine\":\"$1\",/"; }
 
 run() {
     local out="${1:-${OUT:-/tmp/bench-gpu}}"
-    mkdir -p "$out"
+    local work=/tmp/hearth-gpu-work
+    mkdir -p "$out" "$work"
     unpack
-    check "$out"
     {
         date -u
         nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
         nproc
         python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
-        ldd "$bin/bench_device" "$bin/bench_imagine" | grep -E 'cuda|cublas|curand|nvrtc|cudnn|not found' || true
-    } 2>&1 | tee "$out/device.txt"
-    echo "== text: Hearth"
-    timeout 200 "$bin/bench_device" --device cuda --streams 1,8,32,64 2>&1 | tee "$out/text.jsonl"
-    echo "== text: PyTorch"
-    timeout 200 python3 scripts/gpu/torch_llama.py --attn sdpa 2>&1 | tee -a "$out/text.jsonl"
-    timeout 120 python3 scripts/gpu/torch_llama.py --attn eager --streams 32 2>&1 | tee -a "$out/text.jsonl"
-    echo "== images: Hearth"
-    timeout 90 "$bin/bench_imagine" --device cuda --dtype f16 --sizes 1024 --steps 4 --runs 2 \
-        --guidance 0 2>&1 | tee "$out/image.txt"
-    timeout 200 "$bin/bench_imagine" --device cuda --dtype f16 --random-full --sizes 1024 \
-        --steps 4 --runs 2 --guidance 0 2>&1 | tee -a "$out/image.txt"
-    echo "== images: PyTorch"
+        ldd "$bin/hearth" | grep -E 'cuda|cublas|curand|nvrtc|not found' || true
+        uptime
+    } 2>&1
+    echo "== 1. hearth serve on the GPU"
+    timeout 300 python3 scripts/gpu/serve.py --hearth "$bin/hearth" --loadgen "$bin/loadgen" \
+        --tokenizer "$PACK/tok.gguf" --work "$work" --out "$out"
+    echo "== 2. bench_device: now; then without each of this issue's changes in turn"
+    local shape=(--vocab 49152 --streams 1,8,32,64)
+    timeout 90 "$bin/bench_device" --device cuda "${shape[@]}" 2>&1 | tag hearth | tee "$out/text.jsonl"
+    HEARTH_CUDA_POOL=trim timeout 60 "$bin/bench_device" --device cuda --vocab 49152 \
+        --streams 1,32 2>&1 | tag hearth-pool-trimmed | tee -a "$out/text.jsonl"
+    HEARTH_CUDA_POOL=trim HEARTH_FUSED=off timeout 60 "$bin/bench_device" --device cuda \
+        --vocab 49152 --streams 1,32 2>&1 | tag hearth-attention-only | tee -a "$out/text.jsonl"
+    HEARTH_CUDA_EVENTS=track HEARTH_DECODE_ATTENTION=gather HEARTH_FUSED=off timeout 60 \
+        "$bin/bench_device" --device cuda --vocab 49152 --streams 1,32 2>&1 | tag hearth-before |
+        tee -a "$out/text.jsonl"
+    echo "== 3. the GPU against the CPU path"
+    check "$out"
+    if [ -x "$bin/llama-bench" ]; then
+        echo "== 4. llama.cpp CUDA on the same files"
+        for m in llama-1b-f16 llama-1b-q8; do
+            timeout 90 "$bin/llama-bench" -m "$work/$m.gguf" -ngl 99 -p 128,512 -n 128 -r 3 -o jsonl \
+                2>/dev/null | tag "llama.cpp-$m" | tee -a "$out/text.jsonl"
+        done
+    fi
+    echo "== 5. transformers, eager attention"
+    timeout 120 python3 scripts/gpu/torch_llama.py --attn eager --vocab 49152 --streams 1,32 2>&1 |
+        tee -a "$out/text.jsonl"
+    echo "== 6. images"
+    timeout 120 "$bin/bench_imagine" --device cuda --dtype f16 --random-full --sizes 1024 \
+        --steps 4 --runs 2 --guidance 0 2>&1 | tee "$out/image.txt"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site "$PACK"/whl/*.whl &&
-        PYTHONPATH=/tmp/site timeout 200 python3 scripts/gpu/torch_sdxl.py --size 1024 --steps 4 \
+        PYTHONPATH=/tmp/site timeout 120 python3 scripts/gpu/torch_sdxl.py --size 1024 --steps 4 \
             --runs 2 2>&1 | tee -a "$out/image.txt"
+    echo "== 7. summary"
+    python3 scripts/gpu/summary.py "$out" | tee "$out/summary.json"
 }
 
 case "${1:-}" in
     prepare) prepare ;;
-    run) shift; run "$@" ;;
+    run)
+        shift
+        dir="${1:-${OUT:-/tmp/bench-gpu}}"
+        mkdir -p "$dir"
+        run "$dir" 2>&1 | tee "$dir/run.log"
+        ;;
     check) shift; check "$@" ;;
     *) echo "usage: scripts/bench-gpu.sh prepare | run [DIR] | check [DIR]" >&2; exit 2 ;;
 esac

@@ -11,6 +11,7 @@
 #   CUDA_COMPUTE_CAP=80 scripts/build-cuda.sh   # another GPU generation (default 90: H100/H200)
 #   scripts/build-cuda.sh -p hearth-infer --example bench_device   # other cargo targets
 #   FEATURES=cudnn scripts/build-cuda.sh   # convolutions on cuDNN 9 (libcudnn.so.9 where it runs)
+#   scripts/build-cuda.sh --toolkit  # only fetch the toolkit and make the link stubs; print its path
 #
 # The toolkit is CUDA 13.0 by default: the PTX its nvcc writes is loaded by the driver at start,
 # and a driver runs only PTX of its own CUDA version or older (the lent H100/H200 machines have
@@ -79,6 +80,10 @@ print(next(os.path.dirname(p["manifest_path"]) for p in pkgs if p["name"] == "cu
     cc -shared -fPIC -o "$STUBS/libcudnn.so" -Wl,-soname,libcudnn.so.9 "$DEST/stub-cudnn.c"
 fi
 
+if [ "${1:-}" = --toolkit ]; then
+    echo "$TOOLKIT"
+    exit 0
+fi
 "$TOOLKIT/bin/nvcc" --version | tail -1
 major_minor="$(echo "$VER" | cut -d. -f1,2)"
 # cudarc 0.19 has bindings up to CUDA 13.4; a newer toolkit builds against those (the driver

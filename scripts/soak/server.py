@@ -17,8 +17,12 @@ class Server:
     driver does not reach it first; its log goes to a file, read as it comes so that the server
     never blocks on a full pipe."""
 
-    def __init__(self, binary, run_dir, log_path, postgres):
+    def __init__(self, binary, run_dir, log_path, postgres, services=SERVICES, models_toml=None):
+        """`services` to start, and `models_toml` the model table to serve (default: the soak's,
+        on SmolLM2 and the tiny image model written into the run dir)."""
         self.binary, self.run_dir, self.log_path = binary, run_dir, log_path
+        self.services = tuple(services)
+        self.models_toml = models_toml
         self.data_dir = os.path.join(run_dir, "data")
         self.config = os.path.join(run_dir, "hearth.toml")
         self.models = os.path.join(run_dir, "models.toml")
@@ -35,7 +39,7 @@ class Server:
     def prepare(self):
         os.makedirs(self.data_dir, exist_ok=True)
         with open(self.models, "w") as f:
-            f.write(MODELS_TOML.format(w=SMOLLM2))
+            f.write(self.models_toml if self.models_toml is not None else MODELS_TOML.format(w=SMOLLM2))
         # A config file of our own, so that a hearth.toml in the working directory is not read.
         with open(self.config, "w") as f:
             f.write(f'[billing]\ninitial_balance = "{INITIAL_BALANCE}"\ndefault_margin_percent = "0"\n')
@@ -53,8 +57,8 @@ class Server:
 
     def start(self):
         cmd = [self.binary, "serve", "--config", self.config, "--data-dir", self.data_dir,
-               "--models", self.models, "--services", ",".join(SERVICES)]
-        for s in SERVICES:
+               "--models", self.models, "--services", ",".join(self.services)]
+        for s in self.services:
             cmd += [f"--{s}-addr", "127.0.0.1:0"]
         self.proc = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -78,7 +82,7 @@ class Server:
                 m = pattern.search(line)
                 if m:
                     self.urls[m.group(1)] = m.group(2)
-                    if len(self.urls) == len(SERVICES):
+                    if len(self.urls) == len(self.services):
                         listening.set()
                 m = level.match(line)
                 if m:
@@ -100,9 +104,13 @@ class Server:
         while time.monotonic() < deadline and self.alive():
             try:
                 text = get_json(self.urls["completion"], "/")
-                image = get_json(self.urls["imagine"], "/")
-                if all(s == "ready" for s in text["models"].values()) and image["model"]["status"] == "ready":
+                image = get_json(self.urls["imagine"], "/") if "imagine" in self.urls else None
+                if all(s == "ready" for s in text["models"].values()) and (
+                        image is None or image["model"]["status"] == "ready"):
                     return
+                failed = [m for m, s in text["models"].items() if s.startswith("unavailable")]
+                if failed:
+                    raise RuntimeError(f"models failed to load: {text['models']}; log: {self.log_path}")
             except (OSError, ValueError, KeyError, http.client.HTTPException):
                 pass
             time.sleep(0.5)
