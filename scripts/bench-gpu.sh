@@ -8,6 +8,8 @@
 #                                     # CUDA llama-bench when scripts/build-llama-cpp-cuda.sh has
 #                                     # built it, and the diffusers wheels: stripped, packed into
 #                                     # .gpu/ (name .gpu in the device run's carry)
+#   scripts/bench-gpu.sh unpack-llama # on the GPU machine, a call before `run` that carries
+#                                     # .gpu-llama (llama-bench alone is 41 MB packed)
 #   scripts/bench-gpu.sh run [DIR]    # on the GPU machine: everything below, results into DIR
 #                                     # (default $OUT), a summary last
 #   scripts/bench-gpu.sh check [DIR]  # on the GPU machine: the candle backend on the GPU against
@@ -27,11 +29,13 @@
 #      (HEARTH_CUDA_EVENTS=track HEARTH_DECODE_ATTENTION=gather: the code before).
 #   3. the GPU against the CPU path (check, f16 activations), with two dense f16 llama files
 #      besides the fixtures (the fused kernels' path).
-#   4. llama.cpp's CUDA llama-bench on the very GGUF files the server served (when packed).
+#   4. llama.cpp's CUDA llama-bench on the very GGUF files the server served (when unpacked).
 #   5. Hugging Face transformers' LlamaForCausalLM, eager attention (scripts/gpu/torch_llama.py).
 #   6. images at 1024x1024, 4 steps without guidance: Hearth on SDXL base's full-size shapes with
 #      random weights, diffusers on the same shapes (scripts/gpu/torch_sdxl.py).
-#   7. scripts/gpu/summary.py: one JSON object of the headline figures (docs/gpu/*-summary.json).
+#   7. Nsight Compute's durations of ~2 one-stream decode steps' kernels (scripts/gpu/step_profile.py):
+#      the GPU's own time a step, beside bench_device's wall time.
+#   8. scripts/gpu/summary.py: one JSON object of the headline figures (docs/gpu/*-summary.json).
 # The binaries need a CUDA 13 driver and CUDA 13's cuBLAS, cuRAND, NVRTC and cudart, which
 # PyTorch's CUDA 13 wheels carry there. Figures: docs/benchmarks.md, "On a GPU".
 # Not part of scripts/test.sh: it needs a GPU.
@@ -66,15 +70,33 @@ for l in sys.stdin:
     [ -f weights/SmolLM2-135M-Instruct.Q4_1.gguf ] || scripts/fetch-weights.sh smollm2
     cargo run -q --bin hearth -- dev random-model "$PACK/tok.gguf" --tokenizer-only \
         --tokenizer-from weights/SmolLM2-135M-Instruct.Q4_1.gguf
-    local llama="$ROOT/.cache/llama.cpp-cuda/build/bin/llama-bench"
-    if [ -x "$llama" ]; then strip -o "$PACK/llama-bench" "$llama"; else
-        echo "no CUDA llama-bench (scripts/build-llama-cpp-cuda.sh): packed without it"; fi
     for f in "$PACK"/*; do [ -f "$f" ] && [ "${f%.gguf}" = "$f" ] && xz -T2 -6 -f "$f"; done
+    # llama.cpp's CUDA llama-bench is 41 MB packed, too much beside the rest in one call's
+    # 64 MiB: it goes in a pack of its own, sent by a call before `run` (`unpack-llama`).
+    local llama="$ROOT/.cache/llama.cpp-cuda/build/bin/llama-bench"
+    rm -rf "$PACK-llama"
+    if [ -x "$llama" ]; then
+        mkdir -p "$PACK-llama"
+        strip -o "$PACK-llama/llama-bench" "$llama"
+        xz -T2 -6 -f "$PACK-llama/llama-bench"
+    else
+        echo "no CUDA llama-bench (scripts/build-llama-cpp-cuda.sh): packed without it"
+    fi
     python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux_2_28_x86_64 -d "$PACK/whl" \
         diffusers==0.42.1 importlib_metadata==10.2.0
-    du -sh "$PACK"
-    echo "packed into $PACK: name .gpu in the device run's carry"
+    du -sh "$PACK" "$PACK-llama" 2>/dev/null
+    echo "packed into $PACK: name .gpu in the device run's carry (and .gpu-llama in a call before)"
+}
+
+# On the GPU machine, in a call of its own that carries .gpu-llama: llama-bench into the folder
+# `run` unpacks into, where the next call on the same (warm) machine finds it.
+unpack_llama() {
+    mkdir -p /tmp/hearth-gpu
+    python3 -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.open(sys.argv[1]).read())' \
+        "$PACK-llama/llama-bench.xz" /tmp/hearth-gpu/llama-bench
+    chmod +x /tmp/hearth-gpu/llama-bench
+    ls -la /tmp/hearth-gpu/llama-bench
 }
 
 unpack() {
@@ -165,12 +187,20 @@ run() {
         --target /tmp/site "$PACK"/whl/*.whl &&
         PYTHONPATH=/tmp/site timeout 120 python3 scripts/gpu/torch_sdxl.py --size 1024 --steps 4 \
             --runs 2 2>&1 | tee -a "$out/image.txt"
-    echo "== 7. summary"
+    echo "== 7. what the GPU spends on a one-stream decode step (Nsight Compute, when it runs here)"
+    local ncu; ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
+    if [ -n "$ncu" ]; then
+        timeout 120 "$ncu" --metrics gpu__time_duration.sum --csv --print-units base \
+            --launch-skip 3000 --launch-count 400 "$bin/bench_device" --device cuda --vocab 49152 \
+            --streams 1 --gen 64 2>/dev/null | python3 scripts/gpu/step_profile.py 16
+    fi
+    echo "== 8. summary"
     python3 scripts/gpu/summary.py "$out" | tee "$out/summary.json"
 }
 
 case "${1:-}" in
     prepare) prepare ;;
+    unpack-llama) unpack_llama ;;
     run)
         shift
         dir="${1:-${OUT:-/tmp/bench-gpu}}"
@@ -178,5 +208,5 @@ case "${1:-}" in
         run "$dir" 2>&1 | tee "$dir/run.log"
         ;;
     check) shift; check "$@" ;;
-    *) echo "usage: scripts/bench-gpu.sh prepare | run [DIR] | check [DIR]" >&2; exit 2 ;;
+    *) echo "usage: scripts/bench-gpu.sh prepare | unpack-llama | run [DIR] | check [DIR]" >&2; exit 2 ;;
 esac

@@ -21,14 +21,6 @@ STAMP="$VERSION sm_$CAP cublas $CUBLAS"
 if [ -x "$BIN/llama-bench" ] && [ "$(cat "$CACHE/VERSION" 2>/dev/null)" = "$STAMP" ]; then
     echo "$BIN"; exit 0
 fi
-if ! command -v cmake >/dev/null; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        log "installing cmake from Debian"
-        apt-get install -y -q cmake >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q cmake >/dev/null; }
-    else
-        log "cmake is required (apt-get install cmake)"; exit 1
-    fi
-fi
 TOOLKIT="$("$ROOT/scripts/build-cuda.sh" --toolkit | tail -1)"
 mkdir -p "$CACHE"
 # nvcc and CMake look for the libraries in lib64; the wheels put them in lib.
@@ -46,16 +38,7 @@ for whl in glob.glob(os.path.join(wheels, "nvidia_cublas-*.whl")):
                 z.extract(n, dest)
 PY
 fi
-SDIST="$(ls "$CACHE"/llama_cpp_python-"$VERSION".tar.gz 2>/dev/null || true)"
-if [ -z "$SDIST" ]; then
-    log "pip download llama-cpp-python==$VERSION (sdist)"
-    python3 -m pip download --no-deps --no-binary llama-cpp-python --disable-pip-version-check -q \
-        -d "$CACHE" "llama-cpp-python==$VERSION"
-    SDIST="$(ls "$CACHE"/llama_cpp_python-"$VERSION".tar.gz)"
-fi
-SRC="$CACHE/llama_cpp_python-$VERSION"
-[ -d "$SRC" ] || tar -xzf "$SDIST" -C "$CACHE"
-LLAMA="$SRC/vendor/llama.cpp"
+LLAMA="$("$ROOT/scripts/llama-cpp-source.sh" "$CACHE")"
 export PATH="$TOOLKIT/bin:$PATH" CUDA_PATH="$TOOLKIT" CUDAToolkit_ROOT="$TOOLKIT"
 log "configuring (CUDA $("$TOOLKIT/bin/nvcc" --version | tail -1), sm_$CAP)"
 cmake -S "$LLAMA" -B "$CACHE/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \

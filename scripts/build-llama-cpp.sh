@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build llama.cpp's llama-bench, llama-server and llama-quantize from the source tree vendored in
-# PyPI's llama-cpp-python sdist (Debian has no llama.cpp package and GitHub is unreachable here).
+# PyPI's llama-cpp-python sdist (scripts/llama-cpp-source.sh).
 # Built with shared libraries so that scripts/reference-tokens.py can point llama-cpp-python at the
 # very same libllama (LLAMA_CPP_LIB_PATH) instead of compiling llama.cpp a second time.
 # Idempotent: a finished build is reused. Output: .cache/llama.cpp/build/bin/{llama-bench,
@@ -12,7 +12,6 @@ VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 CACHE="$ROOT/.cache/llama.cpp"
 BIN="$CACHE/build/bin"
 JOBS="${JOBS:-$(nproc)}"
-PIP="${PIP:-python3 -m pip}"
 
 log() { echo "build-llama-cpp: $*" >&2; }
 
@@ -58,27 +57,7 @@ if [ -x "$BIN/llama-bench" ] && [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-q
     echo "$BIN"; exit 0
 fi
 
-if ! command -v cmake >/dev/null; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        log "installing cmake from Debian"
-        apt-get install -y -q cmake >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q cmake >/dev/null; }
-    else
-        log "cmake is required (apt-get install cmake)"; exit 1
-    fi
-fi
-
-mkdir -p "$CACHE"
-SDIST="$(ls "$CACHE"/llama_cpp_python-"$VERSION".tar.gz 2>/dev/null || true)"
-if [ -z "$SDIST" ]; then
-    log "pip download llama-cpp-python==$VERSION (sdist)"
-    $PIP download --no-deps --no-binary llama-cpp-python --disable-pip-version-check -q -d "$CACHE" "llama-cpp-python==$VERSION"
-    SDIST="$(ls "$CACHE"/llama_cpp_python-"$VERSION".tar.gz)"
-fi
-
-SRC="$CACHE/llama_cpp_python-$VERSION"
-[ -d "$SRC" ] || tar -xzf "$SDIST" -C "$CACHE"
-LLAMA="$SRC/vendor/llama.cpp"
-[ -f "$LLAMA/CMakeLists.txt" ] || { log "no vendored llama.cpp in $SRC"; exit 1; }
+LLAMA="$("$ROOT/scripts/llama-cpp-source.sh" "$CACHE")"
 
 log "configuring (${ARCH[*]}, LLAMA_CURL=OFF)"
 cmake -S "$LLAMA" -B "$CACHE/build" -DCMAKE_BUILD_TYPE=Release "${ARCH[@]}" -DLLAMA_CURL=OFF \

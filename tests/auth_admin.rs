@@ -1,7 +1,7 @@
 //! The operator's side: `hearth` CLI with the server stopped and running (admin API), data
 //! surviving restarts and `kill -9`, and money adding up under concurrency.
 
-use crate::common::{assert_error, spawn_app, TestApp};
+use crate::common::{assert_error, hearth_cli as hearth, spawn_app, TestApp};
 use hearth_server::app::paths;
 use hearth_server::Service;
 use reqwest::StatusCode;
@@ -9,22 +9,6 @@ use serde_json::json;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
-
-/// Runs the real `hearth` binary with a clean environment; returns (success, stdout, stderr).
-fn hearth(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(args)
-        .env_clear()
-        .envs(env.iter().copied())
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("hearth runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn dir_arg(dir: &Path) -> String {
     dir.display().to_string()

@@ -4,14 +4,13 @@
 //! arguments it cannot honour are refused with what was wrong.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use hearth_server::Service;
 use reqwest::StatusCode;
 use rust_decimal::Decimal;
 use serde_json::json;
 
-use crate::common::TestApp;
+use crate::common::{hearth_cli, TestApp};
 
 fn smollm2() -> PathBuf {
     let path =
@@ -26,17 +25,9 @@ fn smollm2() -> PathBuf {
 
 /// Runs `hearth dev random-model ARGS`: (success, stdout, stderr).
 fn random_model(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(["dev", "random-model"])
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("hearth runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let mut all = vec!["dev", "random-model"];
+    all.extend_from_slice(args);
+    hearth_cli(&all, &[])
 }
 
 fn s(p: &Path) -> &str {

@@ -93,6 +93,28 @@ def priced(usage):
             and abs(Decimal(usage["outputCost"]) - want_out) < Decimal("1e-6"))
 
 
+def stream(urls, doc, on_token=None):
+    """POST /stream and read it to its `completed` or `aborted` event: (token events, that event
+    or None). `on_token(count, stream_id)` is called after each token event."""
+    conn = connect(urls["completion"])
+    try:
+        conn.request("POST", "/stream", body=json.dumps(doc).encode(),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        stream_id = resp.getheader("X-Stream-Id")
+        tokens = 0
+        for event in sse_events(resp):
+            if "token" in event:
+                tokens += 1
+                if on_token:
+                    on_token(tokens, stream_id)
+            if "completed" in event or "aborted" in event:
+                return tokens, event
+        return tokens, None
+    finally:
+        conn.close()
+
+
 def gauge(urls, name, model=None):
     total = 0.0
     for key, value in scrape(urls["completion"]).items():
@@ -117,18 +139,7 @@ def run_checks(server, urls, token, checks):
                   f"status {got.status}, usage {usage}, balance {before} -> {after}")
 
     before = balance(urls, token)
-    conn = connect(urls["completion"])
-    conn.request("POST", "/stream", body=json.dumps(body(token, model, 64)).encode(),
-                 headers={"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    tokens, final = 0, None
-    for event in sse_events(resp):
-        if "token" in event:
-            tokens += 1
-        if "completed" in event or "aborted" in event:
-            final = event
-            break
-    conn.close()
+    tokens, final = stream(urls, body(token, model, 64))
     after = balance(urls, token)
     usage = final["response"]["usage"] if final else {}
     checks.record("stream", final is not None and "completed" in final and priced(usage)
@@ -136,21 +147,14 @@ def run_checks(server, urls, token, checks):
                   f"{tokens} token events, usage {usage}, balance {before} -> {after}")
 
     before = balance(urls, token)
-    conn = connect(urls["completion"])
-    conn.request("POST", "/stream", body=json.dumps(body(token, model, 4000)).encode(),
-                 headers={"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    stream_id = resp.getheader("X-Stream-Id")
-    seen, stopped, ended = 0, None, None
-    for event in sse_events(resp):
-        if "token" in event:
-            seen += 1
-            if seen == 8 and stopped is None:
-                stopped = post_json(urls["completion"], "/stream/shutdown", {"streamId": stream_id})
-        if "completed" in event or "aborted" in event:
-            ended = event
-            break
-    conn.close()
+    stopped = []
+
+    def stop_at_eighth(seen, stream_id):
+        if seen == 8 and not stopped:
+            stopped.append(post_json(urls["completion"], "/stream/shutdown", {"streamId": stream_id}))
+
+    seen, ended = stream(urls, body(token, model, 4000), on_token=stop_at_eighth)
+    stopped = stopped[0] if stopped else None
     after = balance(urls, token)
     partial = stopped.json()["response"]["usage"] if stopped is not None and stopped.status == 200 else {}
     checks.record("shutdown", stopped is not None and stopped.status == 200 and ended is not None

@@ -240,6 +240,23 @@ impl Drop for TestApp {
 }
 
 /// Asserts the spec's error shape and type; returns the message.
+/// Runs the real `hearth` binary with a clean environment (`env` and `RUST_LOG=warn` only);
+/// returns (success, stdout, stderr).
+pub fn hearth_cli(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(args)
+        .env_clear()
+        .envs(env.iter().copied())
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("hearth runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 pub fn assert_error(body: &Value, error_type: &str) -> String {
     let err = &body["error"];
     assert_eq!(err["type"], error_type, "unexpected error body: {body}");
