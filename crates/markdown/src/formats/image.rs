@@ -1,4 +1,5 @@
-//! Images: format, dimensions and EXIF metadata as a table (no pixels, no OCR).
+//! Images: format, dimensions, XMP metadata (`xmp.rs`) and EXIF metadata as a table (no pixels,
+//! no OCR).
 
 use std::io::Cursor;
 
@@ -7,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::limits::Ctx;
 use crate::md;
 
-pub fn convert(_ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
+pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
     let kind = imagesize::image_type(bytes).map_err(|e| Error::malformed(Format::Image, e))?;
     let size = imagesize::blob_size(bytes).map_err(|e| Error::malformed(Format::Image, e))?;
     let mut rows = vec![
@@ -16,6 +17,11 @@ pub fn convert(_ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
         vec!["Width".into(), format!("{} px", size.width)],
         vec!["Height".into(), format!("{} px", size.height)],
     ];
+    if let Some(xmp) = super::xmp::read(&ctx, bytes) {
+        for (name, value) in xmp.rows() {
+            rows.push(vec![name.to_string(), md::cell(&value)]);
+        }
+    }
     if let Ok(exif) = exif::Reader::new().read_from_container(&mut Cursor::new(bytes)) {
         for field in exif.fields() {
             if field.ifd_num != exif::In::PRIMARY && field.tag.to_string().starts_with("Tag(") {
@@ -61,5 +67,32 @@ mod tests {
         assert!(out.contains("| Format | PNG |"), "{out}");
         assert!(out.contains("| Width | 3 px |"), "{out}");
         assert!(out.contains("| Height | 2 px |"), "{out}");
+    }
+
+    #[test]
+    fn xmp_title_author_and_dates_join_the_table() {
+        let budget = Budget::new(Limits::default());
+        let jpeg = super::super::xmp::tests::jpeg_with(super::super::xmp::tests::PACKET.as_bytes());
+        let out = convert(
+            Ctx {
+                budget: &budget,
+                depth: 0,
+            },
+            &jpeg,
+        )
+        .unwrap();
+        for row in [
+            "| Format | JPEG |",
+            "| Width | 7 px |",
+            "| Height | 5 px |",
+            "| Title | Harbour at dusk |",
+            "| Description | Boats & a lighthouse |",
+            "| Author | Jean Dupré, Ada Lovelace |",
+            "| Created | 2019-05-04T10:20:30Z |",
+            "| Modified | 2020-01-02T03:04:05Z |",
+            "| Keywords | harbour, sea |",
+        ] {
+            assert!(out.contains(row), "{row} in:\n{out}");
+        }
     }
 }

@@ -17,6 +17,7 @@ pub(crate) mod rtf;
 mod sheet;
 mod structured;
 mod text;
+mod xmp;
 mod zipfile;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
