@@ -89,25 +89,24 @@ for l in sys.stdin:
     echo "packed into $PACK: name .gpu in the device run's carry (and .gpu-llama in a call before)"
 }
 
+# An executable from its .xz (the GPU machine has Python's lzma, not necessarily xz).
+unxz_to() {
+    python3 -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.open(sys.argv[1]).read())' "$1" "$2"
+    chmod +x "$2"
+}
+
 # On the GPU machine, in a call of its own that carries .gpu-llama: llama-bench into the folder
 # `run` unpacks into, where the next call on the same (warm) machine finds it.
 unpack_llama() {
     mkdir -p /tmp/hearth-gpu
-    python3 -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.open(sys.argv[1]).read())' \
-        "$PACK-llama/llama-bench.xz" /tmp/hearth-gpu/llama-bench
-    chmod +x /tmp/hearth-gpu/llama-bench
+    unxz_to "$PACK-llama/llama-bench.xz" /tmp/hearth-gpu/llama-bench
     ls -la /tmp/hearth-gpu/llama-bench
 }
 
 unpack() {
     bin=/tmp/hearth-gpu
     mkdir -p "$bin"
-    for f in "$PACK"/*.xz; do
-        local name; name="$(basename "$f" .xz)"
-        python3 -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.open(sys.argv[1]).read())' \
-            "$f" "$bin/$name"
-        chmod +x "$bin/$name"
-    done
+    for f in "$PACK"/*.xz; do unxz_to "$f" "$bin/$(basename "$f" .xz)"; done
     # CUDA 13's libraries from the PyTorch wheels (nvidia/cu13/lib), the driver's from the system.
     local libs
     libs="$(python3 - <<'PY'

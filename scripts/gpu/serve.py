@@ -29,7 +29,7 @@ from decimal import Decimal
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "soak"))
-from money import scrape  # noqa: E402
+from money import money_in_flight, scrape  # noqa: E402
 from server import Server  # noqa: E402
 from wire import connect, cut, get_json, post_json, sse_events  # noqa: E402
 
@@ -190,9 +190,8 @@ def run_checks(server, urls, token, checks):
         if active <= active0 and kv <= kv0:
             break
         time.sleep(0.1)
-    m = scrape(urls["completion"])
-    money = lambda k: m.get(f'hearth_billing_{k}_credits_total{{service="completion"}}', 0.0)
-    in_flight = money("held") - money("charged") - money("released")
+    held, charged, released = money_in_flight(urls)["completion"]
+    in_flight = held - charged - released
     checks.record("disconnect", peak_active >= 16 + active0 and active <= active0 and kv <= kv0
                   and abs(in_flight) < 1e-9,
                   f"active {active0} -> {peak_active} -> {active}, KV bytes {kv0} -> {peak_kv} -> {kv}, "

@@ -1,6 +1,6 @@
 //! What Hearth's own CUDA kernels share: the prelude every kernel source starts with (loads and
 //! stores of f32, f16 and bf16 values as f32, with no headers, so that NVRTC needs nothing but
-//! itself), and compiling a source once per process. The kernels: `decode_attn.rs` (attention of
+//! itself), compiling a source once per process, and reading a tensor's place in its storage. The kernels: `decode_attn.rs` (attention of
 //! decode rows over the block pool) and `fused.rs` (RoPE with the KV write, the gated MLP's
 //! activation); `kv_write.rs` predates this module and copies raw words, needing no prelude.
 
@@ -51,4 +51,46 @@ pub(crate) fn compile(
     })
     .as_deref()
     .map_err(|e| candle_core::Error::Msg(e.clone()))
+}
+
+/// `l`'s element range in its storage; `what` names the operation that needs it contiguous.
+pub(crate) fn contiguous(
+    l: &candle_core::Layout,
+    what: &str,
+) -> candle_core::Result<(usize, usize)> {
+    l.contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg(format!("{what} needs contiguous tensors")))
+}
+
+/// The device address of `t`'s first element and its element count, for a tensor a custom op
+/// reads or writes besides its operands (a kernel argument). `t` must be contiguous, on a GPU and
+/// of `dtype`; the op borrows `t` for the launch, which keeps the memory alive.
+#[cfg(feature = "cuda")]
+pub(crate) fn device_span(
+    t: &candle_core::Tensor,
+    dtype: candle_core::DType,
+    what: &str,
+) -> candle_core::Result<(u64, usize)> {
+    use candle_core::cuda_backend::cudarc::driver::DevicePtr;
+    use candle_core::cuda_backend::CudaStorageSlice as S;
+    if t.dtype() != dtype {
+        candle_core::bail!(
+            "{what}: a tensor is {:?} where {dtype:?} was expected",
+            t.dtype()
+        )
+    }
+    let (storage, layout) = t.storage_and_layout();
+    let candle_core::Storage::Cuda(c) = &*storage else {
+        candle_core::bail!("{what}: a tensor is not on the GPU")
+    };
+    let (a, b) = contiguous(layout, what)?;
+    let stream = c.device.cuda_stream();
+    let base = match &c.slice {
+        S::U32(s) => s.device_ptr(&stream).0,
+        S::F32(s) => s.device_ptr(&stream).0,
+        S::F16(s) => s.device_ptr(&stream).0,
+        S::BF16(s) => s.device_ptr(&stream).0,
+        _ => candle_core::bail!("{what}: a tensor of an unexpected dtype"),
+    };
+    Ok((base + (a * dtype.size_in_bytes()) as u64, b - a))
 }

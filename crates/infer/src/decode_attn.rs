@@ -79,11 +79,8 @@ impl CustomOp3 for DecodeAttention {
         use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
         use candle_core::cuda_backend::{CudaStorageSlice as S, WrapErr};
 
-        let range = |l: &Layout| {
-            l.contiguous_offsets().ok_or_else(|| {
-                candle_core::Error::Msg("decode attention needs contiguous tensors".into())
-            })
-        };
+        let what = "decode attention";
+        let range = |l| crate::cuda_kernels::contiguous(l, what);
         let ((q0, q1), (k0, k1), (v0, v1)) = (range(l_q)?, range(l_k)?, range(l_v)?);
         let (hd, kv_dim) = (self.head_dim, self.n_head_kv * self.head_dim);
         if q1 - q0 != self.rows * self.n_head * hd
@@ -95,15 +92,11 @@ impl CustomOp3 for DecodeAttention {
             candle_core::bail!("decode attention: shapes do not match")
         }
         let pool_rows = ((k1 - k0) / kv_dim) as u32;
-        let (meta_storage, l_meta) = self.meta.storage_and_layout();
-        let candle_core::Storage::Cuda(meta) = &*meta_storage else {
-            candle_core::bail!("decode attention: the block table is not on the GPU")
-        };
-        let (m0, m1) = range(l_meta)?;
-        if m1 - m0 != self.rows * (self.nb + 1) {
+        let (meta, meta_len) =
+            crate::cuda_kernels::device_span(&self.meta, candle_core::DType::U32, what)?;
+        if meta_len != self.rows * (self.nb + 1) {
             candle_core::bail!("decode attention: the block table has the wrong length")
         }
-        let meta = meta.as_cuda_slice::<u32>()?.slice(m0..m1);
         let dev = q.device.clone();
         let warps = 4u32;
         let cfg = LaunchConfig {

@@ -71,13 +71,14 @@ impl CustomOp1 for RopeKv<'_> {
         qkv: &candle_core::CudaStorage,
         l: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+        use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
         use candle_core::cuda_backend::{CudaStorageSlice as S, WrapErr};
-        use candle_core::Storage;
+        use candle_core::DType;
 
+        let what = "rope-kv";
         let (hd, nh, nkv) = (self.head_dim, self.n_head, self.n_kv);
         let width = (nh + 2 * nkv) * hd;
-        let (x0, x1) = contiguous(l)?;
+        let (x0, x1) = crate::cuda_kernels::contiguous(l, what)?;
         if !(x1 - x0).is_multiple_of(width) || !hd.is_multiple_of(2) {
             candle_core::bail!(
                 "rope-kv: the projection is not [rows, (n_head + 2 n_kv) * head_dim]"
@@ -85,34 +86,23 @@ impl CustomOp1 for RopeKv<'_> {
         }
         let rows = (x1 - x0) / width;
         let dev = qkv.device.clone();
-        let stream = dev.cuda_stream();
-        // The other tensors: read locks for the launch, raw pointers into the kernel. The pools
-        // are written through them: the model holds the pool's lock for the whole step, and
-        // nothing reads a pool but this stream's later launches.
-        let tensors = [self.cos, self.sin, self.write_at, self.pool_k, self.pool_v];
-        let guards: Vec<_> = tensors.iter().map(|t| t.storage_and_layout()).collect();
+        // The other tensors go in as addresses. The pools are written through them: the model
+        // holds the pool's lock for the whole step, and nothing reads a pool but this stream's
+        // later launches.
+        let act = self.cos.dtype();
         let mut ptrs = [0u64; 5];
         let mut lens = [0usize; 5];
-        for (i, (storage, layout)) in guards.iter().enumerate() {
-            let Storage::Cuda(c) = &**storage else {
-                candle_core::bail!("rope-kv: a tensor is not on the GPU")
-            };
-            let (a, b) = contiguous(layout)?;
-            let (ptr, elem) = match (&c.slice, i) {
-                (S::U32(s), 2) => (s.device_ptr(&stream).0, 4),
-                (S::F32(s), _) if i != 2 && matches!(qkv.slice, S::F32(_)) => {
-                    (s.device_ptr(&stream).0, 4)
-                }
-                (S::F16(s), _) if i != 2 && matches!(qkv.slice, S::F16(_)) => {
-                    (s.device_ptr(&stream).0, 2)
-                }
-                (S::BF16(s), _) if i != 2 && matches!(qkv.slice, S::BF16(_)) => {
-                    (s.device_ptr(&stream).0, 2)
-                }
-                _ => candle_core::bail!("rope-kv: dtypes do not match"),
-            };
-            ptrs[i] = ptr + (a * elem) as u64;
-            lens[i] = b - a;
+        for (i, (t, dtype)) in [
+            (self.cos, act),
+            (self.sin, act),
+            (self.write_at, DType::U32),
+            (self.pool_k, act),
+            (self.pool_v, act),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            (ptrs[i], lens[i]) = crate::cuda_kernels::device_span(t, dtype, what)?;
         }
         let kvd = nkv * hd;
         if lens[0] != rows * hd / 2
@@ -158,12 +148,11 @@ impl CustomOp1 for RopeKv<'_> {
             }};
         }
         let out = match &qkv.slice {
-            S::F32(x) => launch!(x, f32, "rope_kv_f32"),
-            S::F16(x) => launch!(x, half::f16, "rope_kv_f16"),
-            S::BF16(x) => launch!(x, half::bf16, "rope_kv_bf16"),
-            _ => candle_core::bail!("rope-kv: the projection is not f32, f16 or bf16"),
+            S::F32(x) if act == DType::F32 => launch!(x, f32, "rope_kv_f32"),
+            S::F16(x) if act == DType::F16 => launch!(x, half::f16, "rope_kv_f16"),
+            S::BF16(x) if act == DType::BF16 => launch!(x, half::bf16, "rope_kv_bf16"),
+            _ => candle_core::bail!("rope-kv: the projection and the cache differ in dtype"),
         };
-        drop(guards);
         Ok((out, Shape::from((rows, nh, hd))))
     }
 }
@@ -188,7 +177,7 @@ impl CustomOp1 for Glu {
         use candle_core::cuda_backend::{CudaStorageSlice as S, WrapErr};
 
         let (rows, two_ff) = l.shape().dims2()?;
-        let (x0, x1) = contiguous(l)?;
+        let (x0, x1) = crate::cuda_kernels::contiguous(l, "glu")?;
         if !two_ff.is_multiple_of(2) || x1 - x0 != rows * two_ff {
             candle_core::bail!("glu: the projection is not [rows, 2 ff]")
         }
@@ -222,12 +211,6 @@ impl CustomOp1 for Glu {
         };
         Ok((out, Shape::from((rows, ff))))
     }
-}
-
-#[cfg(feature = "cuda")]
-fn contiguous(l: &Layout) -> candle_core::Result<(usize, usize)> {
-    l.contiguous_offsets()
-        .ok_or_else(|| candle_core::Error::Msg("a fused kernel needs contiguous tensors".into()))
 }
 
 /// The kernels' source (after [`crate::cuda_kernels::PRELUDE`]).

@@ -33,13 +33,8 @@ struct WriteRows {
 
 /// The three tensors' element ranges in their storages; a KV write needs them contiguous.
 fn offsets(layouts: [&Layout; 3]) -> candle_core::Result<[(usize, usize); 3]> {
-    let mut out = [(0, 0); 3];
-    for (o, l) in out.iter_mut().zip(layouts) {
-        *o = l
-            .contiguous_offsets()
-            .ok_or_else(|| candle_core::Error::Msg("a KV write needs contiguous tensors".into()))?;
-    }
-    Ok(out)
+    let range = |l| crate::cuda_kernels::contiguous(l, "a KV write");
+    Ok([range(layouts[0])?, range(layouts[1])?, range(layouts[2])?])
 }
 
 /// Checks the destinations against the pool, so a bad index is an error, not a stray write.

@@ -13,6 +13,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
 
 use crate::random::LlamaShape;
 use crate::Error;
@@ -122,7 +123,7 @@ pub fn write_tokenizer_gguf(from: &Path, to: &Path) -> Result<usize, Error> {
 /// Writes a llama-architecture GGUF of `shape` to `path`: uniform random matrices scaled by
 /// 1/sqrt(fan-in) from `seed` (the same file for the same arguments), stored as `weights`,
 /// norms of ones, an untied output head, and the tokenizer of `tokenizer_from`, whose token
-/// count replaces `shape.vocab`. Tensors are made on all cores. Returns the vocabulary size.
+/// count replaces `shape.vocab`. Tensors are made on all cores (rayon). Returns the vocabulary size.
 pub fn write_random_gguf(
     path: &Path,
     shape: LlamaShape,
@@ -187,34 +188,11 @@ pub fn write_random_gguf(
         let t = Tensor::from_vec(data, (rows, cols), &Device::Cpu)?;
         Ok(QTensor::quantize(&t, weights.ggml())?)
     };
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut made: Vec<(usize, QTensor)> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads.min(plan.len()))
-            .map(|_| {
-                scope.spawn(|| -> Result<Vec<(usize, QTensor)>, Error> {
-                    let mut out = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        if i >= plan.len() {
-                            return Ok(out);
-                        }
-                        out.push((i, make(i)?));
-                    }
-                })
-            })
-            .collect();
-        let mut all = Vec::new();
-        for w in workers {
-            all.extend(w.join().expect("a tensor worker panicked")?);
-        }
-        Ok::<_, Error>(all)
-    })?;
-    made.sort_by_key(|(i, _)| *i);
-    let tensors: Vec<(String, QTensor)> = made
-        .into_iter()
-        .map(|(i, t)| (plan[i].0.clone(), t))
-        .collect();
+    let made = (0..plan.len())
+        .into_par_iter()
+        .map(make)
+        .collect::<Result<Vec<QTensor>, Error>>()?;
+    let tensors: Vec<(String, QTensor)> = plan.iter().map(|p| p.0.clone()).zip(made).collect();
 
     let a = "llama";
     let u = |v: usize| Value::U32(v as u32);
