@@ -1,20 +1,23 @@
 //! Batched prefill and decode throughput of the candle backend on a device (a GPU under CUDA),
 //! on a llama-shaped model with random weights made on that device (`TextModel::random`; no
-//! files), at several stream counts.
+//! files), or on a GGUF file (`--file`, e.g. the one llama.cpp's `llama-bench` reads), at several
+//! stream counts.
 //!
 //! `bench_device [--device cuda] [--streams 1,8,32,64] [--prompt 128] [--gen 64]
-//!  [--layers 16 --hidden 2048 --heads 32 --kv-heads 8 --ff 8192 --vocab 32768]`
+//!  [--layers 16 --hidden 2048 --heads 32 --kv-heads 8 --ff 8192 --vocab 32768 | --file F.gguf]
+//!  [--warmup 0]`
 //!
 //! For each stream count: one prefill call of all the streams' prompts (random ids), then
 //! `--gen` decode steps of one row per stream, each bringing the logits back and picking the
-//! next tokens greedily on the host, as the scheduler does. A warm-up round runs first. Prints
+//! next tokens greedily on the host, as the scheduler does. A warm-up round runs first (unless
+//! `--warmup 0`, for a profiler that should see the first call's kernels). Prints
 //! one JSON line per stream count: prefill and decode tokens per second, and the time of one
 //! decode step.
 
 use std::process::ExitCode;
 use std::time::Instant;
 
-use hearth_infer::{DeviceSpec, GpuTuning, LlamaShape, Step, TextModel};
+use hearth_infer::{DeviceSpec, GpuTuning, LlamaShape, Step, TextModel, TextModelConfig};
 
 fn main() -> ExitCode {
     match run() {
@@ -30,6 +33,8 @@ fn run() -> Result<(), String> {
     let mut shape = LlamaShape::default();
     let (mut device, mut streams, mut prompt, mut gen) =
         ("cuda".to_string(), vec![1, 8, 32, 64], 128usize, 64usize);
+    let mut file = None;
+    let mut warmup = true;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let val = args.next().ok_or(format!("{flag} needs a value"))?;
@@ -50,21 +55,40 @@ fn run() -> Result<(), String> {
             "--kv-heads" => shape.kv_heads = num()?,
             "--ff" => shape.ff = num()?,
             "--vocab" => shape.vocab = num()?,
+            "--file" => file = Some(val.clone()),
+            "--warmup" => warmup = num()? != 0,
             other => return Err(format!("unknown flag {other}")),
         }
     }
     let spec: DeviceSpec = device.parse()?;
     let t = Instant::now();
-    // HEARTH_CUDA_EVENTS=track, HEARTH_CUDA_POOL=trim, HEARTH_DECODE_ATTENTION=gather and
-    // HEARTH_FUSED=off turn the GPU's fast paths off one by one, to measure each.
+    // HEARTH_CUDA_EVENTS=track, HEARTH_CUDA_POOL=trim, HEARTH_DECODE_ATTENTION=gather,
+    // HEARTH_FUSED=off and HEARTH_GEMV=off turn the GPU's fast paths off one by one, to measure
+    // each.
     let gpu = GpuTuning::from_vars(|k| std::env::var(k).ok());
-    let mut model = TextModel::random(shape, spec, gpu, 7).map_err(|e| e.to_string())?;
-    eprintln!(
-        "model: {:.2}B parameters, made in {:.1} s on {device}",
-        shape.parameters() as f64 / 1e9,
-        t.elapsed().as_secs_f64()
-    );
-    round(&mut model, 2, 16, 4)?; // warm-up: kernels loaded, the cache pool allocated
+    let mut model = match &file {
+        Some(path) => {
+            let mut cfg = TextModelConfig::local(path);
+            cfg.device = spec;
+            cfg.gpu = gpu;
+            TextModel::load(&cfg).map_err(|e| e.to_string())?
+        }
+        None => TextModel::random(shape, spec, gpu, 7).map_err(|e| e.to_string())?,
+    };
+    match &file {
+        Some(path) => eprintln!(
+            "model: {path}, loaded in {:.1} s on {device}",
+            t.elapsed().as_secs_f64()
+        ),
+        None => eprintln!(
+            "model: {:.2}B parameters, made in {:.1} s on {device}",
+            shape.parameters() as f64 / 1e9,
+            t.elapsed().as_secs_f64()
+        ),
+    }
+    if warmup {
+        round(&mut model, 2, 16, 4)?; // kernels loaded, the cache pool allocated
+    }
     for &b in &streams {
         let (prefill, decode) = round(&mut model, b, prompt, gen)?;
         println!(

@@ -42,7 +42,9 @@ impl<'f> Tensors<'f> {
 
     fn matmul(&mut self, name: &str) -> Result<Linear, Error> {
         let device = self.device;
-        Ok(Linear(QMatMul::from_qtensor(self.qtensor(name, device)?)?))
+        Ok(Linear::new(QMatMul::from_qtensor(
+            self.qtensor(name, device)?,
+        )?))
     }
 
     /// A vector of `len` values (biases, per-head norms) on the device, f32.
@@ -79,7 +81,7 @@ impl<'f> Tensors<'f> {
         let output = if self.has("output.weight") {
             self.matmul("output.weight")?
         } else if self.device.is_cpu() {
-            Linear(QMatMul::from_arc(Arc::clone(&table))?)
+            Linear::new(QMatMul::from_arc(Arc::clone(&table))?)
         } else {
             self.matmul("token_embd.weight")?
         };

@@ -149,6 +149,9 @@ pub struct GpuTuning {
     pub gathered_attention: bool,
     /// candle's ops for the projections, not the fused kernels (`HEARTH_FUSED=off`).
     pub unfused: bool,
+    /// cuBLAS (or candle's quantized product) for one-row matrix products too, not the one-row
+    /// kernels (`HEARTH_GEMV=off`).
+    pub cublas_rows: bool,
 }
 
 impl GpuTuning {
@@ -161,6 +164,7 @@ impl GpuTuning {
             trim_pool: is("HEARTH_CUDA_POOL", "trim"),
             gathered_attention: is("HEARTH_DECODE_ATTENTION", "gather"),
             unfused: is("HEARTH_FUSED", "off"),
+            cublas_rows: is("HEARTH_GEMV", "off"),
         }
     }
 }

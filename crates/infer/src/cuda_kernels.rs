@@ -5,15 +5,32 @@
 //! activation); `kv_write.rs` predates this module and copies raw words, needing no prelude.
 
 /// Conversions between the stored dtypes and f32: `C::load(x)` and `C::store(f)` for `C` one of
-/// `F32`, `F16`, `BF16` (whose `C::T` is the stored type). f16 through PTX's `cvt`, bf16 by
-/// shifting (stores round to nearest even).
+/// `F32`, `F16`, `BF16` (whose `C::T` is the stored type), and `C::load8(p, f)` for eight values
+/// from one aligned vector load (16 bytes of f16/bf16, 32 of f32: the caller checks the alignment).
+/// f16 through PTX's `cvt`, bf16 by shifting (stores round to nearest even).
 #[cfg(feature = "cuda")]
 pub(crate) const PRELUDE: &str = r#"
 struct F32 {
     typedef float T;
     static __device__ __forceinline__ float load(float x) { return x; }
     static __device__ __forceinline__ float store(float x) { return x; }
+    // Eight values from a 32-byte aligned address.
+    static __device__ __forceinline__ void load8(const float *p, float f[8]) {
+        const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+        f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+    }
 };
+// Eight 16-bit values from one 16-byte aligned load, each through `C::load`.
+template <typename C>
+__device__ __forceinline__ void load8_u16(const unsigned short *p, float f[8]) {
+    const uint4 u = *(const uint4 *)p;
+    const unsigned int w[4] = {u.x, u.y, u.z, u.w};
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = C::load((unsigned short)(w[i] & 0xffffu));
+        f[2 * i + 1] = C::load((unsigned short)(w[i] >> 16));
+    }
+}
 struct F16 {
     typedef unsigned short T;
     static __device__ __forceinline__ float load(unsigned short h) {
@@ -21,6 +38,9 @@ struct F16 {
     }
     static __device__ __forceinline__ unsigned short store(float f) {
         unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+    }
+    static __device__ __forceinline__ void load8(const unsigned short *p, float f[8]) {
+        load8_u16<F16>(p, f);
     }
 };
 struct BF16 {
@@ -32,6 +52,9 @@ struct BF16 {
         unsigned int u = __float_as_uint(f);
         u += 0x7fffu + ((u >> 16) & 1u);
         return (unsigned short)(u >> 16);
+    }
+    static __device__ __forceinline__ void load8(const unsigned short *p, float f[8]) {
+        load8_u16<BF16>(p, f);
     }
 };
 "#;

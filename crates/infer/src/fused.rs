@@ -1,15 +1,17 @@
-//! Two fused steps of the candle backend's layer on a GPU, each one kernel where candle runs
+//! Three fused steps of the candle backend's layer on a GPU, each one kernel where candle runs
 //! several:
 //! - [`RopeKv`]: from the fused `[q; k; v]` projection of a step's rows, Q rotated into a tensor
 //!   of its own, K rotated and V copied straight into their pool rows (where candle runs a rope
 //!   for Q and one for K, three copies out of the projection and two KV writes);
 //! - [`Glu`]: the gated MLP's `act(gate) * up` from the fused `[gate; up]` projection (where
-//!   candle runs two copies, the activation and the product).
+//!   candle runs two copies, the activation and the product);
+//! - [`AddNorm`]: the residual add and the RMSNorm that follows it (the next sublayer's input),
+//!   where candle runs the add and then the norm, which reads the sum back.
 //!
 //! Arithmetic is in f32 between f16/bf16 loads and stores. Compiled by NVRTC at first use. The
 //! CPU keeps the general path (`candle_llama`), against which `device_check` holds these.
 
-use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp3, Layout, Shape, Tensor};
 
 use crate::Error;
 
@@ -48,6 +50,29 @@ pub(crate) struct Glu {
 impl Glu {
     pub(crate) fn run(&self, gate_up: &Tensor) -> Result<Tensor, Error> {
         Ok(gate_up.contiguous()?.apply_op1_no_bwd(self)?)
+    }
+}
+
+/// The residual stream `x + y` and its RMSNorm times `weight`, as `[2, rows, d]`: `[0]` the sum
+/// (rounded to the activations' dtype, as candle's add leaves it), `[1]` the norm of that
+/// rounded sum.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // read by the CUDA launch
+pub(crate) struct AddNorm {
+    pub eps: f32,
+}
+
+impl AddNorm {
+    /// `(x + y, rms_norm(x + y) * weight)` for `x`, `y` `[rows, d]` and `weight` `[d]`.
+    pub(crate) fn run(
+        &self,
+        x: &Tensor,
+        y: &Tensor,
+        weight: &Tensor,
+    ) -> Result<(Tensor, Tensor), Error> {
+        let both =
+            x.contiguous()?
+                .apply_op3_no_bwd(&y.contiguous()?, &weight.contiguous()?, self)?;
+        Ok((both.get(0)?, both.get(1)?))
     }
 }
 
@@ -213,6 +238,84 @@ impl CustomOp1 for Glu {
     }
 }
 
+impl CustomOp3 for AddNorm {
+    fn name(&self) -> &'static str {
+        "hearth-add-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        gpu_only(self.name())
+    }
+
+    #[cfg(feature = "cuda")]
+    #[allow(unsafe_code)] // the kernel launch
+    fn cuda_fwd(
+        &self,
+        x: &candle_core::CudaStorage,
+        l_x: &Layout,
+        y: &candle_core::CudaStorage,
+        l_y: &Layout,
+        w: &candle_core::CudaStorage,
+        l_w: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+        use candle_core::cuda_backend::{CudaStorageSlice as S, WrapErr};
+
+        let what = "add-norm";
+        let range = |l| crate::cuda_kernels::contiguous(l, what);
+        let ((x0, x1), (y0, y1), (w0, w1)) = (range(l_x)?, range(l_y)?, range(l_w)?);
+        let (rows, d) = l_x.shape().dims2()?;
+        if l_y.shape() != l_x.shape() || w1 - w0 != d || x1 - x0 != rows * d || y1 - y0 != rows * d
+        {
+            candle_core::bail!("add-norm: x and y must be [rows, d] and the weight [d]")
+        }
+        let dev = x.device.clone();
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        macro_rules! launch {
+            ($x:expr, $y:expr, $w:expr, $ty:ty, $kernel:literal) => {{
+                let func = dev.get_or_load_custom_func($kernel, "hearth_fused", ptx()?)?;
+                // SAFETY: every element of `out` is written by the kernel.
+                let mut out = unsafe { dev.alloc::<$ty>(2 * rows * d)? };
+                let (xs, ys, ws) = ($x.slice(x0..x1), $y.slice(y0..y1), $w.slice(w0..w1));
+                let mut b = func.builder();
+                b.arg(&xs);
+                b.arg(&ys);
+                b.arg(&ws);
+                b.arg(&mut out);
+                let (rows, d) = (rows as u32, d as u32);
+                b.arg(&rows);
+                b.arg(&d);
+                b.arg(&self.eps);
+                // SAFETY: reads `rows * d` values of x and y and `d` of the weight, writes
+                // `2 * rows * d` of out.
+                unsafe { b.launch(cfg) }.w()?;
+                candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone())
+            }};
+        }
+        let out = match (&x.slice, &y.slice, &w.slice) {
+            (S::F32(x), S::F32(y), S::F32(w)) => launch!(x, y, w, f32, "add_norm_f32"),
+            (S::F16(x), S::F16(y), S::F16(w)) => launch!(x, y, w, half::f16, "add_norm_f16"),
+            (S::BF16(x), S::BF16(y), S::BF16(w)) => {
+                launch!(x, y, w, half::bf16, "add_norm_bf16")
+            }
+            _ => candle_core::bail!("add-norm needs x, y and the weight of one dtype"),
+        };
+        Ok((out, Shape::from((2, rows, d))))
+    }
+}
+
 /// The kernels' source (after [`crate::cuda_kernels::PRELUDE`]).
 #[cfg(feature = "cuda")]
 const SOURCE: &str = r#"
@@ -273,6 +376,37 @@ __device__ void glu(const typename C::T *x, typename C::T *out, unsigned int n,
     }
 }
 
+// Grid (rows), 256 threads: row r of out[0] = x + y (rounded), of out[1] = its RMSNorm * w.
+template <typename C>
+__device__ void add_norm(const typename C::T *__restrict__ x, const typename C::T *__restrict__ y,
+                         const typename C::T *__restrict__ w, typename C::T *__restrict__ out,
+                         unsigned int rows, unsigned int d, float eps) {
+    const size_t r = blockIdx.x;
+    const typename C::T *xr = x + r * d, *yr = y + r * d;
+    typename C::T *sum = out + r * d, *h = out + ((size_t)rows + r) * d;
+    float sq = 0.f;
+    // Unrolled, with no pointer aliasing another, so a thread's loads are all in flight at once.
+    #pragma unroll 8
+    for (unsigned int j = threadIdx.x; j < d; j += blockDim.x) {
+        const typename C::T s = C::store(C::load(xr[j]) + C::load(yr[j]));
+        sum[j] = s;
+        const float f = C::load(s);
+        sq += f * f;
+    }
+    __shared__ float part[32];
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = sq;
+    __syncthreads();
+    sq = 0.f;
+    for (unsigned int i = 0; i < blockDim.x / 32; ++i) sq += part[i];
+    const float scale = rsqrtf(sq / d + eps);
+    // Each thread reads back the sums it wrote itself.
+    #pragma unroll 8
+    for (unsigned int j = threadIdx.x; j < d; j += blockDim.x)
+        h[j] = C::store(scale * C::load(sum[j]) * C::load(w[j]));
+}
+
 #define ROPE_KV(NAME, C)                                                                      \
 extern "C" __global__ void NAME(const C::T *x, unsigned long long cos_,                      \
     unsigned long long sin_, unsigned long long at, unsigned long long pool_k,               \
@@ -290,9 +424,17 @@ extern "C" __global__ void NAME(const C::T *x, C::T *out, unsigned int n, unsign
 ROPE_KV(rope_kv_f32, F32)
 ROPE_KV(rope_kv_f16, F16)
 ROPE_KV(rope_kv_bf16, BF16)
+#define ADD_NORM(NAME, C)                                                                     \
+extern "C" __global__ void NAME(const C::T *x, const C::T *y, const C::T *w, C::T *out,      \
+                                unsigned int rows, unsigned int d, float eps) {               \
+    add_norm<C>(x, y, w, out, rows, d, eps);                                                  \
+}
 GLU(glu_f32, F32)
 GLU(glu_f16, F16)
 GLU(glu_bf16, BF16)
+ADD_NORM(add_norm_f32, F32)
+ADD_NORM(add_norm_f16, F16)
+ADD_NORM(add_norm_bf16, BF16)
 "#;
 
 /// The kernels' PTX, compiled once per process.

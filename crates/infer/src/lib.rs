@@ -19,6 +19,7 @@ mod error;
 mod device_kv;
 mod fast;
 mod fused;
+mod gemv;
 pub(crate) mod gguf;
 mod hub;
 mod kv;

@@ -15,9 +15,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 mod attention;
+mod linear;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use crate::attn::{RopeScaling, RopeStyle};
 use crate::config::{GpuTuning, KvPrecision};
@@ -26,6 +27,9 @@ use crate::gguf::{Activation, Hparams};
 use crate::model::{Backend, Step};
 use crate::sequence::{Cache, Maker, Sequence};
 use crate::Error;
+
+use linear::stacked;
+pub(crate) use linear::{GateUp, Linear, Qkv};
 
 /// Token embedding table; quantized tables stay quantized and only the looked-up rows are
 /// dequantized (SmolLM2's table would be 113 MB as f32).
@@ -87,93 +91,6 @@ impl Embeddings {
     }
 }
 
-/// A weight matrix: quantized (candle's quantized matmul, which takes f32 rows) or dense in the
-/// model's activation dtype.
-pub(crate) struct Linear(pub QMatMul);
-
-impl Linear {
-    fn forward(&self, x: &Tensor) -> Result<Tensor, Error> {
-        Ok(match &self.0 {
-            QMatMul::QTensor(_) if x.dtype() != DType::F32 => self
-                .0
-                .forward(&x.to_dtype(DType::F32)?)?
-                .to_dtype(x.dtype())?,
-            w => w.forward(x)?,
-        })
-    }
-
-    fn convert(&mut self, dtype: DType) -> Result<(), Error> {
-        if let QMatMul::Tensor(w) | QMatMul::TensorF16(w) = &self.0 {
-            self.0 = QMatMul::Tensor(w.to_dtype(dtype)?);
-        }
-        Ok(())
-    }
-}
-
-/// The Q, K and V projections: three matrices, or Phi-3's one fused `[q; k; v]`.
-pub(crate) enum Qkv {
-    Separate { q: Linear, k: Linear, v: Linear },
-    Fused(Linear),
-}
-
-impl Qkv {
-    /// Q, K and V of `h`'s rows (`qd`, `kvd`, `kvd` wide).
-    fn project(
-        &self,
-        h: &Tensor,
-        qd: usize,
-        kvd: usize,
-    ) -> Result<(Tensor, Tensor, Tensor), Error> {
-        Ok(match self {
-            Qkv::Separate { q, k, v } => (q.forward(h)?, k.forward(h)?, v.forward(h)?),
-            Qkv::Fused(w) => {
-                let all = w.forward(h)?;
-                (
-                    all.narrow(1, 0, qd)?.contiguous()?,
-                    all.narrow(1, qd, kvd)?.contiguous()?,
-                    all.narrow(1, qd + kvd, kvd)?.contiguous()?,
-                )
-            }
-        })
-    }
-
-    fn linears(&mut self) -> Vec<&mut Linear> {
-        match self {
-            Qkv::Separate { q, k, v } => vec![q, k, v],
-            Qkv::Fused(w) => vec![w],
-        }
-    }
-}
-
-/// The MLP's gate and up projections: two matrices, or Phi-3's one fused `[gate; up]`.
-pub(crate) enum GateUp {
-    Separate { gate: Linear, up: Linear },
-    Fused(Linear),
-}
-
-impl GateUp {
-    fn forward(&self, h: &Tensor) -> Result<(Tensor, Tensor), Error> {
-        Ok(match self {
-            GateUp::Separate { gate, up } => (gate.forward(h)?, up.forward(h)?),
-            GateUp::Fused(w) => {
-                let both = w.forward(h)?;
-                let ff = both.dim(1)? / 2;
-                (
-                    both.narrow(1, 0, ff)?.contiguous()?,
-                    both.narrow(1, ff, ff)?.contiguous()?,
-                )
-            }
-        })
-    }
-
-    fn linears(&mut self) -> Vec<&mut Linear> {
-        match self {
-            GateUp::Separate { gate, up } => vec![gate, up],
-            GateUp::Fused(w) => vec![w],
-        }
-    }
-}
-
 pub(crate) struct Layer {
     pub attn_norm: Tensor,
     pub qkv: Qkv,
@@ -199,30 +116,24 @@ impl Layer {
         self.qkv_bias.is_none() && self.q_norm.is_none() && self.k_norm.is_none()
     }
 
-    /// Concatenates dense separate Q, K, V (and gate, up) matrices into one, so that each pair
-    /// or triple is one matrix product (quantized ones stay as they are).
-    fn fuse_dense(&mut self) -> Result<(), Error> {
-        let dense = |l: &Linear| match &l.0 {
-            QMatMul::Tensor(w) => Some(w.clone()),
-            _ => None,
-        };
-        let cat = |ws: &[Tensor]| -> Result<Linear, Error> {
-            Ok(Linear(QMatMul::Tensor(Tensor::cat(ws, 0)?)))
-        };
+    /// Concatenates separate Q, K, V (and gate, up) matrices into one, so that each triple or
+    /// pair is one matrix product: dense ones, and Q8_0 ones (whose rows are whole blocks, so
+    /// stacking them is stacking their bytes); other quantized ones stay as they are.
+    fn fuse(&mut self) -> Result<(), Error> {
         if let Qkv::Separate { q, k, v } = &self.qkv {
-            if let (Some(q), Some(k), Some(v)) = (dense(q), dense(k), dense(v)) {
-                self.qkv = Qkv::Fused(cat(&[q, k, v])?);
+            if let Some(w) = stacked(&[q, k, v])? {
+                self.qkv = Qkv::Fused(w);
             }
         }
         if let GateUp::Separate { gate, up } = &self.gate_up {
-            if let (Some(g), Some(u)) = (dense(gate), dense(up)) {
-                self.gate_up = GateUp::Fused(cat(&[g, u])?);
+            if let Some(w) = stacked(&[gate, up])? {
+                self.gate_up = GateUp::Fused(w);
             }
         }
         Ok(())
     }
 
-    fn convert(&mut self, dtype: DType) -> Result<(), Error> {
+    fn convert(&mut self, dtype: DType, cublas_rows: bool) -> Result<(), Error> {
         for t in [&mut self.attn_norm, &mut self.ffn_norm]
             .into_iter()
             .chain(self.q_norm.iter_mut())
@@ -238,7 +149,7 @@ impl Layer {
         linears.push(&mut self.wo);
         linears.push(&mut self.down);
         for l in linears {
-            l.convert(dtype)?;
+            l.convert(dtype, cublas_rows)?;
         }
         Ok(())
     }
@@ -316,10 +227,10 @@ impl CandleModel {
         gpu: GpuTuning,
     ) -> Result<(), Error> {
         for l in &mut self.m.layers {
-            l.convert(act)?;
+            l.convert(act, gpu.cublas_rows)?;
         }
         self.m.norm = self.m.norm.to_dtype(act)?;
-        self.m.output.convert(act)?;
+        self.m.output.convert(act, gpu.cublas_rows)?;
         if let Embeddings::Dense(t) = &mut self.m.embeddings {
             // Looked up on the device: only ids go there, not rows.
             *t = t.to_device(&self.device)?.to_dtype(act)?;
@@ -334,12 +245,16 @@ impl CandleModel {
         self.act = act;
         let on_gpu = !self.device.is_cpu() && cache == act;
         self.direct_decode = on_gpu
-            && crate::decode_attn::DecodeAttention::fits(self.hp.head_dim)
+            && crate::decode_attn::DecodeAttention::fits(
+                self.hp.n_head,
+                self.hp.n_head_kv,
+                self.hp.head_dim,
+            )
             && !gpu.gathered_attention;
         self.fused = on_gpu && !gpu.unfused;
         if self.fused {
             for l in &mut self.m.layers {
-                l.fuse_dense()?;
+                l.fuse()?;
             }
         }
         Ok(())
@@ -405,8 +320,23 @@ impl Backend for CandleModel {
             x = (x * s)?;
         }
         let pool = self.pool.lock();
+        // The residual add and the norm after it, one kernel on a GPU.
+        let add_norm = |x: &Tensor, y: &Tensor, w: &Tensor| -> Result<(Tensor, Tensor), Error> {
+            if self.fused {
+                crate::fused::AddNorm { eps }.run(x, y, w)
+            } else {
+                let x = (x + y)?;
+                let h = rms_norm(&x, w, eps)?;
+                Ok((x, h))
+            }
+        };
+        // The next layer's normed input, when the previous layer's last add made it.
+        let mut next_h = None;
         for (il, layer) in self.m.layers.iter().enumerate() {
-            let h = rms_norm(&x, &layer.attn_norm, eps)?;
+            let h = match next_h.take() {
+                Some(h) => h,
+                None => rms_norm(&x, &layer.attn_norm, eps)?,
+            };
             let cs = &plan.rope[&layer.rope_theta.to_bits()];
             let q = match &layer.qkv {
                 Qkv::Fused(w) if self.fused && layer.plain_attention_inputs() => {
@@ -432,8 +362,8 @@ impl Backend for CandleModel {
                 Some(w) => rms_norm(&attn_out, w, eps)?,
                 None => attn_out,
             };
-            x = (x + attn_out)?;
-            let h = rms_norm(&x, &layer.ffn_norm, eps)?;
+            let (sum, h) = add_norm(&x, &attn_out, &layer.ffn_norm)?;
+            x = sum;
             let gelu = matches!(self.m.activation, Activation::GeluTanh);
             let act = match &layer.gate_up {
                 GateUp::Fused(w) if self.fused => {
@@ -450,7 +380,13 @@ impl Backend for CandleModel {
                 Some(w) => rms_norm(&ffn_out, w, eps)?,
                 None => ffn_out,
             };
-            x = (x + ffn_out)?;
+            match self.m.layers.get(il + 1) {
+                Some(next) => {
+                    let (sum, h) = add_norm(&x, &ffn_out, &next.attn_norm)?;
+                    (x, next_h) = (sum, Some(h));
+                }
+                None => x = (x + ffn_out)?,
+            }
         }
         let last = rms_norm(&x.index_select(&plan.last, 0)?, &self.m.norm, eps)?;
         let out = self.m.output.forward(&last)?;
@@ -536,21 +472,21 @@ pub(crate) fn from_hf_tensors(
         layers.push(Layer {
             attn_norm: take(&p("input_layernorm"))?,
             qkv: Qkv::Separate {
-                q: Linear(QMatMul::Tensor(take(&p("self_attn.q_proj"))?)),
-                k: Linear(QMatMul::Tensor(take(&p("self_attn.k_proj"))?)),
-                v: Linear(QMatMul::Tensor(take(&p("self_attn.v_proj"))?)),
+                q: Linear::new(QMatMul::Tensor(take(&p("self_attn.q_proj"))?)),
+                k: Linear::new(QMatMul::Tensor(take(&p("self_attn.k_proj"))?)),
+                v: Linear::new(QMatMul::Tensor(take(&p("self_attn.v_proj"))?)),
             },
             qkv_bias: None,
-            wo: Linear(QMatMul::Tensor(take(&p("self_attn.o_proj"))?)),
+            wo: Linear::new(QMatMul::Tensor(take(&p("self_attn.o_proj"))?)),
             q_norm: None,
             k_norm: None,
             post_attn_norm: None,
             ffn_norm: take(&p("post_attention_layernorm"))?,
             gate_up: GateUp::Separate {
-                gate: Linear(QMatMul::Tensor(take(&p("mlp.gate_proj"))?)),
-                up: Linear(QMatMul::Tensor(take(&p("mlp.up_proj"))?)),
+                gate: Linear::new(QMatMul::Tensor(take(&p("mlp.gate_proj"))?)),
+                up: Linear::new(QMatMul::Tensor(take(&p("mlp.up_proj"))?)),
             },
-            down: Linear(QMatMul::Tensor(take(&p("mlp.down_proj"))?)),
+            down: Linear::new(QMatMul::Tensor(take(&p("mlp.down_proj"))?)),
             post_ffn_norm: None,
             rope_theta: hp.rope_theta,
             window: None,
@@ -561,7 +497,7 @@ pub(crate) fn from_hf_tensors(
         embeddings: Embeddings::Dense(embed),
         embed_scale: None,
         layers,
-        output: Linear(QMatMul::Tensor(output)),
+        output: Linear::new(QMatMul::Tensor(output)),
         rope: RopeStyle::Neox,
         rope_scaling: RopeScaling::NONE,
         activation: hp.arch.activation(),

@@ -1,0 +1,160 @@
+//! The weight matrices of a layer: [`Linear`] (one matrix, and which kernel multiplies by it),
+//! the Q/K/V and gate/up groups ([`Qkv`], [`GateUp`]: separate, or one fused matrix), and
+//! [`stacked`], which fuses a group at load on a GPU.
+
+use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
+use candle_core::{DType, Module, Tensor};
+
+use crate::Error;
+
+/// A weight matrix: quantized (candle's quantized matmul, which takes f32 rows) or dense in the
+/// model's activation dtype; on a GPU, one row goes through [`crate::gemv`]'s kernels (dense or
+/// Q8_0) unless `cublas_rows`.
+pub(crate) struct Linear {
+    pub w: QMatMul,
+    pub(super) cublas_rows: bool,
+}
+
+impl Linear {
+    pub(crate) fn new(w: QMatMul) -> Linear {
+        Linear {
+            w,
+            cublas_rows: false,
+        }
+    }
+
+    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor, Error> {
+        Ok(match &self.w {
+            QMatMul::Tensor(w) if !self.cublas_rows && crate::gemv::Gemv::fits(x, w) => {
+                crate::gemv::Gemv::run(x, w)?
+            }
+            QMatMul::QTensor(w) if !self.cublas_rows && crate::gemv::GemvQ8::fits(x, w) => {
+                crate::gemv::GemvQ8 { w }.run(x)?
+            }
+            QMatMul::QTensor(_) if x.dtype() != DType::F32 => self
+                .w
+                .forward(&x.to_dtype(DType::F32)?)?
+                .to_dtype(x.dtype())?,
+            w => w.forward(x)?,
+        })
+    }
+
+    pub(super) fn convert(&mut self, dtype: DType, cublas_rows: bool) -> Result<(), Error> {
+        if let QMatMul::Tensor(w) | QMatMul::TensorF16(w) = &self.w {
+            self.w = QMatMul::Tensor(w.to_dtype(dtype)?);
+        }
+        self.cublas_rows = cublas_rows;
+        Ok(())
+    }
+}
+
+/// The Q, K and V projections: three matrices, or Phi-3's one fused `[q; k; v]`.
+pub(crate) enum Qkv {
+    Separate { q: Linear, k: Linear, v: Linear },
+    Fused(Linear),
+}
+
+impl Qkv {
+    /// Q, K and V of `h`'s rows (`qd`, `kvd`, `kvd` wide).
+    pub(super) fn project(
+        &self,
+        h: &Tensor,
+        qd: usize,
+        kvd: usize,
+    ) -> Result<(Tensor, Tensor, Tensor), Error> {
+        Ok(match self {
+            Qkv::Separate { q, k, v } => (q.forward(h)?, k.forward(h)?, v.forward(h)?),
+            Qkv::Fused(w) => {
+                let all = w.forward(h)?;
+                (
+                    all.narrow(1, 0, qd)?.contiguous()?,
+                    all.narrow(1, qd, kvd)?.contiguous()?,
+                    all.narrow(1, qd + kvd, kvd)?.contiguous()?,
+                )
+            }
+        })
+    }
+
+    pub(super) fn linears(&mut self) -> Vec<&mut Linear> {
+        match self {
+            Qkv::Separate { q, k, v } => vec![q, k, v],
+            Qkv::Fused(w) => vec![w],
+        }
+    }
+}
+
+/// The MLP's gate and up projections: two matrices, or Phi-3's one fused `[gate; up]`.
+pub(crate) enum GateUp {
+    Separate { gate: Linear, up: Linear },
+    Fused(Linear),
+}
+
+impl GateUp {
+    pub(super) fn forward(&self, h: &Tensor) -> Result<(Tensor, Tensor), Error> {
+        Ok(match self {
+            GateUp::Separate { gate, up } => (gate.forward(h)?, up.forward(h)?),
+            GateUp::Fused(w) => {
+                let both = w.forward(h)?;
+                let ff = both.dim(1)? / 2;
+                (
+                    both.narrow(1, 0, ff)?.contiguous()?,
+                    both.narrow(1, ff, ff)?.contiguous()?,
+                )
+            }
+        })
+    }
+
+    pub(super) fn linears(&mut self) -> Vec<&mut Linear> {
+        match self {
+            GateUp::Separate { gate, up } => vec![gate, up],
+            GateUp::Fused(w) => vec![w],
+        }
+    }
+}
+
+/// `ls`' matrices stacked by rows into one (the first one's settings), when all are dense or all
+/// Q8_0 with one width; `None` otherwise.
+pub(super) fn stacked(ls: &[&Linear]) -> Result<Option<Linear>, Error> {
+    let dense: Option<Vec<Tensor>> = ls
+        .iter()
+        .map(|l| match &l.w {
+            QMatMul::Tensor(w) => Some(w.clone()),
+            _ => None,
+        })
+        .collect();
+    let q8: Option<Vec<&QTensor>> = ls
+        .iter()
+        .map(|l| match &l.w {
+            QMatMul::QTensor(w) if w.dtype() == GgmlDType::Q8_0 => Some(w.as_ref()),
+            _ => None,
+        })
+        .collect();
+    let w = if let Some(ws) = dense {
+        QMatMul::Tensor(Tensor::cat(&ws, 0)?)
+    } else if let Some(ws) = q8 {
+        let width = ws[0].shape().dims2()?.1;
+        let mut rows = 0;
+        let mut bytes = Vec::new();
+        for w in &ws {
+            let (n, k) = w.shape().dims2()?;
+            if k != width {
+                return Ok(None);
+            }
+            rows += n;
+            // The storage may be padded past its blocks; only the blocks are stacked.
+            bytes.extend_from_slice(&w.data()?[..n * k / 32 * 34]);
+        }
+        let storage = QStorage::from_data(
+            std::borrow::Cow::Owned(bytes),
+            &ws[0].device(),
+            GgmlDType::Q8_0,
+        )?;
+        QMatMul::QTensor(std::sync::Arc::new(QTensor::new(storage, (rows, width))?))
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(Linear {
+        w,
+        cublas_rows: ls[0].cublas_rows,
+    }))
+}

@@ -1,0 +1,329 @@
+//! The matrix product of one row (a decode step of one stream) against a dense or Q8_0 weight
+//! matrix, on a GPU. Such a step reads every weight once and does two flops a weight: it is bound
+//! by memory. A warp takes one output column: its lanes stream the weight row in 16-byte loads,
+//! all in flight at once for a row of 2,048, multiply them by the input row (read through the
+//! cache, where it stays), and reduce across the warp. Q8_0 weights are read as the GGUF stores
+//! them (half the bytes of f16; a warp first stages 32 of its row's 34-byte blocks in shared
+//! memory, since a block is only 2-byte aligned), with no cast of the input to f32 and back as
+//! candle's quantized product needs. Two or more rows go to cuBLAS (dense) or candle's quantized
+//! product: measured on an H200, this kernel at 8 rows was half cuBLAS's speed (the input rows'
+//! reads through the cache outgrow the weights'), and at one row it is as fast as cuBLAS's own
+//! kernels and spares the host cuBLAS's per-call work. Compiled by NVRTC at first use, like the
+//! other kernels of `cuda_kernels.rs`. The CPU keeps candle's matmul.
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
+
+use crate::Error;
+
+/// A warp per output column, 4 warps a block (the Q8_0 kernel's shared staging assumes 4).
+#[cfg(feature = "cuda")]
+fn config(n: usize) -> candle_core::cuda_backend::cudarc::driver::LaunchConfig {
+    let warps = 4u32;
+    candle_core::cuda_backend::cudarc::driver::LaunchConfig {
+        grid_dim: ((n as u32).div_ceil(warps), 1, 1),
+        block_dim: (32 * warps, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// `x @ w.T` for `x` `[1, k]` and a dense `w` `[n, k]`.
+pub(crate) struct Gemv;
+
+impl Gemv {
+    /// Whether the kernel takes `x` against `w`: on a GPU, one dtype (f16, bf16 or f32), one
+    /// row, a width that is a whole number of 8-value vectors.
+    pub(crate) fn fits(x: &Tensor, w: &Tensor) -> bool {
+        use candle_core::DType;
+        let (Ok((rows, k)), Ok((_, wk))) = (x.dims2(), w.dims2()) else {
+            return false;
+        };
+        x.device().is_cuda()
+            && x.dtype() == w.dtype()
+            && matches!(x.dtype(), DType::F16 | DType::BF16 | DType::F32)
+            && rows == 1
+            && k == wk
+            && k.is_multiple_of(8)
+    }
+
+    /// `x @ w.T`, `[1, n]`.
+    pub(crate) fn run(x: &Tensor, w: &Tensor) -> Result<Tensor, Error> {
+        Ok(x.contiguous()?.apply_op2_no_bwd(w, &Gemv)?)
+    }
+}
+
+impl CustomOp2 for Gemv {
+    fn name(&self) -> &'static str {
+        "hearth-gemv"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        candle_core::bail!("the one-row matrix kernel runs on a GPU; the CPU takes candle's matmul")
+    }
+
+    #[cfg(feature = "cuda")]
+    #[allow(unsafe_code)] // the kernel launch
+    fn cuda_fwd(
+        &self,
+        x: &candle_core::CudaStorage,
+        l_x: &Layout,
+        w: &candle_core::CudaStorage,
+        l_w: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
+        use candle_core::cuda_backend::{CudaStorageSlice as S, WrapErr};
+
+        let what = "one-row matrix product";
+        let ((x0, x1), (w0, w1)) = (
+            crate::cuda_kernels::contiguous(l_x, what)?,
+            crate::cuda_kernels::contiguous(l_w, what)?,
+        );
+        let (rows, k) = l_x.shape().dims2()?;
+        let (n, wk) = l_w.shape().dims2()?;
+        if wk != k
+            || !k.is_multiple_of(8)
+            || rows != 1
+            || x1 - x0 != k
+            || w1 - w0 != n * k
+            || x0 % 8 != 0
+            || w0 % 8 != 0
+        {
+            candle_core::bail!("{what}: shapes or alignment do not fit the kernel")
+        }
+        let dev = x.device.clone();
+        let dims = [n as u32, k as u32];
+        macro_rules! launch {
+            ($x:expr, $w:expr, $ty:ty, $kernel:literal) => {{
+                let func = dev.get_or_load_custom_func($kernel, "hearth_gemv", ptx()?)?;
+                // SAFETY: every element is written by the kernel before it is read.
+                let mut out = unsafe { dev.alloc::<$ty>(n)? };
+                let (xs, ws) = ($x.slice(x0..x1), $w.slice(w0..w1));
+                let mut b = func.builder();
+                b.arg(&xs);
+                b.arg(&ws);
+                b.arg(&mut out);
+                for a in &dims {
+                    b.arg(a);
+                }
+                // SAFETY: the kernel reads `k` values of x and `n * k` of w, from
+                // 8-value-aligned starts (checked above), and writes `n` values of out.
+                unsafe { b.launch(config(n)) }.w()?;
+                candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone())
+            }};
+        }
+        let out = match (&x.slice, &w.slice) {
+            (S::F32(x), S::F32(w)) => launch!(x, w, f32, "gemv_f32"),
+            (S::F16(x), S::F16(w)) => launch!(x, w, half::f16, "gemv_f16"),
+            (S::BF16(x), S::BF16(w)) => launch!(x, w, half::bf16, "gemv_bf16"),
+            _ => candle_core::bail!("{what}: x and w of one dtype"),
+        };
+        Ok((out, Shape::from((1, n))))
+    }
+}
+
+/// `x @ w.T` for `x` `[1, k]` (f16, bf16 or f32) and `w` a Q8_0 matrix `[n, k]` on the GPU
+/// (blocks of 32 weights: an f16 scale and 32 int8).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // read by the CUDA launch
+pub(crate) struct GemvQ8<'a> {
+    pub w: &'a QTensor,
+}
+
+impl GemvQ8<'_> {
+    /// Whether the kernel takes `x` against `w`: one row, and rows of `w` a whole number of
+    /// 8 blocks (16-byte aligned, staged in whole loads).
+    pub(crate) fn fits(x: &Tensor, w: &QTensor) -> bool {
+        use candle_core::DType;
+        let (Ok((rows, k)), Ok((_, wk))) = (x.dims2(), w.shape().dims2()) else {
+            return false;
+        };
+        x.device().is_cuda()
+            && w.device().is_cuda()
+            && w.dtype() == GgmlDType::Q8_0
+            && matches!(x.dtype(), DType::F16 | DType::BF16 | DType::F32)
+            && rows == 1
+            && k == wk
+            && k.is_multiple_of(256)
+    }
+
+    /// `x @ w.T`, `[1, n]` in `x`'s dtype.
+    pub(crate) fn run(&self, x: &Tensor) -> Result<Tensor, Error> {
+        Ok(x.contiguous()?.apply_op1_no_bwd(self)?)
+    }
+}
+
+impl CustomOp1 for GemvQ8<'_> {
+    fn name(&self) -> &'static str {
+        "hearth-gemv-q8_0"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        candle_core::bail!("the one-row Q8_0 kernel runs on a GPU")
+    }
+
+    #[cfg(feature = "cuda")]
+    #[allow(unsafe_code)] // the kernel launch
+    fn cuda_fwd(
+        &self,
+        x: &candle_core::CudaStorage,
+        l_x: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
+        use candle_core::cuda_backend::{CudaStorageSlice as S, WrapErr};
+
+        let what = "one-row Q8_0 product";
+        let (x0, x1) = crate::cuda_kernels::contiguous(l_x, what)?;
+        let (rows, k) = l_x.shape().dims2()?;
+        let (n, wk) = self.w.shape().dims2()?;
+        if wk != k
+            || !k.is_multiple_of(256)
+            || rows != 1
+            || x1 - x0 != k
+            || x0 % 8 != 0
+            || self.w.dtype() != GgmlDType::Q8_0
+            || self.w.storage_size_in_bytes() < n * k / 32 * 34
+        {
+            candle_core::bail!("{what}: shapes or alignment do not fit the kernel")
+        }
+        // The weights go in as an address: `self.w` is borrowed for the launch.
+        let w = self.w.device_ptr()? as u64;
+        let dev = x.device.clone();
+        let dims = [n as u32, k as u32];
+        macro_rules! launch {
+            ($x:expr, $ty:ty, $kernel:literal) => {{
+                let func = dev.get_or_load_custom_func($kernel, "hearth_gemv", ptx()?)?;
+                // SAFETY: every element is written by the kernel before it is read.
+                let mut out = unsafe { dev.alloc::<$ty>(n)? };
+                let xs = $x.slice(x0..x1);
+                let mut b = func.builder();
+                b.arg(&xs);
+                b.arg(&w);
+                b.arg(&mut out);
+                for a in &dims {
+                    b.arg(a);
+                }
+                // SAFETY: the kernel reads `k` values of x (8-value aligned, checked above)
+                // and the `n * k / 32` blocks of w (its storage holds them), and writes `n`
+                // values of out.
+                unsafe { b.launch(config(n)) }.w()?;
+                candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone())
+            }};
+        }
+        let out = match &x.slice {
+            S::F32(x) => launch!(x, f32, "gemv_q8_0_f32"),
+            S::F16(x) => launch!(x, half::f16, "gemv_q8_0_f16"),
+            S::BF16(x) => launch!(x, half::bf16, "gemv_q8_0_bf16"),
+            _ => candle_core::bail!("{what}: x of f32, f16 or bf16"),
+        };
+        Ok((out, Shape::from((1, n))))
+    }
+}
+
+/// The kernels' source (after [`crate::cuda_kernels::PRELUDE`]).
+#[cfg(feature = "cuda")]
+const SOURCE: &str = r#"
+// Grid (ceil(n / 4)), 128 threads: warp w of block b computes y[n] = sum_k x[k] * w[n, k] for
+// n = 4 b + w.
+template <typename C>
+__device__ void gemv(const typename C::T *__restrict__ x, const typename C::T *__restrict__ w,
+                     typename C::T *__restrict__ y, unsigned int n_out, unsigned int k) {
+    const unsigned int lane = threadIdx.x % 32;
+    const unsigned int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (n >= n_out) return;
+    const typename C::T *wrow = w + (size_t)n * k;
+    float acc = 0.f;
+    // Unrolled so that 8 loads of 16 bytes a lane are in flight (all of a 2,048-wide row).
+    #pragma unroll 8
+    for (unsigned int k0 = lane * 8; k0 < k; k0 += 256) {
+        float wf[8], xf[8];
+        C::load8(wrow + k0, wf);
+        C::load8(x + k0, xf);
+        float s = 0.f;
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) s += wf[j] * xf[j];
+        acc += s;
+    }
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) y[n] = C::store(acc);
+}
+
+// The same for Q8_0 weights (blocks of 34 bytes: an f16 scale, then 32 int8). A warp copies 32
+// blocks of its row (1,088 bytes) into shared memory in coalesced 16-byte loads, then each lane
+// takes one block from there. Needs k % 256 == 0 (16-byte aligned rows, whole loads).
+template <typename C>
+__device__ void gemv_q8_0(const typename C::T *__restrict__ x,
+                          const unsigned char *__restrict__ w, typename C::T *__restrict__ y,
+                          unsigned int n_out, unsigned int k) {
+    __shared__ uint4 stage[4][68];
+    const unsigned int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const unsigned int n = blockIdx.x * 4 + warp;
+    if (n >= n_out) return;
+    const unsigned int nblk = k / 32;
+    const uint4 *row = (const uint4 *)(w + (size_t)n * nblk * 34);
+    const unsigned short *blk =
+        (const unsigned short *)((const unsigned char *)stage[warp] + lane * 34);
+    float acc = 0.f;
+    for (unsigned int c0 = 0; c0 < nblk; c0 += 32) {
+        const unsigned int nb = min(32u, nblk - c0);
+        const unsigned int words = nb * 34 / 16;
+        const uint4 *src = row + (size_t)c0 * 34 / 16;
+        #pragma unroll
+        for (unsigned int i = 0; i < 3; ++i) {
+            const unsigned int wd = lane + 32 * i;
+            if (wd < words) stage[warp][wd] = src[wd];
+        }
+        __syncwarp();
+        if (lane < nb) {
+            const float d = F16::load(blk[0]);
+            const typename C::T *xb = x + (c0 + lane) * 32;
+            float s = 0.f;
+            #pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                float xf[8];
+                C::load8(xb + c * 8, xf);
+                #pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const unsigned short u = blk[1 + c * 4 + i];
+                    s += (float)(signed char)(u & 0xffu) * xf[2 * i];
+                    s += (float)(signed char)(u >> 8) * xf[2 * i + 1];
+                }
+            }
+            acc += d * s;
+        }
+        __syncwarp();
+    }
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) y[n] = C::store(acc);
+}
+
+#define GEMV(NAME, C)                                                                         \
+extern "C" __global__ void NAME(const C::T *x, const C::T *w, C::T *y, unsigned int n_out,   \
+                                unsigned int k) {                                             \
+    gemv<C>(x, w, y, n_out, k);                                                               \
+}
+#define GEMV_Q8(NAME, C)                                                                      \
+extern "C" __global__ void NAME(const C::T *x, unsigned long long w, C::T *y,                \
+                                unsigned int n_out, unsigned int k) {                         \
+    gemv_q8_0<C>(x, (const unsigned char *)w, y, n_out, k);                                   \
+}
+GEMV(gemv_f32, F32)
+GEMV(gemv_f16, F16)
+GEMV(gemv_bf16, BF16)
+GEMV_Q8(gemv_q8_0_f32, F32)
+GEMV_Q8(gemv_q8_0_f16, F16)
+GEMV_Q8(gemv_q8_0_bf16, BF16)
+"#;
+
+/// The kernels' PTX, compiled once per process.
+#[cfg(feature = "cuda")]
+fn ptx() -> candle_core::Result<&'static str> {
+    static PTX: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
+    crate::cuda_kernels::compile(&PTX, "one-row matrix", SOURCE)
+}
