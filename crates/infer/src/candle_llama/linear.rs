@@ -158,3 +158,55 @@ pub(super) fn stacked(ls: &[&Linear]) -> Result<Option<Linear>, Error> {
         cublas_rows: ls[0].cublas_rows,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn q8(rows: usize, cols: usize, seed: u64) -> Linear {
+        let vals: Vec<f32> = (0..rows * cols)
+            .map(|i| (((i as u64 * 2654435761 + seed) % 1000) as f32 - 500.0) / 250.0)
+            .collect();
+        let t = Tensor::from_vec(vals, (rows, cols), &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&t, GgmlDType::Q8_0).unwrap();
+        Linear::new(QMatMul::QTensor(std::sync::Arc::new(q)))
+    }
+
+    #[test]
+    fn stacked_q8_0_matrices_multiply_as_their_parts_side_by_side() {
+        let (q, k, v) = (q8(8, 64, 1), q8(4, 64, 2), q8(4, 64, 3));
+        let fused = stacked(&[&q, &k, &v])
+            .unwrap()
+            .expect("Q8_0 of one width stacks");
+        let x = Tensor::from_vec(
+            (0..2 * 64).map(|i| (i as f32 * 0.37).sin()).collect(),
+            (2, 64),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let parts = Tensor::cat(
+            &[
+                q.forward(&x).unwrap(),
+                k.forward(&x).unwrap(),
+                v.forward(&x).unwrap(),
+            ],
+            1,
+        )
+        .unwrap();
+        let whole = fused.forward(&x).unwrap();
+        assert_eq!(whole.dims(), &[2, 16]);
+        let diff = (whole - parts).unwrap().abs().unwrap().max_all().unwrap();
+        assert_eq!(diff.to_scalar::<f32>().unwrap(), 0.0);
+    }
+
+    #[test]
+    fn matrices_of_other_widths_or_types_are_not_stacked() {
+        let other = q8(4, 96, 4);
+        assert!(stacked(&[&q8(8, 64, 1), &other]).unwrap().is_none());
+        let dense = Linear::new(QMatMul::Tensor(
+            Tensor::zeros((4, 64), DType::F32, &Device::Cpu).unwrap(),
+        ));
+        assert!(stacked(&[&q8(8, 64, 1), &dense]).unwrap().is_none());
+    }
+}
