@@ -15,6 +15,9 @@
 #   scripts/bench-gpu.sh check [DIR]  # on the GPU machine: the candle backend on the GPU against
 #                                     # the fast CPU path on every generated model of
 #                                     # tests/fixtures/arch (examples/device_check.rs)
+#   scripts/bench-gpu.sh quick [DIR]  # on the GPU machine, in about a minute: the one-row
+#                                     # kernels on and off on the 1.1B f16 and Q8_0 files, the
+#                                     # Q8_0 file against the CPU path, a prefill's kernels
 #
 # What `run` does, in this order (each step bounded; the whole under 5 minutes on an H100):
 #   1. `hearth serve` on the GPU (scripts/gpu/serve.py): `hearth dev random-model` writes a 1.1B
@@ -23,10 +26,10 @@
 #      HTTP, then the load generator drives SSE `/stream` and `/v1/chat/completions` at 1, 8, 32
 #      and 64 concurrent streams of 128 tokens; SIGTERM last.
 #   2. bench_device on the same shape (random f16 weights made on the GPU): prefill of 128-token
-#      prompts and 64 decode steps at 1, 8, 32 and 64 streams; then at 1 and 32 streams with the
-#      memory pool trimmed at every synchronisation (HEARTH_CUDA_POOL=trim), with the fused
-#      projection kernels off as well (HEARTH_FUSED=off), and with everything of issue 31 off
-#      (HEARTH_CUDA_EVENTS=track HEARTH_DECODE_ATTENTION=gather: the code before).
+#      prompts and 64 decode steps at 1, 8, 32 and 64 streams; then at 1 and 32 streams with
+#      cuBLAS for the few-row matrix products (HEARTH_GEMV=off), with the fused kernels off as
+#      well (HEARTH_FUSED=off), and with everything of issue 31 off (HEARTH_CUDA_EVENTS=track
+#      HEARTH_DECODE_ATTENTION=gather: the code before); then on the f16 and Q8_0 files of step 1.
 #   3. the GPU against the CPU path (check, f16 activations), with two dense f16 llama files
 #      besides the fixtures (the fused kernels' path).
 #   4. llama.cpp's CUDA llama-bench on the very GGUF files the server served (when unpacked).
@@ -34,8 +37,10 @@
 #   6. images at 1024x1024, 4 steps without guidance: Hearth on SDXL base's full-size shapes with
 #      random weights, diffusers on the same shapes (scripts/gpu/torch_sdxl.py).
 #   7. Nsight Compute's durations of ~2 one-stream decode steps' kernels (scripts/gpu/step_profile.py):
-#      the GPU's own time a step, beside bench_device's wall time.
+#      the GPU's own time a step, beside bench_device's wall time; then of a 32-stream prefill's.
 #   8. scripts/gpu/summary.py: one JSON object of the headline figures (docs/gpu/*-summary.json).
+# BENCH_GPU_STEPS="2 3 7" runs only those steps (and the summary): a quick look at a kernel
+# change in a minute of GPU time.
 # The binaries need a CUDA 13 driver and CUDA 13's cuBLAS, cuRAND, NVRTC and cudart, which
 # PyTorch's CUDA 13 wheels carry there. Figures: docs/benchmarks.md, "On a GPU".
 # Not part of scripts/test.sh: it needs a GPU.
@@ -127,15 +132,16 @@ check() {
     local out="${1:-${OUT:-/tmp/bench-gpu}}"
     mkdir -p "$out"
     [ -n "${bin:-}" ] || unpack
-    # Dense f16 llama files take the fused kernels (the fixtures are quantized: only Phi-3's fused
-    # projections do): a small one, and the served 1.1B one when step 1 wrote it.
+    # Dense f16 llama files take the fused kernels (of the quantized fixtures, the Q8_0 ones and
+    # Phi-3's fused projections do): a small one, and the served 1.1B files (f16 and Q8_0) when
+    # step 1 or 2 wrote them.
     local dense=/tmp/hearth-gpu-work/small-f16.gguf
     mkdir -p /tmp/hearth-gpu-work
     "$bin/hearth" dev random-model "$dense" --tokenizer-from "$PACK/tok.gguf" --layers 4 \
         --hidden 512 --heads 8 --kv-heads 2 --ff 1024 >/dev/null
     echo "== the candle backend on the GPU against the fast CPU path (f16 activations)"
     timeout 150 "$bin/device_check" --device cuda tests/fixtures/arch/*.gguf "$dense" \
-        $(ls /tmp/hearth-gpu-work/llama-1b-f16.gguf 2>/dev/null) 2>&1 | tee "$out/check.jsonl"
+        $(ls /tmp/hearth-gpu-work/llama-1b-{f16,q8}.gguf 2>/dev/null) 2>&1 | tee "$out/check.jsonl"
 }
 
 # Tags each JSON line of stdin with an engine name.
@@ -154,31 +160,52 @@ run() {
         ldd "$bin/hearth" | grep -E 'cuda|cublas|curand|nvrtc|not found' || true
         uptime
     } 2>&1
+    local steps=" ${BENCH_GPU_STEPS:-1 2 3 4 5 6 7} "
+    step() { [[ "$steps" == *" $1 "* ]]; }
+    touch "$out/text.jsonl"
+    if step 1; then
     echo "== 1. hearth serve on the GPU"
     timeout 300 python3 scripts/gpu/serve.py --hearth "$bin/hearth" --loadgen "$bin/loadgen" \
         --tokenizer "$PACK/tok.gguf" --work "$work" --out "$out"
+    fi
+    if step 2; then
     echo "== 2. bench_device: now; then without each of this issue's changes in turn"
     local shape=(--vocab 49152 --streams 1,8,32,64)
-    timeout 90 "$bin/bench_device" --device cuda "${shape[@]}" 2>&1 | tag hearth | tee "$out/text.jsonl"
-    HEARTH_CUDA_POOL=trim timeout 60 "$bin/bench_device" --device cuda --vocab 49152 \
-        --streams 1,32 2>&1 | tag hearth-pool-trimmed | tee -a "$out/text.jsonl"
-    HEARTH_CUDA_POOL=trim HEARTH_FUSED=off timeout 60 "$bin/bench_device" --device cuda \
+    timeout 90 "$bin/bench_device" --device cuda "${shape[@]}" 2>&1 | tag hearth | tee -a "$out/text.jsonl"
+    HEARTH_GEMV=off timeout 60 "$bin/bench_device" --device cuda --vocab 49152 \
+        --streams 1,8,32 2>&1 | tag hearth-cublas-rows | tee -a "$out/text.jsonl"
+    HEARTH_GEMV=off HEARTH_FUSED=off timeout 60 "$bin/bench_device" --device cuda \
         --vocab 49152 --streams 1,32 2>&1 | tag hearth-attention-only | tee -a "$out/text.jsonl"
-    HEARTH_CUDA_EVENTS=track HEARTH_DECODE_ATTENTION=gather HEARTH_FUSED=off timeout 60 \
-        "$bin/bench_device" --device cuda --vocab 49152 --streams 1,32 2>&1 | tag hearth-before |
-        tee -a "$out/text.jsonl"
+    HEARTH_CUDA_EVENTS=track HEARTH_DECODE_ATTENTION=gather HEARTH_FUSED=off HEARTH_GEMV=off \
+        timeout 60 "$bin/bench_device" --device cuda --vocab 49152 --streams 1,32 2>&1 |
+        tag hearth-before | tee -a "$out/text.jsonl"
+    # The files the server and llama-bench read (step 1 writes them; written here when it did not
+    # run): f16 against Q8_0, read from the file as a user's model is.
+    for m in llama-1b-f16:f16 llama-1b-q8:q8_0; do
+        local name="${m%%:*}"
+        [ -f "$work/$name.gguf" ] || "$bin/hearth" dev random-model "$work/$name.gguf" \
+            --tokenizer-from "$PACK/tok.gguf" --weights "${m##*:}"
+        timeout 60 "$bin/bench_device" --device cuda --file "$work/$name.gguf" --streams 1,32 2>&1 |
+            tag "hearth-file-$name" | tee -a "$out/text.jsonl"
+    done
+    fi
+    if step 3; then
     echo "== 3. the GPU against the CPU path"
     check "$out"
-    if [ -x "$bin/llama-bench" ]; then
+    fi
+    if step 4 && [ -x "$bin/llama-bench" ]; then
         echo "== 4. llama.cpp CUDA on the same files"
         for m in llama-1b-f16 llama-1b-q8; do
             timeout 90 "$bin/llama-bench" -m "$work/$m.gguf" -ngl 99 -p 128,512 -n 128 -r 3 -o jsonl \
                 2>/dev/null | tag "llama.cpp-$m" | tee -a "$out/text.jsonl"
         done
     fi
+    if step 5; then
     echo "== 5. transformers, eager attention"
     timeout 120 python3 scripts/gpu/torch_llama.py --attn eager --vocab 49152 --streams 1,32 2>&1 |
         tee -a "$out/text.jsonl"
+    fi
+    if step 6; then
     echo "== 6. images"
     timeout 120 "$bin/bench_imagine" --device cuda --dtype f16 --random-full --sizes 1024 \
         --steps 4 --runs 2 --guidance 0 2>&1 | tee "$out/image.txt"
@@ -186,15 +213,57 @@ run() {
         --target /tmp/site "$PACK"/whl/*.whl &&
         PYTHONPATH=/tmp/site timeout 120 python3 scripts/gpu/torch_sdxl.py --size 1024 --steps 4 \
             --runs 2 2>&1 | tee -a "$out/image.txt"
-    echo "== 7. what the GPU spends on a one-stream decode step (Nsight Compute, when it runs here)"
+    fi
     local ncu; ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
-    if [ -n "$ncu" ]; then
-        timeout 120 "$ncu" --metrics gpu__time_duration.sum --csv --print-units base \
-            --launch-skip 3000 --launch-count 400 "$bin/bench_device" --device cuda --vocab 49152 \
-            --streams 1 --gen 64 2>/dev/null | python3 scripts/gpu/step_profile.py 16
+    if step 7 && [ -n "$ncu" ]; then
+        echo "== 7. what the GPU spends on a one-stream decode step (Nsight Compute)"
+        # At the clocks and caches the run has (ncu otherwise locks base clocks and flushes the
+        # caches before each kernel, which makes short kernels look longer than they are).
+        local prof=(--metrics gpu__time_duration.sum --csv --print-units base --clock-control none
+            --cache-control none)
+        timeout 120 "$ncu" "${prof[@]}" --launch-skip 3000 --launch-count 400 \
+            "$bin/bench_device" --device cuda --vocab 49152 --streams 1 --gen 64 2>/dev/null |
+            python3 scripts/gpu/step_profile.py 16
+        echo "== 7b. and a prefill of 32 prompts of 128 tokens (the whole call, no warm-up)"
+        timeout 120 "$ncu" "${prof[@]}" --launch-count 1000 "$bin/bench_device" --device cuda \
+            --vocab 49152 --streams 32 --gen 0 --warmup 0 2>/dev/null |
+            python3 scripts/gpu/step_profile.py 16
     fi
     echo "== 8. summary"
     python3 scripts/gpu/summary.py "$out" | tee "$out/summary.json"
+}
+
+# A minute's look at the one-row kernels: the f16 and Q8_0 files with them and without
+# (HEARTH_GEMV=off), the Q8_0 file against the CPU path, and what a 32-stream prefill's kernels
+# take (the f16 file, no warm-up, so that the profile holds the load's casts and the prefill).
+quick() {
+    local out="${1:-${OUT:-/tmp/bench-gpu}}" work=/tmp/hearth-gpu-work
+    mkdir -p "$out" "$work"
+    unpack
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+    uptime
+    for m in llama-1b-f16:f16 llama-1b-q8:q8_0; do
+        "$bin/hearth" dev random-model "$work/${m%%:*}.gguf" --tokenizer-from "$PACK/tok.gguf" \
+            --weights "${m##*:}"
+    done
+    echo "== the one-row kernels on, then off, on each file"
+    for m in llama-1b-f16 llama-1b-q8; do
+        timeout 40 "$bin/bench_device" --device cuda --file "$work/$m.gguf" --streams 1,8 \
+            2>&1 | tag "hearth-file-$m" | tee -a "$out/text.jsonl"
+        HEARTH_GEMV=off timeout 40 "$bin/bench_device" --device cuda --file "$work/$m.gguf" \
+            --streams 1 2>&1 | tag "hearth-file-$m-cublas-rows" | tee -a "$out/text.jsonl"
+    done
+    echo "== the Q8_0 file on the GPU against the CPU path"
+    timeout 60 "$bin/device_check" --device cuda "$work/llama-1b-q8.gguf" 2>&1 |
+        tee "$out/check.jsonl"
+    local ncu; ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
+    if [ -n "$ncu" ]; then
+        echo "== a 32-stream prefill's kernels (Nsight Compute)"
+        timeout 60 "$ncu" --metrics gpu__time_duration.sum --csv --print-units base \
+            --clock-control none --cache-control none --launch-count 3000 "$bin/bench_device" \
+            --device cuda --file "$work/llama-1b-f16.gguf" --streams 32 --gen 0 --warmup 0 \
+            2>/dev/null | python3 scripts/gpu/step_profile.py 16
+    fi
 }
 
 case "${1:-}" in
@@ -207,5 +276,12 @@ case "${1:-}" in
         run "$dir" 2>&1 | tee "$dir/run.log"
         ;;
     check) shift; check "$@" ;;
-    *) echo "usage: scripts/bench-gpu.sh prepare | unpack-llama | run [DIR] | check [DIR]" >&2; exit 2 ;;
+    quick)
+        shift
+        dir="${1:-${OUT:-/tmp/bench-gpu}}"
+        mkdir -p "$dir"
+        quick "$dir" 2>&1 | tee "$dir/quick.log"
+        ;;
+    *) echo "usage: scripts/bench-gpu.sh prepare | unpack-llama | run [DIR] | check [DIR] | quick [DIR]" >&2
+       exit 2 ;;
 esac

@@ -6,7 +6,8 @@ and how much is the host issuing work.
 
     ncu ... bench_device --streams 1 ... | python3 scripts/gpu/step_profile.py LAYERS
 
-A step is counted by its attention: LAYERS launches of the decode attention kernel.
+A step is counted by its attention: LAYERS launches of the decode attention kernel (not of its
+merge, `_combine`).
 """
 import csv
 import sys
@@ -31,7 +32,7 @@ def main():
         short = r[name].split("(")[0].split("<")[0][:60]
         by_name[short][0] += 1
         by_name[short][1] += ns
-    steps = sum(n for k, (n, _) in by_name.items() if k.startswith("decode_attn")) / layers
+    steps = sum(n for k, (n, _) in by_name.items() if k.startswith("decode_attn") and not k.endswith("_combine")) / layers
     print(f"step profile: {count} kernels, {total / 1e3:.1f} us of GPU time"
           + (f"; {steps:.1f} steps: {total / steps / 1e3:.1f} us and {count / steps:.0f} launches a step"
              if steps else ""))
