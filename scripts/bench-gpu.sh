@@ -224,9 +224,10 @@ run() {
         timeout 120 "$ncu" "${prof[@]}" --launch-skip 3000 --launch-count 400 \
             "$bin/bench_device" --device cuda --vocab 49152 --streams 1 --gen 64 2>/dev/null |
             python3 scripts/gpu/step_profile.py 16
-        echo "== 7b. and a prefill of 32 prompts of 128 tokens (the whole call, no warm-up)"
-        timeout 120 "$ncu" "${prof[@]}" --launch-count 1000 "$bin/bench_device" --device cuda \
-            --vocab 49152 --streams 32 --gen 0 --warmup 0 2>/dev/null |
+        # The f16 file, not random weights made on the GPU, whose making would fill the window.
+        echo "== 7b. and a prefill of 32 prompts of 128 tokens (the f16 file, no warm-up)"
+        timeout 120 "$ncu" "${prof[@]}" --launch-count 3000 "$bin/bench_device" --device cuda \
+            --file "$work/llama-1b-f16.gguf" --streams 32 --gen 0 --warmup 0 2>/dev/null |
             python3 scripts/gpu/step_profile.py 16
     fi
     echo "== 8. summary"
