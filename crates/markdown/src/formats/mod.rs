@@ -1,6 +1,7 @@
 //! One module per format, and the dispatch from [`Format`] to its converter.
 
 pub(crate) mod archive;
+mod chart;
 pub(crate) mod csv;
 mod docx;
 mod email;

@@ -1,9 +1,11 @@
 //! PPTX (PresentationML): a section per slide with its title, text in reading order, bulleted
-//! body placeholders with their levels, tables, picture alt text and speaker notes.
+//! body placeholders with their levels, tables, charts (their data as a table, `chart.rs`),
+//! picture alt text and speaker notes.
 
 use std::collections::HashMap;
 
 use super::archive::{self, Archive};
+use super::chart;
 use super::inline::{self, Run};
 use crate::detect::Format;
 use crate::error::{Error, Result};
@@ -64,7 +66,12 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
             .filter(|r| r.kind == "hyperlink")
             .map(|r| (r.id.clone(), r.target.clone()))
             .collect();
-        let (title, body) = slide_content(&ctx, &slide, &links)?;
+        let charts = slide_charts(&ctx, &mut ar, &slide_rels, i + 1)?;
+        let refs = Refs {
+            links: &links,
+            charts: &charts,
+        };
+        let (title, body) = slide_content(&ctx, &slide, &refs)?;
         let mut section = match title {
             Some(t) => format!("## Slide {}: {}", i + 1, t),
             None => format!("## Slide {}", i + 1),
@@ -85,6 +92,41 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
         sections.push(section);
     }
     Ok(md::join_blocks(sections))
+}
+
+/// What a slide's shapes point at through its relationships: hyperlink targets, and its charts'
+/// Markdown, by relationship id.
+struct Refs<'a> {
+    links: &'a HashMap<String, String>,
+    charts: &'a HashMap<String, String>,
+}
+
+/// The Markdown of each chart the slide relates to, by relationship id. A chart part that is
+/// missing, does not parse or holds no chart data is a warning (the slide converts without it);
+/// limits and the time limit still end the conversion.
+fn slide_charts(
+    ctx: &Ctx<'_>,
+    ar: &mut Archive<'_>,
+    rels: &[archive::Rel],
+    slide: usize,
+) -> Result<HashMap<String, String>> {
+    let mut out = HashMap::new();
+    for rel in rels.iter().filter(|r| r.kind == "chart") {
+        let why = match ar.xml(ctx, &rel.target) {
+            Ok(Some(part)) => match chart::markdown(&part) {
+                Some(md) => {
+                    out.insert(rel.id.clone(), md);
+                    continue;
+                }
+                None => "it holds no chart data".to_string(),
+            },
+            Ok(None) => "its part is missing".to_string(),
+            Err(Error::Malformed { reason, .. }) => reason,
+            Err(e) => return Err(e),
+        };
+        ctx.warn(format!("a chart on slide {slide} is left out: {why}"));
+    }
+    Ok(out)
 }
 
 fn placeholder_type(sp: &Element) -> Option<String> {
@@ -117,24 +159,25 @@ fn position(shape: &Element) -> (i64, i64) {
 fn slide_content(
     ctx: &Ctx<'_>,
     slide: &Element,
-    links: &HashMap<String, String>,
+    refs: &Refs<'_>,
 ) -> Result<(Option<String>, String)> {
     let Some(tree) = slide.find("spTree") else {
         return Ok((None, String::new()));
     };
     let mut title = None;
     let mut blocks = Vec::new();
-    shapes(ctx, tree, links, &mut title, &mut blocks)?;
+    shapes(ctx, tree, refs, &mut title, &mut blocks)?;
     Ok((title, md::join_blocks(blocks)))
 }
 
 fn shapes(
     ctx: &Ctx<'_>,
     tree: &Element,
-    links: &HashMap<String, String>,
+    refs: &Refs<'_>,
     title: &mut Option<String>,
     blocks: &mut Vec<String>,
 ) -> Result<()> {
+    let links = refs.links;
     let mut ordered: Vec<&Element> = tree.elements().collect();
     // Reading order: top to bottom, then left to right (stable for shapes without a position).
     ordered.sort_by_key(|s| position(s));
@@ -162,6 +205,12 @@ fn shapes(
             "graphicFrame" => {
                 if let Some(tbl) = shape.find("tbl") {
                     blocks.push(table(tbl, links));
+                } else if let Some(md) = shape
+                    .find("chart")
+                    .and_then(|c| c.attr_q("r:id").or_else(|| c.attr("id")))
+                    .and_then(|id| refs.charts.get(id))
+                {
+                    blocks.push(md.clone());
                 }
             }
             "pic" => {
@@ -181,7 +230,7 @@ fn shapes(
                     ));
                 }
             }
-            "grpSp" => shapes(ctx, shape, links, title, blocks)?,
+            "grpSp" => shapes(ctx, shape, refs, title, blocks)?,
             _ => {}
         }
     }
