@@ -16,7 +16,7 @@ fn corpus() -> &'static Path {
         let dir = std::env::var_os("HEARTH_TEST_DOCS")
             .map(PathBuf::from)
             .unwrap_or_else(|| root.join(".cache/test-docs"));
-        if !dir.join("pillow/xmp_test.jpg").exists() {
+        if !dir.join("python-pptx/cht-chart-type.pptx").exists() {
             let status = std::process::Command::new(root.join("scripts/fetch-test-docs.sh"))
                 .env("HEARTH_TEST_DOCS", &dir)
                 .status()
@@ -316,4 +316,27 @@ fn image_dates_written_as_xmp_are_reported_beside_exif() {
     let (_, md) = convert("pillow/xmp_no_prefix.jpg");
     has(&md, "| Format | JPEG |");
     assert!(!md.contains("| Created |"), "{md}");
+}
+
+#[test]
+fn pptx_charts_are_tables_of_their_categories_by_series() {
+    let (_, md) = convert("python-pptx/cht-charts.pptx");
+    has(
+        &md,
+        "### Chart\n\n| Category | Series 1 | Series 2 | Series 3 |",
+    );
+    has(&md, "| Category 1 | 4.3 | 2.4 | 2.0 |");
+    has(&md, "| Category 4 | 4.5 | 2.8 | 5.0 |");
+    // Bar, line, area, pie, radar, scatter and bubble charts, 31 in all: each one a table.
+    let (_, md) = convert("python-pptx/cht-chart-type.pptx");
+    assert_eq!(md.matches("### Chart\n\n| Category |").count(), 31, "{md}");
+    has(&md, "| 2002-01-05 | 32.0 | 12.0 |"); // date categories (m/d/yy serials) as dates
+    has(
+        &md,
+        "| Category | Sales |\n| --- | --- |\n| 1st Qtr | 8.2 |",
+    ); // a pie
+    has(
+        &md,
+        "| Category | Y-Value 1 |\n| --- | --- |\n| 0.7 | 2.7 |",
+    ); // a scatter's X values
 }

@@ -86,6 +86,10 @@ pub fn all() -> impl Iterator<Item = Case> {
         docx_billion_laughs,
         docx_document_bomb,
         pptx_slide_bomb,
+        pptx_chart_bomb,
+        pptx_chart_not_xml,
+        pptx_chart_pointing_at_its_own_slide,
+        pptx_chart_pointing_nowhere,
         zip_member_bomb,
         zip_nested_10_deep,
     ];
@@ -512,6 +516,84 @@ fn pptx_slide_bomb() -> Case {
         "bomb.pptx",
         gen::pptx(&part),
         expands,
+    )
+}
+
+fn pptx_chart_bomb() -> Case {
+    let part = xml_bomb_part(
+        128 << 20,
+        r#"<c:chartSpace xmlns:c="http://schemas.openxmlformats.org/drawingml/2006/chart"><c:chart><c:plotArea><c:barChart><c:ser><c:tx><c:v>"#,
+        "</c:v></c:tx></c:ser></c:barChart></c:plotArea></c:chart></c:chartSpace>",
+    );
+    let rels = gen::chart_rels("../charts/chart1.xml");
+    let pptx = gen::pptx_with(
+        &gen::slide_with_chart(),
+        &[
+            ("ppt/slides/_rels/slide1.xml.rels", &rels),
+            ("ppt/charts/chart1.xml", &part),
+        ],
+    );
+    case("pptx: chart part of 128 MB", "bomb.pptx", pptx, expands)
+}
+
+/// A chart part that is not XML: the slide converts without it, with a warning.
+fn pptx_chart_not_xml() -> Case {
+    let rels = gen::chart_rels("../charts/chart1.xml");
+    let pptx = gen::pptx_with(
+        &gen::slide_with_chart(),
+        &[
+            ("ppt/slides/_rels/slide1.xml.rels", &rels),
+            (
+                "ppt/charts/chart1.xml",
+                b"<c:chartSpace><c:chart></c:oops>\xff",
+            ),
+        ],
+    );
+    case(
+        "pptx: a chart part that is not XML",
+        "chart.pptx",
+        pptx,
+        ok_with_text_and_chart_warning,
+    )
+}
+
+/// Ok, the slide's text kept, and a warning that names the chart left out.
+fn ok_with_text_and_chart_warning(r: Outcome<'_>) -> Result<(), String> {
+    ok_with_text(r)?;
+    match r {
+        Ok(c) if c.warnings.iter().any(|w| w.contains("chart")) => Ok(()),
+        Ok(c) => Err(format!("no warning names the chart: {:?}", c.warnings)),
+        Err(e) => Err(format!("expected Ok, got {e}")),
+    }
+}
+
+/// A chart relationship to the slide itself (which is no chart).
+fn pptx_chart_pointing_at_its_own_slide() -> Case {
+    let rels = gen::chart_rels("slide1.xml");
+    let pptx = gen::pptx_with(
+        &gen::slide_with_chart(),
+        &[("ppt/slides/_rels/slide1.xml.rels", &rels)],
+    );
+    case(
+        "pptx: a chart relationship to its own slide",
+        "chart.pptx",
+        pptx,
+        ok_with_text_and_chart_warning,
+    )
+}
+
+/// A chart relationship to a part the archive does not hold.
+fn pptx_chart_pointing_nowhere() -> Case {
+    let rels = gen::chart_rels("../charts/missing.xml");
+    let pptx = gen::pptx_with(
+        &gen::slide_with_chart(),
+        &[("ppt/slides/_rels/slide1.xml.rels", &rels)],
+    );
+    case(
+        "pptx: a chart relationship to a missing part",
+        "chart.pptx",
+        pptx,
+        ok_with_text_and_chart_warning,
     )
 }
 

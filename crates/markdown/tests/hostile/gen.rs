@@ -199,7 +199,12 @@ pub fn docx(document: &[u8]) -> Vec<u8> {
 
 /// A PPTX whose one slide is `slide`.
 pub fn pptx(slide: &[u8]) -> Vec<u8> {
-    zip(&[
+    pptx_with(slide, &[])
+}
+
+/// A PPTX whose one slide is `slide`, with more parts (the slide's relationships, charts).
+pub fn pptx_with(slide: &[u8], parts: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut members: Vec<(&str, &[u8])> = vec![
         (
             "[Content_Types].xml",
             br#"<?xml version="1.0"?><Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types"><Default Extension="rels" ContentType="application/vnd.openxmlformats-package.relationships+xml"/><Default Extension="xml" ContentType="application/xml"/><Override PartName="/ppt/presentation.xml" ContentType="application/vnd.openxmlformats-officedocument.presentationml.presentation.main+xml"/></Types>"#,
@@ -217,7 +222,19 @@ pub fn pptx(slide: &[u8]) -> Vec<u8> {
             br#"<?xml version="1.0"?><Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships"><Relationship Id="rId2" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/slide" Target="slides/slide1.xml"/></Relationships>"#,
         ),
         ("ppt/slides/slide1.xml", slide),
-    ])
+    ];
+    members.extend_from_slice(parts);
+    zip(&members)
+}
+
+/// A slide with the text "kept" and a graphic frame showing the chart of relationship `rId3`.
+pub fn slide_with_chart() -> Vec<u8> {
+    br#"<?xml version="1.0"?><p:sld xmlns:p="http://schemas.openxmlformats.org/presentationml/2006/main" xmlns:a="http://schemas.openxmlformats.org/drawingml/2006/main" xmlns:c="http://schemas.openxmlformats.org/drawingml/2006/chart" xmlns:r="http://schemas.openxmlformats.org/officeDocument/2006/relationships"><p:cSld><p:spTree><p:sp><p:txBody><a:p><a:r><a:t>kept</a:t></a:r></a:p></p:txBody></p:sp><p:graphicFrame><a:graphic><a:graphicData uri="http://schemas.openxmlformats.org/drawingml/2006/chart"><c:chart r:id="rId3"/></a:graphicData></a:graphic></p:graphicFrame></p:spTree></p:cSld></p:sld>"#.to_vec()
+}
+
+/// The slide's relationships: `rId3` a chart at `target` (relative to the slide).
+pub fn chart_rels(target: &str) -> Vec<u8> {
+    format!(r#"<?xml version="1.0"?><Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships"><Relationship Id="rId3" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/chart" Target="{target}"/></Relationships>"#).into_bytes()
 }
 
 /// A word-processing document body of one paragraph of `text`.
