@@ -27,6 +27,30 @@ fn config(n: usize) -> candle_core::cuda_backend::cudarc::driver::LaunchConfig {
     }
 }
 
+/// Launches one of the kernels below on `$dev` for the input row `$x` (a device slice view)
+/// and the weights `$w` (a slice view, or a device address as a `u64`), allocating and returning the `$n`
+/// outputs of type `$ty`. The caller has checked the shapes and alignments its kernel needs.
+#[cfg(feature = "cuda")]
+macro_rules! launch_row {
+    ($dev:expr, $kernel:expr, $ty:ty, $x:expr, $w:expr, $n:expr, $k:expr) => {{
+        let func = $dev.get_or_load_custom_func($kernel, "hearth_gemv", ptx()?)?;
+        // SAFETY: every element is written by the kernel before it is read.
+        let mut out = unsafe { $dev.alloc::<$ty>($n)? };
+        let (n, k) = ($n as u32, $k as u32);
+        let (x_arg, w_arg) = ($x, $w);
+        let mut b = func.builder();
+        b.arg(&x_arg);
+        b.arg(&w_arg);
+        b.arg(&mut out);
+        b.arg(&n);
+        b.arg(&k);
+        // SAFETY: the kernel reads `k` values of x and the `n` rows of w (their storage holds
+        // them, as the caller checked) and writes the `n` values of out.
+        unsafe { b.launch(config($n)) }.w()?;
+        candle_core::CudaStorage::wrap_cuda_slice(out, $dev.clone())
+    }};
+}
+
 /// `x @ w.T` for `x` `[1, k]` and a dense `w` `[n, k]`.
 pub(crate) struct Gemv;
 
@@ -97,30 +121,15 @@ impl CustomOp2 for Gemv {
             candle_core::bail!("{what}: shapes or alignment do not fit the kernel")
         }
         let dev = x.device.clone();
-        let dims = [n as u32, k as u32];
-        macro_rules! launch {
-            ($x:expr, $w:expr, $ty:ty, $kernel:literal) => {{
-                let func = dev.get_or_load_custom_func($kernel, "hearth_gemv", ptx()?)?;
-                // SAFETY: every element is written by the kernel before it is read.
-                let mut out = unsafe { dev.alloc::<$ty>(n)? };
-                let (xs, ws) = ($x.slice(x0..x1), $w.slice(w0..w1));
-                let mut b = func.builder();
-                b.arg(&xs);
-                b.arg(&ws);
-                b.arg(&mut out);
-                for a in &dims {
-                    b.arg(a);
-                }
-                // SAFETY: the kernel reads `k` values of x and `n * k` of w, from
-                // 8-value-aligned starts (checked above), and writes `n` values of out.
-                unsafe { b.launch(config(n)) }.w()?;
-                candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone())
-            }};
+        macro_rules! dense {
+            ($x:expr, $w:expr, $ty:ty, $kernel:literal) => {
+                launch_row!(dev, $kernel, $ty, $x.slice(x0..x1), $w.slice(w0..w1), n, k)
+            };
         }
         let out = match (&x.slice, &w.slice) {
-            (S::F32(x), S::F32(w)) => launch!(x, w, f32, "gemv_f32"),
-            (S::F16(x), S::F16(w)) => launch!(x, w, half::f16, "gemv_f16"),
-            (S::BF16(x), S::BF16(w)) => launch!(x, w, half::bf16, "gemv_bf16"),
+            (S::F32(x), S::F32(w)) => dense!(x, w, f32, "gemv_f32"),
+            (S::F16(x), S::F16(w)) => dense!(x, w, half::f16, "gemv_f16"),
+            (S::BF16(x), S::BF16(w)) => dense!(x, w, half::bf16, "gemv_bf16"),
             _ => candle_core::bail!("{what}: x and w of one dtype"),
         };
         Ok((out, Shape::from((1, n))))
@@ -193,31 +202,15 @@ impl CustomOp1 for GemvQ8<'_> {
         // The weights go in as an address: `self.w` is borrowed for the launch.
         let w = self.w.device_ptr()? as u64;
         let dev = x.device.clone();
-        let dims = [n as u32, k as u32];
-        macro_rules! launch {
-            ($x:expr, $ty:ty, $kernel:literal) => {{
-                let func = dev.get_or_load_custom_func($kernel, "hearth_gemv", ptx()?)?;
-                // SAFETY: every element is written by the kernel before it is read.
-                let mut out = unsafe { dev.alloc::<$ty>(n)? };
-                let xs = $x.slice(x0..x1);
-                let mut b = func.builder();
-                b.arg(&xs);
-                b.arg(&w);
-                b.arg(&mut out);
-                for a in &dims {
-                    b.arg(a);
-                }
-                // SAFETY: the kernel reads `k` values of x (8-value aligned, checked above)
-                // and the `n * k / 32` blocks of w (its storage holds them), and writes `n`
-                // values of out.
-                unsafe { b.launch(config(n)) }.w()?;
-                candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone())
-            }};
+        macro_rules! q8 {
+            ($x:expr, $ty:ty, $kernel:literal) => {
+                launch_row!(dev, $kernel, $ty, $x.slice(x0..x1), w, n, k)
+            };
         }
         let out = match &x.slice {
-            S::F32(x) => launch!(x, f32, "gemv_q8_0_f32"),
-            S::F16(x) => launch!(x, half::f16, "gemv_q8_0_f16"),
-            S::BF16(x) => launch!(x, half::bf16, "gemv_q8_0_bf16"),
+            S::F32(x) => q8!(x, f32, "gemv_q8_0_f32"),
+            S::F16(x) => q8!(x, half::f16, "gemv_q8_0_f16"),
+            S::BF16(x) => q8!(x, half::bf16, "gemv_q8_0_bf16"),
             _ => candle_core::bail!("{what}: x of f32, f16 or bf16"),
         };
         Ok((out, Shape::from((1, n))))
