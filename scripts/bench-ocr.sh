@@ -6,6 +6,7 @@
 # threads, one page at a time, in one run.
 #
 #   scripts/bench-ocr.sh [--threads 2] [--runs 2]
+#   scripts/bench-ocr.sh --tesseract-langs eng,eng+fra,Latin   # Tesseract's language settings
 #
 # The pages (scripts/ocr/pages.py, into .cache/bench-ocr/pages): A4 text in DejaVu Serif at 300
 # and 150 dpi, with noise and blur, skewed 2 degrees, turned a quarter, in two columns, and in
@@ -20,10 +21,12 @@ mkdir -p "$WORK"
 
 if ! command -v tesseract >/dev/null; then
     if [ "$(id -u)" = 0 ]; then
-        apt-get install -y -q tesseract-ocr tesseract-ocr-fra >/dev/null ||
-            { apt-get update -q >/dev/null && apt-get install -y -q tesseract-ocr tesseract-ocr-fra >/dev/null; }
+        pkgs=(tesseract-ocr tesseract-ocr-fra tesseract-ocr-deu tesseract-ocr-script-latn)
+        apt-get install -y -q "${pkgs[@]}" >/dev/null ||
+            { apt-get update -q >/dev/null && apt-get install -y -q "${pkgs[@]}" >/dev/null; }
     else
-        echo "bench-ocr: needs tesseract (apt-get install tesseract-ocr tesseract-ocr-fra)" >&2
+        echo "bench-ocr: needs tesseract (apt-get install tesseract-ocr tesseract-ocr-fra" \
+            "tesseract-ocr-deu tesseract-ocr-script-latn)" >&2
         exit 1
     fi
 fi
