@@ -48,6 +48,8 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 PACK="$ROOT/.gpu"
+# Where the GPU machine writes its models (the 1.1B files, the small dense one).
+WORK=/tmp/hearth-gpu-work
 CUDA_BINS=(hearth bench_device device_check bench_imagine)
 
 prepare() {
@@ -135,22 +137,52 @@ check() {
     # Dense f16 llama files take the fused kernels (of the quantized fixtures, the Q8_0 ones and
     # Phi-3's fused projections do): a small one, and the served 1.1B files (f16 and Q8_0) when
     # step 1 or 2 wrote them.
-    local dense=/tmp/hearth-gpu-work/small-f16.gguf
-    mkdir -p /tmp/hearth-gpu-work
+    local dense="$WORK/small-f16.gguf"
+    mkdir -p "$WORK"
     "$bin/hearth" dev random-model "$dense" --tokenizer-from "$PACK/tok.gguf" --layers 4 \
         --hidden 512 --heads 8 --kv-heads 2 --ff 1024 >/dev/null
     echo "== the candle backend on the GPU against the fast CPU path (f16 activations)"
     timeout 150 "$bin/device_check" --device cuda tests/fixtures/arch/*.gguf "$dense" \
-        $(ls /tmp/hearth-gpu-work/llama-1b-{f16,q8}.gguf 2>/dev/null) 2>&1 | tee "$out/check.jsonl"
+        $(ls "$WORK"/llama-1b-{f16,q8}.gguf 2>/dev/null) 2>&1 | tee "$out/check.jsonl"
 }
 
 # Tags each JSON line of stdin with an engine name.
 tag() { sed -u "s/^{/{\"engine\":\"$1\",/"; }
 
+# The 1.1B files the server, llama-bench and bench_device read, written into $WORK when step 1
+# (serve.py) has not written them already: f16 and Q8_0.
+write_models() {
+    local m
+    for m in llama-1b-f16:f16 llama-1b-q8:q8_0; do
+        [ -f "$WORK/${m%%:*}.gguf" ] || "$bin/hearth" dev random-model "$WORK/${m%%:*}.gguf" \
+            --tokenizer-from "$PACK/tok.gguf" --weights "${m##*:}"
+    done
+}
+
+# Nsight Compute's kernel durations at the clocks and caches the run has (ncu otherwise locks base
+# clocks and flushes the caches before each kernel, which makes short kernels look longer than
+# they are), summed by scripts/gpu/step_profile.py: `profile NCU_ARGS -- BENCH_DEVICE_ARGS`.
+profile() {
+    local ncu; ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
+    [ -n "$ncu" ] || { echo "(no Nsight Compute here)"; return 0; }
+    local args=()
+    while [ "$1" != -- ]; do args+=("$1"); shift; done
+    shift
+    timeout 120 "$ncu" --metrics gpu__time_duration.sum --csv --print-units base \
+        --clock-control none --cache-control none "${args[@]}" "$bin/bench_device" --device cuda \
+        "$@" 2>/dev/null | python3 scripts/gpu/step_profile.py 16
+}
+
+# A 32-stream prefill's kernels: the f16 file (random weights made on the GPU would fill the
+# window with their making), no warm-up, so that the profile holds the load's casts and the
+# prefill.
+profile_prefill() {
+    profile --launch-count 3000 -- --file "$WORK/llama-1b-f16.gguf" --streams 32 --gen 0 --warmup 0
+}
+
 run() {
     local out="${1:-${OUT:-/tmp/bench-gpu}}"
-    local work=/tmp/hearth-gpu-work
-    mkdir -p "$out" "$work"
+    mkdir -p "$out" "$WORK"
     unpack
     {
         date -u
@@ -166,7 +198,7 @@ run() {
     if step 1; then
     echo "== 1. hearth serve on the GPU"
     timeout 300 python3 scripts/gpu/serve.py --hearth "$bin/hearth" --loadgen "$bin/loadgen" \
-        --tokenizer "$PACK/tok.gguf" --work "$work" --out "$out"
+        --tokenizer "$PACK/tok.gguf" --work "$WORK" --out "$out"
     fi
     if step 2; then
     echo "== 2. bench_device: now; then without each of this issue's changes in turn"
@@ -179,14 +211,11 @@ run() {
     HEARTH_CUDA_EVENTS=track HEARTH_DECODE_ATTENTION=gather HEARTH_FUSED=off HEARTH_GEMV=off \
         timeout 60 "$bin/bench_device" --device cuda --vocab 49152 --streams 1,32 2>&1 |
         tag hearth-before | tee -a "$out/text.jsonl"
-    # The files the server and llama-bench read (step 1 writes them; written here when it did not
-    # run): f16 against Q8_0, read from the file as a user's model is.
-    for m in llama-1b-f16:f16 llama-1b-q8:q8_0; do
-        local name="${m%%:*}"
-        [ -f "$work/$name.gguf" ] || "$bin/hearth" dev random-model "$work/$name.gguf" \
-            --tokenizer-from "$PACK/tok.gguf" --weights "${m##*:}"
-        timeout 60 "$bin/bench_device" --device cuda --file "$work/$name.gguf" --streams 1,32 2>&1 |
-            tag "hearth-file-$name" | tee -a "$out/text.jsonl"
+    # f16 against Q8_0, read from the file as a user's model is.
+    write_models
+    for m in llama-1b-f16 llama-1b-q8; do
+        timeout 60 "$bin/bench_device" --device cuda --file "$WORK/$m.gguf" --streams 1,32 2>&1 |
+            tag "hearth-file-$m" | tee -a "$out/text.jsonl"
     done
     fi
     if step 3; then
@@ -196,7 +225,7 @@ run() {
     if step 4 && [ -x "$bin/llama-bench" ]; then
         echo "== 4. llama.cpp CUDA on the same files"
         for m in llama-1b-f16 llama-1b-q8; do
-            timeout 90 "$bin/llama-bench" -m "$work/$m.gguf" -ngl 99 -p 128,512 -n 128 -r 3 -o jsonl \
+            timeout 90 "$bin/llama-bench" -m "$WORK/$m.gguf" -ngl 99 -p 128,512 -n 128 -r 3 -o jsonl \
                 2>/dev/null | tag "llama.cpp-$m" | tee -a "$out/text.jsonl"
         done
     fi
@@ -214,57 +243,38 @@ run() {
         PYTHONPATH=/tmp/site timeout 120 python3 scripts/gpu/torch_sdxl.py --size 1024 --steps 4 \
             --runs 2 2>&1 | tee -a "$out/image.txt"
     fi
-    local ncu; ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
-    if step 7 && [ -n "$ncu" ]; then
+    if step 7; then
         echo "== 7. what the GPU spends on a one-stream decode step (Nsight Compute)"
-        # At the clocks and caches the run has (ncu otherwise locks base clocks and flushes the
-        # caches before each kernel, which makes short kernels look longer than they are).
-        local prof=(--metrics gpu__time_duration.sum --csv --print-units base --clock-control none
-            --cache-control none)
-        timeout 120 "$ncu" "${prof[@]}" --launch-skip 3000 --launch-count 400 \
-            "$bin/bench_device" --device cuda --vocab 49152 --streams 1 --gen 64 2>/dev/null |
-            python3 scripts/gpu/step_profile.py 16
-        # The f16 file, not random weights made on the GPU, whose making would fill the window.
+        profile --launch-skip 3000 --launch-count 400 -- --vocab 49152 --streams 1 --gen 64
         echo "== 7b. and a prefill of 32 prompts of 128 tokens (the f16 file, no warm-up)"
-        timeout 120 "$ncu" "${prof[@]}" --launch-count 3000 "$bin/bench_device" --device cuda \
-            --file "$work/llama-1b-f16.gguf" --streams 32 --gen 0 --warmup 0 2>/dev/null |
-            python3 scripts/gpu/step_profile.py 16
+        write_models
+        profile_prefill
     fi
     echo "== 8. summary"
     python3 scripts/gpu/summary.py "$out" | tee "$out/summary.json"
 }
 
 # A minute's look at the one-row kernels: the f16 and Q8_0 files with them and without
-# (HEARTH_GEMV=off), the Q8_0 file against the CPU path, and what a 32-stream prefill's kernels
-# take (the f16 file, no warm-up, so that the profile holds the load's casts and the prefill).
+# (HEARTH_GEMV=off), the Q8_0 file against the CPU path, and a 32-stream prefill's kernels.
 quick() {
-    local out="${1:-${OUT:-/tmp/bench-gpu}}" work=/tmp/hearth-gpu-work
-    mkdir -p "$out" "$work"
+    local out="${1:-${OUT:-/tmp/bench-gpu}}"
+    mkdir -p "$out" "$WORK"
     unpack
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
     uptime
-    for m in llama-1b-f16:f16 llama-1b-q8:q8_0; do
-        "$bin/hearth" dev random-model "$work/${m%%:*}.gguf" --tokenizer-from "$PACK/tok.gguf" \
-            --weights "${m##*:}"
-    done
+    write_models
     echo "== the one-row kernels on, then off, on each file"
     for m in llama-1b-f16 llama-1b-q8; do
-        timeout 40 "$bin/bench_device" --device cuda --file "$work/$m.gguf" --streams 1,8 \
+        timeout 40 "$bin/bench_device" --device cuda --file "$WORK/$m.gguf" --streams 1,8 \
             2>&1 | tag "hearth-file-$m" | tee -a "$out/text.jsonl"
-        HEARTH_GEMV=off timeout 40 "$bin/bench_device" --device cuda --file "$work/$m.gguf" \
+        HEARTH_GEMV=off timeout 40 "$bin/bench_device" --device cuda --file "$WORK/$m.gguf" \
             --streams 1 2>&1 | tag "hearth-file-$m-cublas-rows" | tee -a "$out/text.jsonl"
     done
     echo "== the Q8_0 file on the GPU against the CPU path"
-    timeout 60 "$bin/device_check" --device cuda "$work/llama-1b-q8.gguf" 2>&1 |
+    timeout 60 "$bin/device_check" --device cuda "$WORK/llama-1b-q8.gguf" 2>&1 |
         tee "$out/check.jsonl"
-    local ncu; ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
-    if [ -n "$ncu" ]; then
-        echo "== a 32-stream prefill's kernels (Nsight Compute)"
-        timeout 60 "$ncu" --metrics gpu__time_duration.sum --csv --print-units base \
-            --clock-control none --cache-control none --launch-count 3000 "$bin/bench_device" \
-            --device cuda --file "$work/llama-1b-f16.gguf" --streams 32 --gen 0 --warmup 0 \
-            2>/dev/null | python3 scripts/gpu/step_profile.py 16
-    fi
+    echo "== a 32-stream prefill's kernels (Nsight Compute)"
+    profile_prefill
 }
 
 case "${1:-}" in

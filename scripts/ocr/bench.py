@@ -40,9 +40,9 @@ def bigrams(ws):
     return list(zip(ws, ws[1:]))
 
 
-def tesseract(path, lang, threads):
+def tesseract(path, lang, threads, psm="1"):
     env = dict(os.environ, OMP_THREAD_LIMIT=str(threads))
-    out = subprocess.run(["tesseract", path, "stdout", "-l", lang, "--psm", "1"],
+    out = subprocess.run(["tesseract", path, "stdout", "-l", lang, "--psm", psm],
                          capture_output=True, text=True, env=env, check=True)
     return out.stdout
 
@@ -84,14 +84,8 @@ def main():
     a = ap.parse_args()
     names = sorted(n[:-4] for n in os.listdir(a.pages) if n.endswith(".png"))
     if a.tesseract_langs:
-        def fixed(langs):
-            def run(path, lang, threads):
-                env = dict(os.environ, OMP_THREAD_LIMIT=str(threads))
-                return subprocess.run(["tesseract", path, "stdout", "-l", langs, "--psm", "3"],
-                                      capture_output=True, text=True, env=env,
-                                      check=True).stdout
-            return run
-        engines = {f"tesseract-{l}": fixed(l) for l in a.tesseract_langs.split(",")}
+        engines = {f"tesseract-{l}": (lambda path, _, threads, l=l: tesseract(path, l, threads, "3"))
+                   for l in a.tesseract_langs.split(",")}
         names = [n for n in names if not n.startswith("turned")]  # --psm 3 does not turn pages
     else:
         engines = {"tesseract": tesseract}

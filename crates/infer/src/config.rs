@@ -274,15 +274,20 @@ mod tests {
             ("HEARTH_CUDA_POOL", "trim"),
             ("HEARTH_DECODE_ATTENTION", "gather"),
             ("HEARTH_FUSED", "off"),
+            ("HEARTH_GEMV", "off"),
         ]));
         assert!(
             all_off.candle_device
                 && all_off.trim_pool
                 && all_off.gathered_attention
                 && all_off.unfused
+                && all_off.cublas_rows
         );
-        let other_values =
-            GpuTuning::from_vars(vars(&[("HEARTH_CUDA_EVENTS", "1"), ("HEARTH_FUSED", "no")]));
+        let other_values = GpuTuning::from_vars(vars(&[
+            ("HEARTH_CUDA_EVENTS", "1"),
+            ("HEARTH_FUSED", "no"),
+            ("HEARTH_GEMV", "0"),
+        ]));
         assert_eq!(other_values, GpuTuning::default());
     }
 }
