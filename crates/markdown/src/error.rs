@@ -35,6 +35,26 @@ pub enum Error {
     /// The conversion ran past [`crate::Limits::time_limit`].
     #[error("the conversion took longer than the limit of {limit:?}")]
     TimedOut { limit: Duration },
+    /// An image declares more pixels than a page may have (a decompression bomb says so in its
+    /// header); refused before any pixel is decoded.
+    #[error("the image is {width}x{height} pixels; a page may have at most {limit_pixels} pixels")]
+    ImageTooLarge {
+        width: u64,
+        height: u64,
+        limit_pixels: u64,
+    },
+    /// A multi-page image has more pages than allowed.
+    #[error("the image has more than {limit} pages")]
+    TooManyPages { limit: usize },
+    /// The request names OCR languages the engine does not have.
+    #[error("no OCR model for {languages}; this machine has: {available}")]
+    UnknownLanguage {
+        languages: String,
+        available: String,
+    },
+    /// OCR was needed and could not run (no engine on the machine, or the engine failed).
+    #[error("OCR failed: {reason}")]
+    Ocr { reason: String },
     /// A converter (usually a third-party parser) panicked on this input; the panic was contained.
     #[error("the {format} converter failed on this file: {message}")]
     Crashed { format: Format, message: String },

@@ -13,6 +13,7 @@ mod error;
 mod formats;
 mod limits;
 mod md;
+mod ocr;
 mod text;
 mod workers;
 mod xml;
@@ -25,6 +26,7 @@ pub use bytes::Bytes;
 pub use detect::{detect, Detected, Format};
 pub use error::{Error, Result};
 pub use limits::Limits;
+pub use ocr::{Languages, Ocr, OcrEngine};
 pub use text::decode as decode_text;
 
 use limits::{Budget, Ctx};
@@ -72,12 +74,24 @@ impl std::str::FromStr for Attachments {
     }
 }
 
+/// What a conversion does beyond its [`Limits`]: with e-mail attachments, and with pages that
+/// only OCR can read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Options {
+    /// E-mail attachments listed or converted.
+    pub attachments: Attachments,
+    /// When images and PDF pages are read by OCR.
+    pub ocr: Ocr,
+    /// The OCR languages; `None`: [`Languages::default_for`] the engine.
+    pub languages: Option<Languages>,
+}
+
 /// Converts documents under a fixed set of [`Limits`], on conversion threads it keeps for reuse.
 /// Cheap to clone: clones share those threads.
 #[derive(Debug, Clone)]
 pub struct Converter {
     limits: Limits,
-    attachments: Attachments,
+    options: Options,
     workers: Arc<Workers>,
 }
 
@@ -94,14 +108,20 @@ impl Converter {
         let keep = std::thread::available_parallelism().map_or(1, |n| n.get());
         Converter {
             limits,
-            attachments: Attachments::default(),
+            options: Options::default(),
             workers: Arc::new(Workers::new(keep)),
         }
     }
 
     /// The same converter, doing `attachments` with e-mail attachments.
     pub fn with_attachments(mut self, attachments: Attachments) -> Self {
-        self.attachments = attachments;
+        self.options.attachments = attachments;
+        self
+    }
+
+    /// The same converter, with these options (attachments, OCR).
+    pub fn with_options(mut self, options: Options) -> Self {
+        self.options = options;
         self
     }
 
@@ -112,7 +132,12 @@ impl Converter {
 
     /// What this converter does with e-mail attachments.
     pub fn attachments(&self) -> Attachments {
-        self.attachments
+        self.options.attachments
+    }
+
+    /// What this converter does beyond its limits.
+    pub fn options(&self) -> &Options {
+        &self.options
     }
 
     /// Converts `bytes`; `filename` (if known) breaks ties the content leaves open.
@@ -131,9 +156,9 @@ impl Converter {
         if bytes.is_empty() {
             return Err(Error::Empty);
         }
-        let (limits, attachments) = (self.limits.clone(), self.attachments);
+        let (limits, options) = (self.limits.clone(), self.options.clone());
         let filename = filename.map(str::to_owned);
-        let job = move || convert_here(limits, attachments, &bytes, filename.as_deref());
+        let job = move || convert_here(limits, options, &bytes, filename.as_deref());
         match self.workers.run(job) {
             Ok(Some(result)) => result,
             Ok(None) => Err(Error::Crashed {
@@ -154,7 +179,7 @@ impl Converter {
 
 fn convert_here(
     limits: Limits,
-    attachments: Attachments,
+    options: Options,
     bytes: &[u8],
     filename: Option<&str>,
 ) -> Result<Conversion> {
@@ -174,7 +199,7 @@ fn convert_here(
             })
         }
     };
-    let budget = Budget::new(limits).with_attachments(attachments);
+    let budget = Budget::new(limits).with_options(options);
     let ctx = Ctx {
         budget: &budget,
         depth: 0,

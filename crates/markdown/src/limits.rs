@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::Attachments;
+use crate::{Attachments, Options};
 
 /// Bounds on the work one conversion may do. The defaults suit a public upload service.
 #[derive(Debug, Clone)]
@@ -52,8 +52,8 @@ const READ_CHUNK_BYTES: usize = 64 * 1024;
 #[derive(Debug)]
 pub(crate) struct Budget {
     pub limits: Limits,
-    /// What e-mail converters do with attachments.
-    pub attachments: Attachments,
+    /// What the conversion does beyond its limits (e-mail attachments, OCR).
+    pub options: Options,
     deadline: Instant,
     unpacked: AtomicU64,
     warnings: Mutex<Vec<String>>,
@@ -64,15 +64,15 @@ impl Budget {
         let deadline = Instant::now() + limits.time_limit;
         Budget {
             limits,
-            attachments: Attachments::default(),
+            options: Options::default(),
             deadline,
             unpacked: AtomicU64::new(0),
             warnings: Mutex::new(Vec::new()),
         }
     }
 
-    pub fn with_attachments(mut self, attachments: Attachments) -> Self {
-        self.attachments = attachments;
+    pub fn with_options(mut self, options: Options) -> Self {
+        self.options = options;
         self
     }
 
@@ -97,7 +97,7 @@ impl<'a> Ctx<'a> {
 
     /// Whether e-mail attachments are converted (else listed).
     pub fn convert_attachments(&self) -> bool {
-        self.budget.attachments == Attachments::Convert
+        self.budget.options.attachments == Attachments::Convert
     }
 
     /// Fails once the time limit has passed. Cheap: call it in every loop over input.

@@ -16,7 +16,7 @@ fn corpus() -> &'static Path {
         let dir = std::env::var_os("HEARTH_TEST_DOCS")
             .map(PathBuf::from)
             .unwrap_or_else(|| root.join(".cache/test-docs"));
-        if !dir.join("python-pptx/cht-chart-type.pptx").exists() {
+        if !dir.join("tesserocr/eurotext.png").exists() {
             let status = std::process::Command::new(root.join("scripts/fetch-test-docs.sh"))
                 .env("HEARTH_TEST_DOCS", &dir)
                 .status()

@@ -112,7 +112,11 @@ mod tests {
     fn headers_body_and_a_text_attachment_listed_or_converted() {
         let eml = b"From: Ann Example <ann@example.org>\r\nTo: bob@example.org\r\nSubject: Quarterly figures\r\nDate: Tue, 1 Oct 2024 10:00:00 +0000\r\nMIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=XX\r\n\r\n--XX\r\nContent-Type: text/plain\r\n\r\nPlease find the numbers attached.\r\n--XX\r\nContent-Type: text/csv\r\nContent-Disposition: attachment; filename=\"q3.csv\"\r\n\r\nregion,sales\r\nnorth,10\r\n--XX--\r\n";
         let run = |attachments| {
-            let budget = Budget::new(Limits::default()).with_attachments(attachments);
+            let options = crate::Options {
+                attachments,
+                ..Default::default()
+            };
+            let budget = Budget::new(Limits::default()).with_options(options);
             convert(
                 Ctx {
                     budget: &budget,

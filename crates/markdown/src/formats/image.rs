@@ -1,5 +1,5 @@
-//! Images: format, dimensions, XMP metadata (`xmp.rs`) and EXIF metadata as a table (no pixels,
-//! no OCR).
+//! Images: format, dimensions, XMP metadata (`xmp.rs`) and EXIF metadata as a table, then the
+//! text OCR reads on it (`crate::ocr`; every page of a multi-page TIFF) under `## Text`.
 
 use std::io::Cursor;
 
@@ -7,6 +7,7 @@ use crate::detect::Format;
 use crate::error::{Error, Result};
 use crate::limits::Ctx;
 use crate::md;
+use crate::ocr::{Ocr, Source};
 
 pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
     let kind = imagesize::image_type(bytes).map_err(|e| Error::malformed(Format::Image, e))?;
@@ -40,7 +41,43 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
             rows.push(vec![md::cell(&field.tag.to_string()), md::cell(&value)]);
         }
     }
-    Ok(format!("# Image\n\n{}", md::table(&rows)))
+    let mut out = format!("# Image\n\n{}", md::table(&rows));
+    if let Some(text) = ocr_text(&ctx, bytes)? {
+        out.push_str("\n\n## Text\n\n");
+        out.push_str(&text);
+    }
+    Ok(out)
+}
+
+/// The text of the image's pages, when OCR is on and finds some; OCR that cannot run is a
+/// warning under `auto` (the metadata still converts) and an error under `force`.
+fn ocr_text(ctx: &Ctx<'_>, bytes: &[u8]) -> Result<Option<String>> {
+    let mode = ctx.budget.options.ocr;
+    if mode == Ocr::Off {
+        return Ok(None);
+    }
+    let pages = crate::ocr::raster::decode(ctx, bytes)?;
+    let many = pages.len() > 1;
+    let heading = if many { "#### " } else { "### " };
+    let read = match crate::ocr::read(ctx, pages, Source::Image, heading) {
+        Ok(read) => read,
+        Err(Error::Ocr { reason }) if mode == Ocr::Auto => {
+            ctx.warn(format!("no OCR: {reason}"));
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    let mut text = String::new();
+    for (i, page) in read.into_iter().enumerate() {
+        let Some(page) = page.filter(|p| !p.trim().is_empty()) else {
+            continue;
+        };
+        if many {
+            text.push_str(&format!("### Page {}\n\n", i + 1));
+        }
+        text.push_str(&page);
+    }
+    Ok((!text.trim().is_empty()).then_some(text))
 }
 
 #[cfg(test)]

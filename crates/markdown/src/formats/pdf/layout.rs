@@ -104,7 +104,13 @@ fn round(size: f64) -> i64 {
     (size * 2.0).round() as i64
 }
 
-pub(super) fn render(ctx: &Ctx<'_>, mut pages: Vec<Vec<Line>>) -> String {
+/// The document's Markdown: each page's lines, or its OCR text where `scanned` has one (a page
+/// without a usable text layer, or any page with images under `?ocr=force`).
+pub(super) fn render(
+    ctx: &Ctx<'_>,
+    mut pages: Vec<Vec<Line>>,
+    scanned: &std::collections::HashMap<usize, String>,
+) -> String {
     // Body size: the size carrying the most characters.
     let mut weight: HashMap<i64, usize> = HashMap::new();
     for l in pages.iter().flatten() {
@@ -160,6 +166,10 @@ pub(super) fn render(ctx: &Ctx<'_>, mut pages: Vec<Vec<Line>>) -> String {
 
     let mut blocks: Vec<String> = Vec::new();
     for (pi, page) in pages.iter().enumerate() {
+        if let Some(text) = scanned.get(&pi) {
+            blocks.push(text.trim_end().to_string());
+            continue;
+        }
         if page.is_empty() {
             blocks.push(format!(
                 "*(page {} has no text layer; it may be a scanned image)*",

@@ -5,6 +5,7 @@
 
 mod forms;
 mod layout;
+mod scan;
 mod unpack;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -108,7 +109,10 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
         }
     };
     match catch_unwind(AssertUnwindSafe(|| extract(&ctx, doc))) {
-        Ok(pages) => Ok(render(&ctx, pages?)),
+        Ok(read) => {
+            let (pages, scanned) = read?;
+            Ok(render(&ctx, pages, &scanned))
+        }
         Err(_) => Err(Error::malformed(
             Format::Pdf,
             "pdf-extract failed on this file",
@@ -116,13 +120,15 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
     }
 }
 
-/// The pages' lines (pages our checks took out come back empty, with a warning).
-fn extract(ctx: &Ctx<'_>, mut doc: pdf_extract::Document) -> Result<Vec<Vec<Line>>> {
+/// The pages' lines (pages our checks took out come back empty, with a warning), and the OCR
+/// text of the pages that need it, by page index.
+fn extract(ctx: &Ctx<'_>, mut doc: pdf_extract::Document) -> Result<(Vec<Vec<Line>>, Scanned)> {
     if doc.is_encrypted() && doc.decrypt("").is_err() {
         return Err(Error::Encrypted {
             format: Format::Pdf,
         });
     }
+    let scans = scan::take(ctx, &mut doc);
     unpack::unpack_streams(ctx, &mut doc)?;
     forms::check_pages(ctx, &mut doc)?;
     let numbers: Vec<u32> = doc.get_pages().keys().copied().collect();
@@ -172,8 +178,12 @@ fn extract(ctx: &Ctx<'_>, mut doc: pdf_extract::Document) -> Result<Vec<Vec<Line
         }
         out.extend(part.pages);
     }
-    Ok(out)
+    let scanned = scan::read(ctx, scans, &out, &numbers)?;
+    Ok((out, scanned))
 }
+
+/// OCR text by page index.
+type Scanned = std::collections::HashMap<usize, String>;
 
 /// Most threads one PDF is read on, and the fewest pages worth a thread of their own. A page
 /// of text takes a millisecond or more to read, a thread well under one to start: on 2 cores a

@@ -155,7 +155,7 @@ fn is_image(stream: &Stream) -> bool {
 
 /// The stream's decoded bytes, or `None` to leave it as it is (no filter, or one pdf-extract
 /// does not decode either, so it reads the raw bytes).
-fn decode(ctx: &Ctx<'_>, id: ObjectId, stream: &Stream) -> Result<Option<Vec<u8>>> {
+pub(super) fn decode(ctx: &Ctx<'_>, id: ObjectId, stream: &Stream) -> Result<Option<Vec<u8>>> {
     let filters: Vec<Vec<u8>> = match stream.filters() {
         Ok(f) => f.into_iter().map(<[u8]>::to_vec).collect(),
         Err(_) => return Ok(None),

