@@ -86,6 +86,93 @@ async fn email_attachments_are_listed_or_converted_as_asked() {
     assert!(!markdown(&body).contains("north"), "{body}");
 }
 
+/// A small white PNG, made here.
+fn tiny_png() -> Vec<u8> {
+    let white = image::RgbImage::from_pixel(4, 3, image::Rgb([255, 255, 255]));
+    let mut png = std::io::Cursor::new(Vec::new());
+    white
+        .write_to(&mut png, image::ImageFormat::Png)
+        .expect("encode a PNG");
+    png.into_inner()
+}
+
+/// `?ocr=` and `?lang=` values the parsers refuse answer 400 in the spec's shape, as a bad
+/// `?attachments=` does; `?ocr=off` leaves an image at its metadata table.
+#[tokio::test]
+async fn ocr_query_parameters_are_checked_and_ocr_off_gives_the_metadata_only() {
+    let app = app_with(|_| {}).await;
+    for (query, says) in [
+        ("/?ocr=bogus", "ocr must be"),
+        ("/?lang=../x", "lang must be"),
+        ("/?lang=eng%2B", "lang must be"),
+    ] {
+        let (status, body) = upload_to(&app, query, "tiny.png", tiny_png()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {body}");
+        let error = body["error"].as_str().expect("an error string");
+        assert!(error.contains(says), "{query}: {body}");
+        assert_eq!(body.as_object().map(|o| o.len()), Some(1), "{body}");
+    }
+
+    let (status, body) = upload_to(&app, "/?ocr=off", "tiny.png", tiny_png()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let md = body["markdown"].as_str().expect("markdown");
+    assert!(
+        md.starts_with("# Image\n\n| Property | Value |")
+            && md.contains("| Format | PNG |")
+            && md.contains("| Width | 4 px |")
+            && md.contains("| Height | 3 px |"),
+        "{md}"
+    );
+    assert!(!md.contains("## Text"), "{md}");
+    // `+` may come raw (form decoding makes it a space) or encoded.
+    for query in ["/?ocr=off&lang=eng+fra", "/?ocr=off&lang=eng%2Bfra"] {
+        let (status, body) = upload_to(&app, query, "tiny.png", tiny_png()).await;
+        assert_eq!(status, StatusCode::OK, "{query}: {body}");
+    }
+}
+
+/// A well-formed language this machine has no model for is the request's mistake (400, naming
+/// the models there are); with no OCR engine at all, `?ocr=force` is the service's (503).
+/// Which half runs depends on whether tesseract is installed here.
+#[tokio::test]
+async fn ocr_languages_the_machine_lacks_are_400_and_forced_ocr_without_an_engine_is_503() {
+    let app = app_with(|_| {}).await;
+    let health: Value = reqwest::get(format!("{}/", app.url(Service::Markdown)))
+        .await
+        .expect("health")
+        .json()
+        .await
+        .expect("health JSON");
+    assert_eq!(health["status"], "healthy", "{health}");
+    let ocr = &health["components"]["ocr"];
+    match hearth_markdown::OcrEngine::installed() {
+        Some(engine) => {
+            assert_eq!(ocr["status"], "up", "{health}");
+            assert_eq!(ocr["engine"], engine.version.as_str(), "{health}");
+            // Forced: under `auto` a blank image is not read, so no model is looked for.
+            let (status, body) =
+                upload_to(&app, "/?ocr=force&lang=xyz", "tiny.png", tiny_png()).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+            let error = body["error"].as_str().expect("an error string");
+            assert!(
+                error.starts_with("no OCR model for xyz; this machine has: "),
+                "{error}"
+            );
+            if let Some(first) = engine.languages.first() {
+                assert!(error.contains(first.as_str()), "{error}");
+            }
+        }
+        None => {
+            println!("tesseract is not installed: checking ?ocr=force is 503 instead of ?lang=xyz");
+            assert_eq!(ocr["status"], "unavailable", "{health}");
+            let (status, body) = upload_to(&app, "/?ocr=force", "tiny.png", tiny_png()).await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+            let error = body["error"].as_str().expect("an error string");
+            assert!(error.contains("OCR failed"), "{error}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn converts_html_with_headings_and_without_scripts() {
     let app = app_with(|_| {}).await;

@@ -60,6 +60,14 @@ pub enum ConvertErrorKind {
     TooManyMembers,
     TooDeep,
     TimedOut,
+    /// An image declares more pixels than a page may have (a decompression bomb).
+    ImageTooLarge,
+    /// A multi-page image has more pages than allowed.
+    TooManyPages,
+    /// The request named OCR language models this machine lacks (the caller's mistake).
+    UnknownLanguage,
+    /// OCR was needed and could not run: no engine on the machine, or the engine failed.
+    Ocr,
     /// A converter panicked and the library caught it (the worker lives on).
     Crashed,
 }
@@ -78,6 +86,10 @@ impl From<&hearth_markdown::Error> for ConvertErrorKind {
             E::TooManyMembers { .. } => ConvertErrorKind::TooManyMembers,
             E::TooDeep { .. } => ConvertErrorKind::TooDeep,
             E::TimedOut { .. } => ConvertErrorKind::TimedOut,
+            E::ImageTooLarge { .. } => ConvertErrorKind::ImageTooLarge,
+            E::TooManyPages { .. } => ConvertErrorKind::TooManyPages,
+            E::UnknownLanguage { .. } => ConvertErrorKind::UnknownLanguage,
+            E::Ocr { .. } => ConvertErrorKind::Ocr,
             E::Crashed { .. } => ConvertErrorKind::Crashed,
         }
     }

@@ -12,15 +12,18 @@
 //! # Protocol
 //!
 //! The pool starts `program args...` with stdin, stdout and stderr piped, and the worker's
-//! configuration (memory limit, largest request) as JSON in `HEARTH_CONVERT_WORKER`. The worker
-//! points its file descriptor 1 at stderr (keeping a duplicate for the protocol, so a parser's
-//! stray `println!` cannot corrupt a frame), sets `RLIMIT_AS` to what it maps at startup plus
-//! the memory limit, turns core files off, and answers a `Ready` frame.
+//! configuration (memory limit, largest request) as JSON in `HEARTH_CONVERT_WORKER`, as the
+//! leader of its own process group: killing a worker kills the group, so the OCR engine it
+//! runs as a child dies with it. The worker points its file descriptor 1 at stderr (keeping a
+//! close-on-exec duplicate for the protocol, so a parser's stray `println!` cannot corrupt a
+//! frame and a child cannot hold the pipe open), sets `RLIMIT_AS` to what it maps at startup
+//! plus the memory limit, turns core files off, and answers a `Ready` frame.
 //!
 //! Each frame is `b"HIW1"`, the header length (u32 LE), the body length (u64 LE), a JSON
 //! header, then the raw body. Both lengths are checked against the reader's maximum before
-//! anything is allocated. A request's header carries the file name, the attachment mode, the
-//! converter's limits and the job's CPU budget; its body is the document. Before each job the
+//! anything is allocated. A request's header carries the file name, the converter's options
+//! (attachment mode, OCR mode and languages, by the names their `FromStr` reads), its limits
+//! and the job's CPU budget; its body is the document. Before each job the
 //! worker moves its `RLIMIT_CPU` soft limit to the CPU used so far plus that budget. The answer's
 //! header is `converted` (format, warnings) with the Markdown as body, or `failed` (the
 //! converter's error kind and message) with an empty body; both report the worker's peak RSS
@@ -42,4 +45,4 @@ pub use pool::{Health, Pool, PoolConfig, MIN_MEMORY_LIMIT_BYTES};
 pub use worker::{serve_with, worker_main};
 
 pub use bytes::Bytes;
-pub use hearth_markdown::{Attachments, Conversion, Converter, Limits};
+pub use hearth_markdown::{Attachments, Conversion, Converter, Languages, Limits, Ocr, Options};

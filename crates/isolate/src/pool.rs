@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
-use hearth_markdown::{Attachments, Conversion, Limits};
+use hearth_markdown::{Conversion, Limits, Options};
 use serde::Serialize;
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
@@ -16,8 +16,7 @@ use tokio::time::Instant;
 use crate::error::{classify, CrashCause, Error, WorkerLimits};
 use crate::process::{Launch, Process, StartError};
 use crate::protocol::{
-    attachments_name, format_named, Reply, Request, Usage, WireLimits, WorkerConfig,
-    BODY_SLACK_BYTES,
+    format_named, Reply, Request, Usage, WireLimits, WireOptions, WorkerConfig, BODY_SLACK_BYTES,
 };
 
 /// Time a worker gets past the time limit to deliver an answer already on its way.
@@ -250,7 +249,8 @@ impl Pool {
         Pool { shared }
     }
 
-    /// Converts `bytes` in a worker; `filename` (if known) breaks ties the content leaves open.
+    /// Converts `bytes` in a worker with `options` (attachments, OCR); `filename` (if known)
+    /// breaks ties the content leaves open.
     ///
     /// Waits at most the time limit for a free worker ([`Error::Busy`]), then at most the time
     /// limit (and a short grace) for the answer, after which the worker is killed. Cancelling
@@ -259,7 +259,7 @@ impl Pool {
         &self,
         bytes: Bytes,
         filename: Option<String>,
-        attachments: Attachments,
+        options: &Options,
     ) -> Result<Conversion, Error> {
         let config = &self.shared.config;
         // What the converter would refuse first, refused without a round trip.
@@ -274,7 +274,7 @@ impl Pool {
         let mut lease = self.checkout().await?;
         let request = Request {
             filename,
-            attachments: attachments_name(attachments).to_owned(),
+            options: WireOptions::from(options),
             limits: self.shared.wire_limits.clone(),
             cpu_seconds: config.cpu_time_limit.as_secs_f64().ceil() as u64,
         };

@@ -9,6 +9,8 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
 use tokio::io::{AsyncReadExt, BufReader};
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio::task::JoinHandle;
@@ -47,7 +49,8 @@ pub(crate) struct Launch {
     pub config: WorkerConfig,
 }
 
-/// A running worker that has said it is ready. Dropping it kills the process.
+/// A running worker that has said it is ready. It leads its own process group, so that what
+/// it starts (the OCR engine) is killed with it. Dropping it kills the group.
 #[derive(Debug)]
 pub(crate) struct Process {
     child: Child,
@@ -55,6 +58,18 @@ pub(crate) struct Process {
     stdout: BufReader<ChildStdout>,
     stderr: StderrTail,
     pub pid: u32,
+    /// The worker's process group (its own pid); `None` if the pid was not known, and then
+    /// only the worker itself is killed, never a group 0 (which would be the host's own).
+    group: Option<Pid>,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        // Also after the worker was reaped: its children may outlive it, and while one lives
+        // the group's id is not given to another process (with none left, killpg finds no
+        // group). `kill_on_drop` then kills and reaps the worker if it still runs.
+        self.kill_group();
+    }
 }
 
 impl Process {
@@ -68,6 +83,7 @@ impl Process {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            .process_group(0)
             .kill_on_drop(true)
             .spawn()
             .map_err(|source| StartError::Spawn {
@@ -79,6 +95,10 @@ impl Process {
             detail,
         };
         let pid = child.id().unwrap_or(0);
+        let group = i32::try_from(pid)
+            .ok()
+            .filter(|&p| p > 0)
+            .map(Pid::from_raw);
         let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
@@ -90,6 +110,7 @@ impl Process {
             stdout: BufReader::new(stdout),
             stderr: StderrTail::read(stderr),
             pid,
+            group,
         };
         let ready =
             tokio::time::timeout(STARTUP_LIMIT, recv_frame::<Reply>(&mut process.stdout, 0));
@@ -138,9 +159,18 @@ impl Process {
         recv_frame(&mut self.stdout, max_answer_bytes).await
     }
 
-    /// Sends SIGKILL (the process is reaped when it is dropped or [`Process::end`]ed).
+    /// Sends SIGKILL to the worker and every process in its group (the process is reaped when
+    /// it is dropped or [`Process::end`]ed).
     pub fn kill(&mut self) {
+        self.kill_group();
         let _ = self.child.start_kill();
+    }
+
+    /// SIGKILL to the worker's process group. No group left (all exited) is no error.
+    fn kill_group(&self) {
+        if let Some(group) = self.group {
+            let _ = killpg(group, Signal::SIGKILL);
+        }
     }
 
     /// Whether the process has exited (an idle worker can die of outside causes).

@@ -7,7 +7,7 @@
 use std::io::{self, Read, Write};
 use std::time::Duration;
 
-use hearth_markdown::{Attachments, Format, Limits};
+use hearth_markdown::{Attachments, Format, Languages, Limits, Ocr, Options};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -175,7 +175,9 @@ pub(crate) struct WorkerConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Request {
     pub filename: Option<String>,
-    pub attachments: String,
+    /// The converter's [`Options`], by the names their own `FromStr` reads.
+    #[serde(flatten)]
+    pub options: WireOptions,
     pub limits: WireLimits,
     /// CPU seconds this job may use (the worker's RLIMIT_CPU is moved to used + this).
     pub cpu_seconds: u64,
@@ -260,6 +262,41 @@ impl From<&WireLimits> for Limits {
     }
 }
 
+/// [`Options`] as they cross the pipe: each by the name its `FromStr` reads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct WireOptions {
+    pub attachments: String,
+    pub ocr: String,
+    /// `None`: the library chooses per page.
+    pub languages: Option<String>,
+}
+
+impl From<&Options> for WireOptions {
+    fn from(o: &Options) -> Self {
+        WireOptions {
+            attachments: attachments_name(o.attachments).to_owned(),
+            ocr: o.ocr.name().to_owned(),
+            languages: o.languages.as_ref().map(|l| l.as_str().to_owned()),
+        }
+    }
+}
+
+impl TryFrom<&WireOptions> for Options {
+    /// The parser's own message for the first value it does not know.
+    type Error = String;
+    fn try_from(w: &WireOptions) -> Result<Self, String> {
+        Ok(Options {
+            attachments: w.attachments.parse::<Attachments>()?,
+            ocr: w.ocr.parse::<Ocr>()?,
+            languages: w
+                .languages
+                .as_deref()
+                .map(str::parse::<Languages>)
+                .transpose()?,
+        })
+    }
+}
+
 /// The name of `a` on the wire (what `Attachments::from_str` parses).
 pub(crate) fn attachments_name(a: Attachments) -> &'static str {
     match a {
@@ -341,6 +378,34 @@ mod tests {
     }
 
     #[test]
+    fn options_round_trip_the_wire_and_bad_names_are_refused() {
+        let languages = "eng+fra".parse::<Languages>().unwrap();
+        for options in [
+            Options::default(),
+            Options {
+                attachments: Attachments::Convert,
+                ocr: Ocr::Force,
+                languages: Some(languages),
+            },
+            Options {
+                ocr: Ocr::Off,
+                ..Options::default()
+            },
+        ] {
+            let wire = WireOptions::from(&options);
+            assert_eq!(Options::try_from(&wire), Ok(options));
+        }
+        let bad = |f: fn(&mut WireOptions)| {
+            let mut wire = WireOptions::from(&Options::default());
+            f(&mut wire);
+            Options::try_from(&wire).unwrap_err()
+        };
+        assert!(bad(|w| w.attachments = "all".into()).contains("attachments must be"));
+        assert!(bad(|w| w.ocr = "always".into()).contains("ocr must be"));
+        assert!(bad(|w| w.languages = Some("../x".into())).contains("lang must be"));
+    }
+
+    #[test]
     fn a_frame_round_trips_with_raw_bytes() {
         let mut pipe = Vec::new();
         let usage = Usage::default();
@@ -400,7 +465,7 @@ mod tests {
         let mut pipe = Vec::new();
         let request = Request {
             filename: Some("a.csv".into()),
-            attachments: "list".into(),
+            options: WireOptions::from(&Options::default()),
             limits: WireLimits::from(&Limits::default()),
             cpu_seconds: 3,
         };
@@ -409,6 +474,7 @@ mod tests {
             .unwrap();
         let (back, body): (Request, Vec<u8>) = recv_frame(&mut pipe.as_slice(), 8).await.unwrap();
         assert_eq!(back.limits, request.limits);
+        assert_eq!(back.options, request.options);
         assert_eq!(body, b"a,b\n1,2\n");
         let cut = &pipe[..pipe.len() - 1];
         let got = recv_frame::<Request>(&mut &cut[..], 8).await;

@@ -2,10 +2,11 @@
 
 use std::fs::File;
 use std::io;
+use std::os::fd::AsFd;
 use std::process::ExitCode;
 
 use bytes::Bytes;
-use hearth_markdown::{Attachments, Conversion, Converter, Limits};
+use hearth_markdown::{Conversion, Converter, Limits, Options};
 use nix::sys::resource::{getrlimit, getrusage, setrlimit, Resource, UsageWho};
 
 use crate::protocol::{
@@ -22,7 +23,7 @@ enum WorkerError {
     #[error("{CONFIG_ENV} is not valid JSON for a worker configuration: {0}")]
     Config(serde_json::Error),
     #[error("could not set up the protocol pipe: {0}")]
-    Pipe(nix::Error),
+    Pipe(io::Error),
     #[error("could not set a resource limit: {0}")]
     Limit(nix::Error),
     #[error("reading a request failed: {0}")]
@@ -47,7 +48,7 @@ pub fn worker_main() -> ExitCode {
 /// [`worker_main`] with the conversion itself supplied by the caller: for tests whose worker
 /// must misbehave on cue (abort, overflow its stack, exhaust its memory, spin) and otherwise
 /// call `converter.convert`. The converter passed in carries the request's limits and
-/// attachment mode.
+/// [`Options`] (attachments, OCR mode and languages).
 pub fn serve_with<F>(convert: F) -> ExitCode
 where
     F: FnMut(&Converter, Bytes, Option<&str>) -> hearth_markdown::Result<Conversion>,
@@ -91,7 +92,7 @@ where
     let max_body = config.max_request_bytes.saturating_add(BODY_SLACK_BYTES);
     while let Some((request, body)) = read_frame::<Request>(&mut input, max_body)? {
         limit_cpu(request.cpu_seconds)?;
-        let attachments: Attachments = request.attachments.parse().map_err(WorkerError::Request)?;
+        let options = Options::try_from(&request.options).map_err(WorkerError::Request)?;
         let converter = match &current {
             Some((limits, converter)) if *limits == request.limits => converter.clone(),
             _ => {
@@ -100,7 +101,7 @@ where
                 converter
             }
         }
-        .with_attachments(attachments);
+        .with_options(options);
         let result = convert(&converter, Bytes::from(body), request.filename.as_deref());
         let usage = usage();
         let written = match result {
@@ -128,9 +129,12 @@ where
 }
 
 /// Takes file descriptor 1 for the protocol and points 1 at stderr, so that a stray `println!`
-/// in a parser lands in the log instead of inside a frame.
-fn protocol_pipe() -> nix::Result<File> {
-    let protocol = nix::unistd::dup(io::stdout())?;
+/// in a parser lands in the log instead of inside a frame. The protocol's duplicate is
+/// close-on-exec: a child of the worker (the OCR engine) must not hold the pipe open, or the
+/// pool would not see it close when the worker dies.
+fn protocol_pipe() -> io::Result<File> {
+    // `try_clone_to_owned` duplicates with F_DUPFD_CLOEXEC.
+    let protocol = io::stdout().as_fd().try_clone_to_owned()?;
     nix::unistd::dup2_stdout(io::stderr())?;
     Ok(File::from(protocol))
 }

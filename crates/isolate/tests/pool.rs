@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use hearth_isolate::{
-    Attachments, Bytes, Conversion, ConvertErrorKind, CrashCause, Error, Pool, PoolConfig,
+    Bytes, Conversion, ConvertErrorKind, CrashCause, Error, Options, Pool, PoolConfig,
 };
 
 // The `hearth` binary's allocator, so that the worker's limits are tried as shipped.
@@ -91,6 +91,10 @@ fn run_cases(measure: Option<Vec<PathBuf>>) -> ExitCode {
         "an_idle_worker_killed_from_outside_is_replaced",
         Box::pin(an_idle_worker_killed_from_outside_is_replaced(exe.clone())),
     ));
+    cases.push((
+        "a_killed_worker_takes_its_children_along",
+        Box::pin(a_killed_worker_takes_its_children_along(exe.clone())),
+    ));
     if let Some(files) = measure {
         cases.push(("measure", Box::pin(measure_worker(exe.clone(), files))));
     }
@@ -129,7 +133,7 @@ async fn convert(pool: &Pool, bytes: &'static [u8], name: &str) -> Result<Conver
     pool.convert(
         Bytes::from_static(bytes),
         Some(name.to_owned()),
-        Attachments::List,
+        &Options::default(),
     )
     .await
 }
@@ -187,7 +191,7 @@ async fn converts_real_documents(exe: PathBuf) {
 async fn converter_errors_come_back_as_such(exe: PathBuf) {
     let pool = Pool::start(config(&exe, 1, Duration::from_secs(10))).await;
     let empty = pool
-        .convert(Bytes::new(), Some("a.txt".into()), Attachments::List)
+        .convert(Bytes::new(), Some("a.txt".into()), &Options::default())
         .await;
     assert!(
         matches!(&empty, Err(Error::Convert { kind: ConvertErrorKind::Empty, message }) if message == "the file is empty"),
@@ -441,6 +445,53 @@ async fn an_idle_worker_killed_from_outside_is_replaced(exe: PathBuf) {
     assert!(convert(&pool, CSV, "after.csv").await.is_ok());
 }
 
+/// A worker killed at the time limit takes the processes it started with it (as the OCR
+/// engine would be): `child.hook` starts `sleep 600`, writes its pid to the file the document
+/// names, and sleeps itself.
+async fn a_killed_worker_takes_its_children_along(exe: PathBuf) {
+    let dir = std::env::temp_dir().join(format!("hearth-pool-child-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temp dir");
+    let pid_file = dir.join("child.pid");
+    let pool = Pool::start(config(&exe, 1, Duration::from_secs(1))).await;
+    let path = Bytes::from(pid_file.to_string_lossy().into_owned());
+    let result = pool
+        .convert(path, Some("child.hook".into()), &Options::default())
+        .await;
+    assert!(
+        matches!(
+            result,
+            Err(Error::Crashed {
+                cause: CrashCause::TimeLimit { .. }
+            })
+        ),
+        "{result:?}"
+    );
+    let child: i32 = std::fs::read_to_string(&pid_file)
+        .expect("the hook wrote its child's pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    let _ = std::fs::remove_dir_all(&dir);
+    // Gone, or a zombie waiting for a reaper: either way no longer running.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|rest| rest.split_whitespace().next());
+        if matches!(state, None | Some("Z" | "X")) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker's child {child} still runs: {stat}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_full(&pool).await;
+}
+
 /// Prints, for each document under a few memory limits, whether a fresh worker converts it and
 /// what the worker then maps and holds: a generated 5 MB CSV and 470 kB HTML, plus the files
 /// named after `--measure`. Threads 1 afterwards would mean the converter could not start its
@@ -488,7 +539,8 @@ async fn measure_worker(exe: PathBuf, files: Vec<PathBuf>) {
             })
             .await;
             let size = bytes.len();
-            let result = pool.convert(bytes.clone(), Some(name.clone()), Attachments::List);
+            let options = Options::default();
+            let result = pool.convert(bytes.clone(), Some(name.clone()), &options);
             let outcome = match result.await {
                 Ok(c) => format!("ok, {} kB of {}", c.markdown.len() / 1024, c.format),
                 Err(e) => e.to_string(),

@@ -26,6 +26,21 @@ pub fn misbehave(
             unreachable!("slept ten minutes")
         }
         Some("exit3.hook") => std::process::exit(3),
+        Some("child.hook") => {
+            // A child process as the OCR engine is one; the document is where its pid goes.
+            // Never waited for: the worker sleeps until it is killed, with its child.
+            #[allow(clippy::zombie_processes)]
+            let child = std::process::Command::new("sleep")
+                .arg("600")
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("start sleep");
+            let path = String::from_utf8_lossy(&bytes).into_owned();
+            std::fs::write(path, child.id().to_string()).expect("write the child's pid");
+            std::thread::sleep(Duration::from_secs(600));
+            unreachable!("slept ten minutes")
+        }
         Some("slow.hook") => {
             std::thread::sleep(Duration::from_millis(600));
             converter.convert(bytes, Some("slow.csv"))

@@ -21,6 +21,12 @@ pub struct RawMarkdownConfig {
     pub time_limit_secs: Option<u64>,
     /// E-mail attachments: `list` (default) or `convert`; a request may ask otherwise.
     pub attachments: Option<String>,
+    /// When images and PDF pages are read by OCR: `auto` (default), `force` or `off`; a request
+    /// may ask otherwise (`?ocr=`).
+    pub ocr: Option<String>,
+    /// The OCR language models, `+`-joined (`eng+fra`); default: chosen per page by the
+    /// converter. A request may name others (`?lang=`).
+    pub ocr_languages: Option<String>,
     /// The program run as `PROGRAM convert-worker` for each conversion worker (default: this
     /// `hearth` executable).
     pub worker_program: Option<PathBuf>,
@@ -36,7 +42,9 @@ pub struct MarkdownConfig {
     pub max_upload_bytes: usize,
     pub max_concurrency: usize,
     pub time_limit: std::time::Duration,
-    pub attachments: hearth_markdown::Attachments,
+    /// What a conversion does unless the request says otherwise: e-mail attachments, OCR mode
+    /// and languages.
+    pub options: hearth_markdown::Options,
     /// `None`: the running executable.
     pub worker_program: Option<PathBuf>,
     pub worker_memory_bytes: u64,
@@ -62,9 +70,21 @@ impl RawMarkdownConfig {
                 0 => return Err(invalid("markdown.time_limit_secs", "must be at least 1")),
                 n => std::time::Duration::from_secs(n),
             },
-            attachments: match self.attachments.as_deref() {
-                None => hearth_markdown::Attachments::default(),
-                Some(s) => s.parse().map_err(|e| invalid("markdown.attachments", e))?,
+            options: hearth_markdown::Options {
+                attachments: match self.attachments.as_deref() {
+                    None => hearth_markdown::Attachments::default(),
+                    Some(s) => s.parse().map_err(|e| invalid("markdown.attachments", e))?,
+                },
+                ocr: match self.ocr.as_deref() {
+                    None => hearth_markdown::Ocr::default(),
+                    Some(s) => s.parse().map_err(|e| invalid("markdown.ocr", e))?,
+                },
+                languages: self
+                    .ocr_languages
+                    .as_deref()
+                    .map(str::parse)
+                    .transpose()
+                    .map_err(|e| invalid("markdown.ocr_languages", e))?,
             },
             worker_program: self.worker_program.clone(),
             worker_memory_bytes: match self.worker_memory_mb.unwrap_or(2048) {

@@ -239,3 +239,31 @@ fn a_misspelt_key_of_hearth_toml_is_refused_with_the_closest_key_as_in_models_to
     let far = error("[auth]\nzzzzzzzzzz = 1");
     assert!(far.contains("zzzzzzzzzz") && far.contains("addr"), "{far}");
 }
+
+#[test]
+fn markdown_conversion_options_default_and_parse_and_bad_values_name_their_key() {
+    let options = RawConfig::default().resolve().unwrap().markdown.options;
+    assert_eq!(options, hearth_markdown::Options::default());
+    let raw: RawConfig = toml::from_str(
+        "[markdown]
+attachments = \"convert\"
+ocr = \"off\"
+ocr_languages = \"eng+fra\"",
+    )
+    .unwrap();
+    let options = raw.resolve().unwrap().markdown.options;
+    assert_eq!(options.attachments, hearth_markdown::Attachments::Convert);
+    assert_eq!(options.ocr, hearth_markdown::Ocr::Off);
+    assert_eq!(
+        options.languages.map(|l| l.to_string()).as_deref(),
+        Some("eng+fra")
+    );
+    for (text, key) in [
+        ("ocr = \"always\"", "markdown.ocr"),
+        ("ocr_languages = \"../eng\"", "markdown.ocr_languages"),
+    ] {
+        let raw: RawConfig = toml::from_str(&format!("[markdown]\n{text}")).unwrap();
+        let err = raw.resolve().unwrap_err().to_string();
+        assert!(err.contains(key), "{err}");
+    }
+}

@@ -39,6 +39,9 @@ pub enum MarkdownError {
         why: String,
         retry_after: Duration,
     },
+    /// OCR was needed (`?ocr=force`) and could not run: no engine on this machine, or the
+    /// engine failed. No `Retry-After`: waiting does not install one.
+    OcrUnavailable(String),
     /// The body stalled or trickled (`serve::BodyTimeout`).
     BodyTimeout(String),
     NotFound,
@@ -56,7 +59,7 @@ impl MarkdownError {
             M::TooLarge { .. } | M::ContentTooLarge(_) => ErrorKind::PayloadTooLarge,
             M::Unsupported(_) => ErrorKind::UnsupportedMediaType,
             M::Failed(_) => ErrorKind::InternalError,
-            M::Unavailable { .. } => ErrorKind::Overloaded,
+            M::Unavailable { .. } | M::OcrUnavailable(_) => ErrorKind::Overloaded,
             M::BodyTimeout(_) => ErrorKind::RequestTimeout,
             M::NotFound => ErrorKind::NotFound,
             M::MethodNotAllowed => ErrorKind::MethodNotAllowed,
@@ -76,7 +79,9 @@ impl MarkdownError {
             M::Empty(why) | M::ContentTooLarge(why) | M::Failed(why) => {
                 format!("Conversion failed: {why}")
             }
-            M::Unavailable { why, .. } => format!("The converter is unavailable: {why}"),
+            M::Unavailable { why, .. } | M::OcrUnavailable(why) => {
+                format!("The converter is unavailable: {why}")
+            }
             M::BodyTimeout(why) => format!("body: {why}"),
             M::NotFound => "No such endpoint".into(),
             M::MethodNotAllowed => "Method not allowed on this endpoint".into(),
@@ -104,7 +109,20 @@ impl From<&IsolateError> for MarkdownError {
                 ConvertErrorKind::Unsupported { what } => MarkdownError::Unsupported(what.clone()),
                 ConvertErrorKind::Empty => MarkdownError::Empty(message.clone()),
                 ConvertErrorKind::TooLarge => MarkdownError::ContentTooLarge(message.clone()),
-                _ => MarkdownError::Failed(message.clone()),
+                // A language the request named and this machine lacks: the query's mistake.
+                ConvertErrorKind::UnknownLanguage => MarkdownError::BadQuery(message.clone()),
+                ConvertErrorKind::Ocr => MarkdownError::OcrUnavailable(message.clone()),
+                // Bombs and broken files, as a zip bomb (`ExpandsTooMuch`) is: the document
+                // could not be converted (500, spec section 7).
+                ConvertErrorKind::Malformed
+                | ConvertErrorKind::Encrypted
+                | ConvertErrorKind::ExpandsTooMuch
+                | ConvertErrorKind::TooManyMembers
+                | ConvertErrorKind::TooDeep
+                | ConvertErrorKind::TimedOut
+                | ConvertErrorKind::ImageTooLarge
+                | ConvertErrorKind::TooManyPages
+                | ConvertErrorKind::Crashed => MarkdownError::Failed(message.clone()),
             },
             IsolateError::Crashed { cause } => MarkdownError::Failed(cause.to_string()),
             IsolateError::Busy { .. } | IsolateError::Unavailable { .. } => {
@@ -121,6 +139,46 @@ impl From<&IsolateError> for MarkdownError {
 mod tests {
     use super::*;
     use axum::http::StatusCode;
+
+    /// The library's OCR errors: a missing model the request named is the request's fault
+    /// (400, naming what is there), a missing engine the service's (503, no Retry-After), an
+    /// image bomb a failed conversion like a zip bomb (500). Messages are the library's.
+    #[test]
+    fn ocr_errors_map_to_the_request_the_service_or_the_document() {
+        let map = |e: hearth_markdown::Error| {
+            let message = e.to_string();
+            let mapped = MarkdownError::from(&IsolateError::from(e));
+            assert!(mapped.message().ends_with(&message), "{mapped:?}");
+            let response = mapped.clone().into_response();
+            assert!(response.headers().get("retry-after").is_none());
+            (response.status(), mapped.message())
+        };
+        let (status, message) = map(hearth_markdown::Error::UnknownLanguage {
+            languages: "xyz".into(),
+            available: "eng, fra".into(),
+        });
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(message, "no OCR model for xyz; this machine has: eng, fra");
+        let (status, message) = map(hearth_markdown::Error::Ocr {
+            reason: "no OCR engine on this machine (tesseract is not installed)".into(),
+        });
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(message.starts_with("The converter is unavailable: OCR failed"));
+        let bombs = [
+            hearth_markdown::Error::ImageTooLarge {
+                width: 100_000,
+                height: 100_000,
+                limit_pixels: 1 << 28,
+            },
+            hearth_markdown::Error::TooManyPages { limit: 500 },
+            hearth_markdown::Error::ExpandsTooMuch { limit: 1 << 29 },
+        ];
+        for bomb in bombs {
+            let (status, message) = map(bomb);
+            assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+            assert!(message.starts_with("Conversion failed: "), "{message}");
+        }
+    }
 
     #[test]
     fn each_failure_has_its_status_and_the_spec_shape() {

@@ -20,7 +20,8 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use chrono::{DateTime, SecondsFormat, Utc};
-use hearth_isolate::{Attachments, Limits, Pool, PoolConfig};
+use hearth_isolate::{Attachments, Limits, Ocr, Options, Pool, PoolConfig};
+use hearth_markdown::OcrEngine;
 use serde::Serialize;
 use serde_json::json;
 use tower_http::cors::{AllowOrigin, CorsLayer};
@@ -42,8 +43,11 @@ const AXUM_VERSION: &str = concat!("axum ", env!("HEARTH_AXUM_VERSION"));
 #[derive(Clone)]
 pub struct MarkdownState {
     pool: Pool,
-    /// What the e-mail converters do with attachments unless a request says otherwise.
-    attachments: Attachments,
+    /// What a conversion does unless the request says otherwise (`[markdown] attachments`,
+    /// `ocr`, `ocr_languages`; `?attachments=`, `?ocr=`, `?lang=`).
+    options: Options,
+    /// The OCR engine as health reports it, looked for once at startup.
+    ocr: OcrHealth,
     max_upload_bytes: usize,
     started: DateTime<Utc>,
     region: String,
@@ -72,9 +76,11 @@ pub async fn router(state: AppState) -> Router {
     workers.time_limit = md.time_limit;
     workers.memory_limit_bytes = md.worker_memory_bytes;
     workers.limits = limits;
+    let ocr = OcrHealth::find(&md.options).await;
     let service = MarkdownState {
         pool: Pool::start(workers).await,
-        attachments: md.attachments,
+        options: md.options.clone(),
+        ocr,
         max_upload_bytes: md.max_upload_bytes,
         started: Utc::now(),
         region: config.region.clone(),
@@ -129,7 +135,9 @@ pub async fn router(state: AppState) -> Router {
 }
 
 /// `healthy` (200) while conversion workers run or can be started; `degraded` (503) only when
-/// no worker can be started (`components.workers` says why).
+/// no worker can be started (`components.workers` says why). `components.ocr` reports the OCR
+/// engine; without one the service stays healthy (images give their metadata, scanned pages a
+/// note, `?ocr=force` answers 503).
 #[utoipa::path(
     get,
     path = "/",
@@ -161,6 +169,7 @@ async fn health(State(state): State<MarkdownState>) -> Response {
         "components": {
             "converter": if up { "up" } else { "down" },
             "workers": workers,
+            "ocr": state.ocr,
         },
         "server_time": Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
         "deployment_time": state.started.to_rfc3339_opts(SecondsFormat::Millis, true),
@@ -173,12 +182,13 @@ async fn health(State(state): State<MarkdownState>) -> Response {
             "supported_methods": {
                 "GET": "Health and usage information (this document).",
                 "POST": format!(
-                    "multipart/form-data with a part named 'file' (at most {} bytes); answers {{\"markdown\", \"original_filename\"}}. {}",
+                    "multipart/form-data with a part named 'file' (at most {} bytes); answers {{\"markdown\", \"original_filename\"}}. {} Scanned pages and images are read by OCR: ?ocr=auto|force|off (default {}), ?lang=eng+fra names the language models.",
                     state.max_upload_bytes,
-                    match state.attachments {
+                    match state.options.attachments {
                         Attachments::List => "E-mail attachments are listed; ?attachments=convert converts them.",
                         Attachments::Convert => "E-mail attachments are converted; ?attachments=list only lists them.",
-                    }
+                    },
+                    state.options.ocr.name(),
                 ),
             },
         },
@@ -186,16 +196,72 @@ async fn health(State(state): State<MarkdownState>) -> Response {
     (status, Json(body)).into_response()
 }
 
-/// `?attachments=list|convert` overrides the configured handling of e-mail attachments.
-fn requested_attachments(query: Option<&str>) -> Result<Option<Attachments>, MarkdownError> {
-    let Some(query) = query else { return Ok(None) };
-    for pair in query.split('&') {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if key == "attachments" {
-            return value.parse().map(Some).map_err(MarkdownError::BadQuery);
+/// The configured options with the query's overrides: `?attachments=list|convert` (e-mail
+/// attachments), `?ocr=auto|force|off` and `?lang=eng+fra` (OCR languages). A value the
+/// library's parser refuses is 400 with its message. `lang` may come as `eng+fra` (a `+` that
+/// form decoding turns into a space), `eng%2Bfra` or `eng fra`.
+fn requested_options(query: Option<&str>, defaults: &Options) -> Result<Options, MarkdownError> {
+    let mut options = defaults.clone();
+    let Some(query) = query else {
+        return Ok(options);
+    };
+    for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
+        match &*key {
+            "attachments" => {
+                options.attachments = value.parse().map_err(MarkdownError::BadQuery)?
+            }
+            "ocr" => options.ocr = value.parse::<Ocr>().map_err(MarkdownError::BadQuery)?,
+            "lang" => {
+                let value = value.replace(' ', "+");
+                options.languages = Some(value.parse().map_err(MarkdownError::BadQuery)?);
+            }
+            _ => {}
         }
     }
-    Ok(None)
+    Ok(options)
+}
+
+/// The OCR engine as `components.ocr` reports it: `up` with its version and language models,
+/// or `unavailable` (the service stays healthy).
+#[derive(Debug, Clone, Serialize)]
+struct OcrHealth {
+    status: &'static str,
+    /// The engine's version line (`tesseract 5.3.0`).
+    engine: Option<String>,
+    /// Its language models (`eng`, `fra`, ...).
+    languages: Vec<String>,
+}
+
+impl OcrHealth {
+    /// Looks for the engine once (that runs it, so off the async threads) and says at startup
+    /// what is missing: no engine at all, or configured languages it lacks.
+    async fn find(options: &Options) -> OcrHealth {
+        let engine = tokio::task::spawn_blocking(OcrEngine::installed)
+            .await
+            .ok()
+            .flatten();
+        let Some(engine) = engine else {
+            warn!("no OCR engine (tesseract) on this machine: images give their metadata, scanned PDF pages a note, and ?ocr=force answers 503");
+            return OcrHealth {
+                status: "unavailable",
+                engine: None,
+                languages: Vec::new(),
+            };
+        };
+        if let Some(languages) = options.languages.as_ref().filter(|l| !engine.has(l)) {
+            warn!(
+                configured = %languages,
+                available = engine.languages.join(", "),
+                "[markdown] ocr_languages names models the OCR engine lacks; OCR requests without ?lang= will fail"
+            );
+        }
+        info!(engine = %engine.version, languages = engine.languages.join(", "), "OCR engine found");
+        OcrHealth {
+            status: "up",
+            engine: Some(engine.version.clone()),
+            languages: engine.languages.clone(),
+        }
+    }
 }
 
 /// The room to reserve for an upload: the request's declared length (the file is most of a
@@ -218,16 +284,20 @@ struct ConversionResponse {
     post,
     path = "/",
     tag = "markdown",
-    params(("attachments" = Option<String>, Query, description = "E-mail attachments: `list` them, or `convert` them too (default: `[markdown] attachments`).")),
+    params(
+        ("attachments" = Option<String>, Query, description = "E-mail attachments: `list` them, or `convert` them too (default: `[markdown] attachments`)."),
+        ("ocr" = Option<String>, Query, description = "OCR of images and scanned PDF pages: `auto` (images that look like text, pages without a text layer), `force` (every image and image-bearing page; 503 without an OCR engine), or `off` (default: `[markdown] ocr`)."),
+        ("lang" = Option<String>, Query, description = "OCR language models, `+`-joined (`eng+fra`); a model this machine lacks is 400 naming those it has (default: `[markdown] ocr_languages`, else chosen per page)."),
+    ),
     request_body(content = openapi::Upload, content_type = "multipart/form-data"),
     responses(
         (status = 200, description = "The Markdown.", body = ConversionResponse),
-        (status = 400, description = "`No file provided` (no `file` part), `No file selected` (an empty file name), a malformed body or query, or an empty document.", body = MarkdownErrorBody),
+        (status = 400, description = "`No file provided` (no `file` part), `No file selected` (an empty file name), a malformed body or query, an OCR language model this machine lacks, or an empty document.", body = MarkdownErrorBody),
         (status = 408, description = "The body came too slowly.", body = MarkdownErrorBody),
         (status = 413, description = "The file is over `[markdown] max_upload_bytes`, or unpacks past the limits.", body = MarkdownErrorBody),
         (status = 415, description = "A kind of document that is not converted.", body = MarkdownErrorBody),
-        (status = 500, description = "The conversion failed (malformed file, time limit, a worker that died).", body = MarkdownErrorBody),
-        (status = 503, description = "No conversion worker came free in time.", body = MarkdownErrorBody),
+        (status = 500, description = "The conversion failed (malformed file, zip or image bomb, time limit, a worker that died).", body = MarkdownErrorBody),
+        (status = 503, description = "No conversion worker came free in time, or `?ocr=force` and OCR cannot run.", body = MarkdownErrorBody),
     )
 )]
 #[instrument(skip_all, fields(file, bytes, format))]
@@ -237,7 +307,7 @@ async fn convert(
     headers: HeaderMap,
     mut multipart: Multipart,
 ) -> Result<Response, MarkdownError> {
-    let attachments = requested_attachments(query.as_deref())?;
+    let options = requested_options(query.as_deref(), &state.options)?;
     let too_large = |limit: usize| MarkdownError::TooLarge { limit };
     // Refused from its declared length, before a byte of the body is read.
     if declared_length(&headers).is_some_and(|n| n > body_limit(state.max_upload_bytes)) {
@@ -279,12 +349,7 @@ async fn convert(
         .record("bytes", data.len());
 
     let started = std::time::Instant::now();
-    let attachments = attachments.unwrap_or(state.attachments);
-    match state
-        .pool
-        .convert(data, Some(name.clone()), attachments)
-        .await
-    {
+    match state.pool.convert(data, Some(name.clone()), &options).await {
         Ok(conversion) => {
             let format = conversion.format.name();
             state.conversions.record(format, "ok", started.elapsed());
@@ -325,4 +390,45 @@ fn declared_length(headers: &HeaderMap) -> Option<usize> {
 /// The largest request body: the file plus room for the multipart framing around it.
 fn body_limit(max_upload_bytes: usize) -> usize {
     max_upload_bytes + 64 * 1024
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_query_overrides_the_configured_options_and_bad_values_are_400() {
+        let defaults = Options {
+            attachments: Attachments::Convert,
+            ..Options::default()
+        };
+        assert_eq!(requested_options(None, &defaults), Ok(defaults.clone()));
+        assert_eq!(
+            requested_options(Some("x=1"), &defaults),
+            Ok(defaults.clone())
+        );
+        let asked = requested_options(Some("attachments=list&ocr=force&lang=eng+fra"), &defaults)
+            .expect("valid values");
+        assert_eq!(asked.attachments, Attachments::List);
+        assert_eq!(asked.ocr, Ocr::Force);
+        assert_eq!(
+            asked.languages.as_ref().map(|l| l.as_str()),
+            Some("eng+fra")
+        );
+        for encoded in ["lang=eng%2Bfra", "lang=eng%20fra"] {
+            let asked = requested_options(Some(encoded), &defaults).expect(encoded);
+            assert_eq!(
+                asked.languages.map(|l| l.to_string()).as_deref(),
+                Some("eng+fra")
+            );
+        }
+        for bad in ["ocr=always", "lang=../x", "lang=", "attachments=all"] {
+            let error = requested_options(Some(bad), &defaults).expect_err(bad);
+            assert!(
+                matches!(error, MarkdownError::BadQuery(_)),
+                "{bad}: {error:?}"
+            );
+            assert_eq!(error.kind().status(), axum::http::StatusCode::BAD_REQUEST);
+        }
+    }
 }

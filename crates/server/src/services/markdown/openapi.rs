@@ -85,6 +85,20 @@ pub struct MarkdownComponents {
     pub converter: String,
     /// The conversion worker processes.
     pub workers: WorkerHealth,
+    /// The OCR engine (optional: without one the service stays healthy).
+    pub ocr: OcrHealth,
+}
+
+/// The OCR engine, looked for once at startup.
+#[derive(ToSchema)]
+pub struct OcrHealth {
+    /// `up`, or `unavailable` when no engine is installed (images then give their metadata,
+    /// scanned pages a note, and `?ocr=force` answers 503).
+    pub status: String,
+    /// Its version line (`tesseract 5.3.0`); null when unavailable.
+    pub engine: Option<String>,
+    /// Its language models (`eng`, `fra`, ...), the names `?lang=` takes.
+    pub languages: Vec<String>,
 }
 
 /// The pool of conversion worker processes.
