@@ -112,14 +112,11 @@ pub(crate) fn read(
     source: Source,
     heading: &str,
 ) -> Result<Vec<Option<String>>> {
-    let (engine, languages) = engine(ctx)?;
     let lanes = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .clamp(1, 4);
     let reader = Reader {
         ctx,
-        engine,
-        languages: languages.as_ref(),
         force: ctx.budget.options.ocr == Ocr::Force || source == Source::ScannedPage,
         // Several pages: one page to a lane; one page: its parts share the lanes.
         lanes: if pages.len() >= lanes { 1 } else { lanes },
@@ -156,9 +153,6 @@ pub(crate) fn read(
 /// What reading one page takes.
 struct Reader<'a, 'c> {
     ctx: &'a Ctx<'c>,
-    engine: &'static OcrEngine,
-    /// Named by the request; `None`: English, then the page's language if it is another.
-    languages: Option<&'a Languages>,
     force: bool,
     lanes: usize,
     heading: &'a str,
@@ -175,6 +169,13 @@ impl Reader<'_, '_> {
         if !self.force && !survey.text_like {
             return Ok(None);
         }
+        // Looked for only now: a conversion with no page to read needs no engine.
+        let (engine, named) = engine(self.ctx)?;
+        let read = Read {
+            ctx: self.ctx,
+            engine,
+            lanes: self.lanes,
+        };
         if survey.sideways {
             // A quarter turn makes the lines run across; then level and check the way up.
             (gray, ink) = level(self.ctx, gray.turned(1))?;
@@ -190,31 +191,40 @@ impl Reader<'_, '_> {
                 ink = page::ink(&gray);
             }
         }
-        let first = self.languages.cloned().unwrap_or_else(Languages::first);
-        let mut lines = self.lines(&gray, &ink, &first)?;
+        let first = named.clone().unwrap_or_else(Languages::first);
+        let mut lines = read.lines(&gray, &ink, &first)?;
         let (conf, words) = text::quality(&lines);
         if conf < 60.0 || words < 3 {
-            if let Some(q @ 1..) = self.engine.orientation(self.ctx, &gray)? {
+            if let Some(q @ 1..) = engine.orientation(self.ctx, &gray)? {
                 let (turned, turned_ink) = level(self.ctx, gray.turned(q))?;
-                let again = self.lines(&turned, &turned_ink, &first)?;
+                let again = read.lines(&turned, &turned_ink, &first)?;
                 if text::quality(&again).0 > conf {
                     (gray, ink, lines) = (turned, turned_ink, again);
                 }
             }
         }
-        if self.languages.is_none() {
+        if named.is_none() {
             let plain: String = lines
                 .iter()
                 .flat_map(|l| l.words.iter())
                 .map(|w| format!("{w} "))
                 .collect();
-            if let Some(own) = language::second_reading(self.engine, &plain) {
-                lines = self.lines(&gray, &ink, &own)?;
+            if let Some(own) = language::second_reading(engine, &plain) {
+                lines = read.lines(&gray, &ink, &own)?;
             }
         }
         Ok(Some(text::markdown(&lines, self.heading)))
     }
+}
 
+/// The engine at work on one page.
+struct Read<'a, 'c> {
+    ctx: &'a Ctx<'c>,
+    engine: &'static OcrEngine,
+    lanes: usize,
+}
+
+impl Read<'_, '_> {
     /// The page's lines: cut into parts, the parts read side by side.
     fn lines(
         &self,
