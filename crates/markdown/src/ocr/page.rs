@@ -10,6 +10,7 @@ const CELLS_ACROSS: usize = 700;
 /// Skews searched, in degrees either way, and the step of the search.
 const MAX_SKEW: f64 = 10.0;
 const SKEW_STEP: f64 = 0.1;
+const COARSE_STEP: f64 = 0.5;
 /// Skews smaller than this are left to the engine.
 const MIN_SKEW: f64 = 0.3;
 
@@ -116,50 +117,56 @@ pub(crate) fn survey(ink: &Ink) -> Survey {
 /// The page's skew in degrees (positive: lines rise to the right), from the angle whose
 /// projection of the ink is sharpest; `None` when it is too small to matter.
 pub(crate) fn skew(ink: &Ink) -> Option<f64> {
-    let mut points = Vec::new();
+    let mut points: Vec<(i64, i64)> = Vec::new();
     for y in 0..ink.h {
         for x in 0..ink.w {
             if ink.get(x, y) {
-                points.push((x as f64, y as f64));
+                points.push((x as i64, y as i64));
             }
         }
     }
-    if points.len() < 50 {
+    // Too little ink, or so much that it is no page of text (a photograph): no skew to find.
+    let cover = points.len() as f64 / (ink.w * ink.h).max(1) as f64;
+    if points.len() < 50 || !(0.002..0.45).contains(&cover) {
         return None;
     }
     // A bounded sample keeps the search cheap on dense pages.
-    let step = (points.len() / 40_000).max(1);
-    let points: Vec<(f64, f64)> = points.into_iter().step_by(step).collect();
-    let span = (ink.w + ink.h) * 2 + 2;
-    let mut bins = vec![0u32; span];
-    let sharpness = |degrees: f64, bins: &mut Vec<u32>| {
+    let step = (points.len() / 20_000).max(1);
+    let points: Vec<(i64, i64)> = points.into_iter().step_by(step).collect();
+    let offset = ink.w as i64;
+    let mut bins = vec![0u32; (ink.w + ink.h) * 2 + 2];
+    let mut sharpness = |degrees: f64| {
         bins.iter_mut().for_each(|b| *b = 0);
-        let t = degrees.to_radians().tan();
-        let offset = ink.w as f64;
+        // A line rising by `t` keeps y + x·t constant; t in 16-bit fixed point.
+        let t = (degrees.to_radians().tan() * 65536.0).round() as i64;
         for &(x, y) in &points {
-            // A line rising by `t` keeps y + x·t constant.
-            let b = (y + x * t + offset).round();
-            if b >= 0.0 && (b as usize) < bins.len() {
-                bins[b as usize] += 1;
+            let b = y + ((x * t + 32768) >> 16) + offset;
+            if let Some(bin) = usize::try_from(b).ok().and_then(|b| bins.get_mut(b)) {
+                *bin += 1;
             }
         }
-        bins.iter()
-            .map(|&v| f64::from(v) * f64::from(v))
-            .sum::<f64>()
+        bins.iter().map(|&v| u64::from(v) * u64::from(v)).sum::<u64>()
     };
-    let steps = (MAX_SKEW / SKEW_STEP).round() as i32;
-    let (mut best, mut best_score) = (0.0, sharpness(0.0, &mut bins));
-    let flat = best_score;
-    for i in -steps..=steps {
-        let degrees = f64::from(i) * SKEW_STEP;
-        let score = sharpness(degrees, &mut bins);
-        if score > best_score {
-            best = degrees;
-            best_score = score;
-        }
-    }
+    let flat = sharpness(0.0);
+    let best_of = |angles: &mut dyn Iterator<Item = f64>, sharpness: &mut dyn FnMut(f64) -> u64| {
+        angles
+            .map(|a| (a, sharpness(a)))
+            .max_by_key(|&(_, score)| score)
+            .unwrap_or((0.0, 0))
+    };
+    // Coarse, then fine around the best coarse angle.
+    let coarse = (MAX_SKEW / COARSE_STEP).round() as i32;
+    let (around, _) = best_of(
+        &mut (-coarse..=coarse).map(|i| f64::from(i) * COARSE_STEP),
+        &mut sharpness,
+    );
+    let fine = (COARSE_STEP / SKEW_STEP).round() as i32;
+    let (best, best_score) = best_of(
+        &mut (-fine..=fine).map(|i| around + f64::from(i) * SKEW_STEP),
+        &mut sharpness,
+    );
     // Only a clear improvement over level counts: noise has no sharp angle.
-    (best.abs() >= MIN_SKEW && best_score > flat * 1.05).then_some(best)
+    (best.abs() >= MIN_SKEW && best_score as f64 > flat as f64 * 1.05).then_some(best)
 }
 
 /// Whether the page's lines stand the right way up (`Some(true)`), upside down (`Some(false)`),
