@@ -145,7 +145,9 @@ pub(crate) fn skew(ink: &Ink) -> Option<f64> {
                 *bin += 1;
             }
         }
-        bins.iter().map(|&v| u64::from(v) * u64::from(v)).sum::<u64>()
+        bins.iter()
+            .map(|&v| u64::from(v) * u64::from(v))
+            .sum::<u64>()
     };
     let flat = sharpness(0.0);
     let best_of = |angles: &mut dyn Iterator<Item = f64>, sharpness: &mut dyn FnMut(f64) -> u64| {

@@ -289,6 +289,11 @@ pub(crate) fn decode(ctx: &Ctx<'_>, bytes: &[u8]) -> Result<Vec<Gray>> {
         return tiff_pages(ctx, bytes);
     }
     ctx.charge(size.width as u64 * size.height as u64 * 4)?;
+    if kind == imagesize::ImageType::Jpeg {
+        if let Some(gray) = jpeg_gray(bytes) {
+            return Ok(vec![gray]);
+        }
+    }
     let mut reader = image::ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|e| Error::malformed(Format::Image, e))?;
@@ -302,6 +307,22 @@ pub(crate) fn decode(ctx: &Ctx<'_>, bytes: &[u8]) -> Result<Vec<Gray>> {
         .map_err(|e| Error::malformed(Format::Image, e))?;
     let gray = flatten(decoded);
     Ok(vec![gray])
+}
+
+/// A JPEG decoded straight to grey (no colour buffer, no colour conversion), within the side
+/// limit; `None` when this decoder cannot (CMYK and other rare kinds go the general way).
+pub(crate) fn jpeg_gray(bytes: &[u8]) -> Option<Gray> {
+    use zune_core::bytestream::ZCursor;
+    use zune_core::colorspace::ColorSpace;
+    use zune_core::options::DecoderOptions;
+    let options = DecoderOptions::default()
+        .jpeg_set_out_colorspace(ColorSpace::Luma)
+        .set_max_width(MAX_PAGE_SIDE as usize)
+        .set_max_height(MAX_PAGE_SIDE as usize);
+    let mut decoder = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(bytes), options);
+    let px = decoder.decode().ok()?;
+    let (w, h) = decoder.dimensions()?;
+    (px.len() == w * h).then_some(Gray { w, h, px })
 }
 
 /// Refuses a page whose declared size is past the limits (a decompression bomb's header says

@@ -9,7 +9,7 @@ use pdf_extract::{Dictionary, Document, Object, ObjectId};
 use crate::detect::Format;
 use crate::error::{Error, Result};
 use crate::limits::Ctx;
-use crate::ocr::raster::{check_size, luma, Gray};
+use crate::ocr::raster::{check_size, jpeg_gray, luma, Gray};
 use crate::ocr::{Ocr, Source};
 
 use super::layout::Line;
@@ -304,16 +304,19 @@ fn decode(ctx: &Ctx<'_>, image: &Image) -> Result<Option<Gray>> {
     ctx.charge((w * h) as u64)?;
     let inverted = matches!(dict.get(b"Decode"), Ok(Object::Array(a)) if a.first().and_then(|o| o.as_float().ok()) == Some(1.0));
     let mut gray = match filters.last().map(Vec::as_slice) {
-        Some(b"DCTDecode") if filters.len() == 1 => {
-            let decoded =
-                image::load_from_memory_with_format(&image.data, image::ImageFormat::Jpeg)
-                    .map_err(|e| Error::malformed(Format::Pdf, e))?;
-            Gray {
-                w: decoded.width() as usize,
-                h: decoded.height() as usize,
-                px: decoded.into_luma8().into_raw(),
+        Some(b"DCTDecode") if filters.len() == 1 => match jpeg_gray(&image.data) {
+            Some(gray) => gray,
+            None => {
+                let decoded =
+                    image::load_from_memory_with_format(&image.data, image::ImageFormat::Jpeg)
+                        .map_err(|e| Error::malformed(Format::Pdf, e))?;
+                Gray {
+                    w: decoded.width() as usize,
+                    h: decoded.height() as usize,
+                    px: decoded.into_luma8().into_raw(),
+                }
             }
-        }
+        },
         Some(b"CCITTFaxDecode") if filters.len() == 1 => {
             let k = params(b"K").and_then(|o| o.as_i64().ok()).unwrap_or(0);
             let black_is_1 = params(b"BlackIs1")
