@@ -4,7 +4,8 @@
 //! archives, truncated files of every format) is answered within the time limit plus a second
 //! while the other three services answer health and the host's memory stays bounded; a
 //! conversion worker killed mid-document costs that upload alone; an upload declared over the
-//! limit is refused before its body is read.
+//! limit is refused before its body is read; image bombs are refused from their headers and OCR
+//! past the time limit is stopped with its engine.
 
 // The library's hostile-document builders, shared with `crates/markdown/tests/hostile.rs`.
 #[path = "../crates/markdown/tests/hostile/cases.rs"]
@@ -255,4 +256,97 @@ async fn an_upload_declared_over_the_limit_is_refused_before_its_body_is_read() 
     .unwrap();
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     assert!(answer.contains("File too large"), "{answer}");
+}
+
+/// A PNG whose header claims `w` × `h` pixels (the body is an 8×8 image's).
+fn png_claiming(w: u32, h: u32) -> Vec<u8> {
+    let small = image::GrayImage::from_pixel(8, 8, image::Luma([255]));
+    let mut out = std::io::Cursor::new(Vec::new());
+    small.write_to(&mut out, image::ImageFormat::Png).unwrap();
+    let mut out = out.into_inner();
+    out[16..20].copy_from_slice(&w.to_be_bytes());
+    out[20..24].copy_from_slice(&h.to_be_bytes());
+    out
+}
+
+/// Image bombs are refused from their headers, and OCR that runs past the time limit (four
+/// pages of text tiled into one image, against a 1 s limit) is stopped at it, its engine with
+/// it; each answer comes within the limit plus a second and the host stays up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_bombs_and_endless_ocr_are_answered_in_time_and_the_host_stays_up() {
+    const LIMIT: Duration = Duration::from_secs(1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = ServerProcess::start(
+        &["markdown"],
+        &models(dir.path()),
+        &[("HEARTH_MARKDOWN_TIME_LIMIT_SECS", "1")],
+    );
+    let http = reqwest::Client::new();
+    let url = server.url("markdown").to_string();
+    let docs = std::env::var_os("HEARTH_TEST_DOCS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/test-docs"));
+    let page = image::open(docs.join("ocr-pages/clean-300dpi.png"))
+        .expect("the OCR test pages (scripts/test.sh writes them)")
+        .into_luma8();
+    let (w, h) = page.dimensions();
+    let tiled = image::GrayImage::from_fn(w * 2, h * 2, |x, y| *page.get_pixel(x % w, y % h));
+    let mut tiled_png = std::io::Cursor::new(Vec::new());
+    tiled
+        .write_to(&mut tiled_png, image::ImageFormat::Png)
+        .unwrap();
+    let cases = [
+        ("png claiming 10^10 pixels", png_claiming(100_000, 100_000)),
+        (
+            "png claiming a 1,000,000-pixel row",
+            png_claiming(1_000_000, 2),
+        ),
+        ("four pages of text in one image", tiled_png.into_inner()),
+    ];
+    for (name, bytes) in cases {
+        let started = Instant::now();
+        let (status, body) = upload(&http, &url, "scan.png", bytes).await;
+        let took = started.elapsed();
+        assert!(
+            took <= LIMIT + Duration::from_secs(1),
+            "{name}: answered {status} after {took:?}"
+        );
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{name}: {body}");
+        assert_error_shape(name, status, &body);
+        assert!(server.is_running(), "{name}: the host process died");
+        let health = http.get(format!("{url}/")).send().await.expect("health");
+        assert_eq!(health.status(), StatusCode::OK, "health after {name}");
+    }
+    // No engine outlives the conversion it was started for: the workers have no children.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let engines: Vec<String> = server
+        .children()
+        .into_iter()
+        .flat_map(|worker| {
+            std::fs::read_dir(format!("/proc/{worker}/task"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+                .collect::<Vec<_>>()
+        })
+        .flat_map(|pids| {
+            pids.split_whitespace()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .filter(|stat| {
+            !stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .collect();
+    assert!(
+        engines.is_empty(),
+        "workers' children still running: {engines:?}"
+    );
 }

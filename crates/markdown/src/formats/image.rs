@@ -56,7 +56,18 @@ fn ocr_text(ctx: &Ctx<'_>, bytes: &[u8]) -> Result<Option<String>> {
     if mode == Ocr::Off {
         return Ok(None);
     }
-    let pages = crate::ocr::raster::decode(ctx, bytes)?;
+    // Pixels that do not decode (a truncated file) leave the metadata standing under `auto`;
+    // a bomb's header is refused whatever the mode.
+    let pages = match crate::ocr::raster::decode(ctx, bytes) {
+        Ok(pages) => pages,
+        Err(Error::Malformed { reason, .. }) if mode == Ocr::Auto => {
+            ctx.warn(format!(
+                "no OCR: the image's pixels could not be read: {reason}"
+            ));
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
     let many = pages.len() > 1;
     let heading = if many { "#### " } else { "### " };
     let read = match crate::ocr::read(ctx, pages, Source::Image, heading) {
