@@ -359,3 +359,38 @@ async fn ui_page_has_an_upload_form() {
             && page.contains("id=\"download\"")
     );
 }
+
+/// A scanned page uploaded as an image comes back as its text, read by OCR in a conversion
+/// worker (the engine as the worker's child, under the worker's limits), under the default
+/// `?ocr=auto`; a scanned page in a PDF likewise.
+#[tokio::test]
+async fn a_scanned_page_comes_back_as_its_text() {
+    if hearth_markdown::OcrEngine::installed().is_none() {
+        panic!("tesseract is not installed (scripts/test.sh installs it)");
+    }
+    let app = app_with(|_| {}).await;
+    let docs = std::env::var_os("HEARTH_TEST_DOCS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/test-docs")
+        });
+    for (file, name, says) in [
+        (
+            "ocr-pages/clean-150dpi.png",
+            "scan.png",
+            "The harbour office opens at seven in the morning",
+        ),
+        (
+            "ocrmypdf/c03-29.pdf",
+            "scan.pdf",
+            "I got a fish-line, but no hooks",
+        ),
+    ] {
+        let bytes = std::fs::read(docs.join(file))
+            .unwrap_or_else(|e| panic!("{file}: {e} (scripts/test.sh fetches and draws it)"));
+        let (status, body) = upload_to(&app, "/", name, bytes).await;
+        assert_eq!(status, StatusCode::OK, "{file}: {body}");
+        let md = body["markdown"].as_str().expect("markdown");
+        assert!(md.contains(says), "{file}: {says:?} in:\n{md}");
+    }
+}
