@@ -258,17 +258,6 @@ async fn an_upload_declared_over_the_limit_is_refused_before_its_body_is_read() 
     assert!(answer.contains("File too large"), "{answer}");
 }
 
-/// A PNG whose header claims `w` × `h` pixels (the body is an 8×8 image's).
-fn png_claiming(w: u32, h: u32) -> Vec<u8> {
-    let small = image::GrayImage::from_pixel(8, 8, image::Luma([255]));
-    let mut out = std::io::Cursor::new(Vec::new());
-    small.write_to(&mut out, image::ImageFormat::Png).unwrap();
-    let mut out = out.into_inner();
-    out[16..20].copy_from_slice(&w.to_be_bytes());
-    out[20..24].copy_from_slice(&h.to_be_bytes());
-    out
-}
-
 /// Image bombs are refused from their headers, and OCR that runs past the time limit (four
 /// pages of text tiled into one image, against a 1 s limit) is stopped at it, its engine with
 /// it; each answer comes within the limit plus a second and the host stays up.
@@ -296,10 +285,13 @@ async fn image_bombs_and_endless_ocr_are_answered_in_time_and_the_host_stays_up(
         .write_to(&mut tiled_png, image::ImageFormat::Png)
         .unwrap();
     let cases = [
-        ("png claiming 10^10 pixels", png_claiming(100_000, 100_000)),
+        (
+            "png claiming 10^10 pixels",
+            gen::png_claiming(100_000, 100_000),
+        ),
         (
             "png claiming a 1,000,000-pixel row",
-            png_claiming(1_000_000, 2),
+            gen::png_claiming(1_000_000, 2),
         ),
         ("four pages of text in one image", tiled_png.into_inner()),
     ];

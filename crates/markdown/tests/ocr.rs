@@ -5,8 +5,12 @@
 //! the phrases each shows in `tests/ocr_scans.json`), mixed PDFs, the `?ocr=` modes, and hostile
 //! images (decompression bombs, deep TIFFs, OCR past the time limit).
 
+// The hostile suite's document builders (this file uses its PDF writer).
+#[allow(dead_code)]
+#[path = "hostile/gen.rs"]
+mod gen;
+
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -303,79 +307,43 @@ enum PdfPage<'a> {
     Scan((usize, usize, Vec<u8>)),
 }
 
-/// A PDF of `pages`.
+/// A PDF of `pages`, written with the hostile suite's PDF builder.
 fn pdf(pages: &[PdfPage<'_>]) -> Vec<u8> {
-    let mut objects: Vec<Vec<u8>> = Vec::new();
-    // 1: catalog, 2: page tree, 3: font; pages from 4.
+    let mut pdf = gen::Pdf::default();
+    let font = pdf.add("<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>");
+    let tree = pdf.reserve();
     let mut kids = Vec::new();
-    let mut bodies: Vec<Vec<u8>> = Vec::new();
-    let mut next = 4;
     for page in pages {
-        let page_id = next;
-        kids.push(format!("{page_id} 0 R"));
-        match page {
-            PdfPage::Text(text) => {
-                let content = format!("BT /F1 12 Tf 72 720 Td ({text}) Tj ET");
-                bodies.push(format!("<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >> /Contents {} 0 R >>", page_id + 1).into_bytes());
-                let mut s = format!("<< /Length {} >>\nstream\n", content.len()).into_bytes();
-                s.extend_from_slice(content.as_bytes());
-                s.extend_from_slice(b"\nendstream");
-                bodies.push(s);
-                next += 2;
-            }
+        let (resources, content) = match page {
+            PdfPage::Text(text) => (format!("/Font << /F1 {font} 0 R >>"), gen::text(text)),
             PdfPage::Scan((w, h, gray)) => {
-                let content = "q 612 0 0 792 0 0 cm /Im1 Do Q";
-                bodies.push(format!("<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /XObject << /Im1 {} 0 R >> >> /Contents {} 0 R >>", page_id + 2, page_id + 1).into_bytes());
-                let mut s = format!("<< /Length {} >>\nstream\n", content.len()).into_bytes();
-                s.extend_from_slice(content.as_bytes());
-                s.extend_from_slice(b"\nendstream");
-                bodies.push(s);
-                let mut z =
-                    flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
-                z.write_all(gray).unwrap();
-                let data = z.finish().unwrap();
-                let mut s = format!("<< /Type /XObject /Subtype /Image /Width {w} /Height {h} /ColorSpace /DeviceGray /BitsPerComponent 8 /Filter /FlateDecode /Length {} >>\nstream\n", data.len()).into_bytes();
-                s.extend_from_slice(&data);
-                s.extend_from_slice(b"\nendstream");
-                bodies.push(s);
-                next += 3;
+                let image = pdf.add(gen::stream(
+                    &format!(
+                        "/Type /XObject /Subtype /Image /Width {w} /Height {h} \
+                         /ColorSpace /DeviceGray /BitsPerComponent 8 /Filter /FlateDecode"
+                    ),
+                    &gen::zlib(gray),
+                ));
+                let draw = b"q 612 0 0 792 0 0 cm /Im1 Do Q".to_vec();
+                (format!("/XObject << /Im1 {image} 0 R >>"), draw)
             }
-        }
+        };
+        let content = pdf.add(gen::stream("", &content));
+        kids.push(pdf.add(format!(
+            "<< /Type /Page /Parent {tree} 0 R /MediaBox [0 0 612 792] \
+             /Resources << {resources} >> /Contents {content} 0 R >>"
+        )));
     }
-    objects.push(b"<< /Type /Catalog /Pages 2 0 R >>".to_vec());
-    objects.push(
+    let kids: Vec<String> = kids.iter().map(|k| format!("{k} 0 R")).collect();
+    pdf.set(
+        tree,
         format!(
             "<< /Type /Pages /Kids [{}] /Count {} >>",
             kids.join(" "),
             pages.len()
-        )
-        .into_bytes(),
+        ),
     );
-    objects.push(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>".to_vec());
-    objects.extend(bodies);
-    let mut out = b"%PDF-1.4\n".to_vec();
-    let mut offsets = Vec::new();
-    for (i, body) in objects.iter().enumerate() {
-        offsets.push(out.len());
-        out.extend_from_slice(format!("{} 0 obj\n", i + 1).as_bytes());
-        out.extend_from_slice(body);
-        out.extend_from_slice(b"\nendobj\n");
-    }
-    let xref = out.len();
-    out.extend_from_slice(
-        format!("xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).as_bytes(),
-    );
-    for o in offsets {
-        out.extend_from_slice(format!("{o:010} 00000 n \n").as_bytes());
-    }
-    out.extend_from_slice(
-        format!(
-            "trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n",
-            objects.len() + 1
-        )
-        .as_bytes(),
-    );
-    out
+    pdf.finish(tree)
 }
 
 fn gray_page(name: &str) -> (usize, usize, Vec<u8>) {
@@ -432,21 +400,11 @@ fn png(w: u32, h: u32, f: impl Fn(u32, u32) -> u8) -> Vec<u8> {
     out.into_inner()
 }
 
-/// A PNG whose header claims `w` × `h` pixels, with a tiny compressed body.
-fn png_bomb(w: u32, h: u32) -> Vec<u8> {
-    let mut out = png(8, 8, |_, _| 255);
-    // IHDR starts at byte 16: width, height.
-    out[16..20].copy_from_slice(&w.to_be_bytes());
-    out[20..24].copy_from_slice(&h.to_be_bytes());
-    // The header's CRC no longer matches; the size check comes before any decoding anyway.
-    out
-}
-
 #[test]
 fn decompression_bombs_are_refused_from_their_header() {
     for (w, h) in [(100_000, 100_000), (20_000, 20_000), (1_000_000, 2)] {
         let started = Instant::now();
-        let e = convert_with(png_bomb(w, h), "bomb.png", Options::default()).unwrap_err();
+        let e = convert_with(gen::png_claiming(w, h), "bomb.png", Options::default()).unwrap_err();
         assert!(
             matches!(e, Error::ImageTooLarge { width, height, .. } if width == u64::from(w) && height == u64::from(h)),
             "{w}x{h}: {e:?}"
@@ -462,7 +420,7 @@ fn decompression_bombs_are_refused_from_their_header() {
         ocr: Ocr::Off,
         ..Options::default()
     };
-    let out = convert_with(png_bomb(100_000, 100_000), "bomb.png", off).unwrap();
+    let out = convert_with(gen::png_claiming(100_000, 100_000), "bomb.png", off).unwrap();
     assert!(out.contains("100000 px"), "{out}");
 }
 

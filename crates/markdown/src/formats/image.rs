@@ -70,14 +70,7 @@ fn ocr_text(ctx: &Ctx<'_>, bytes: &[u8]) -> Result<Option<String>> {
     };
     let many = pages.len() > 1;
     let heading = if many { "#### " } else { "### " };
-    let read = match crate::ocr::read(ctx, pages, Source::Image, heading) {
-        Ok(read) => read,
-        Err(Error::Ocr { reason }) if mode == Ocr::Auto => {
-            ctx.warn(format!("no OCR: {reason}"));
-            return Ok(None);
-        }
-        Err(e) => return Err(e),
-    };
+    let read = crate::ocr::read(ctx, pages, Source::Image, heading)?;
     let mut text = String::new();
     for (i, page) in read.into_iter().enumerate() {
         let Some(page) = page.filter(|p| !p.trim().is_empty()) else {

@@ -104,7 +104,8 @@ pub(crate) fn engine(ctx: &Ctx<'_>) -> Result<(&'static OcrEngine, Option<Langua
 }
 
 /// Reads `pages` and returns each page's Markdown (`None` for a page the `auto` rule skipped:
-/// an image that does not look like text). Pages run side by side when there are several.
+/// an image that does not look like text, or every page when OCR cannot run and the request
+/// did not force it, which leaves a warning). Pages run side by side when there are several.
 /// Headings in the text start with `heading` (`"## "`).
 pub(crate) fn read(
     ctx: &Ctx<'_>,
@@ -144,10 +145,15 @@ pub(crate) fn read(
             });
         }
     });
-    if let Some(e) = failed.into_inner().unwrap_or_else(PoisonError::into_inner) {
-        return Err(e);
+    match failed.into_inner().unwrap_or_else(PoisonError::into_inner) {
+        // OCR that cannot run is a warning unless the request forced it: the rest converts.
+        Some(Error::Ocr { reason }) if ctx.budget.options.ocr != Ocr::Force => {
+            ctx.warn(format!("no OCR: {reason}"));
+            Ok(vec![None; count])
+        }
+        Some(e) => Err(e),
+        None => Ok(results.into_inner().unwrap_or_else(PoisonError::into_inner)),
     }
-    Ok(results.into_inner().unwrap_or_else(PoisonError::into_inner))
 }
 
 /// What reading one page takes.

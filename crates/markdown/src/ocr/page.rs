@@ -176,36 +176,18 @@ pub(crate) fn skew(ink: &Ink) -> Option<f64> {
 /// (g, p, q, y): above each line's core of x-height rows there is more ink than below it.
 pub(crate) fn upright(ink: &Ink) -> Option<bool> {
     let (rows, _) = profiles(ink, 0, 0, ink.w, ink.h);
-    let peak = rows.iter().copied().max().unwrap_or(0);
     let (mut above, mut below, mut lines) = (0u64, 0u64, 0usize);
-    let mut y = 0;
-    while y < rows.len() {
-        if rows[y] <= peak / 16 {
-            y += 1;
-            continue;
-        }
-        let start = y;
-        while y < rows.len() && rows[y] > peak / 16 {
-            y += 1;
-        }
-        let band = &rows[start..y];
-        if band.len() < 4 {
-            continue;
-        }
+    for band in line_bands(&rows).into_iter().filter(|b| b.len() >= 4) {
+        let band = &rows[band];
         let top = band.iter().copied().max().unwrap_or(0);
         let core_start = band.iter().position(|&v| v * 2 >= top).unwrap_or(0);
         let core_end = band
             .iter()
             .rposition(|&v| v * 2 >= top)
             .unwrap_or(band.len() - 1);
-        above += band[..core_start]
-            .iter()
-            .map(|&v| u64::from(v))
-            .sum::<u64>();
-        below += band[core_end + 1..]
-            .iter()
-            .map(|&v| u64::from(v))
-            .sum::<u64>();
+        let sum = |part: &[u32]| part.iter().map(|&v| u64::from(v)).sum::<u64>();
+        above += sum(&band[..core_start]);
+        below += sum(&band[core_end + 1..]);
         lines += 1;
     }
     if lines < 3 {
@@ -223,25 +205,33 @@ pub(crate) fn upright(ink: &Ink) -> Option<bool> {
 /// The median height of the page's lines of text, in page pixels (ascenders to descenders).
 pub(crate) fn line_height(ink: &Ink) -> Option<usize> {
     let (rows, _) = profiles(ink, 0, 0, ink.w, ink.h);
-    let peak = rows.iter().copied().max().unwrap_or(0);
-    let mut heights = Vec::new();
-    let mut y = 0;
-    while y < rows.len() {
-        let start = y;
-        while y < rows.len() && rows[y] > peak / 16 {
-            y += 1;
-        }
-        if y > start {
-            heights.push(y - start);
-        } else {
-            y += 1;
-        }
-    }
+    let mut heights: Vec<usize> = line_bands(&rows).iter().map(|b| b.len()).collect();
     if heights.len() < 3 {
         return None;
     }
     heights.sort_unstable();
     Some(heights[heights.len() / 2] * ink.factor)
+}
+
+/// The runs of rows that hold a line of text: more ink than a sixteenth of the fullest row.
+fn line_bands(rows: &[u32]) -> Vec<std::ops::Range<usize>> {
+    let floor = rows.iter().copied().max().unwrap_or(0) / 16;
+    let mut bands = Vec::new();
+    let mut start = None;
+    for (y, &v) in rows.iter().enumerate() {
+        match (v > floor, start) {
+            (true, None) => start = Some(y),
+            (false, Some(s)) => {
+                bands.push(s..y);
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(s) = start {
+        bands.push(s..rows.len());
+    }
+    bands
 }
 
 /// `part` shrunk to the ink inside it, with a margin of white the engine needs around text.

@@ -289,29 +289,40 @@ pub(crate) fn decode(ctx: &Ctx<'_>, bytes: &[u8]) -> Result<Vec<Gray>> {
         return tiff_pages(ctx, bytes);
     }
     ctx.charge(size.width as u64 * size.height as u64 * 4)?;
-    if kind == imagesize::ImageType::Jpeg {
-        if let Some(gray) = jpeg_gray(bytes) {
-            return Ok(vec![gray]);
-        }
+    let gray = if kind == imagesize::ImageType::Jpeg {
+        jpeg(bytes, Format::Image)?
+    } else {
+        any_image(bytes, Format::Image)?
+    };
+    Ok(vec![gray])
+}
+
+/// A JPEG's grey pixels (an upload's, or a PDF's DCT image's): straight to grey where the
+/// decoder can, else through the general path; errors name `format`.
+pub(crate) fn jpeg(bytes: &[u8], format: Format) -> Result<Gray> {
+    match jpeg_gray(bytes) {
+        Some(gray) => Ok(gray),
+        None => any_image(bytes, format),
     }
+}
+
+/// Any image the `image` crate reads, within the page limits, as grey.
+fn any_image(bytes: &[u8], format: Format) -> Result<Gray> {
     let mut reader = image::ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
-        .map_err(|e| Error::malformed(Format::Image, e))?;
+        .map_err(|e| Error::malformed(format, e))?;
     let mut limits = image::Limits::default();
     limits.max_image_width = Some(MAX_PAGE_SIDE as u32);
     limits.max_image_height = Some(MAX_PAGE_SIDE as u32);
     limits.max_alloc = Some(MAX_PAGE_PIXELS * 4 + (64 << 20));
     reader.limits(limits);
-    let decoded = reader
-        .decode()
-        .map_err(|e| Error::malformed(Format::Image, e))?;
-    let gray = flatten(decoded);
-    Ok(vec![gray])
+    let decoded = reader.decode().map_err(|e| Error::malformed(format, e))?;
+    Ok(flatten(decoded))
 }
 
 /// A JPEG decoded straight to grey (no colour buffer, no colour conversion), within the side
 /// limit; `None` when this decoder cannot (CMYK and other rare kinds go the general way).
-pub(crate) fn jpeg_gray(bytes: &[u8]) -> Option<Gray> {
+fn jpeg_gray(bytes: &[u8]) -> Option<Gray> {
     use zune_core::bytestream::ZCursor;
     use zune_core::colorspace::ColorSpace;
     use zune_core::options::DecoderOptions;
@@ -349,11 +360,7 @@ fn flatten(image: image::DynamicImage) -> Gray {
         image
             .to_luma_alpha8()
             .pixels()
-            .map(|p| {
-                let [l, a] = p.0;
-                let (l, a) = (u32::from(l), u32::from(a));
-                ((l * a + 255 * (255 - a)) / 255) as u8
-            })
+            .map(|p| blend(p.0[0], p.0[1]))
             .collect()
     } else {
         image.into_luma8().into_raw()

@@ -113,22 +113,23 @@ pub(crate) fn markdown(lines: &[Line], heading_mark: &str) -> String {
         .collect();
     let usual_pitch = median(pitches);
     let mut paragraphs: Vec<(bool, Vec<&Line>)> = Vec::new();
+    // In type half as large again as the page's usual lines.
+    let is_heading = |l: &Line| usual_height > 0 && l.height() * 2 >= usual_height * 3;
     for (i, line) in lines.iter().enumerate() {
-        let heading = usual_height > 0 && line.height() * 2 >= usual_height * 3;
+        let heading = is_heading(line);
         let new = match i.checked_sub(1).map(|p| &lines[p]) {
             None => true,
-            Some(prev) if line.joins_previous => heading != (prev.height() * 2 >= usual_height * 3),
+            Some(prev) if line.joins_previous => heading != is_heading(prev),
             Some(prev) => {
-                let prev_heading = prev.height() * 2 >= usual_height * 3;
                 let pitch = line.top - prev.top;
                 let gap = usual_pitch > 0 && (pitch * 5 > usual_pitch * 7 || pitch < 0);
                 let width = paragraph_right(&paragraphs).max(prev.right) - prev.left.min(line.left);
                 let short = prev.right - prev.left.min(line.left) < width * 17 / 20;
                 let indented = line.left - prev.left > usual_height;
-                heading != prev_heading
-                    || line.block != prev.block && (gap || short || indented)
-                    || gap
-                    || line.par != prev.par && (short || indented)
+                // A new block or paragraph of the engine's counts only after a short line or
+                // before an indent (it also splits at the last line of a paragraph).
+                let engine_break = line.block != prev.block || line.par != prev.par;
+                heading != is_heading(prev) || gap || engine_break && (short || indented)
             }
         };
         if new {

@@ -1,4 +1,5 @@
-//! Builders of hostile documents: PDFs written object by object, zip containers, deflate bombs.
+//! Builders of hostile documents: PDFs written object by object, zip containers, deflate bombs,
+//! image headers claiming more pixels than they hold.
 
 use std::io::Write;
 
@@ -110,6 +111,21 @@ pub fn one_page(
 /// Text drawn on a page in the core Helvetica font.
 pub fn text(s: &str) -> Vec<u8> {
     format!("BT /F1 12 Tf 72 720 Td ({s}) Tj ET\n").into_bytes()
+}
+
+/// A PNG whose header claims `w` × `h` pixels, the body an 8×8 white image's (the header's
+/// checksum no longer matches; a size check comes before any decoding). Used by `ocr.rs` and
+/// the HTTP suite, not by `hostile.rs`.
+#[allow(dead_code)]
+pub fn png_claiming(w: u32, h: u32) -> Vec<u8> {
+    let small = image::GrayImage::from_pixel(8, 8, image::Luma([255]));
+    let mut out = std::io::Cursor::new(Vec::new());
+    small.write_to(&mut out, image::ImageFormat::Png).unwrap();
+    let mut out = out.into_inner();
+    // IHDR's data starts at byte 16: width, height.
+    out[16..20].copy_from_slice(&w.to_be_bytes());
+    out[20..24].copy_from_slice(&h.to_be_bytes());
+    out
 }
 
 /// A zip of `(name, bytes)` members, deflated.

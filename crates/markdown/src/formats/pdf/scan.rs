@@ -9,7 +9,7 @@ use pdf_extract::{Dictionary, Document, Object, ObjectId};
 use crate::detect::Format;
 use crate::error::{Error, Result};
 use crate::limits::Ctx;
-use crate::ocr::raster::{check_size, jpeg_gray, luma, Gray};
+use crate::ocr::raster::{check_size, jpeg, luma, Gray};
 use crate::ocr::{Ocr, Source};
 
 use super::layout::Line;
@@ -72,18 +72,26 @@ pub(super) fn take(ctx: &Ctx<'_>, doc: &mut Document) -> Scans {
 
 /// The decoded `JBIG2Globals` stream an image's parameters name.
 fn jbig2_globals(doc: &Document, dict: &Dictionary) -> Option<Vec<u8>> {
-    let params = match dict.get(b"DecodeParms").ok()? {
-        Object::Dictionary(d) => d,
-        Object::Array(a) => a.last()?.as_dict().ok()?,
-        _ => return None,
-    };
-    let id = params.get(b"JBIG2Globals").ok()?.as_reference().ok()?;
+    let id = decode_params(dict)?
+        .get(b"JBIG2Globals")
+        .ok()?
+        .as_reference()
+        .ok()?;
     let stream = doc.get_object(id).ok()?.as_stream().ok()?;
     stream
         .decompressed_content()
         .ok()
         .or_else(|| Some(stream.content.clone()))
         .filter(|g| g.len() <= 4 << 20)
+}
+
+/// The parameters of an image's (last) filter.
+fn decode_params(dict: &Dictionary) -> Option<&Dictionary> {
+    match dict.get(b"DecodeParms").ok()? {
+        Object::Dictionary(d) => Some(d),
+        Object::Array(a) => a.last()?.as_dict().ok(),
+        _ => None,
+    }
 }
 
 /// Puts the colour space's facts that live in other objects into the image's own dictionary:
@@ -235,14 +243,7 @@ pub(super) fn read(
         return Ok(HashMap::new());
     }
     let (index, grays): (Vec<usize>, Vec<Gray>) = wanted.into_iter().unzip();
-    let read = match crate::ocr::read(ctx, grays, Source::ScannedPage, "## ") {
-        Ok(read) => read,
-        Err(Error::Ocr { reason }) if !force => {
-            ctx.warn(format!("no OCR: {reason}"));
-            return Ok(HashMap::new());
-        }
-        Err(e) => return Err(e),
-    };
+    let read = crate::ocr::read(ctx, grays, Source::ScannedPage, "## ")?;
     Ok(index
         .into_iter()
         .zip(read)
@@ -291,32 +292,11 @@ fn decode(ctx: &Ctx<'_>, image: &Image) -> Result<Option<Gray>> {
             .collect(),
         _ => Vec::new(),
     };
-    let params = |key: &[u8]| {
-        dict.get(b"DecodeParms")
-            .ok()
-            .and_then(|p| match p {
-                Object::Dictionary(d) => Some(d),
-                Object::Array(a) => a.last().and_then(|o| o.as_dict().ok()),
-                _ => None,
-            })
-            .and_then(|d| d.get(key).ok().cloned())
-    };
+    let params = |key: &[u8]| decode_params(dict).and_then(|d| d.get(key).ok().cloned());
     ctx.charge((w * h) as u64)?;
     let inverted = matches!(dict.get(b"Decode"), Ok(Object::Array(a)) if a.first().and_then(|o| o.as_float().ok()) == Some(1.0));
     let mut gray = match filters.last().map(Vec::as_slice) {
-        Some(b"DCTDecode") if filters.len() == 1 => match jpeg_gray(&image.data) {
-            Some(gray) => gray,
-            None => {
-                let decoded =
-                    image::load_from_memory_with_format(&image.data, image::ImageFormat::Jpeg)
-                        .map_err(|e| Error::malformed(Format::Pdf, e))?;
-                Gray {
-                    w: decoded.width() as usize,
-                    h: decoded.height() as usize,
-                    px: decoded.into_luma8().into_raw(),
-                }
-            }
-        },
+        Some(b"DCTDecode") if filters.len() == 1 => jpeg(&image.data, Format::Pdf)?,
         Some(b"CCITTFaxDecode") if filters.len() == 1 => {
             let k = params(b"K").and_then(|o| o.as_i64().ok()).unwrap_or(0);
             let black_is_1 = params(b"BlackIs1")
