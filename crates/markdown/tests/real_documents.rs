@@ -79,6 +79,10 @@ fn pptx_slides_have_sections_titles_and_notes() {
     let (format, md) = convert("python-pptx/test_slides.pptx");
     assert_eq!(format, Format::Pptx);
     has(&md, "## Slide 1");
+    // Pictures as markitdown names them: the description as alt text, the shape name without
+    // spaces as the reference, with the media part's extension (a JPEG's written `jpg`).
+    has(&md, "![python-logo.gif](Picture5.gif)");
+    has(&md, "![python-icon.jpeg](Picture8.jpg)");
     let (_, md) = convert("python-pptx/tbl-cell.pptx");
     has(&md, "| --- |");
     let (_, md) = convert("python-pptx/prs-notes.pptx");

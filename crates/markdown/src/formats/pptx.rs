@@ -1,6 +1,6 @@
 //! PPTX (PresentationML): a section per slide with its title, text in reading order, bulleted
 //! body placeholders with their levels, tables, charts (their data as a table, `chart.rs`),
-//! picture alt text and speaker notes.
+//! pictures as `![alt](Name.ext)` and speaker notes.
 
 use std::collections::HashMap;
 
@@ -67,9 +67,15 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
             .map(|r| (r.id.clone(), r.target.clone()))
             .collect();
         let charts = slide_charts(&ctx, &mut ar, &slide_rels, i + 1)?;
+        let images: HashMap<String, String> = slide_rels
+            .iter()
+            .filter(|r| r.kind == "image")
+            .map(|r| (r.id.clone(), image_extension(&r.target)))
+            .collect();
         let refs = Refs {
             links: &links,
             charts: &charts,
+            images: &images,
         };
         let (title, body) = slide_content(&ctx, &slide, &refs)?;
         let mut section = match title {
@@ -94,11 +100,53 @@ pub fn convert(ctx: Ctx<'_>, bytes: &[u8]) -> Result<String> {
     Ok(md::join_blocks(sections))
 }
 
-/// What a slide's shapes point at through its relationships: hyperlink targets, and its charts'
-/// Markdown, by relationship id.
+/// What a slide's shapes point at through its relationships: hyperlink targets, its charts'
+/// Markdown and its pictures' file extensions, by relationship id.
 struct Refs<'a> {
     links: &'a HashMap<String, String>,
     charts: &'a HashMap<String, String>,
+    images: &'a HashMap<String, String>,
+}
+
+/// The extension a picture's reference gets from its media part (`jpeg` written `jpg`, as
+/// markitdown names every picture); `jpg` when the part has none.
+fn image_extension(target: &str) -> String {
+    let name = target.rsplit('/').next().unwrap_or(target);
+    match name.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase()) {
+        Some(e) if e == "jpeg" => "jpg".into(),
+        Some(e)
+            if !e.is_empty() && e.len() <= 5 && e.chars().all(|c| c.is_ascii_alphanumeric()) =>
+        {
+            e
+        }
+        _ => "jpg".into(),
+    }
+}
+
+/// A picture as markitdown writes it: `![alt](Name.ext)`, the alt text being the picture's
+/// description (or its shape name when it has none) on one line, and the reference its shape
+/// name without spaces or punctuation.
+fn picture(pic: &Element, images: &HashMap<String, String>) -> String {
+    let nv = pic.find("cNvPr");
+    let name = nv.and_then(|c| c.attr("name")).unwrap_or("").trim();
+    let alt = nv
+        .and_then(|c| c.attr("descr"))
+        .filter(|d| !d.trim().is_empty())
+        .unwrap_or(name);
+    let alt = alt.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut file: String = name
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    if file.is_empty() {
+        file.push_str("image");
+    }
+    let ext = pic
+        .find("blip")
+        .and_then(|b| b.attr_q("r:embed").or_else(|| b.attr("embed")))
+        .and_then(|id| images.get(id))
+        .map_or("jpg", String::as_str);
+    format!("![{}]({file}.{ext})", md::escape_inline(&alt))
 }
 
 /// The Markdown of each chart the slide relates to, by relationship id. A chart part that is
@@ -213,23 +261,7 @@ fn shapes(
                     blocks.push(md.clone());
                 }
             }
-            "pic" => {
-                let alt = shape
-                    .find("cNvPr")
-                    .and_then(|c| c.attr("descr").filter(|d| !d.trim().is_empty()))
-                    .map(|d| d.replace(['\n', '\r'], " "));
-                let name = shape
-                    .find("cNvPr")
-                    .and_then(|c| c.attr("name"))
-                    .unwrap_or("image");
-                if let Some(alt) = alt {
-                    blocks.push(format!(
-                        "![{}]({})",
-                        md::escape_inline(alt.trim()),
-                        name.replace(' ', "")
-                    ));
-                }
-            }
+            "pic" => blocks.push(picture(shape, refs.images)),
             "grpSp" => shapes(ctx, shape, refs, title, blocks)?,
             _ => {}
         }
