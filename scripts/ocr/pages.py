@@ -4,10 +4,12 @@ for the markdown service's OCR tests (scripts/test.sh writes them to .cache/test
 Each page is drawn with Debian's DejaVu fonts (fonts-dejavu-core) and then degraded the way scans
 are: a lower resolution, speckle noise and blur, skew of 2 and 6 degrees, turns of 90, 180 and 270
 degrees, two columns (one under a full-width title), accented French, German and Spanish, a
-heading over paragraphs with words hyphenated at line ends, and two pages in one TIFF. The text
-is this project's own. Writes PAGE.png (PAGE.tif for the two-page file) and PAGE.txt, the ground
-truth: the title, then the paragraphs, blank-line separated, in reading order, with no line-end
-hyphens. Does nothing when OUT_DIR already holds this version's pages.
+heading over paragraphs with words hyphenated at line ends, two pages in one TIFF, and tables
+(ruled, and aligned without rules) between paragraphs. The text is this project's own. Writes
+PAGE.png (PAGE.tif for the two-page file) and PAGE.txt, the ground truth: the title, then the
+paragraphs (a table's rows each one, its cells space-separated), blank-line separated, in reading
+order, with no line-end hyphens; a page with a table also gets PAGE.cells, the table's rows with
+tab-separated cells. Does nothing when OUT_DIR already holds this version's pages.
 
     python3 scripts/ocr/pages.py OUT_DIR
 """
@@ -140,6 +142,64 @@ def draw(paragraphs, dpi=300, columns=1, font_pt=11, title=None, hyphenate=False
     return img, "\n\n".join([title] * bool(title) + [p.replace("~", "") for p in paragraphs])
 
 
+SCHEDULE = [
+    ["Vessel", "Arrives", "Berth", "Cargo"],
+    ["Northern Star", "07:15", "3", "Timber"],
+    ["Island Queen", "08:40", "1", "Passengers"],
+    ["Marie Louise", "10:05", "5", "Grain and flour"],
+    ["Cormorant", "12:30", "2", "Fish"],
+    ["Westward Ho", "14:50", "4", "Steel pipes"],
+    ["Seven Sisters", "17:20", "1", "Passengers"],
+]
+
+
+def table_page(ruled, dpi=300, font_pt=11):
+    """A paragraph, the SCHEDULE table (with ruled cell borders, or aligned columns without any
+    rule), then another paragraph; returns (image, text, cells)."""
+    w, h = int(8.27 * dpi), int(11.69 * dpi)
+    img = Image.new("L", (w, h), 255)
+    d = ImageDraw.Draw(img)
+    font = ImageFont.truetype(FONT, int(font_pt * dpi / 72))
+    bold = ImageFont.truetype(BOLD, int(font_pt * dpi / 72))
+    margin = int(0.9 * dpi)
+    char_w = d.textlength("abcdefghijklmnopqrstuvwxyz", font=font) / 26
+    line_h = int(font.size * 1.35)
+    width = int((w - 2 * margin) / char_w)
+    before, after = ENGLISH[0], NOTICE[0].replace("~", "")
+    y = margin
+    for line in textwrap.wrap(before, width=width):
+        d.text((margin, y), line, font=font, fill=0)
+        y += line_h
+    y += line_h
+    pad = int(font.size * 0.6)
+    widths = [max(d.textlength(row[c], font=bold) for row in SCHEDULE) + 2 * pad
+              for c in range(len(SCHEDULE[0]))]
+    if not ruled:
+        widths = [cw + font.size * 2 for cw in widths]
+    xs = [margin]
+    for cw in widths:
+        xs.append(xs[-1] + int(cw))
+    row_h = line_h + (2 * pad if ruled else pad // 2)
+    top = y
+    for r, row in enumerate(SCHEDULE):
+        for c, cell in enumerate(row):
+            d.text((xs[c] + pad, y + (pad if ruled else 0)), cell, font=bold if r == 0 else font,
+                   fill=0)
+        y += row_h
+    if ruled:
+        stroke = max(2, dpi // 100)
+        for r in range(len(SCHEDULE) + 1):
+            d.line([(xs[0], top + r * row_h), (xs[-1], top + r * row_h)], fill=0, width=stroke)
+        for x in xs:
+            d.line([(x, top), (x, top + len(SCHEDULE) * row_h)], fill=0, width=stroke)
+    y += line_h
+    for line in textwrap.wrap(after, width=width):
+        d.text((margin, y), line, font=font, fill=0)
+        y += line_h
+    text = "\n\n".join([before] + [" ".join(row) for row in SCHEDULE] + [after])
+    return img, text, "\n".join("\t".join(row) for row in SCHEDULE) + "\n"
+
+
 def degrade(img, noise=0.0, blur=0.0, skew=0.0, turn=0, seed=1):
     rnd = random.Random(seed)
     if blur:
@@ -169,7 +229,7 @@ def main():
         with open(stamp, encoding="utf-8") as f:
             head, *files = f.read().split()
         if head == version and all(os.path.exists(os.path.join(out, n)) for n in files):
-            print(f"{len(files) // 2} pages in {out} (up to date)")
+            print(f"{sum(n.endswith('.txt') for n in files)} pages in {out} (up to date)")
             return
     except (OSError, ValueError):
         pass
@@ -190,11 +250,13 @@ def main():
         "spanish": (draw(SPANISH), {}),
         # Two pages in one TIFF; the truth is both, first page first.
         "two-pages": ([draw(ENGLISH), draw(NOTICE)], {}),
+        "table-ruled": (table_page(ruled=True), {"noise": 0.001}),
+        "table-aligned": (table_page(ruled=False), {"noise": 0.001, "skew": 1.0}),
     }
     files = []
     for name, (made, how) in pages.items():
         sheets = made if isinstance(made, list) else [made]
-        images = [degrade(img, **how) for img, _ in sheets]
+        images = [degrade(img, **how) for img, *_ in sheets]
         if len(images) == 1:
             files.append(name + ".png")
             images[0].save(os.path.join(out, files[-1]), dpi=(300, 300))
@@ -204,7 +266,11 @@ def main():
                            save_all=True, append_images=images[1:])
         files.append(name + ".txt")
         with open(os.path.join(out, files[-1]), "w", encoding="utf-8") as f:
-            f.write("\n\n".join(text for _, text in sheets))
+            f.write("\n\n".join(text for _, text, *_ in sheets))
+        if len(sheets[0]) == 3:
+            files.append(name + ".cells")
+            with open(os.path.join(out, files[-1]), "w", encoding="utf-8") as f:
+                f.write(sheets[0][2])
     with open(stamp, "w", encoding="utf-8") as f:
         f.write("\n".join([version] + files) + "\n")
     print(f"{len(pages)} pages in {out}")

@@ -105,8 +105,10 @@ fn recall(truth: &str, out: &str) -> f64 {
     found as f64 / truth.len().max(1) as f64
 }
 
+/// Lower case, one space between words, without Markdown's escapes, emphasis and table bars
+/// or the quote marks an engine adds from specks.
 fn normalise(text: &str) -> String {
-    text.replace(['\\', '*'], "")
+    text.replace(['\\', '*', '|', '’', '‘'], "")
         .to_lowercase()
         .split_whitespace()
         .collect::<Vec<_>>()
@@ -123,7 +125,7 @@ fn rendered_pages_are_read_whole_in_reading_order() {
         .filter(|n| n.ends_with(".png") || n.ends_with(".tif"))
         .collect();
     names.sort();
-    assert!(names.len() >= 15, "{names:?}");
+    assert!(names.len() >= 17, "{names:?}");
     for name in &names {
         let truth_path = dir.join(format!("{}.txt", name.rsplit_once('.').unwrap().0));
         let truth = std::fs::read_to_string(&truth_path).expect("the page's truth");
@@ -148,6 +150,72 @@ fn rendered_pages_are_read_whole_in_reading_order() {
             );
             at = found.unwrap();
         }
+    }
+}
+
+/// A cell's words, lower case, letters and digits only.
+fn cell_words(cell: &str) -> String {
+    cell.to_lowercase()
+        .split_whitespace()
+        .map(|w| {
+            w.chars()
+                .filter(|c| c.is_alphanumeric() || *c == ':')
+                .collect::<String>()
+        })
+        .filter(|w| !w.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn tables_ruled_or_aligned_come_out_as_markdown_tables() {
+    engine();
+    for name in ["table-ruled", "table-aligned"] {
+        let out = convert(
+            std::fs::read(pages().join(format!("{name}.png"))).unwrap(),
+            &format!("{name}.png"),
+        );
+        let truth: Vec<Vec<String>> =
+            std::fs::read_to_string(pages().join(format!("{name}.cells")))
+                .unwrap()
+                .lines()
+                .map(|l| l.split('\t').map(cell_words).collect())
+                .collect();
+        let text = out.split("## Text").nth(1).expect("a text section");
+        let rows: Vec<Vec<String>> = text
+            .lines()
+            .filter(|l| l.starts_with('|') && !l.contains("---"))
+            .map(|l| l.trim_matches('|').split(" | ").map(cell_words).collect())
+            .collect();
+        assert_eq!(
+            rows.len(),
+            truth.len(),
+            "{name}: the table's rows in:\n{out}"
+        );
+        let cells = truth.iter().map(Vec::len).sum::<usize>();
+        let mut right = 0;
+        for (row, want) in rows.iter().zip(&truth) {
+            assert_eq!(row.len(), want.len(), "{name}: {row:?} against {want:?}");
+            right += row.iter().zip(want).filter(|(a, b)| a == b).count();
+        }
+        assert!(
+            right * 20 >= cells * 19,
+            "{name}: {right} of {cells} cells right in:\n{out}"
+        );
+        // The paragraphs around the table stay paragraphs, before and after it.
+        let table_at = text.find("| ").unwrap();
+        assert!(
+            text[..table_at].contains("The harbour office opens"),
+            "{out}"
+        );
+        assert!(
+            text[table_at..].contains("Following extraordinary maintenance"),
+            "{out}"
+        );
+        assert!(
+            !text.contains("| The harbour") && !text.contains("| Following"),
+            "{out}"
+        );
     }
 }
 

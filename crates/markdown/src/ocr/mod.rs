@@ -3,14 +3,17 @@
 //!
 //! Per page: the analysis on a reduced, thresholded copy (`page`) says whether it looks like
 //! text, whether it lies on its side and how skewed it is; the page is turned and levelled,
-//! then cut where it can be read in parts at the same time (two columns, or two halves at a gap
+//! its rules taken out (`rules`), then cut where it can be read in parts at the same time (two columns, or two halves at a gap
 //! between lines); the parts go to the engine side by side, one thread each; their words come
-//! back as lines and become paragraphs (`text`). A page read with poor confidence is given to
-//! the engine's orientation detection once, and read again turned if it says so.
+//! back as lines and become tables where their columns line up (`table`) and paragraphs
+//! elsewhere (`text`). A page read with poor confidence is given to the engine's orientation
+//! detection once, and read again turned if it says so.
 
 mod language;
 mod page;
 pub(crate) mod raster;
+mod rules;
+mod table;
 mod tesseract;
 mod text;
 
@@ -190,12 +193,15 @@ impl Reader<'_, '_> {
             gray = gray.turned(2);
             ink = Gray::turned_ink(&ink, 2);
         }
-        // Lines taller than the engine needs cost layout time for nothing: scaled down to it.
-        if let Some(height) = page::line_height(&ink) {
+        if let Some(mut height) = page::line_height(&ink) {
+            // Lines taller than the engine needs cost layout time for nothing: scaled down.
+            let scale = (LINE_PIXELS as f64 / height as f64).max(0.5);
             if height > MAX_LINE_PIXELS {
-                gray = gray.scaled((LINE_PIXELS as f64 / height as f64).max(0.5));
-                ink = page::ink(&gray);
+                gray = gray.scaled(scale);
+                height = (height as f64 * scale) as usize;
             }
+            rules::remove(&mut gray, height);
+            ink = page::ink(&gray);
         }
         let first = named.clone().unwrap_or_else(Languages::first);
         let mut lines = read.lines(&gray, &ink, &first)?;
@@ -213,7 +219,7 @@ impl Reader<'_, '_> {
             let plain: String = lines
                 .iter()
                 .flat_map(|l| l.words.iter())
-                .map(|w| format!("{w} "))
+                .map(|w| format!("{} ", w.text))
                 .collect();
             if let Some(own) = language::second_reading(engine, &plain) {
                 lines = read.lines(&gray, &ink, &own)?;

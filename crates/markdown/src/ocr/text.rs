@@ -1,6 +1,17 @@
 //! The engine's words (its TSV: block, paragraph, line, box, confidence, text) to Markdown:
-//! lines joined into paragraphs by their spacing and indents, hyphenated line ends joined,
-//! lines in clearly larger type as headings.
+//! tables found by their aligned columns (`table`), the other lines joined into paragraphs by
+//! their spacing and indents, hyphenated line ends joined, lines in clearly larger type as
+//! headings.
+
+use super::table;
+
+/// One recognised word and its left and right edges, in page pixels.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Word {
+    pub text: String,
+    pub left: i64,
+    pub right: i64,
+}
 
 /// One line of recognised words, in page pixels.
 #[derive(Debug, Clone, PartialEq)]
@@ -11,7 +22,7 @@ pub(crate) struct Line {
     pub top: i64,
     pub right: i64,
     pub bottom: i64,
-    pub words: Vec<String>,
+    pub words: Vec<Word>,
     /// Mean word confidence, 0 to 100.
     pub conf: f64,
     /// The cut above this line's part ran through a paragraph (see `page::Part`).
@@ -19,7 +30,7 @@ pub(crate) struct Line {
 }
 
 impl Line {
-    fn height(&self) -> i64 {
+    pub(crate) fn height(&self) -> i64 {
         self.bottom - self.top
     }
 }
@@ -44,13 +55,18 @@ pub(crate) fn lines(tsv: &str, dx: i64, dy: i64, joins: bool) -> Vec<Line> {
         let (right, bottom) = (left + num(8), top + num(9));
         let conf = f[10].trim().parse::<f64>().unwrap_or(0.0);
         let this = (num(2), num(3), num(4));
+        let word = Word {
+            text: text.to_string(),
+            left,
+            right,
+        };
         match out.last_mut() {
             Some(line) if key == Some(this) => {
                 line.left = line.left.min(left);
                 line.top = line.top.min(top);
                 line.right = line.right.max(right);
                 line.bottom = line.bottom.max(bottom);
-                line.words.push(text.to_string());
+                line.words.push(word);
                 confs.push(conf);
             }
             _ => {
@@ -66,7 +82,7 @@ pub(crate) fn lines(tsv: &str, dx: i64, dy: i64, joins: bool) -> Vec<Line> {
                     top,
                     right,
                     bottom,
-                    words: vec![text.to_string()],
+                    words: vec![word],
                     conf: 0.0,
                     joins_previous: joins && out.is_empty(),
                 });
@@ -94,7 +110,7 @@ pub(crate) fn quality(lines: &[Line]) -> (f64, usize) {
     (if words == 0 { 0.0 } else { sum / words as f64 }, words)
 }
 
-fn median(mut v: Vec<i64>) -> i64 {
+pub(crate) fn median(mut v: Vec<i64>) -> i64 {
     if v.is_empty() {
         return 0;
     }
@@ -102,55 +118,101 @@ fn median(mut v: Vec<i64>) -> i64 {
     v[v.len() / 2]
 }
 
-/// A page's lines, from all its parts in reading order, as Markdown.
+/// A page's lines, from all its parts in reading order, as Markdown: each table where its first
+/// line was, the lines between tables as paragraphs.
 pub(crate) fn markdown(lines: &[Line], heading_mark: &str) -> String {
-    let usual_height = median(lines.iter().map(Line::height).collect());
-    let pitches: Vec<i64> = lines
-        .windows(2)
-        .filter(|w| w[0].block == w[1].block && !w[1].joins_previous)
-        .map(|w| w[1].top - w[0].top)
-        .filter(|&p| p > 0)
-        .collect();
-    let usual_pitch = median(pitches);
-    let mut paragraphs: Vec<(bool, Vec<&Line>)> = Vec::new();
-    // In type half as large again as the page's usual lines.
-    let is_heading = |l: &Line| usual_height > 0 && l.height() * 2 >= usual_height * 3;
-    for (i, line) in lines.iter().enumerate() {
-        let heading = is_heading(line);
-        let new = match i.checked_sub(1).map(|p| &lines[p]) {
-            None => true,
-            Some(prev) if line.joins_previous => heading != is_heading(prev),
-            Some(prev) => {
-                let pitch = line.top - prev.top;
-                let gap = usual_pitch > 0 && (pitch * 5 > usual_pitch * 7 || pitch < 0);
-                let width = paragraph_right(&paragraphs).max(prev.right) - prev.left.min(line.left);
-                let short = prev.right - prev.left.min(line.left) < width * 17 / 20;
-                let indented = line.left - prev.left > usual_height;
-                // A new block or paragraph of the engine's counts only after a short line or
-                // before an indent (it also splits at the last line of a paragraph).
-                let engine_break = line.block != prev.block || line.par != prev.par;
-                heading != is_heading(prev) || gap || engine_break && (short || indented)
-            }
-        };
-        if new {
-            paragraphs.push((heading, vec![line]));
-        } else if let Some((_, p)) = paragraphs.last_mut() {
-            p.push(line);
+    let page = Page {
+        usual_height: median(lines.iter().map(Line::height).collect()),
+        usual_pitch: median(
+            lines
+                .windows(2)
+                .filter(|w| w[0].block == w[1].block && !w[1].joins_previous)
+                .map(|w| w[1].top - w[0].top)
+                .filter(|&p| p > 0)
+                .collect(),
+        ),
+        heading_mark,
+    };
+    let tables = table::find(lines, page.usual_height);
+    let mut in_table = vec![None; lines.len()];
+    for (t, found) in tables.iter().enumerate() {
+        for &i in &found.lines {
+            in_table[i] = Some(t);
         }
     }
     let mut out = String::new();
-    for (heading, p) in paragraphs {
-        let text = join(&p);
-        if text.is_empty() {
-            continue;
+    let mut run: Vec<&Line> = Vec::new();
+    let mut written = vec![false; tables.len()];
+    for (line, table) in lines.iter().zip(&in_table) {
+        match table {
+            None => run.push(line),
+            Some(t) => {
+                if !written[*t] {
+                    page.paragraphs(&std::mem::take(&mut run), &mut out);
+                    out.push_str(&tables[*t].markdown);
+                    out.push('\n');
+                    written[*t] = true;
+                }
+            }
         }
-        if heading && text.len() <= 200 {
-            out.push_str(heading_mark);
-        }
-        out.push_str(&text);
-        out.push_str("\n\n");
     }
+    page.paragraphs(&run, &mut out);
     out
+}
+
+/// What the page's lines have in common, against which each line is judged.
+struct Page<'a> {
+    usual_height: i64,
+    usual_pitch: i64,
+    heading_mark: &'a str,
+}
+
+impl Page<'_> {
+    /// In type half as large again as the page's usual lines.
+    fn is_heading(&self, l: &Line) -> bool {
+        self.usual_height > 0 && l.height() * 2 >= self.usual_height * 3
+    }
+
+    /// Consecutive lines as paragraphs, appended to `out`.
+    fn paragraphs(&self, lines: &[&Line], out: &mut String) {
+        let mut paragraphs: Vec<(bool, Vec<&Line>)> = Vec::new();
+        for (i, &line) in lines.iter().enumerate() {
+            let heading = self.is_heading(line);
+            let new = match i.checked_sub(1).map(|p| lines[p]) {
+                None => true,
+                Some(prev) if line.joins_previous => heading != self.is_heading(prev),
+                Some(prev) => {
+                    let pitch = line.top - prev.top;
+                    let usual_pitch = self.usual_pitch;
+                    let gap = usual_pitch > 0 && (pitch * 5 > usual_pitch * 7 || pitch < 0);
+                    let width =
+                        paragraph_right(&paragraphs).max(prev.right) - prev.left.min(line.left);
+                    let short = prev.right - prev.left.min(line.left) < width * 17 / 20;
+                    let indented = line.left - prev.left > self.usual_height;
+                    // A new block or paragraph of the engine's counts only after a short line
+                    // or before an indent (it also splits at the last line of a paragraph).
+                    let engine_break = line.block != prev.block || line.par != prev.par;
+                    heading != self.is_heading(prev) || gap || engine_break && (short || indented)
+                }
+            };
+            if new {
+                paragraphs.push((heading, vec![line]));
+            } else if let Some((_, p)) = paragraphs.last_mut() {
+                p.push(line);
+            }
+        }
+        for (heading, p) in paragraphs {
+            let text = join(&p);
+            if text.is_empty() {
+                continue;
+            }
+            if heading && text.len() <= 200 {
+                out.push_str(self.heading_mark);
+            }
+            out.push_str(&text);
+            out.push_str("\n\n");
+        }
+    }
 }
 
 fn paragraph_right(paragraphs: &[(bool, Vec<&Line>)]) -> i64 {
@@ -169,20 +231,20 @@ fn join(lines: &[&Line]) -> String {
                 .filter(|t| t.chars().last().is_some_and(char::is_alphabetic))
                 .is_some()
                 && std::ptr::eq(word, &line.words[0])
-                && word.chars().next().is_some_and(char::is_lowercase);
+                && word.text.chars().next().is_some_and(char::is_lowercase);
             if broken {
                 text.pop();
             } else if !text.is_empty() {
                 text.push(' ');
             }
-            text.push_str(&escape(word));
+            text.push_str(&escape(&word.text));
         }
     }
     text
 }
 
-/// Characters that Markdown would read as markup at the start of a word.
-fn escape(word: &str) -> String {
+/// A word with the characters Markdown would read as markup escaped.
+pub(crate) fn escape(word: &str) -> String {
     let mut out = String::with_capacity(word.len());
     for c in word.chars() {
         if matches!(
