@@ -272,18 +272,6 @@ async fn image_bombs_and_endless_ocr_are_answered_in_time_and_the_host_stays_up(
     );
     let http = reqwest::Client::new();
     let url = server.url("markdown").to_string();
-    let docs = std::env::var_os("HEARTH_TEST_DOCS")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/test-docs"));
-    let page = image::open(docs.join("ocr-pages/clean-300dpi.png"))
-        .expect("the OCR test pages (scripts/test.sh writes them)")
-        .into_luma8();
-    let (w, h) = page.dimensions();
-    let tiled = image::GrayImage::from_fn(w * 2, h * 2, |x, y| *page.get_pixel(x % w, y % h));
-    let mut tiled_png = std::io::Cursor::new(Vec::new());
-    tiled
-        .write_to(&mut tiled_png, image::ImageFormat::Png)
-        .unwrap();
     let cases = [
         (
             "png claiming 10^10 pixels",
@@ -293,7 +281,7 @@ async fn image_bombs_and_endless_ocr_are_answered_in_time_and_the_host_stays_up(
             "png claiming a 1,000,000-pixel row",
             gen::png_claiming(1_000_000, 2),
         ),
-        ("four pages of text in one image", tiled_png.into_inner()),
+        ("four pages of text in one image", four_pages_in_one_png()),
     ];
     for (name, bytes) in cases {
         let started = Instant::now();
@@ -311,34 +299,119 @@ async fn image_bombs_and_endless_ocr_are_answered_in_time_and_the_host_stays_up(
     }
     // No engine outlives the conversion it was started for: the workers have no children.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let engines: Vec<String> = server
-        .children()
-        .into_iter()
-        .flat_map(|worker| {
-            std::fs::read_dir(format!("/proc/{worker}/task"))
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
-                .collect::<Vec<_>>()
-        })
-        .flat_map(|pids| {
-            pids.split_whitespace()
-                .map(str::to_string)
-                .collect::<Vec<_>>()
-        })
-        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
-        .filter(|stat| {
-            !stat
-                .rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z')
-        })
-        .collect();
+    let engines = engines(&server);
     assert!(
         engines.is_empty(),
         "workers' children still running: {engines:?}"
     );
+}
+
+/// Whether a process is alive (not gone, not a zombie).
+fn alive(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
+}
+
+/// The server's conversion workers that have running children (OCR engines), with those
+/// children's pids.
+fn reading(server: &ServerProcess) -> Vec<(String, Vec<String>)> {
+    server
+        .children()
+        .into_iter()
+        .map(|worker| {
+            let children: Vec<String> = std::fs::read_dir(format!("/proc/{worker}/task"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+                .flat_map(|pids| {
+                    pids.split_whitespace()
+                        .map(str::to_string)
+                        .collect::<Vec<_>>()
+                })
+                .filter(|pid| alive(pid))
+                .collect();
+            (worker.to_string(), children)
+        })
+        .filter(|(_, children)| !children.is_empty())
+        .collect()
+}
+
+/// The running children of the server's conversion workers: OCR engines.
+fn engines(server: &ServerProcess) -> Vec<String> {
+    reading(server).into_iter().flat_map(|(_, c)| c).collect()
+}
+
+/// A page of text tiled four times: a few seconds of OCR.
+fn four_pages_in_one_png() -> Vec<u8> {
+    let docs = std::env::var_os("HEARTH_TEST_DOCS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/test-docs"));
+    let page = image::open(docs.join("ocr-pages/clean-300dpi.png"))
+        .expect("the OCR test pages (scripts/test.sh writes them)")
+        .into_luma8();
+    let (w, h) = page.dimensions();
+    let tiled = image::GrayImage::from_fn(w * 2, h * 2, |x, y| *page.get_pixel(x % w, y % h));
+    let mut png = std::io::Cursor::new(Vec::new());
+    tiled.write_to(&mut png, image::ImageFormat::Png).unwrap();
+    png.into_inner()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_vanishes_mid_ocr_frees_its_worker_and_engines() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = ServerProcess::start(
+        &["markdown"],
+        &models(dir.path()),
+        &[("HEARTH_MARKDOWN_TIME_LIMIT_SECS", "60")],
+    );
+    let http = reqwest::Client::new();
+    let url = server.url("markdown").to_string();
+    let job = tokio::spawn({
+        let (http, url) = (http.clone(), url.clone());
+        async move { upload(&http, &url, "scan.png", four_pages_in_one_png()).await }
+    });
+    // Once an engine is reading the page, the client goes away.
+    let mut busy = Vec::new();
+    for _ in 0..600 {
+        busy = reading(&server);
+        if !busy.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!busy.is_empty(), "no OCR engine was ever seen running");
+    job.abort();
+    assert!(job.await.unwrap_err().is_cancelled());
+    // The worker is killed with its engines (a conversion that ran to its end would have left
+    // its worker alive and idle), and the pool replaces it; nothing reads on for nobody.
+    let mut freed = false;
+    for _ in 0..100 {
+        let workers = pool_state(&http, &url).await;
+        if busy
+            .iter()
+            .all(|(worker, children)| !alive(worker) && !children.iter().any(|c| alive(c)))
+            && workers["live"] == workers["workers"]
+            && workers["idle"] == workers["workers"]
+        {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        freed,
+        "5 s after the client left: busy {busy:?}, engines {:?}, workers {}",
+        engines(&server),
+        pool_state(&http, &url).await
+    );
+    assert!(server.is_running());
+    let (status, body) = upload(&http, &url, "small.csv", b"a,b\n1,2\n".to_vec()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
 }
