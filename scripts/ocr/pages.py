@@ -9,7 +9,8 @@ heading over paragraphs with words hyphenated at line ends, two pages in one TIF
 PAGE.png (PAGE.tif for the two-page file) and PAGE.txt, the ground truth: the title, then the
 paragraphs (a table's rows each one, its cells space-separated), blank-line separated, in reading
 order, with no line-end hyphens; a page with a table also gets PAGE.cells, the table's rows with
-tab-separated cells. Does nothing when OUT_DIR already holds this version's pages.
+tab-separated cells; the 150 dpi page is also written in colour as JPEG 2000 (clean-150dpi.jp2),
+as scanners put pages into PDFs. Does nothing when OUT_DIR already holds this version's pages.
 
     python3 scripts/ocr/pages.py OUT_DIR
 """
@@ -264,6 +265,10 @@ def main():
             files.append(name + ".tif")
             images[0].save(os.path.join(out, files[-1]), dpi=(300, 300), compression="tiff_deflate",
                            save_all=True, append_images=images[1:])
+        if name == "clean-150dpi":
+            files.append(name + ".jp2")
+            images[0].convert("RGB").save(os.path.join(out, files[-1]), quality_mode="dB",
+                                          quality_layers=[38])
         files.append(name + ".txt")
         with open(os.path.join(out, files[-1]), "w", encoding="utf-8") as f:
             f.write("\n\n".join(text for _, text, *_ in sheets))

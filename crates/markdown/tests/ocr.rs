@@ -373,6 +373,8 @@ enum PdfPage<'a> {
     Text(&'a str),
     /// A grey image (width, height, pixels) filling the page.
     Scan((usize, usize, Vec<u8>)),
+    /// A JPEG 2000 image (width, height, JP2 file) filling the page.
+    Jpx((usize, usize, Vec<u8>)),
 }
 
 /// A PDF of `pages`, written with the hostile suite's PDF builder.
@@ -391,6 +393,16 @@ fn pdf(pages: &[PdfPage<'_>]) -> Vec<u8> {
                          /ColorSpace /DeviceGray /BitsPerComponent 8 /Filter /FlateDecode"
                     ),
                     &gen::zlib(gray),
+                ));
+                let draw = b"q 612 0 0 792 0 0 cm /Im1 Do Q".to_vec();
+                (format!("/XObject << /Im1 {image} 0 R >>"), draw)
+            }
+            PdfPage::Jpx((w, h, jp2)) => {
+                let image = pdf.add(gen::stream(
+                    &format!(
+                        "/Type /XObject /Subtype /Image /Width {w} /Height {h} /Filter /JPXDecode"
+                    ),
+                    jp2,
                 ));
                 let draw = b"q 612 0 0 792 0 0 cm /Im1 Do Q".to_vec();
                 (format!("/XObject << /Im1 {image} 0 R >>"), draw)
@@ -446,6 +458,42 @@ fn a_mixed_pdf_keeps_its_text_layer_and_reads_only_its_scanned_page() {
     assert!(out.contains("A text layer page about lighthouses"), "{out}");
     assert!(out.contains("page 2 has no text layer"), "{out}");
     assert!(recall(&truth, &out) < 0.2, "{out}");
+}
+
+#[test]
+fn a_scanned_pdf_page_in_jpeg_2000_is_read() {
+    engine();
+    let truth = std::fs::read_to_string(pages().join("clean-150dpi.txt")).unwrap();
+    let (w, h, _) = gray_page("clean-150dpi.png");
+    let jp2 = std::fs::read(pages().join("clean-150dpi.jp2")).unwrap();
+    let out = convert(pdf(&[PdfPage::Jpx((w, h, jp2.clone()))]), "jpx.pdf");
+    assert!(recall(&truth, &out) >= 0.97, "{out}");
+    // A codestream cut short is a page left unread, not a failed conversion.
+    let cut = jp2[..jp2.len() / 3].to_vec();
+    let out = convert(
+        pdf(&[PdfPage::Text("Cover"), PdfPage::Jpx((w, h, cut))]),
+        "cut.pdf",
+    );
+    assert!(out.contains("Cover"), "{out}");
+    // A codestream that declares 10^10 pixels is refused from its header, not decoded.
+    let mut bomb = jp2;
+    let siz = bomb.windows(2).position(|w| w == [0xFF, 0x51]).unwrap();
+    // SIZ: marker, length (2), capabilities (2), then the grid's width and height (4 each).
+    bomb[siz + 6..siz + 14].copy_from_slice(&[0, 1, 0x86, 0xA0, 0, 1, 0x86, 0xA0]);
+    let done = Converter::default()
+        .convert(
+            pdf(&[PdfPage::Text("Cover"), PdfPage::Jpx((w, h, bomb))]),
+            Some("bomb.pdf"),
+        )
+        .unwrap();
+    assert!(done.markdown.contains("Cover"), "{}", done.markdown);
+    assert!(
+        done.warnings
+            .iter()
+            .any(|w| w.contains("page 2") && w.contains("100000x100000 pixels")),
+        "{:?}",
+        done.warnings
+    );
 }
 
 #[test]

@@ -267,8 +267,8 @@ fn usable(lines: &[Line]) -> bool {
     all > 0 && good * 2 > all
 }
 
-/// The image as grey pixels, or `None` for one OCR cannot use (a stencil too small, JPEG 2000,
-/// JBIG2).
+/// The image as grey pixels, or `None` for one OCR cannot use (too small to be a page, or in
+/// a colour space or filter chain it cannot read).
 fn decode(ctx: &Ctx<'_>, image: &Image) -> Result<Option<Gray>> {
     let dict = &image.dict;
     let (w, h) = (
@@ -311,7 +311,7 @@ fn decode(ctx: &Ctx<'_>, image: &Image) -> Result<Option<Gray>> {
         Some(b"JBIG2Decode") if filters.len() == 1 => {
             jbig2(&image.data, image.globals.as_deref(), w, h)?
         }
-        Some(b"JPXDecode") => return Ok(None),
+        Some(b"JPXDecode") if filters.len() == 1 => jpx(ctx, &image.data)?,
         _ => {
             let stream = pdf_extract::Stream::new(dict.clone(), image.data.clone());
             let data = match super::unpack::decode(ctx, (0, 0), &stream)? {
@@ -361,6 +361,47 @@ fn fax(data: &[u8], w: usize, h: usize, k: i64) -> Result<Gray> {
         ));
     }
     px.resize(w * h, 255);
+    Ok(Gray { w, h, px })
+}
+
+/// JPEG 2000-coded pixels, as grey. The codestream's own size is checked against the page
+/// limits, and its decoding (a float per sample) charged, before it is decoded.
+fn jpx(ctx: &Ctx<'_>, data: &[u8]) -> Result<Gray> {
+    use hayro_jpeg2000::{ColorSpace, DecodeSettings, DecoderContext, Image as Jpx};
+    let bad =
+        |e: hayro_jpeg2000::DecodeError| Error::malformed(Format::Pdf, format!("JPEG 2000: {e}"));
+    let image = Jpx::new(data, &DecodeSettings::default()).map_err(bad)?;
+    let (w, h) = (image.width() as usize, image.height() as usize);
+    check_size(w as u64, h as u64)?;
+    let channels = usize::from(image.color_space().num_channels()) + usize::from(image.has_alpha());
+    ctx.charge((w * h * channels * 4) as u64)?;
+    let mut decoder = DecoderContext::default();
+    let decoded = image.decode(&mut decoder).map_err(bad)?;
+    let data = decoded.data_u8();
+    if w == 0 || channels == 0 || data.len() != w * h * channels {
+        return Err(Error::malformed(
+            Format::Pdf,
+            "JPEG 2000: unexpected sample count",
+        ));
+    }
+    let px = match image.color_space() {
+        ColorSpace::RGB
+        | ColorSpace::Icc {
+            num_channels: 3, ..
+        } => data
+            .chunks_exact(channels)
+            .map(|p| luma(p[0], p[1], p[2]))
+            .collect(),
+        ColorSpace::CMYK
+        | ColorSpace::Icc {
+            num_channels: 4, ..
+        } => data
+            .chunks_exact(channels)
+            .map(|p| cmyk_gray(p[0], p[1], p[2], p[3]))
+            .collect(),
+        // Grey, or channels of unknown meaning: the first is read as grey.
+        _ => data.chunks_exact(channels).map(|p| p[0]).collect(),
+    };
     Ok(Gray { w, h, px })
 }
 
@@ -444,21 +485,19 @@ fn samples(dict: &Dictionary, data: &[u8], w: usize, h: usize) -> Option<Gray> {
                 (Some(p), _) => p.get(usize::from(value(0))).copied().unwrap_or(255),
                 (None, 1) => value(0),
                 (None, 3) => luma(value(0), value(1), value(2)),
-                (None, 4) => {
-                    let k = u32::from(value(3));
-                    let ink = |c: u8| 255 - (u32::from(c) + k).min(255);
-                    luma(
-                        ink(value(0)) as u8,
-                        ink(value(1)) as u8,
-                        ink(value(2)) as u8,
-                    )
-                }
+                (None, 4) => cmyk_gray(value(0), value(1), value(2), value(3)),
                 _ => return None,
             };
             px.push(v);
         }
     }
     Some(Gray { w, h, px })
+}
+
+/// The grey of a CMYK sample (each ink's amount added to black's, as PDF's naive conversion).
+fn cmyk_gray(c: u8, m: u8, y: u8, k: u8) -> u8 {
+    let ink = |v: u8| (255 - (u32::from(v) + u32::from(k)).min(255)) as u8;
+    luma(ink(c), ink(m), ink(y))
 }
 
 /// Components a sample has, and for an indexed space the grey of each palette entry.
