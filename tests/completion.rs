@@ -87,16 +87,23 @@ pub(crate) async fn spawn_completion_with(
     extra: &str,
     configure: impl FnOnce(&mut hearth_server::config::RawConfig),
 ) -> App {
+    spawn_completion_table(extra, "", configure).await
+}
+
+/// The same, with `rows` (more tables, such as `[embedding."id"]`) appended to the model table.
+pub(crate) async fn spawn_completion_table(
+    extra: &str,
+    rows: &str,
+    configure: impl FnOnce(&mut hearth_server::config::RawConfig),
+) -> App {
     let models = tempfile::tempdir().unwrap();
     let table = models_toml(models.path());
-    if !extra.is_empty() {
-        let text = std::fs::read_to_string(&table).unwrap().replacen(
-            "shutdown_grace_ms = 500",
-            &format!("shutdown_grace_ms = 500\n{extra}"),
-            1,
-        );
-        std::fs::write(&table, text).unwrap();
-    }
+    let text = std::fs::read_to_string(&table).unwrap().replacen(
+        "shutdown_grace_ms = 500",
+        &format!("shutdown_grace_ms = 500\n{extra}"),
+        1,
+    );
+    std::fs::write(&table, format!("{text}\n{rows}")).unwrap();
     let app = TestApp::builder()
         .services(&[Service::Auth, Service::Completion])
         .configure(|raw| {

@@ -13,6 +13,7 @@ mod completion;
 mod completion_browser;
 mod completion_refusals;
 mod connections;
+mod embeddings;
 mod field_rules;
 mod holds;
 mod imagine;

@@ -98,8 +98,13 @@ fn load_error(path: &Path, reason: impl std::fmt::Display) -> Error {
 }
 
 impl EmbeddingModel {
-    /// Loads the folder `dir` onto `device`.
-    pub fn load(dir: &Path, device: &Device) -> Result<EmbeddingModel> {
+    /// Loads the folder `dir` onto the CPU, or onto CUDA device `gpu` (with the `cuda` feature).
+    pub fn load(dir: &Path, gpu: Option<usize>) -> Result<EmbeddingModel> {
+        let device = match gpu {
+            None => Device::Cpu,
+            Some(n) => Device::new_cuda(n).map_err(|e| load_error(dir, e))?,
+        };
+        let device = &device;
         let config: Config = read_json(dir, "config.json")?;
         let raw: serde_json::Value = read_json(dir, "config.json")?;
         let dimensions = raw["hidden_size"]

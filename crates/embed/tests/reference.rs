@@ -7,7 +7,6 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use candle_core::Device;
 use hearth_embed::{EmbeddingModel, Engine, EngineConfig, Error};
 use serde::Deserialize;
 
@@ -36,7 +35,7 @@ fn model() -> EmbeddingModel {
     let dir = std::env::var_os("HEARTH_EMBED_MODEL")
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join("weights/all-MiniLM-L6-v2"));
-    EmbeddingModel::load(&dir, &Device::Cpu).unwrap_or_else(|e| {
+    EmbeddingModel::load(&dir, None).unwrap_or_else(|e| {
         panic!("{e} (scripts/fetch-weights.sh minilm writes it; scripts/test.sh runs that)")
     })
 }

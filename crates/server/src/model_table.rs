@@ -1,12 +1,12 @@
 //! The model table (`models.toml`) as a file: one typed raw value for all of it
-//! ([`RawModelTable`]: `[defaults]`, `[text."id"]`, `[image."id"]`), read and deserialized once
-//! by `app::start` when a service that serves models runs and kept in `AppState`, from which each
-//! service resolves its own part (`completion::catalog` the text rows, `imagine::catalog` the
-//! image rows). Every table in it refuses a key it does not know, naming
+//! ([`RawModelTable`]: `[defaults]`, `[text."id"]`, `[image."id"]`, `[embedding."id"]`), read
+//! and deserialized once by `app::start` when a service that serves models runs and kept in
+//! `AppState`, from which each service resolves its own part (`completion::catalog` the text
+//! rows, `completion::embeddings` the embedding rows, `imagine::catalog` the image rows). Every table in it refuses a key it does not know, naming
 //! the key, where it stands (`[defaults] thread`, `[txt."my-model"]`) and the closest known key
 //! ([`crate::config::closest`], the rule `hearth.toml`'s variables use too).
 //!
-//! Adding a model kind (say `[embedding."id"]`) is one field of [`RawModelTable`] (a map from id
+//! Adding a model kind (as `[embedding."id"]` was) is one field of [`RawModelTable`] (a map from id
 //! to its raw row, a struct with `#[serde(deny_unknown_fields)]`) plus its service's resolver.
 //! The unknown-key check needs nothing more: serde hands it the known keys of whatever table
 //! refused one.
@@ -30,6 +30,8 @@ pub struct RawModelTable {
     pub text: BTreeMap<String, RawTextModel>,
     #[serde(default)]
     pub image: BTreeMap<String, RawImageModel>,
+    #[serde(default)]
+    pub embedding: BTreeMap<String, RawEmbeddingModel>,
 }
 
 /// `[defaults]`: what a row that does not say takes.
@@ -93,6 +95,19 @@ pub struct RawImageModel {
     pub max_queued: Option<usize>,
     pub device: Option<String>,
     pub dtype: Option<String>,
+}
+
+/// An `[embedding."id"]` row (resolved by `completion::embeddings`, which documents each key).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEmbeddingModel {
+    pub weights: String,
+    pub input_price_per_million: String,
+    pub device: Option<String>,
+    pub shortens: Option<bool>,
+    pub max_inputs: Option<usize>,
+    pub max_batch_tokens: Option<usize>,
+    pub max_queued: Option<usize>,
 }
 
 /// What is wrong with the model table.
@@ -431,7 +446,7 @@ mod tests {
         );
         assert_eq!(
             error("threads = 2\n"),
-            "/srv/models.toml: the top level: unknown key threads; known here: defaults, text, image"
+            "/srv/models.toml: the top level: unknown key threads; known here: defaults, text, image, embedding"
         );
     }
 

@@ -10,6 +10,7 @@
 //! the end (finished, stopped, client gone, engine failure, shutdown).
 
 mod catalog;
+mod embeddings;
 mod engines;
 mod grammar;
 mod openai;
@@ -65,6 +66,8 @@ pub struct CompletionState {
 
 struct Core {
     catalog: Catalog,
+    /// The `[embedding."id"]` models, each loaded on its first request.
+    embeddings: embeddings::EmbeddingModels,
     engines: engines::Engines,
     /// Each user's running completions, against `completion.max_concurrent_per_user`.
     user_slots: UserSlots,
@@ -84,6 +87,8 @@ struct Core {
 pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
     let catalog = catalog::resolve(&state.model_table, &state.config.models)
         .map_err(|e| ServiceInitError::new(Service::Completion, e))?;
+    let embeddings = embeddings::resolve(&state.model_table, &state.config.models)
+        .map_err(|e| ServiceInitError::new(Service::Completion, e))?;
     let engines = engines::Engines::start(
         &catalog,
         state.config.completion.retry_after,
@@ -91,6 +96,7 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
     );
     let core = Arc::new(Core {
         catalog,
+        embeddings,
         engines,
         user_slots: UserSlots::new(state.config.completion.max_concurrent_per_user),
         client_stall_timeout: state.config.completion.client_stall_timeout,

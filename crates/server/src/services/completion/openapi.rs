@@ -29,6 +29,7 @@ use crate::openapi::{BearerAuth, ErrorObject};
         super::openai::model,
         super::openai::chat,
         super::openai::text,
+        super::embeddings::create,
     ),
     modifiers(&BearerAuth),
     tags(

@@ -1,6 +1,7 @@
 //! The OpenAI-compatible routes of the completion listener, beside the spec's (which stay as
 //! they are): `GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/chat/completions` and
-//! `POST /v1/completions`, whole or streamed (`data: {chunk}` ... `data: [DONE]`).
+//! `POST /v1/completions`, whole or streamed (`data: {chunk}` ... `data: [DONE]`), and
+//! `POST /v1/embeddings` (`super::embeddings`).
 //!
 //! Credentials come as `Authorization: Bearer <serviceToken>`, that API's convention. A request
 //! is checked into the same [`ValidRequest`](super::validate::ValidRequest) as the spec's and
@@ -73,9 +74,10 @@ pub fn routes() -> Router<CompletionState> {
         .route("/v1/models/{id}", get(model))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(text))
+        .route("/v1/embeddings", post(super::embeddings::create))
 }
 
-async fn session(
+pub(super) async fn session(
     cs: &CompletionState,
     headers: &HeaderMap,
 ) -> Result<crate::state::Session, OpenAiError> {
@@ -85,6 +87,12 @@ async fn session(
         )
     })?;
     Ok(authenticate(cs, token).await?)
+}
+
+/// 404 `model_not_found`, naming the request's `model` field.
+pub(super) fn model_not_found(id: &str) -> ApiError {
+    ApiError::not_found(format!("the model {id:?} does not exist"))
+        .with_details(serde_json::json!({ "field": "model", "code": "model_not_found" }))
 }
 
 fn model_object(cs: &CompletionState, id: &str) -> ModelObject {
@@ -111,6 +119,7 @@ async fn models(State(cs): State<CompletionState>) -> Json<ModelList> {
         .catalog
         .ids()
         .iter()
+        .chain(cs.core.embeddings.ids())
         .map(|id| model_object(&cs, id))
         .collect();
     Json(ModelList {
@@ -135,13 +144,10 @@ async fn model(
     State(cs): State<CompletionState>,
     Path(id): Path<String>,
 ) -> Result<Json<ModelObject>, OpenAiError> {
-    match cs.core.catalog.get(&id) {
-        Some(_) => Ok(Json(model_object(&cs, &id))),
-        None => Err(
-            ApiError::not_found(format!("the model {id:?} does not exist"))
-                .with_details(serde_json::json!({ "field": "model", "code": "model_not_found" }))
-                .into(),
-        ),
+    if cs.core.catalog.get(&id).is_some() || cs.core.embeddings.get(&id).is_some() {
+        Ok(Json(model_object(&cs, &id)))
+    } else {
+        Err(model_not_found(&id).into())
     }
 }
 

@@ -1,0 +1,526 @@
+//! `POST /v1/embeddings` on the completion listener, in the OpenAI API's shape, and the
+//! `[embedding."id"]` rows of the model table behind it.
+//!
+//! A row's keys: `weights` (a sentence-transformers folder, relative to the table; required),
+//! `input_price_per_million` (credits per million input tokens; required), `device` (default
+//! `[defaults] device`), `shortens` (the model was trained so that its vectors may be cut short,
+//! as Matryoshka models are: `dimensions` is honoured; default false, and a request naming
+//! `dimensions` is refused), `max_inputs` (inputs per request, default 2048), `max_batch_tokens`
+//! (padded tokens per forward pass, default 8192) and `max_queued` (inputs waiting, default
+//! 4096).
+//!
+//! A request is authenticated as the other `/v1` routes are, checked, tokenized off the async
+//! workers, priced per input token, held, embedded by the model's engine (which batches clients'
+//! inputs together) and settled at the same price. A client that goes away drops its hold
+//! (released) and its inputs are skipped by the engine.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::Json;
+use base64::Engine as _;
+use hearth_billing::Price;
+use hearth_embed::{EmbeddingModel, Engine, EngineConfig};
+use hearth_infer::DeviceSpec;
+use hearth_store::LedgerMeta;
+use rust_decimal::Decimal;
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::OnceCell;
+use tracing::{instrument, warn, Span};
+use utoipa::ToSchema;
+
+use super::CompletionState;
+use crate::error::{ApiError, OpenAiError, OpenAiJson};
+use crate::model_table::{self, RawModelTable, TableError};
+use crate::openapi::OpenAiErrorBody;
+
+/// One `[embedding."id"]` row, resolved.
+pub struct EmbeddingModelEntry {
+    pub id: String,
+    pub weights: PathBuf,
+    pub gpu: Option<usize>,
+    pub price: Price,
+    pub shortens: bool,
+    pub max_inputs: usize,
+    engine_config: EngineConfig,
+    /// Loaded on the first request (a model a table names but nobody uses costs nothing).
+    engine: OnceCell<Result<Engine, String>>,
+}
+
+impl EmbeddingModelEntry {
+    /// The model's engine, loading it first if no request has yet.
+    async fn engine(&self) -> Result<&Engine, ApiError> {
+        let loaded = self
+            .engine
+            .get_or_init(|| async {
+                let (dir, gpu, config) =
+                    (self.weights.clone(), self.gpu, self.engine_config.clone());
+                let id = self.id.clone();
+                tokio::task::spawn_blocking(move || {
+                    EmbeddingModel::load(&dir, gpu)
+                        .map(|m| Engine::start(m, config))
+                        .map_err(|e| {
+                            warn!(model = %id, error = %e, "the embedding model failed to load");
+                            e.to_string()
+                        })
+                })
+                .await
+                .unwrap_or_else(|e| Err(format!("loading panicked: {e}")))
+            })
+            .await;
+        loaded
+            .as_ref()
+            .map_err(|why| ApiError::gateway(format!("model {} is unavailable: {why}", self.id)))
+    }
+}
+
+/// Every embedding model of the table, by id.
+#[derive(Default)]
+pub struct EmbeddingModels {
+    models: BTreeMap<String, Arc<EmbeddingModelEntry>>,
+}
+
+impl EmbeddingModels {
+    pub fn ids(&self) -> impl Iterator<Item = &String> {
+        self.models.keys()
+    }
+
+    pub fn get(&self, id: &str) -> Option<&Arc<EmbeddingModelEntry>> {
+        self.models.get(id)
+    }
+}
+
+/// Every `[embedding."id"]` row of the table read from `path`, resolved.
+pub fn resolve(table: &RawModelTable, path: &Path) -> Result<EmbeddingModels, TableError> {
+    let mut models = BTreeMap::new();
+    for (id, m) in &table.embedding {
+        let invalid = |message: String| TableError::Invalid {
+            path: path.to_path_buf(),
+            section: "embedding",
+            id: id.clone(),
+            message,
+        };
+        let amount: Decimal = m.input_price_per_million.trim().parse().map_err(|e| {
+            invalid(format!(
+                "input_price_per_million = {:?}: {e}",
+                m.input_price_per_million
+            ))
+        })?;
+        let price = Price::per_million(amount)
+            .map_err(|e| invalid(format!("input_price_per_million: {e}")))?;
+        let device: DeviceSpec = m
+            .device
+            .clone()
+            .or_else(|| table.defaults.device.clone())
+            .unwrap_or_else(|| "cpu".into())
+            .parse()
+            .map_err(invalid)?;
+        let gpu = match device {
+            DeviceSpec::Cpu => None,
+            DeviceSpec::Cuda(n) => Some(n),
+        };
+        let positive = |key: &str, v: Option<usize>, default: usize| match v {
+            Some(0) => Err(invalid(format!("{key} must be at least 1"))),
+            v => Ok(v.unwrap_or(default)),
+        };
+        let defaults = EngineConfig::default();
+        let entry = EmbeddingModelEntry {
+            id: id.clone(),
+            weights: model_table::relative_to(path, Path::new(&m.weights)),
+            gpu,
+            price,
+            shortens: m.shortens.unwrap_or(false),
+            max_inputs: positive("max_inputs", m.max_inputs, 2048)?,
+            engine_config: EngineConfig {
+                max_batch_tokens: positive(
+                    "max_batch_tokens",
+                    m.max_batch_tokens,
+                    defaults.max_batch_tokens,
+                )?,
+                max_queued: positive("max_queued", m.max_queued, defaults.max_queued)?,
+                ..defaults
+            },
+            engine: OnceCell::new(),
+        };
+        models.insert(id.clone(), Arc::new(entry));
+    }
+    Ok(EmbeddingModels { models })
+}
+
+/// What a request asks to embed: texts, or token ids as they are.
+enum Inputs {
+    Texts(Vec<String>),
+    Ids(Vec<Vec<u64>>),
+}
+
+/// A checked request.
+struct EmbeddingRequest {
+    model: String,
+    inputs: Inputs,
+    base64: bool,
+    dimensions: Option<usize>,
+    truncate: bool,
+}
+
+/// The request body of `POST /v1/embeddings`.
+#[derive(ToSchema)]
+#[allow(dead_code)] // describes the request; parsed by hand for field-precise errors
+pub struct EmbeddingRequestBody {
+    /// A string, an array of strings, an array of token ids, or an array of such arrays.
+    #[schema(value_type = Object)]
+    input: Value,
+    /// An `[embedding."id"]` model of the table.
+    model: String,
+    /// `float` (default) or `base64` (little-endian float32).
+    encoding_format: Option<String>,
+    /// Cut each vector to this many dimensions and normalise it again (models trained for it).
+    dimensions: Option<usize>,
+    /// `-1` or a positive number: cut inputs longer than the model reads instead of refusing
+    /// them (vLLM's parameter; the model's own limit is the cut).
+    truncate_prompt_tokens: Option<i64>,
+    /// Recorded nowhere; accepted as the API does.
+    user: Option<String>,
+}
+
+fn bad(field: &str, message: impl std::fmt::Display) -> ApiError {
+    ApiError::invalid_request(field, message)
+}
+
+impl EmbeddingRequest {
+    fn parse(body: &Value) -> Result<EmbeddingRequest, ApiError> {
+        let object = body
+            .as_object()
+            .ok_or_else(|| bad("body", "must be a JSON object"))?;
+        for key in object.keys() {
+            if !matches!(
+                key.as_str(),
+                "input"
+                    | "model"
+                    | "encoding_format"
+                    | "dimensions"
+                    | "truncate_prompt_tokens"
+                    | "user"
+            ) {
+                return Err(bad(key, "unknown field"));
+            }
+        }
+        let model = match object.get("model") {
+            Some(Value::String(m)) if !m.is_empty() => m.clone(),
+            Some(_) => return Err(bad("model", "must be a non-empty string")),
+            None => return Err(bad("model", "is required")),
+        };
+        let inputs = match object.get("input") {
+            None => return Err(bad("input", "is required")),
+            Some(Value::String(s)) => Inputs::Texts(vec![s.clone()]),
+            Some(Value::Array(items)) if items.is_empty() => {
+                return Err(bad("input", "must not be an empty array"))
+            }
+            Some(Value::Array(items)) => match &items[0] {
+                Value::String(_) => Inputs::Texts(
+                    items
+                        .iter()
+                        .enumerate()
+                        .map(|(i, v)| match v {
+                            Value::String(s) => Ok(s.clone()),
+                            _ => Err(bad(
+                                "input",
+                                format!("input {i} is not a string like the first"),
+                            )),
+                        })
+                        .collect::<Result<_, _>>()?,
+                ),
+                Value::Number(_) => Inputs::Ids(vec![token_ids(0, &Value::Array(items.clone()))?]),
+                Value::Array(_) => Inputs::Ids(
+                    items
+                        .iter()
+                        .enumerate()
+                        .map(|(i, v)| token_ids(i, v))
+                        .collect::<Result<_, _>>()?,
+                ),
+                _ => {
+                    return Err(bad(
+                        "input",
+                        "must be a string, an array of strings, or token ids",
+                    ))
+                }
+            },
+            Some(_) => {
+                return Err(bad(
+                    "input",
+                    "must be a string, an array of strings, or token ids",
+                ))
+            }
+        };
+        let base64 = match object.get("encoding_format") {
+            None | Some(Value::Null) => false,
+            Some(Value::String(f)) if f == "float" => false,
+            Some(Value::String(f)) if f == "base64" => true,
+            Some(_) => return Err(bad("encoding_format", "must be \"float\" or \"base64\"")),
+        };
+        let dimensions = match object.get("dimensions") {
+            None | Some(Value::Null) => None,
+            Some(v) => match v.as_u64() {
+                Some(d) if d >= 1 => Some(d as usize),
+                _ => return Err(bad("dimensions", "must be a positive integer")),
+            },
+        };
+        let truncate = match object.get("truncate_prompt_tokens") {
+            None | Some(Value::Null) => false,
+            Some(v) => match v.as_i64() {
+                Some(-1) | Some(1..) => true,
+                _ => {
+                    return Err(bad(
+                        "truncate_prompt_tokens",
+                        "must be -1 or a positive integer",
+                    ))
+                }
+            },
+        };
+        match object.get("user") {
+            None | Some(Value::Null) | Some(Value::String(_)) => {}
+            Some(_) => return Err(bad("user", "must be a string")),
+        }
+        Ok(EmbeddingRequest {
+            model,
+            inputs,
+            base64,
+            dimensions,
+            truncate,
+        })
+    }
+
+    fn len(&self) -> usize {
+        match &self.inputs {
+            Inputs::Texts(t) => t.len(),
+            Inputs::Ids(i) => i.len(),
+        }
+    }
+}
+
+/// One input given as token ids.
+fn token_ids(index: usize, value: &Value) -> Result<Vec<u64>, ApiError> {
+    let items = value.as_array().ok_or_else(|| {
+        bad(
+            "input",
+            format!("input {index} is not an array of token ids"),
+        )
+    })?;
+    items
+        .iter()
+        .map(|v| {
+            v.as_u64().ok_or_else(|| {
+                bad(
+                    "input",
+                    format!("input {index} holds {v}, not a token id (a non-negative integer)"),
+                )
+            })
+        })
+        .collect()
+}
+
+/// An embedding model's refusal, at the edge.
+impl From<hearth_embed::Error> for ApiError {
+    fn from(e: hearth_embed::Error) -> Self {
+        use hearth_embed::Error as E;
+        match e {
+            E::TooLong { .. } | E::Empty { .. } | E::UnknownToken { .. } | E::Tokenize(_) => {
+                bad("input", e)
+            }
+            E::Busy { .. } => ApiError::overloaded(e.to_string(), RETRY_AFTER),
+            E::Stopped => ApiError::overloaded(e.to_string(), RETRY_AFTER),
+            E::Load { .. } => ApiError::gateway(e.to_string()),
+            E::Model(_) => ApiError::internal(e),
+        }
+    }
+}
+
+/// When a refused client should try again.
+const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The answer.
+#[derive(Serialize, ToSchema)]
+pub struct EmbeddingList {
+    /// `list`.
+    object: &'static str,
+    data: Vec<EmbeddingObject>,
+    model: String,
+    usage: EmbeddingUsage,
+}
+
+/// One input's vector.
+#[derive(Serialize, ToSchema)]
+pub struct EmbeddingObject {
+    /// `embedding`.
+    object: &'static str,
+    /// The input's position in the request.
+    index: usize,
+    /// Floats, or with `encoding_format: base64` their little-endian float32 bytes in base64.
+    #[schema(value_type = Object)]
+    embedding: Value,
+}
+
+/// Tokens read (and billed).
+#[derive(Serialize, ToSchema)]
+pub struct EmbeddingUsage {
+    prompt_tokens: usize,
+    total_tokens: usize,
+}
+
+/// `POST /v1/embeddings`.
+#[utoipa::path(
+    post,
+    path = "/v1/embeddings",
+    tag = "openai",
+    operation_id = "createEmbedding",
+    description = "Vectors for texts or token ids from an `[embedding.\"id\"]` model, billed per \
+        input token at the model's price with the same holds as the other routes. An input \
+        longer than the model reads is a 400 naming its index, unless `truncate_prompt_tokens` \
+        asks to cut it.",
+    request_body = EmbeddingRequestBody,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "One vector per input, in order.", body = EmbeddingList),
+        (status = 400, description = "`invalid_request_error`: `param` names the field.", body = OpenAiErrorBody),
+        (status = 401, description = "`authentication_error`.", body = OpenAiErrorBody),
+        (status = 402, description = "`insufficient_quota`.", body = OpenAiErrorBody),
+        (status = 404, description = "`not_found_error`, code `model_not_found`.", body = OpenAiErrorBody),
+        (status = 429, description = "`rate_limit_error` (`Retry-After`).", body = OpenAiErrorBody),
+        (status = 502, description = "`api_error`: the model failed to load.", body = OpenAiErrorBody),
+        (status = 503, description = "`server_error`, code `overloaded`: the engine's queue is full (`Retry-After`).", body = OpenAiErrorBody),
+    )
+)]
+#[instrument(skip_all, fields(model, user))]
+pub async fn create(
+    State(cs): State<CompletionState>,
+    headers: HeaderMap,
+    OpenAiJson(body): OpenAiJson<Value>,
+) -> Result<Json<EmbeddingList>, OpenAiError> {
+    let session = super::openai::session(&cs, &headers).await?;
+    let request = EmbeddingRequest::parse(&body)?;
+    Span::current().record("model", request.model.as_str());
+    let entry = cs
+        .core
+        .embeddings
+        .get(&request.model)
+        .cloned()
+        .ok_or_else(|| super::openai::model_not_found(&request.model))?;
+    if request.len() > entry.max_inputs {
+        return Err(bad(
+            "input",
+            format!(
+                "{} inputs; at most {} in one request",
+                request.len(),
+                entry.max_inputs
+            ),
+        )
+        .into());
+    }
+    let engine = entry.engine().await?.clone();
+    if let Some(d) = request.dimensions {
+        if !entry.shortens {
+            return Err(bad(
+                "dimensions",
+                format!("model {} was not trained for shortened vectors", entry.id),
+            )
+            .into());
+        }
+        if d > engine.model().dimensions() {
+            return Err(bad(
+                "dimensions",
+                format!(
+                    "at most {} for model {}",
+                    engine.model().dimensions(),
+                    entry.id
+                ),
+            )
+            .into());
+        }
+    }
+    let _slot = cs
+        .core
+        .user_slots
+        .take(&session.user_id)
+        .map_err(ApiError::rate_limited)?;
+    let (truncate, tokenizing) = (request.truncate, engine.clone());
+    let inputs = tokio::task::spawn_blocking(move || -> Result<Vec<Vec<u32>>, ApiError> {
+        let model = tokenizing.model();
+        Ok(match request.inputs {
+            Inputs::Texts(texts) => texts
+                .iter()
+                .enumerate()
+                .map(|(i, t)| model.tokenize(i, t, truncate))
+                .collect::<Result<_, _>>()?,
+            Inputs::Ids(ids) => ids
+                .iter()
+                .enumerate()
+                .map(|(i, ids)| model.check_ids(i, ids, truncate))
+                .collect::<Result<_, _>>()?,
+        })
+    })
+    .await
+    .map_err(ApiError::internal)??;
+    let tokens: usize = inputs.iter().map(Vec::len).sum();
+    let margin = cs.app.billing.margin(None);
+    let cost = entry
+        .price
+        .cost(tokens as u64, margin)
+        .map_err(ApiError::from)?;
+    let meta = LedgerMeta {
+        reason: format!("embeddings {}", entry.id),
+        developer_id: None,
+        application_id: None,
+    };
+    // Dropped unsettled (the client gone, an error), the hold is released.
+    let hold = cs
+        .app
+        .billing
+        .hold(&session.user_id, cost, meta)
+        .await
+        .map_err(ApiError::from)?;
+    let vectors = engine.embed(inputs).await.map_err(ApiError::from)?;
+    hold.settle(cost).await.map_err(ApiError::from)?;
+    let data = vectors
+        .into_iter()
+        .enumerate()
+        .map(|(index, v)| EmbeddingObject {
+            object: "embedding",
+            index,
+            embedding: encode(shorten(v, request.dimensions), request.base64),
+        })
+        .collect();
+    Ok(Json(EmbeddingList {
+        object: "list",
+        data,
+        model: entry.id.clone(),
+        usage: EmbeddingUsage {
+            prompt_tokens: tokens,
+            total_tokens: tokens,
+        },
+    }))
+}
+
+/// The vector cut to `dimensions` and brought back to unit length.
+fn shorten(mut v: Vec<f32>, dimensions: Option<usize>) -> Vec<f32> {
+    if let Some(d) = dimensions {
+        v.truncate(d);
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        if norm > 0.0 {
+            v.iter_mut().for_each(|x| *x /= norm);
+        }
+    }
+    v
+}
+
+/// Floats as JSON numbers, or their little-endian float32 bytes in base64.
+fn encode(v: Vec<f32>, base64: bool) -> Value {
+    if base64 {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
+    } else {
+        Value::from(v)
+    }
+}
