@@ -36,7 +36,6 @@ use utoipa::ToSchema;
 use super::CompletionState;
 use crate::error::{ApiError, OpenAiError, OpenAiJson};
 use crate::model_table::{self, RawModelTable, TableError};
-use crate::openapi::OpenAiErrorBody;
 
 /// One `[embedding."id"]` row, resolved.
 pub struct EmbeddingModelEntry {
@@ -384,13 +383,7 @@ pub struct EmbeddingUsage {
     security(("bearer" = [])),
     responses(
         (status = 200, description = "One vector per input, in order.", body = EmbeddingList),
-        (status = 400, description = "`invalid_request_error`: `param` names the field.", body = OpenAiErrorBody),
-        (status = 401, description = "`authentication_error`.", body = OpenAiErrorBody),
-        (status = 402, description = "`insufficient_quota`.", body = OpenAiErrorBody),
-        (status = 404, description = "`not_found_error`, code `model_not_found`.", body = OpenAiErrorBody),
-        (status = 429, description = "`rate_limit_error` (`Retry-After`).", body = OpenAiErrorBody),
-        (status = 502, description = "`api_error`: the model failed to load.", body = OpenAiErrorBody),
-        (status = 503, description = "`server_error`, code `overloaded`: the engine's queue is full (`Retry-After`).", body = OpenAiErrorBody),
+        super::openai::CompletionErrors,
     )
 )]
 #[instrument(skip_all, fields(model, user))]

@@ -37,18 +37,18 @@ use wire::{
     ChatChunk, ChatCompletion, ChatRequest, ModelList, ModelObject, TextCompletion, TextRequest,
 };
 
-/// The errors of `/v1/chat/completions` and `/v1/completions` in the OpenAPI document, as that
-/// API's clients sort them (the status table is `ErrorKind::status`).
+/// The errors of `/v1/chat/completions`, `/v1/completions` and `/v1/embeddings` in the OpenAPI
+/// document, as that API's clients sort them (the status table is `ErrorKind::status`).
 #[derive(utoipa::IntoResponses)]
 #[allow(dead_code)] // describes the answers; never built
-enum CompletionErrors {
+pub(super) enum CompletionErrors {
     /// `invalid_request_error`: `param` names the field.
     #[response(status = 400)]
     BadRequest(OpenAiErrorBody),
     /// `authentication_error`: no, bad, revoked or expired service token.
     #[response(status = 401)]
     Unauthorized(OpenAiErrorBody),
-    /// `insufficient_quota`: the balance cannot cover the worst case.
+    /// `insufficient_quota`: the balance cannot cover the worst case (or the inputs).
     #[response(status = 402)]
     PaymentRequired(OpenAiErrorBody),
     /// `not_found_error`, code `model_not_found`.
