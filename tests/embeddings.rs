@@ -262,6 +262,27 @@ async fn hostile_requests_are_refused_with_nothing_held_while_others_are_served(
     assert_eq!(got, 413, "{answer}");
     assert_eq!(answer["error"]["type"], "invalid_request_error");
     assert_eq!(steady.await.unwrap(), 10);
+    // The engine's work shows in /metrics.
+    let metrics = app
+        .http
+        .get(format!("{}/metrics", app.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let series = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name) && l.contains("model=\"minilm\""))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
+    };
+    assert!(series("hearth_embedding_inputs_total") >= 10.0);
+    assert!(series("hearth_embedding_batches_total") >= 1.0);
+    assert_eq!(series("hearth_embedding_queue_depth"), 0.0);
     no_holds(&app, "emb-h").await;
     // Only the steady client's requests were billed: one token each and the two specials.
     let spent = dec("100") - balance(&app, "emb-h").await;

@@ -39,6 +39,10 @@ impl Default for EngineConfig {
 /// What the engine has done, for metrics.
 #[derive(Debug, Default)]
 pub struct EngineStats {
+    /// Requests taken into the queue.
+    pub requests: AtomicUsize,
+    /// Requests refused because the queue was full.
+    pub refused: AtomicUsize,
     /// Inputs waiting now.
     pub queued: AtomicUsize,
     /// Forward passes run.
@@ -47,6 +51,32 @@ pub struct EngineStats {
     pub inputs: AtomicUsize,
     /// Requests skipped because their client had gone.
     pub abandoned: AtomicUsize,
+}
+
+/// [`EngineStats`] read at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    pub requests: u64,
+    pub refused: u64,
+    pub queued: u64,
+    pub batches: u64,
+    pub inputs: u64,
+    pub abandoned: u64,
+}
+
+impl EngineStats {
+    /// The counters now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let read = |a: &AtomicUsize| a.load(Ordering::Relaxed) as u64;
+        StatsSnapshot {
+            requests: read(&self.requests),
+            refused: read(&self.refused),
+            queued: read(&self.queued),
+            batches: read(&self.batches),
+            inputs: read(&self.inputs),
+            abandoned: read(&self.abandoned),
+        }
+    }
 }
 
 struct Job {
@@ -106,6 +136,7 @@ impl Engine {
         let mut queued = self.stats.queued.load(Ordering::Relaxed);
         loop {
             if queued + n > self.max_queued {
+                self.stats.refused.fetch_add(1, Ordering::Relaxed);
                 return Err(Error::Busy { queued });
             }
             match self.stats.queued.compare_exchange(
@@ -118,6 +149,7 @@ impl Engine {
                 Err(now) => queued = now,
             }
         }
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
         let (reply, answer) = oneshot::channel();
         if self.jobs.send(Job { inputs, reply }).is_err() {
             self.stats.queued.fetch_sub(n, Ordering::AcqRel);

@@ -6,6 +6,6 @@ mod engine;
 mod error;
 mod model;
 
-pub use engine::{Engine, EngineConfig, EngineStats};
+pub use engine::{Engine, EngineConfig, EngineStats, StatsSnapshot};
 pub use error::{Error, Result};
 pub use model::{EmbeddingModel, Pooling};

@@ -22,6 +22,7 @@
 //! name or anything of one request, so `/metrics` needs no credential (docs/decisions.md,
 //! "Metrics"; `tests/metrics.rs` checks it).
 
+mod embeddings;
 mod engines;
 mod http;
 mod imagine;
@@ -42,6 +43,7 @@ use prometheus_client::registry::Registry;
 use crate::service::Service;
 use crate::state::AppState;
 
+pub use embeddings::{EmbeddingEngines, ReadEmbeddings};
 pub use engines::TextEngines;
 pub use http::{record, HttpMetrics, UNMATCHED};
 pub use imagine::{ImageMetrics, QueueDepth};
@@ -81,6 +83,14 @@ pub trait Export {
 /// Nothing more.
 impl Export for () {
     fn export(self, _: &mut Registry) {}
+}
+
+/// Both.
+impl<A: Export, B: Export> Export for (A, B) {
+    fn export(self, registry: &mut Registry) {
+        self.0.export(registry);
+        self.1.export(registry);
+    }
 }
 
 /// `GET /metrics` for `service`'s listener: its request series, the money its service moved,

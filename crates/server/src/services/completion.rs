@@ -127,7 +127,13 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
                 crate::metrics::route(
                     &state.app,
                     Service::Completion,
-                    state.core.engines.metrics(),
+                    (
+                        state.core.engines.metrics(),
+                        crate::metrics::EmbeddingEngines::new({
+                            let core = Arc::clone(&state.core);
+                            Arc::new(move || core.embeddings.stats())
+                        }),
+                    ),
                 ),
             )
             .route(

@@ -91,6 +91,17 @@ impl EmbeddingModels {
     pub fn get(&self, id: &str) -> Option<&Arc<EmbeddingModelEntry>> {
         self.models.get(id)
     }
+
+    /// The counters of each model loaded so far.
+    pub fn stats(&self) -> Vec<(String, hearth_embed::StatsSnapshot)> {
+        self.models
+            .iter()
+            .filter_map(|(id, m)| match m.engine.get() {
+                Some(Ok(engine)) => Some((id.clone(), engine.stats().snapshot())),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 /// Every `[embedding."id"]` row of the table read from `path`, resolved.
