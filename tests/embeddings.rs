@@ -24,8 +24,8 @@ fn reference() -> Value {
 }
 
 /// The completion listener with all-MiniLM-L6-v2 as `minilm` (1000 credits per million input
-/// tokens, so that a request costs a visible amount) and again as `minilm-short`, which may
-/// shorten its vectors.
+/// tokens, so that a request costs a visible amount), again as `minilm-short`, which may
+/// shorten its vectors, and as `minilm-one`, whose queue holds one input.
 async fn spawn() -> App {
     let weights = root().join("weights/all-MiniLM-L6-v2");
     assert!(
@@ -37,7 +37,9 @@ async fn spawn() -> App {
         "[embedding.\"minilm\"]\nweights = \"{w}\"\ninput_price_per_million = \"1000\"\n\
          max_inputs = 64\nmax_queued = 256\n\n\
          [embedding.\"minilm-short\"]\nweights = \"{w}\"\ninput_price_per_million = \"1000\"\n\
-         shortens = true\n",
+         shortens = true\n\n\
+         [embedding.\"minilm-one\"]\nweights = \"{w}\"\ninput_price_per_million = \"1000\"\n\
+         max_queued = 1\n",
         w = weights.display()
     );
     spawn_completion_table("", &rows, |raw| {
@@ -262,6 +264,21 @@ async fn hostile_requests_are_refused_with_nothing_held_while_others_are_served(
     assert_eq!(got, 413, "{answer}");
     assert_eq!(answer["error"]["type"], "invalid_request_error");
     assert_eq!(steady.await.unwrap(), 10);
+    // More inputs than the engine's queue holds: 503 overloaded with Retry-After, the hold
+    // given back before the answer (the steady client is done: no other hold is in flight).
+    let resp = app
+        .http
+        .post(format!("{}/v1/embeddings", app.url))
+        .header("authorization", auth.clone())
+        .json(&json!({"model": "minilm-one", "input": ["one", "two"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let answer: Value = resp.json().await.unwrap();
+    assert_eq!(answer["error"]["code"], "overloaded", "{answer}");
+    assert!(app.store().holds("emb-h").await.unwrap().is_empty());
     // The engine's work shows in /metrics.
     let metrics = app
         .http

@@ -485,7 +485,16 @@ pub async fn create(
         .hold(&session.user_id, cost, meta)
         .await
         .map_err(ApiError::from)?;
-    let vectors = engine.embed(inputs).await.map_err(ApiError::from)?;
+    let vectors = match engine.embed(inputs).await {
+        Ok(vectors) => vectors,
+        Err(e) => {
+            // Given back before the answer, so a balance read after it has the funds back.
+            if let Err(release) = hold.release().await {
+                warn!(error = %release, "releasing the hold of a refused embedding failed");
+            }
+            return Err(ApiError::from(e).into());
+        }
+    };
     hold.settle(cost).await.map_err(ApiError::from)?;
     let data = vectors
         .into_iter()
