@@ -1,0 +1,66 @@
+//! Embedding throughput of a sentence-transformers folder through Hearth's engine: for each
+//! batch size and text length given, texts of exactly that many tokens ("the cat sat on the
+//! mat ..."), sent as requests of `batch` texts one after another; the best of `--runs` runs.
+//! Prints one JSON line per case. Used by scripts/bench-embed.sh.
+//!
+//!     embed_bench MODEL_DIR --batches 1,32 --tokens 16,256 --texts 256 --runs 3
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use hearth_embed::{EmbeddingModel, Engine, EngineConfig};
+
+fn list(v: &str) -> Vec<usize> {
+    v.split(',').map(|x| x.trim().parse().expect("a number")).collect()
+}
+
+/// A text of `tokens` tokens with the model's two special tokens: common one-token words.
+pub fn text(tokens: usize) -> String {
+    let words = ["the", "cat", "sat", "on", "the", "mat"];
+    (0..tokens.saturating_sub(2))
+        .map(|i| words[i % words.len()])
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let mut args = std::env::args().skip(1);
+    let dir = PathBuf::from(args.next().expect("MODEL_DIR"));
+    let (mut batches, mut tokens, mut texts, mut runs) = (vec![1, 32], vec![16, 256], 256, 3);
+    while let Some(a) = args.next() {
+        let v = args.next().expect("a value");
+        match a.as_str() {
+            "--batches" => batches = list(&v),
+            "--tokens" => tokens = list(&v),
+            "--texts" => texts = v.parse().unwrap(),
+            "--runs" => runs = v.parse().unwrap(),
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    let model = EmbeddingModel::load(&dir, None).expect("the model");
+    let engine = Engine::start(model, EngineConfig::default());
+    for &n in &tokens {
+        let ids = engine.model().tokenize(0, &text(n), false).unwrap();
+        assert_eq!(ids.len(), n, "the text is {} tokens", ids.len());
+        for &b in &batches {
+            // Warm up once, then the best of the runs.
+            engine.embed(vec![ids.clone(); b]).await.unwrap();
+            let mut best = f64::MAX;
+            for _ in 0..runs {
+                let started = Instant::now();
+                let mut done = 0;
+                while done < texts {
+                    let k = b.min(texts - done);
+                    engine.embed(vec![ids.clone(); k]).await.unwrap();
+                    done += k;
+                }
+                best = best.min(started.elapsed().as_secs_f64());
+            }
+            println!(
+                "{{\"engine\": \"hearth\", \"batch\": {b}, \"tokens\": {n}, \"texts\": {texts}, \"s\": {best:.4}, \"texts_per_s\": {:.1}}}",
+                texts as f64 / best
+            );
+        }
+    }
+}
