@@ -11,7 +11,9 @@ use std::time::Instant;
 use hearth_embed::{EmbeddingModel, Engine, EngineConfig};
 
 fn list(v: &str) -> Vec<usize> {
-    v.split(',').map(|x| x.trim().parse().expect("a number")).collect()
+    v.split(',')
+        .map(|x| x.trim().parse().expect("a number"))
+        .collect()
 }
 
 /// A text of `tokens` tokens with the model's two special tokens: common one-token words.
