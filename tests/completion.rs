@@ -130,6 +130,18 @@ impl App {
         &self.app.running().state.store
     }
 
+    /// Waits (at most 10 s) until `user` has no hold left.
+    pub(crate) async fn wait_no_holds(&self, user: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !self.store().holds(user).await.unwrap().is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{user}'s hold was never settled"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
     /// The value of alpha-3.3's series `name` in the listener's `/metrics`, if it has one.
     pub(crate) async fn metric(&self, name: &str) -> Option<f64> {
         crate::common::metric(&self.http, &self.url, name, Some("model=\"alpha-3.3\"")).await

@@ -5,7 +5,6 @@
 //! raw HTTP, each refused with nothing held while the engine keeps serving.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use rust_decimal::Decimal;
@@ -61,18 +60,6 @@ fn cosine(a: &[f64], b: &[f64]) -> f64 {
     let na: f64 = a.iter().map(|x| x * x).sum::<f64>().sqrt();
     let nb: f64 = b.iter().map(|x| x * x).sum::<f64>().sqrt();
     dot / (na * nb)
-}
-
-async fn balance(app: &App, user: &str) -> Decimal {
-    app.store().balance(user).await.unwrap()
-}
-
-async fn no_holds(app: &App, user: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !app.store().holds(user).await.unwrap().is_empty() {
-        assert!(Instant::now() < deadline, "{user} still has a hold");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test]
@@ -164,9 +151,9 @@ async fn the_openai_client_gets_sentence_transformers_vectors_and_pays_per_token
     assert_eq!(errors["bad_key"]["class"], "AuthenticationError");
 
     // Billed to the token at 1000 credits per million, and nothing left held.
-    no_holds(&app, "emb").await;
+    app.wait_no_holds("emb").await;
     let billed = out["tokens_billed"].as_u64().unwrap();
-    let spent = dec("100") - balance(&app, "emb").await;
+    let spent = dec("100") - app.store().balance("emb").await.unwrap();
     assert_eq!(
         spent,
         Decimal::from(billed) * dec("0.001"),
@@ -280,28 +267,13 @@ async fn hostile_requests_are_refused_with_nothing_held_while_others_are_served(
     assert_eq!(answer["error"]["code"], "overloaded", "{answer}");
     assert!(app.store().holds("emb-h").await.unwrap().is_empty());
     // The engine's work shows in /metrics.
-    let metrics = app
-        .http
-        .get(format!("{}/metrics", app.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let series = |name: &str| -> f64 {
-        metrics
-            .lines()
-            .find(|l| l.starts_with(name) && l.contains("model=\"minilm\""))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
-    };
-    assert!(series("hearth_embedding_inputs_total") >= 10.0);
-    assert!(series("hearth_embedding_batches_total") >= 1.0);
-    assert_eq!(series("hearth_embedding_queue_depth"), 0.0);
-    no_holds(&app, "emb-h").await;
+    let minilm = Some("model=\"minilm\"");
+    let series = |name| crate::common::metric(&app.http, &app.url, name, minilm);
+    assert!(series("hearth_embedding_inputs_total").await.unwrap() >= 10.0);
+    assert!(series("hearth_embedding_batches_total").await.unwrap() >= 1.0);
+    assert_eq!(series("hearth_embedding_queue_depth").await, Some(0.0));
+    app.wait_no_holds("emb-h").await;
     // Only the steady client's requests were billed: one token each and the two specials.
-    let spent = dec("100") - balance(&app, "emb-h").await;
+    let spent = dec("100") - app.store().balance("emb-h").await.unwrap();
     assert_eq!(spent, Decimal::from(10 * 3) * dec("0.001"));
 }

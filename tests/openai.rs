@@ -41,14 +41,6 @@ fn client_args(app: &App, key: &str, poor: &str, cases: &str) -> Vec<String> {
     ]
 }
 
-async fn wait_no_holds(app: &App, user: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !app.store().holds(user).await.unwrap().is_empty() {
-        assert!(Instant::now() < deadline, "{user}'s hold was never settled");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test]
 async fn the_openai_client_runs_every_kind_of_request() {
     let app = spawn().await;
@@ -186,7 +178,7 @@ async fn the_openai_client_runs_every_kind_of_request() {
     assert_eq!(e["ignore_eos_grammar"]["status"], 400);
     assert_eq!(e["ignore_eos_grammar"]["param"], "ignore_eos");
 
-    wait_no_holds(&app, "oa").await;
+    app.wait_no_holds("oa").await;
     assert_eq!(app.store().balance("oa-poor").await.unwrap(), dec("0"));
 }
 
@@ -197,7 +189,7 @@ async fn a_stream_the_client_abandons_stops_and_is_billed_for_what_it_made() {
     let before = app.store().balance("quitter").await.unwrap();
     let out = run_client(client_args(&app, &key, &key, "cancel")).await;
     assert_eq!(out["cancel"]["chunks_read"], 4);
-    wait_no_holds(&app, "quitter").await;
+    app.wait_no_holds("quitter").await;
     let charged = before - app.store().balance("quitter").await.unwrap();
     // The worst case held 1,500 output tokens (at 2.40 per million); a few dozen were made.
     let worst_output = dec("2.40") * dec("1500") / dec("1000000");
@@ -354,7 +346,7 @@ async fn hostile_requests_get_the_apis_error_shape_quickly_and_hold_nothing() {
         }
         assert!(took < Duration::from_secs(20), "took {took:?}");
     }
-    wait_no_holds(&app, "mallory").await;
+    app.wait_no_holds("mallory").await;
 }
 
 #[tokio::test]

@@ -105,8 +105,9 @@ impl EmbeddingModel {
             Some(n) => Device::new_cuda(n).map_err(|e| load_error(dir, e))?,
         };
         let device = &device;
-        let config: Config = read_json(dir, "config.json")?;
         let raw: serde_json::Value = read_json(dir, "config.json")?;
+        let config: Config = serde_json::from_value(raw.clone())
+            .map_err(|e| load_error(&dir.join("config.json"), e))?;
         let dimensions = raw["hidden_size"]
             .as_u64()
             .ok_or_else(|| load_error(&dir.join("config.json"), "no hidden_size"))?

@@ -196,12 +196,15 @@ impl Reader<'_, '_> {
         if let Some(mut height) = page::line_height(&ink) {
             // Lines taller than the engine needs cost layout time for nothing: scaled down.
             let scale = (LINE_PIXELS as f64 / height as f64).max(0.5);
-            if height > MAX_LINE_PIXELS {
+            let scaled = height > MAX_LINE_PIXELS;
+            if scaled {
                 gray = gray.scaled(scale);
                 height = (height as f64 * scale) as usize;
             }
-            rules::remove(&mut gray, height);
-            ink = page::ink(&gray);
+            // The ink map is measured again only when the page changed.
+            if rules::remove(&mut gray, height) || scaled {
+                ink = page::ink(&gray);
+            }
         }
         let first = named.clone().unwrap_or_else(Languages::first);
         let mut lines = read.lines(&gray, &ink, &first)?;

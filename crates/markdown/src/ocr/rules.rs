@@ -12,6 +12,48 @@ use super::raster::Gray;
 /// Light pixels a run of ink may have inside it (speckle, a scanner's dropout) and go on.
 const HOLE: usize = 2;
 
+/// A run of ink along a row (`across`) or down a column: in row or column `at`, from `from` to
+/// `to` along it.
+struct Run {
+    across: bool,
+    at: usize,
+    from: usize,
+    to: usize,
+}
+
+impl Run {
+    /// The pixel `along` the run and `off` pixels to one side of it, as (row, column), when it
+    /// is on the page.
+    fn pixel(&self, page: &Gray, along: usize, off: isize) -> Option<usize> {
+        let side = self.at.checked_add_signed(off)?;
+        let (y, x) = if self.across {
+            (side, along)
+        } else {
+            (along, side)
+        };
+        (y < page.h && x < page.w).then_some(y * page.w + x)
+    }
+
+    /// Its median thickness at five points along it: how far the ink reaches to either side.
+    fn thickness(&self, page: &Gray, dark: u8) -> usize {
+        let ink = |along: usize, off: isize| {
+            self.pixel(page, along, off)
+                .is_some_and(|i| page.px[i] < dark)
+        };
+        let step = ((self.to - self.from) / 5).max(1);
+        let mut widths: Vec<usize> = (self.from..self.to)
+            .step_by(step)
+            .map(|along| {
+                let before = (1..).take_while(|&d| ink(along, -d)).count();
+                let after = (1..).take_while(|&d| ink(along, d)).count();
+                1 + before + after
+            })
+            .collect();
+        widths.sort_unstable();
+        widths.get(widths.len() / 2).copied().unwrap_or(usize::MAX)
+    }
+}
+
 /// Whitens the page's rules; `line` is the height of its lines of text in pixels. Returns
 /// whether it found any.
 pub(crate) fn remove(page: &mut Gray, line: usize) -> bool {
@@ -20,59 +62,38 @@ pub(crate) fn remove(page: &mut Gray, line: usize) -> bool {
     }
     let dark = page.threshold();
     let thin = (line / 4).max(3);
-    let across = runs_across(page, dark, line * 3);
-    let down = runs_down(page, dark, line * 2);
-    let (w, h) = (page.w, page.h);
-    let across: Vec<_> = across
-        .into_iter()
-        .filter(|&(y, x0, x1)| {
-            thickness(
-                page,
-                dark,
-                (x0..x1).step_by(((x1 - x0) / 5).max(1)),
-                |x, d| (y as isize + d, x as isize),
-            ) <= thin
-        })
-        .collect();
-    let down: Vec<_> = down
-        .into_iter()
-        .filter(|&(x, y0, y1)| {
-            thickness(
-                page,
-                dark,
-                (y0..y1).step_by(((y1 - y0) / 5).max(1)),
-                |y, d| (y as isize, x as isize + d),
-            ) <= thin
-        })
-        .collect();
+    let mut rules = runs_across(page, dark, line * 3);
+    rules.extend(runs_down(page, dark, line * 2));
+    rules.retain(|run| run.thickness(page, dark) <= thin);
     // The rule, the pixels beside it (where it is only partly dark, it breaks into runs too
     // short to be found) and the grey fringe one further out.
-    let mut clear = |y: usize, x: usize, off: usize| {
-        let i = y * w + x;
-        if off <= 1 || page.px[i] >= dark {
-            page.px[i] = 255;
-        }
-    };
-    for &(y, x0, x1) in &across {
-        for x in x0..x1 {
-            for yy in y.saturating_sub(2)..(y + 3).min(h) {
-                clear(yy, x, yy.abs_diff(y));
+    for run in &rules {
+        for along in run.from..run.to {
+            for off in -2isize..=2 {
+                if let Some(i) = run.pixel(page, along, off) {
+                    if off.abs() <= 1 || page.px[i] >= dark {
+                        page.px[i] = 255;
+                    }
+                }
             }
         }
     }
-    for &(x, y0, y1) in &down {
-        for y in y0..y1 {
-            for xx in x.saturating_sub(2)..(x + 3).min(w) {
-                clear(y, xx, xx.abs_diff(x));
-            }
-        }
-    }
-    !across.is_empty() || !down.is_empty()
+    !rules.is_empty()
 }
 
-/// Runs of ink along each row at least `min` long: (row, from, to).
-fn runs_across(page: &Gray, dark: u8, min: usize) -> Vec<(usize, usize, usize)> {
+/// Runs of ink along each row at least `min` long.
+fn runs_across(page: &Gray, dark: u8, min: usize) -> Vec<Run> {
     let mut out = Vec::new();
+    let mut push = |at: usize, from: usize, last_ink: usize| {
+        if last_ink + 1 - from >= min {
+            out.push(Run {
+                across: true,
+                at,
+                from,
+                to: last_ink + 1,
+            });
+        }
+    };
     for (y, row) in page.px.chunks_exact(page.w).enumerate() {
         let mut start = None;
         let mut last_ink = 0;
@@ -82,25 +103,31 @@ fn runs_across(page: &Gray, dark: u8, min: usize) -> Vec<(usize, usize, usize)> 
                 last_ink = x;
             } else if let Some(s) = start {
                 if x - last_ink > HOLE {
-                    if last_ink + 1 - s >= min {
-                        out.push((y, s, last_ink + 1));
-                    }
+                    push(y, s, last_ink);
                     start = None;
                 }
             }
         }
         if let Some(s) = start {
-            if last_ink + 1 - s >= min {
-                out.push((y, s, last_ink + 1));
-            }
+            push(y, s, last_ink);
         }
     }
     out
 }
 
-/// Runs of ink down each column at least `min` long: (column, from, to).
-fn runs_down(page: &Gray, dark: u8, min: usize) -> Vec<(usize, usize, usize)> {
+/// Runs of ink down each column at least `min` long (read row by row, as the pixels lie).
+fn runs_down(page: &Gray, dark: u8, min: usize) -> Vec<Run> {
     let mut out = Vec::new();
+    let mut push = |at: usize, from: usize, last_ink: usize| {
+        if last_ink + 1 - from >= min {
+            out.push(Run {
+                across: false,
+                at,
+                from,
+                to: last_ink + 1,
+            });
+        }
+    };
     let mut start: Vec<Option<usize>> = vec![None; page.w];
     let mut last_ink = vec![0usize; page.w];
     for (y, row) in page.px.chunks_exact(page.w).enumerate() {
@@ -110,9 +137,7 @@ fn runs_down(page: &Gray, dark: u8, min: usize) -> Vec<(usize, usize, usize)> {
                 last_ink[x] = y;
             } else if let Some(s) = start[x] {
                 if y - last_ink[x] > HOLE {
-                    if last_ink[x] + 1 - s >= min {
-                        out.push((x, s, last_ink[x] + 1));
-                    }
+                    push(x, s, last_ink[x]);
                     start[x] = None;
                 }
             }
@@ -120,42 +145,10 @@ fn runs_down(page: &Gray, dark: u8, min: usize) -> Vec<(usize, usize, usize)> {
     }
     for (x, s) in start.iter().enumerate() {
         if let Some(s) = *s {
-            if last_ink[x] + 1 - s >= min {
-                out.push((x, s, last_ink[x] + 1));
-            }
+            push(x, s, last_ink[x]);
         }
     }
     out
-}
-
-/// The median thickness of a run at the sampled positions: how far the ink reaches on either
-/// side of it. `at(position, offset)` is the (row, column) `offset` pixels across the run.
-fn thickness(
-    page: &Gray,
-    dark: u8,
-    samples: impl Iterator<Item = usize>,
-    at: impl Fn(usize, isize) -> (isize, isize),
-) -> usize {
-    let ink = |pos: usize, d: isize| {
-        let (y, x) = at(pos, d);
-        y >= 0
-            && x >= 0
-            && (y as usize) < page.h
-            && (x as usize) < page.w
-            && page.px[y as usize * page.w + x as usize] < dark
-    };
-    let mut widths: Vec<usize> = samples
-        .map(|pos| {
-            let up = (1..).take_while(|&d| ink(pos, -d)).count();
-            let down = (1..).take_while(|&d| ink(pos, d)).count();
-            1 + up + down
-        })
-        .collect();
-    if widths.is_empty() {
-        return usize::MAX;
-    }
-    widths.sort_unstable();
-    widths[widths.len() / 2]
 }
 
 #[cfg(test)]

@@ -94,6 +94,23 @@ pub(crate) fn resolve(table: &RawModelTable, path: &Path) -> Result<Catalog, Cat
     Ok(Catalog::new(entries))
 }
 
+/// A row's price per million tokens, from the decimal string under `key`.
+pub(crate) fn per_million(key: &str, v: &str) -> Result<Price, String> {
+    let d: Decimal = v
+        .trim()
+        .parse()
+        .map_err(|e| format!("{key} = {v:?}: {e}"))?;
+    Price::per_million(d).map_err(|e| format!("{key} = {v:?}: {e}"))
+}
+
+/// A row's device: its own `device`, else `[defaults] device`, else the CPU.
+pub(crate) fn device(row: &Option<String>, defaults: &RawDefaults) -> Result<DeviceSpec, String> {
+    row.as_deref()
+        .or(defaults.device.as_deref())
+        .unwrap_or("cpu")
+        .parse()
+}
+
 /// One `[text."id"]` row, with `[defaults]` filling what it leaves out.
 fn resolve_row(
     id: &str,
@@ -111,11 +128,7 @@ fn resolve_row(
         let v = v
             .as_deref()
             .ok_or_else(|| invalid(format!("{key} is required (a decimal string)")))?;
-        let d: Decimal = v
-            .trim()
-            .parse()
-            .map_err(|e| invalid(format!("{key} = {v:?}: {e}")))?;
-        Price::per_million(d).map_err(|e| invalid(format!("{key} = {v:?}: {e}")))
+        per_million(key, v).map_err(invalid)
     };
     let source = match (&m.weights, &m.hf) {
         (Some(w), None) => WeightSource::Local {
@@ -133,12 +146,7 @@ fn resolve_row(
             ))
         }
     };
-    let device_text = m
-        .device
-        .clone()
-        .or_else(|| defaults.device.clone())
-        .unwrap_or_else(|| "cpu".into());
-    let device: DeviceSpec = device_text.parse().map_err(invalid)?;
+    let device = device(&m.device, defaults).map_err(invalid)?;
     let temperature_max = m.temperature_max.unwrap_or(5.0);
     if !(0.0..=5.0).contains(&temperature_max) {
         return Err(invalid(format!(

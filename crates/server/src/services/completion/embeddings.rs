@@ -26,7 +26,6 @@ use hearth_billing::Price;
 use hearth_embed::{EmbeddingModel, Engine, EngineConfig};
 use hearth_infer::DeviceSpec;
 use hearth_store::LedgerMeta;
-use rust_decimal::Decimal;
 use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::OnceCell;
@@ -114,21 +113,10 @@ pub fn resolve(table: &RawModelTable, path: &Path) -> Result<EmbeddingModels, Ta
             id: id.clone(),
             message,
         };
-        let amount: Decimal = m.input_price_per_million.trim().parse().map_err(|e| {
-            invalid(format!(
-                "input_price_per_million = {:?}: {e}",
-                m.input_price_per_million
-            ))
-        })?;
-        let price = Price::per_million(amount)
-            .map_err(|e| invalid(format!("input_price_per_million: {e}")))?;
-        let device: DeviceSpec = m
-            .device
-            .clone()
-            .or_else(|| table.defaults.device.clone())
-            .unwrap_or_else(|| "cpu".into())
-            .parse()
-            .map_err(invalid)?;
+        let price =
+            super::catalog::per_million("input_price_per_million", &m.input_price_per_million)
+                .map_err(invalid)?;
+        let device = super::catalog::device(&m.device, &table.defaults).map_err(invalid)?;
         let gpu = match device {
             DeviceSpec::Cpu => None,
             DeviceSpec::Cuda(n) => Some(n),
@@ -340,8 +328,7 @@ impl From<hearth_embed::Error> for ApiError {
             E::TooLong { .. } | E::Empty { .. } | E::UnknownToken { .. } | E::Tokenize(_) => {
                 bad("input", e)
             }
-            E::Busy { .. } => ApiError::overloaded(e.to_string(), RETRY_AFTER),
-            E::Stopped => ApiError::overloaded(e.to_string(), RETRY_AFTER),
+            E::Busy { .. } | E::Stopped => ApiError::overloaded(e.to_string(), RETRY_AFTER),
             E::Load { .. } => ApiError::gateway(e.to_string()),
             E::Model(_) => ApiError::internal(e),
         }
