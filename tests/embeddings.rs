@@ -6,6 +6,8 @@
 
 use std::path::PathBuf;
 
+use std::time::{Duration, Instant};
+
 use base64::Engine as _;
 use rust_decimal::Decimal;
 use serde_json::{json, Value};
@@ -276,4 +278,42 @@ async fn hostile_requests_are_refused_with_nothing_held_while_others_are_served(
     // Only the steady client's requests were billed: one token each and the two specials.
     let spent = dec("100") - app.store().balance("emb-h").await.unwrap();
     assert_eq!(spent, Decimal::from(10 * 3) * dec("0.001"));
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_mid_embedding_is_not_charged() {
+    let app = spawn().await;
+    let key = app.user("emb-gone", "100").await;
+    let long = reference()["texts"][7].as_str().unwrap().to_string();
+    // 64 inputs of 256 tokens: seconds of work on two cores.
+    let body = json!({"model": "minilm", "input": vec![long; 64], "truncate_prompt_tokens": -1});
+    let request = tokio::spawn(embed(
+        app.http.clone(),
+        app.url.clone(),
+        format!("Bearer {key}"),
+        body,
+    ));
+    // Once the hold is placed, the client goes away.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while app.store().holds("emb-gone").await.unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "no hold was ever placed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    request.abort();
+    assert!(request.await.unwrap_err().is_cancelled());
+    app.wait_no_holds("emb-gone").await;
+    assert_eq!(
+        app.store().balance("emb-gone").await.unwrap(),
+        dec("100"),
+        "the abandoned request was charged"
+    );
+    // The engine serves the next client.
+    let (status, answer) = embed(
+        app.http.clone(),
+        app.url.clone(),
+        format!("Bearer {key}"),
+        json!({"model": "minilm", "input": "after"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
 }
