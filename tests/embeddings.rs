@@ -271,9 +271,9 @@ async fn hostile_requests_are_refused_with_nothing_held_while_others_are_served(
     // The engine's work shows in /metrics.
     let minilm = Some("model=\"minilm\"");
     let series = |name| crate::common::metric(&app.http, &app.url, name, minilm);
-    assert!(series("hearth_embedding_inputs_total").await.unwrap() >= 10.0);
-    assert!(series("hearth_embedding_batches_total").await.unwrap() >= 1.0);
-    assert_eq!(series("hearth_embedding_queue_depth").await, Some(0.0));
+    assert!(series("hearth_encoder_inputs_total").await.unwrap() >= 10.0);
+    assert!(series("hearth_encoder_batches_total").await.unwrap() >= 1.0);
+    assert_eq!(series("hearth_encoder_queue_depth").await, Some(0.0));
     app.wait_no_holds("emb-h").await;
     // Only the steady client's requests were billed: one token each and the two specials.
     let spent = dec("100") - app.store().balance("emb-h").await.unwrap();

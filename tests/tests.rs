@@ -30,3 +30,4 @@ mod pages_browser;
 mod prefix_reuse;
 mod quickstart;
 mod random_model;
+mod rerank;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Regenerates tests/fixtures/embed/minilm.json: sentence-transformers' vectors (PyTorch, CPU) for
-# the texts in scripts/embed/reference.py, from the all-MiniLM-L6-v2 folder fetch-weights.sh
-# writes. Needs PyPI (torch, sentence-transformers); the venv lives in the git-ignored
+# Regenerates the encoder fixtures: tests/fixtures/embed/minilm.json (sentence-transformers'
+# vectors, PyTorch on the CPU, for the texts in scripts/embed/reference.py, from the
+# all-MiniLM-L6-v2 folder fetch-weights.sh writes) and tests/fixtures/rerank (a seeded tiny
+# cross-encoder and CrossEncoder's scores for it, scripts/embed/rerank_fixture.py). Needs PyPI (torch, sentence-transformers); the venv lives in the git-ignored
 # .venv-embed/. The tests read the fixture and need neither.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -12,3 +13,6 @@ VENV=.venv-embed
 bash scripts/fetch-weights.sh minilm
 "$VENV/bin/python" scripts/embed/reference.py weights/all-MiniLM-L6-v2 \
     tests/fixtures/embed/minilm.json
+# The generated cross-encoder and CrossEncoder's scores for it (tests/fixtures/rerank).
+rm -rf tests/fixtures/rerank
+"$VENV/bin/python" scripts/embed/rerank_fixture.py weights/all-MiniLM-L6-v2 tests/fixtures/rerank

@@ -47,14 +47,14 @@ async fn main() {
         assert_eq!(ids.len(), n, "the text is {} tokens", ids.len());
         for &b in &batches {
             // Warm up once, then the best of the runs.
-            engine.embed(vec![ids.clone(); b]).await.unwrap();
+            engine.encode(vec![ids.clone(); b]).await.unwrap();
             let mut best = f64::MAX;
             for _ in 0..runs {
                 let started = Instant::now();
                 let mut done = 0;
                 while done < texts {
                     let k = b.min(texts - done);
-                    engine.embed(vec![ids.clone(); k]).await.unwrap();
+                    engine.encode(vec![ids.clone(); k]).await.unwrap();
                     done += k;
                 }
                 best = best.min(started.elapsed().as_secs_f64());

@@ -1,7 +1,7 @@
-//! The engine: one thread owns the model and embeds what clients queue, several clients' inputs
-//! in one forward pass. Inputs are sorted by length and cut into batches of at most
+//! The engine: one thread owns a model and encodes what clients queue (texts to embed, pairs to
+//! score), several clients' inputs in one forward pass. Inputs are sorted by length and cut into batches of at most
 //! `max_batch_tokens` padded tokens, so short inputs are not padded to long ones; each client
-//! gets its vectors back in its own order. The queue is bounded by inputs: a request that would
+//! gets its outputs back in its own order. The queue is bounded by inputs: a request that would
 //! overfill it is refused at once (`Error::Busy`), and a request whose client has gone is skipped
 //! before it costs a forward pass.
 
@@ -12,8 +12,16 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
 
+use crate::encoder::Tokens;
 use crate::error::{Error, Result};
-use crate::model::EmbeddingModel;
+
+/// A model the engine can run: one forward pass over a batch of checked inputs, one output per
+/// input in their order, each as it would be alone.
+pub trait Encode: Send + Sync + 'static {
+    type Output: Send + 'static;
+
+    fn encode(&self, inputs: &[&Tokens]) -> Result<Vec<Self::Output>>;
+}
 
 /// How the engine batches and queues.
 #[derive(Debug, Clone)]
@@ -47,7 +55,7 @@ pub struct EngineStats {
     pub queued: AtomicUsize,
     /// Forward passes run.
     pub batches: AtomicUsize,
-    /// Inputs embedded.
+    /// Inputs encoded.
     pub inputs: AtomicUsize,
     /// Requests skipped because their client had gone.
     pub abandoned: AtomicUsize,
@@ -79,23 +87,33 @@ impl EngineStats {
     }
 }
 
-struct Job {
-    inputs: Vec<Vec<u32>>,
-    reply: oneshot::Sender<Result<Vec<Vec<f32>>>>,
+struct Job<O> {
+    inputs: Vec<Tokens>,
+    reply: oneshot::Sender<Result<Vec<O>>>,
 }
 
 /// A handle on a running engine; cloned freely. The engine stops when every handle is gone.
-#[derive(Clone)]
-pub struct Engine {
-    model: Arc<EmbeddingModel>,
-    jobs: mpsc::UnboundedSender<Job>,
+pub struct Engine<M: Encode> {
+    model: Arc<M>,
+    jobs: mpsc::UnboundedSender<Job<M::Output>>,
     stats: Arc<EngineStats>,
     max_queued: usize,
 }
 
-impl Engine {
+impl<M: Encode> Clone for Engine<M> {
+    fn clone(&self) -> Self {
+        Engine {
+            model: self.model.clone(),
+            jobs: self.jobs.clone(),
+            stats: self.stats.clone(),
+            max_queued: self.max_queued,
+        }
+    }
+}
+
+impl<M: Encode> Engine<M> {
     /// Starts the engine's thread on `model`.
-    pub fn start(model: EmbeddingModel, config: EngineConfig) -> Engine {
+    pub fn start(model: M, config: EngineConfig) -> Engine<M> {
         let model = Arc::new(model);
         let stats = Arc::new(EngineStats::default());
         let (jobs, rx) = mpsc::unbounded_channel();
@@ -105,7 +123,7 @@ impl Engine {
             config: config.clone(),
         };
         std::thread::Builder::new()
-            .name("embed-engine".into())
+            .name("encoder-engine".into())
             .spawn(move || run.run(rx))
             .expect("spawning the embedding engine's thread");
         Engine {
@@ -117,7 +135,7 @@ impl Engine {
     }
 
     /// The model, for tokenizing and its limits.
-    pub fn model(&self) -> &EmbeddingModel {
+    pub fn model(&self) -> &M {
         &self.model
     }
 
@@ -126,8 +144,8 @@ impl Engine {
         &self.stats
     }
 
-    /// The vectors of `inputs` (each checked by the model), in their order.
-    pub async fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>> {
+    /// The outputs of `inputs` (each checked by the model), in their order.
+    pub async fn encode(&self, inputs: Vec<Tokens>) -> Result<Vec<M::Output>> {
         let n = inputs.len();
         if n == 0 {
             return Ok(Vec::new());
@@ -159,14 +177,14 @@ impl Engine {
     }
 }
 
-struct Runner {
-    model: Arc<EmbeddingModel>,
+struct Runner<M> {
+    model: Arc<M>,
     stats: Arc<EngineStats>,
     config: EngineConfig,
 }
 
-impl Runner {
-    fn run(self, mut rx: mpsc::UnboundedReceiver<Job>) {
+impl<M: Encode> Runner<M> {
+    fn run(self, mut rx: mpsc::UnboundedReceiver<Job<M::Output>>) {
         while let Some(first) = rx.blocking_recv() {
             let mut jobs = vec![first];
             // Requests that arrive together are embedded together.
@@ -178,10 +196,9 @@ impl Runner {
         }
     }
 
-    fn serve(&self, jobs: Vec<Job>) {
+    fn serve(&self, jobs: Vec<Job<M::Output>>) {
         let taken: usize = jobs.iter().map(|j| j.inputs.len()).sum();
-        let (live, gone): (Vec<Job>, Vec<Job>) =
-            jobs.into_iter().partition(|j| !j.reply.is_closed());
+        let (live, gone): (Vec<_>, Vec<_>) = jobs.into_iter().partition(|j| !j.reply.is_closed());
         self.stats
             .abandoned
             .fetch_add(gone.len(), Ordering::Relaxed);
@@ -192,8 +209,10 @@ impl Runner {
             .flat_map(|(j, job)| (0..job.inputs.len()).map(move |i| (j, i)))
             .collect();
         order.sort_by_key(|&(j, i)| live[j].inputs[i].len());
-        let mut out: Vec<Vec<Option<Vec<f32>>>> =
-            live.iter().map(|j| vec![None; j.inputs.len()]).collect();
+        let mut out: Vec<Vec<Option<M::Output>>> = live
+            .iter()
+            .map(|j| j.inputs.iter().map(|_| None).collect())
+            .collect();
         let mut failed: Option<String> = None;
         let mut at = 0;
         while at < order.len() && failed.is_none() {
@@ -207,11 +226,11 @@ impl Runner {
                 }
                 end += 1;
             }
-            let batch: Vec<&[u32]> = order[at..end]
+            let batch: Vec<&Tokens> = order[at..end]
                 .iter()
-                .map(|&(j, i)| live[j].inputs[i].as_slice())
+                .map(|&(j, i)| &live[j].inputs[i])
                 .collect();
-            match self.model.embed(&batch) {
+            match self.model.encode(&batch) {
                 Ok(vectors) => {
                     for (&(j, i), v) in order[at..end].iter().zip(vectors) {
                         out[j][i] = Some(v);
@@ -220,7 +239,7 @@ impl Runner {
                     self.stats.inputs.fetch_add(end - at, Ordering::Relaxed);
                 }
                 Err(e) => {
-                    warn!(error = %e, "an embedding batch failed");
+                    warn!(error = %e, "an encoder batch failed");
                     failed = Some(e.to_string());
                 }
             }

@@ -1,11 +1,16 @@
-//! Embedding models for Hearth: sentence-transformers folders (BERT-family encoders) on candle
-//! with their pooling and normalisation ([`EmbeddingModel`]), and an [`Engine`] thread that
-//! batches requests across clients. The HTTP route and its billing are the server's.
+//! Encoder models for Hearth: sentence-transformers folders (BERT-family encoders) on candle
+//! with their pooling and normalisation ([`EmbeddingModel`]), cross-encoders that score a query
+//! against documents ([`Reranker`]), and an [`Engine`] thread that batches requests across
+//! clients for either. The HTTP routes and their billing are the server's.
 
+mod encoder;
 mod engine;
 mod error;
 mod model;
+mod rerank;
 
-pub use engine::{Engine, EngineConfig, EngineStats, StatsSnapshot};
+pub use encoder::Tokens;
+pub use engine::{Encode, Engine, EngineConfig, EngineStats, StatsSnapshot};
 pub use error::{Error, Result};
 pub use model::{EmbeddingModel, Pooling};
+pub use rerank::{Activation, Reranker};

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use hearth_embed::{EmbeddingModel, Engine, EngineConfig, Error};
+use hearth_embed::{EmbeddingModel, Engine, EngineConfig, Error, Tokens};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -52,7 +52,7 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
 }
 
 /// Every text's ids, the long last one cut as sentence-transformers cuts it.
-fn all_ids(model: &EmbeddingModel) -> Vec<Vec<u32>> {
+fn all_ids(model: &EmbeddingModel) -> Vec<Tokens> {
     let r = reference();
     r.texts
         .iter()
@@ -73,10 +73,10 @@ fn vectors_match_sentence_transformers_alone_and_padded_in_a_batch() {
         // The tokenizer file's own 128-token cut and padding are off: ids are the text's.
         assert_eq!(ids.len(), (*tokens).min(r.max_seq_length), "text {i}");
     }
-    let batch: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
+    let batch: Vec<&Tokens> = ids.iter().collect();
     let together = model.embed(&batch).unwrap();
     for (i, ids) in ids.iter().enumerate() {
-        let alone = model.embed(&[ids.as_slice()]).unwrap().remove(0);
+        let alone = model.embed(&[ids]).unwrap().remove(0);
         let c = cosine(&alone, &r.vectors[i]);
         assert!(
             c >= 0.9999,
@@ -130,7 +130,7 @@ async fn the_engine_batches_clients_together_and_answers_each_in_order() {
     let ids = all_ids(&model);
     let alone: Vec<Vec<f32>> = ids
         .iter()
-        .map(|i| model.embed(&[i.as_slice()]).unwrap().remove(0))
+        .map(|i| model.embed(&[i]).unwrap().remove(0))
         .collect();
     // A small budget makes the clients' inputs span several forward passes.
     let engine = Engine::start(
@@ -146,8 +146,8 @@ async fn the_engine_batches_clients_together_and_answers_each_in_order() {
             let engine = engine.clone();
             // Each client sends the texts in its own order.
             let order: Vec<usize> = (0..ids.len()).map(|k| (k + c) % ids.len()).collect();
-            let inputs: Vec<Vec<u32>> = order.iter().map(|&k| ids[k].clone()).collect();
-            tokio::spawn(async move { (order, engine.embed(inputs).await.unwrap()) })
+            let inputs: Vec<Tokens> = order.iter().map(|&k| ids[k].clone()).collect();
+            tokio::spawn(async move { (order, engine.encode(inputs).await.unwrap()) })
         })
         .collect();
     for client in clients {
@@ -167,6 +167,6 @@ async fn the_engine_batches_clients_together_and_answers_each_in_order() {
     assert_eq!(stats.queued.load(std::sync::atomic::Ordering::Relaxed), 0);
     // More inputs than the queue holds: refused at once, nothing left queued.
     let many = vec![ids[0].clone(); 65];
-    assert!(matches!(engine.embed(many).await, Err(Error::Busy { .. })));
+    assert!(matches!(engine.encode(many).await, Err(Error::Busy { .. })));
     assert_eq!(stats.queued.load(std::sync::atomic::Ordering::Relaxed), 0);
 }

@@ -1,8 +1,10 @@
 //! The model table (`models.toml`) as a file: one typed raw value for all of it
-//! ([`RawModelTable`]: `[defaults]`, `[text."id"]`, `[image."id"]`, `[embedding."id"]`), read
+//! ([`RawModelTable`]: `[defaults]`, `[text."id"]`, `[image."id"]`, `[embedding."id"]`,
+//! `[rerank."id"]`), read
 //! and deserialized once by `app::start` when a service that serves models runs and kept in
 //! `AppState`, from which each service resolves its own part (`completion::catalog` the text
-//! rows, `completion::embeddings` the embedding rows, `imagine::catalog` the image rows). Every table in it refuses a key it does not know, naming
+//! rows, `completion::encoders` the embedding and rerank rows, `imagine::catalog` the image
+//! rows). Every table in it refuses a key it does not know, naming
 //! the key, where it stands (`[defaults] thread`, `[txt."my-model"]`) and the closest known key
 //! ([`crate::config::closest`], the rule `hearth.toml`'s variables use too).
 //!
@@ -31,7 +33,9 @@ pub struct RawModelTable {
     #[serde(default)]
     pub image: BTreeMap<String, RawImageModel>,
     #[serde(default)]
-    pub embedding: BTreeMap<String, RawEmbeddingModel>,
+    pub embedding: BTreeMap<String, RawEncoderModel>,
+    #[serde(default)]
+    pub rerank: BTreeMap<String, RawEncoderModel>,
 }
 
 /// `[defaults]`: what a row that does not say takes.
@@ -97,10 +101,11 @@ pub struct RawImageModel {
     pub dtype: Option<String>,
 }
 
-/// An `[embedding."id"]` row (resolved by `completion::embeddings`, which documents each key).
+/// An `[embedding."id"]` or `[rerank."id"]` row (resolved by `completion::encoders`; the keys
+/// are documented by `completion::embeddings` and `completion::rerank`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawEmbeddingModel {
+pub struct RawEncoderModel {
     pub weights: String,
     pub input_price_per_million: String,
     pub device: Option<String>,
@@ -446,7 +451,7 @@ mod tests {
         );
         assert_eq!(
             error("threads = 2\n"),
-            "/srv/models.toml: the top level: unknown key threads; known here: defaults, text, image, embedding"
+            "/srv/models.toml: the top level: unknown key threads; known here: defaults, text, image, embedding, rerank"
         );
     }
 

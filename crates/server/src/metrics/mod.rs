@@ -22,7 +22,7 @@
 //! name or anything of one request, so `/metrics` needs no credential (docs/decisions.md,
 //! "Metrics"; `tests/metrics.rs` checks it).
 
-mod embeddings;
+mod encoders;
 mod engines;
 mod http;
 mod imagine;
@@ -43,7 +43,7 @@ use prometheus_client::registry::Registry;
 use crate::service::Service;
 use crate::state::AppState;
 
-pub use embeddings::{EmbeddingEngines, ReadEmbeddings};
+pub use encoders::{EncoderEngines, ReadEncoders};
 pub use engines::TextEngines;
 pub use http::{record, HttpMetrics, UNMATCHED};
 pub use imagine::{ImageMetrics, QueueDepth};

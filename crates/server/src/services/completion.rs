@@ -11,11 +11,13 @@
 
 mod catalog;
 mod embeddings;
+mod encoders;
 mod engines;
 mod grammar;
 mod openai;
 pub mod openapi;
 mod peers;
+mod rerank;
 mod start;
 mod stream;
 mod validate;
@@ -67,7 +69,9 @@ pub struct CompletionState {
 struct Core {
     catalog: Catalog,
     /// The `[embedding."id"]` models, each loaded on its first request.
-    embeddings: embeddings::EmbeddingModels,
+    embeddings: embeddings::Embeddings,
+    /// The `[rerank."id"]` models, each loaded on its first request.
+    rerankers: encoders::EncoderModels<hearth_embed::Reranker>,
     engines: engines::Engines,
     /// Each user's running completions, against `completion.max_concurrent_per_user`.
     user_slots: UserSlots,
@@ -87,7 +91,9 @@ struct Core {
 pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
     let catalog = catalog::resolve(&state.model_table, &state.config.models)
         .map_err(|e| ServiceInitError::new(Service::Completion, e))?;
-    let embeddings = embeddings::resolve(&state.model_table, &state.config.models)
+    let embeddings = embeddings::Embeddings::resolve(&state.model_table, &state.config.models)
+        .map_err(|e| ServiceInitError::new(Service::Completion, e))?;
+    let rerankers = rerank::resolve(&state.model_table, &state.config.models)
         .map_err(|e| ServiceInitError::new(Service::Completion, e))?;
     let engines = engines::Engines::start(
         &catalog,
@@ -97,6 +103,7 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
     let core = Arc::new(Core {
         catalog,
         embeddings,
+        rerankers,
         engines,
         user_slots: UserSlots::new(state.config.completion.max_concurrent_per_user),
         client_stall_timeout: state.config.completion.client_stall_timeout,
@@ -129,9 +136,13 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
                     Service::Completion,
                     (
                         state.core.engines.metrics(),
-                        crate::metrics::EmbeddingEngines::new({
+                        crate::metrics::EncoderEngines::new({
                             let core = Arc::clone(&state.core);
-                            Arc::new(move || core.embeddings.stats())
+                            Arc::new(move || {
+                                let mut stats = core.embeddings.models.stats();
+                                stats.extend(core.rerankers.stats());
+                                stats
+                            })
                         }),
                     ),
                 ),

@@ -14,139 +14,50 @@
 //! inputs together) and settled at the same price. A client that goes away drops its hold
 //! (released) and its inputs are skipped by the engine.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::path::Path;
 
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
 use base64::Engine as _;
-use hearth_billing::Price;
-use hearth_embed::{EmbeddingModel, Engine, EngineConfig};
-use hearth_infer::DeviceSpec;
-use hearth_store::LedgerMeta;
+use hearth_embed::{EmbeddingModel, Tokens};
 use serde::Serialize;
 use serde_json::Value;
-use tokio::sync::OnceCell;
-use tracing::{instrument, warn, Span};
+use tracing::{instrument, Span};
 use utoipa::ToSchema;
 
+use super::encoders::{charged, refusal, EncoderModels};
 use super::CompletionState;
 use crate::error::{ApiError, OpenAiError, OpenAiJson};
-use crate::model_table::{self, RawModelTable, TableError};
+use crate::model_table::{RawModelTable, TableError};
 
-/// One `[embedding."id"]` row, resolved.
-pub struct EmbeddingModelEntry {
-    pub id: String,
-    pub weights: PathBuf,
-    pub gpu: Option<usize>,
-    pub price: Price,
-    pub shortens: bool,
-    pub max_inputs: usize,
-    engine_config: EngineConfig,
-    /// Loaded on the first request (a model a table names but nobody uses costs nothing).
-    engine: OnceCell<Result<Engine, String>>,
-}
-
-impl EmbeddingModelEntry {
-    /// The model's engine, loading it first if no request has yet.
-    async fn engine(&self) -> Result<&Engine, ApiError> {
-        let loaded = self
-            .engine
-            .get_or_init(|| async {
-                let (dir, gpu, config) =
-                    (self.weights.clone(), self.gpu, self.engine_config.clone());
-                let id = self.id.clone();
-                tokio::task::spawn_blocking(move || {
-                    EmbeddingModel::load(&dir, gpu)
-                        .map(|m| Engine::start(m, config))
-                        .map_err(|e| {
-                            warn!(model = %id, error = %e, "the embedding model failed to load");
-                            e.to_string()
-                        })
-                })
-                .await
-                .unwrap_or_else(|e| Err(format!("loading panicked: {e}")))
-            })
-            .await;
-        loaded
-            .as_ref()
-            .map_err(|why| ApiError::gateway(format!("model {} is unavailable: {why}", self.id)))
-    }
-}
-
-/// Every embedding model of the table, by id.
+/// The `[embedding."id"]` models.
 #[derive(Default)]
-pub struct EmbeddingModels {
-    models: BTreeMap<String, Arc<EmbeddingModelEntry>>,
+pub struct Embeddings {
+    pub models: EncoderModels<EmbeddingModel>,
+    /// The ids of the models trained so that their vectors may be cut short.
+    shortening: BTreeSet<String>,
 }
 
-impl EmbeddingModels {
-    pub fn ids(&self) -> impl Iterator<Item = &String> {
-        self.models.keys()
-    }
-
-    pub fn get(&self, id: &str) -> Option<&Arc<EmbeddingModelEntry>> {
-        self.models.get(id)
-    }
-
-    /// The counters of each model loaded so far.
-    pub fn stats(&self) -> Vec<(String, hearth_embed::StatsSnapshot)> {
-        self.models
+impl Embeddings {
+    /// Every `[embedding."id"]` row of the table read from `path`, resolved.
+    pub fn resolve(table: &RawModelTable, path: &Path) -> Result<Embeddings, TableError> {
+        let models = EncoderModels::resolve(
+            &table.embedding,
+            &table.defaults,
+            path,
+            "embedding",
+            EmbeddingModel::load,
+        )?;
+        let shortening = table
+            .embedding
             .iter()
-            .filter_map(|(id, m)| match m.engine.get() {
-                Some(Ok(engine)) => Some((id.clone(), engine.stats().snapshot())),
-                _ => None,
-            })
-            .collect()
+            .filter(|(_, m)| m.shortens == Some(true))
+            .map(|(id, _)| id.clone())
+            .collect();
+        Ok(Embeddings { models, shortening })
     }
-}
-
-/// Every `[embedding."id"]` row of the table read from `path`, resolved.
-pub fn resolve(table: &RawModelTable, path: &Path) -> Result<EmbeddingModels, TableError> {
-    let mut models = BTreeMap::new();
-    for (id, m) in &table.embedding {
-        let invalid = |message: String| TableError::Invalid {
-            path: path.to_path_buf(),
-            section: "embedding",
-            id: id.clone(),
-            message,
-        };
-        let price =
-            super::catalog::per_million("input_price_per_million", &m.input_price_per_million)
-                .map_err(invalid)?;
-        let device = super::catalog::device(&m.device, &table.defaults).map_err(invalid)?;
-        let gpu = match device {
-            DeviceSpec::Cpu => None,
-            DeviceSpec::Cuda(n) => Some(n),
-        };
-        let positive = |key: &str, v: Option<usize>, default: usize| match v {
-            Some(0) => Err(invalid(format!("{key} must be at least 1"))),
-            v => Ok(v.unwrap_or(default)),
-        };
-        let defaults = EngineConfig::default();
-        let entry = EmbeddingModelEntry {
-            id: id.clone(),
-            weights: model_table::relative_to(path, Path::new(&m.weights)),
-            gpu,
-            price,
-            shortens: m.shortens.unwrap_or(false),
-            max_inputs: positive("max_inputs", m.max_inputs, 2048)?,
-            engine_config: EngineConfig {
-                max_batch_tokens: positive(
-                    "max_batch_tokens",
-                    m.max_batch_tokens,
-                    defaults.max_batch_tokens,
-                )?,
-                max_queued: positive("max_queued", m.max_queued, defaults.max_queued)?,
-                ..defaults
-            },
-            engine: OnceCell::new(),
-        };
-        models.insert(id.clone(), Arc::new(entry));
-    }
-    Ok(EmbeddingModels { models })
 }
 
 /// What a request asks to embed: texts, or token ids as they are.
@@ -320,24 +231,6 @@ fn token_ids(index: usize, value: &Value) -> Result<Vec<u64>, ApiError> {
         .collect()
 }
 
-/// An embedding model's refusal, at the edge.
-impl From<hearth_embed::Error> for ApiError {
-    fn from(e: hearth_embed::Error) -> Self {
-        use hearth_embed::Error as E;
-        match e {
-            E::TooLong { .. } | E::Empty { .. } | E::UnknownToken { .. } | E::Tokenize(_) => {
-                bad("input", e)
-            }
-            E::Busy { .. } | E::Stopped => ApiError::overloaded(e.to_string(), RETRY_AFTER),
-            E::Load { .. } => ApiError::gateway(e.to_string()),
-            E::Model(_) => ApiError::internal(e),
-        }
-    }
-}
-
-/// When a refused client should try again.
-const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
-
 /// The answer.
 #[derive(Serialize, ToSchema)]
 pub struct EmbeddingList {
@@ -396,6 +289,7 @@ pub async fn create(
     let entry = cs
         .core
         .embeddings
+        .models
         .get(&request.model)
         .cloned()
         .ok_or_else(|| super::openai::model_not_found(&request.model))?;
@@ -412,7 +306,7 @@ pub async fn create(
     }
     let engine = entry.engine().await?.clone();
     if let Some(d) = request.dimensions {
-        if !entry.shortens {
+        if !cs.core.embeddings.shortening.contains(&entry.id) {
             return Err(bad(
                 "dimensions",
                 format!("model {} was not trained for shortened vectors", entry.id),
@@ -437,52 +331,35 @@ pub async fn create(
         .take(&session.user_id)
         .map_err(ApiError::rate_limited)?;
     let (truncate, tokenizing) = (request.truncate, engine.clone());
-    let inputs = tokio::task::spawn_blocking(move || -> Result<Vec<Vec<u32>>, ApiError> {
+    let inputs = tokio::task::spawn_blocking(move || -> Result<Vec<Tokens>, ApiError> {
         let model = tokenizing.model();
-        Ok(match request.inputs {
+        let tokens: hearth_embed::Result<Vec<Tokens>> = match request.inputs {
             Inputs::Texts(texts) => texts
                 .iter()
                 .enumerate()
                 .map(|(i, t)| model.tokenize(i, t, truncate))
-                .collect::<Result<_, _>>()?,
+                .collect(),
             Inputs::Ids(ids) => ids
                 .iter()
                 .enumerate()
                 .map(|(i, ids)| model.check_ids(i, ids, truncate))
-                .collect::<Result<_, _>>()?,
-        })
+                .collect(),
+        };
+        tokens.map_err(|e| refusal(e, "input"))
     })
     .await
     .map_err(ApiError::internal)??;
-    let tokens: usize = inputs.iter().map(Vec::len).sum();
-    let margin = cs.app.billing.margin(None);
-    let cost = entry
-        .price
-        .cost(tokens as u64, margin)
-        .map_err(ApiError::from)?;
-    let meta = LedgerMeta {
-        reason: format!("embeddings {}", entry.id),
-        developer_id: None,
-        application_id: None,
-    };
-    // Dropped unsettled (the client gone, an error), the hold is released.
-    let hold = cs
-        .app
-        .billing
-        .hold(&session.user_id, cost, meta)
-        .await
-        .map_err(ApiError::from)?;
-    let vectors = match engine.embed(inputs).await {
-        Ok(vectors) => vectors,
-        Err(e) => {
-            // Given back before the answer, so a balance read after it has the funds back.
-            if let Err(release) = hold.release().await {
-                warn!(error = %release, "releasing the hold of a refused embedding failed");
-            }
-            return Err(ApiError::from(e).into());
-        }
-    };
-    hold.settle(cost).await.map_err(ApiError::from)?;
+    let tokens: usize = inputs.iter().map(Tokens::len).sum();
+    let vectors = charged(
+        &cs,
+        &session.user_id,
+        &entry,
+        tokens,
+        "embeddings",
+        "input",
+        engine.encode(inputs),
+    )
+    .await?;
     let data = vectors
         .into_iter()
         .enumerate()

@@ -30,6 +30,7 @@ use crate::openapi::{BearerAuth, ErrorObject};
         super::openai::chat,
         super::openai::text,
         super::embeddings::create,
+        super::rerank::rerank,
     ),
     modifiers(&BearerAuth),
     tags(

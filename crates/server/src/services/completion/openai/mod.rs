@@ -1,7 +1,7 @@
 //! The OpenAI-compatible routes of the completion listener, beside the spec's (which stay as
 //! they are): `GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/chat/completions` and
 //! `POST /v1/completions`, whole or streamed (`data: {chunk}` ... `data: [DONE]`), and
-//! `POST /v1/embeddings` (`super::embeddings`).
+//! `POST /v1/embeddings` (`super::embeddings`) and `POST /v1/rerank` (`super::rerank`).
 //!
 //! Credentials come as `Authorization: Bearer <serviceToken>`, that API's convention. A request
 //! is checked into the same [`ValidRequest`](super::validate::ValidRequest) as the spec's and
@@ -37,7 +37,7 @@ use wire::{
     ChatChunk, ChatCompletion, ChatRequest, ModelList, ModelObject, TextCompletion, TextRequest,
 };
 
-/// The errors of `/v1/chat/completions`, `/v1/completions` and `/v1/embeddings` in the OpenAPI
+/// The errors of `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings` and `/v1/rerank` in the OpenAPI
 /// document, as that API's clients sort them (the status table is `ErrorKind::status`).
 #[derive(utoipa::IntoResponses)]
 #[allow(dead_code)] // describes the answers; never built
@@ -75,6 +75,9 @@ pub fn routes() -> Router<CompletionState> {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(text))
         .route("/v1/embeddings", post(super::embeddings::create))
+        .route("/v1/rerank", post(super::rerank::rerank))
+        .route("/rerank", post(super::rerank::rerank))
+        .route("/v2/rerank", post(super::rerank::rerank))
 }
 
 pub(super) async fn session(
@@ -119,7 +122,8 @@ async fn models(State(cs): State<CompletionState>) -> Json<ModelList> {
         .catalog
         .ids()
         .iter()
-        .chain(cs.core.embeddings.ids())
+        .chain(cs.core.embeddings.models.ids())
+        .chain(cs.core.rerankers.ids())
         .map(|id| model_object(&cs, id))
         .collect();
     Json(ModelList {
@@ -144,7 +148,10 @@ async fn model(
     State(cs): State<CompletionState>,
     Path(id): Path<String>,
 ) -> Result<Json<ModelObject>, OpenAiError> {
-    if cs.core.catalog.get(&id).is_some() || cs.core.embeddings.get(&id).is_some() {
+    if cs.core.catalog.get(&id).is_some()
+        || cs.core.embeddings.models.get(&id).is_some()
+        || cs.core.rerankers.get(&id).is_some()
+    {
         Ok(Json(model_object(&cs, &id)))
     } else {
         Err(model_not_found(&id).into())

@@ -1,5 +1,5 @@
-//! The embedding engines' counters ([`hearth_embed::StatsSnapshot`]), read at scrape time, for
-//! the models loaded so far.
+//! The encoder engines' counters ([`hearth_embed::StatsSnapshot`]: the embedding and rerank
+//! models), read at scrape time, for the models loaded so far.
 
 use std::fmt;
 use std::sync::Arc;
@@ -14,33 +14,33 @@ use prometheus_client::registry::Registry;
 
 use super::Export;
 
-/// Each loaded embedding model's counters, by model id.
-pub type ReadEmbeddings = Arc<dyn Fn() -> Vec<(String, StatsSnapshot)> + Send + Sync>;
+/// Each loaded embedding or rerank model's counters, by model id.
+pub type ReadEncoders = Arc<dyn Fn() -> Vec<(String, StatsSnapshot)> + Send + Sync>;
 
-/// The completion listener's embedding engines, as `/metrics` reads them.
-pub struct EmbeddingEngines {
-    read: ReadEmbeddings,
+/// The completion listener's encoder engines, as `/metrics` reads them.
+pub struct EncoderEngines {
+    read: ReadEncoders,
 }
 
-impl EmbeddingEngines {
-    pub fn new(read: ReadEmbeddings) -> Self {
+impl EncoderEngines {
+    pub fn new(read: ReadEncoders) -> Self {
         Self { read }
     }
 }
 
-impl fmt::Debug for EmbeddingEngines {
+impl fmt::Debug for EncoderEngines {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EmbeddingEngines").finish_non_exhaustive()
+        f.debug_struct("EncoderEngines").finish_non_exhaustive()
     }
 }
 
-impl Export for EmbeddingEngines {
+impl Export for EncoderEngines {
     fn export(self, registry: &mut Registry) {
         registry.register_collector(Box::new(self));
     }
 }
 
-impl Collector for EmbeddingEngines {
+impl Collector for EncoderEngines {
     fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
         let engines = (self.read)();
         if engines.is_empty() {
@@ -49,23 +49,27 @@ impl Collector for EmbeddingEngines {
         type Read = fn(&StatsSnapshot) -> u64;
         let counters: [(&str, &str, Read); 5] = [
             (
-                "hearth_embedding_requests",
-                "Requests taken into the embedding engine's queue",
+                "hearth_encoder_requests",
+                "Requests taken into an encoder engine's queue (embedding or rerank)",
                 |s| s.requests,
             ),
             (
-                "hearth_embedding_refused",
+                "hearth_encoder_refused",
                 "Requests refused because the queue was full",
                 |s| s.refused,
             ),
-            ("hearth_embedding_inputs", "Inputs embedded", |s| s.inputs),
             (
-                "hearth_embedding_batches",
+                "hearth_encoder_inputs",
+                "Inputs encoded (texts embedded, query-document pairs scored)",
+                |s| s.inputs,
+            ),
+            (
+                "hearth_encoder_batches",
                 "Forward passes run (each over several inputs)",
                 |s| s.batches,
             ),
             (
-                "hearth_embedding_abandoned",
+                "hearth_encoder_abandoned",
                 "Requests skipped because their client had gone",
                 |s| s.abandoned,
             ),
@@ -78,8 +82,8 @@ impl Collector for EmbeddingEngines {
             }
         }
         let mut queued = encoder.encode_descriptor(
-            "hearth_embedding_queue_depth",
-            "Inputs waiting for the embedding engine",
+            "hearth_encoder_queue_depth",
+            "Inputs waiting for the encoder engine",
             None,
             MetricType::Gauge,
         )?;

@@ -1,0 +1,137 @@
+//! A cross-encoder: a BERT-family encoder with a sequence-classification head of one label
+//! (`BertForSequenceClassification`, as the `cross-encoder/*` models and sentence-transformers'
+//! `CrossEncoder` save them). It reads a query and a document together and scores how well the
+//! document answers the query: the `[CLS]` vector through the pooler (dense, tanh) and the
+//! classifier, then the model's activation (sigmoid unless the folder says otherwise, as
+//! `CrossEncoder.predict` does). Checked against sentence-transformers in `tests/rerank.rs`.
+
+use std::path::Path;
+
+use candle_core::{DType, Module as _};
+use candle_nn::{linear, Linear, VarBuilder};
+
+use crate::encoder::{load_error, Encoder, Folder, Tokens};
+use crate::engine::Encode;
+use crate::error::Result;
+
+/// What the classifier's logit goes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// 1 / (1 + e^-x): scores between 0 and 1.
+    Sigmoid,
+    /// The logit as it is.
+    Identity,
+}
+
+/// A loaded cross-encoder.
+pub struct Reranker {
+    encoder: Encoder,
+    pooler: Linear,
+    classifier: Linear,
+    activation: Activation,
+}
+
+impl std::fmt::Debug for Reranker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reranker")
+            .field("activation", &self.activation)
+            .field("max_tokens", &self.encoder.max_tokens())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The head's weights, under the `bert.` prefix or without it.
+fn head(vb: &VarBuilder, hidden: usize) -> candle_core::Result<(Linear, Linear)> {
+    let pooler = if vb.contains_tensor("bert.pooler.dense.weight") {
+        linear(hidden, hidden, vb.pp("bert.pooler.dense"))?
+    } else {
+        linear(hidden, hidden, vb.pp("pooler.dense"))?
+    };
+    Ok((pooler, linear(hidden, 1, vb.pp("classifier"))?))
+}
+
+impl Reranker {
+    /// Loads the folder `dir` onto the CPU, or onto CUDA device `gpu` (with the `cuda` feature).
+    pub fn load(dir: &Path, gpu: Option<usize>) -> Result<Reranker> {
+        let Folder {
+            encoder,
+            config,
+            weights,
+        } = Folder::load(dir, gpu, None)?;
+        let config_path = dir.join("config.json");
+        let labels = config["id2label"]
+            .as_object()
+            .map(|m| m.len())
+            .or_else(|| config["num_labels"].as_u64().map(|n| n as usize))
+            .unwrap_or(1);
+        if labels != 1 {
+            return Err(load_error(
+                &config_path,
+                format!("a reranker scores with one label; this model has {labels}"),
+            ));
+        }
+        // Where sentence-transformers writes the activation (newer, then older versions).
+        let named = config["sentence_transformers"]["activation_fn"]
+            .as_str()
+            .or_else(|| config["sbert_ce_default_activation_function"].as_str());
+        let activation = match named.map(|n| n.rsplit('.').next().unwrap_or(n)) {
+            None | Some("Sigmoid") => Activation::Sigmoid,
+            Some("Identity") => Activation::Identity,
+            Some(other) => {
+                return Err(load_error(
+                    &config_path,
+                    format!("the activation {other} is not supported"),
+                ))
+            }
+        };
+        let path = dir.join("model.safetensors");
+        let (pooler, classifier) =
+            head(&weights, encoder.hidden()).map_err(|e| load_error(&path, e))?;
+        Ok(Reranker {
+            encoder,
+            pooler,
+            classifier,
+            activation,
+        })
+    }
+
+    /// The longest pair, in tokens; longer pairs are cut, the longer text first.
+    pub fn max_tokens(&self) -> usize {
+        self.encoder.max_tokens()
+    }
+
+    /// What the scores go through.
+    pub fn activation(&self) -> Activation {
+        self.activation
+    }
+
+    /// A query and one document as the model reads them together (`index` names the document
+    /// in errors).
+    pub fn tokenize(&self, index: usize, query: &str, document: &str) -> Result<Tokens> {
+        self.encoder.tokenize_pair(index, query, document)
+    }
+
+    /// Each pair's score, in order; each as it would be alone.
+    pub fn score(&self, inputs: &[&Tokens]) -> Result<Vec<f32>> {
+        if inputs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (hidden, _) = self.encoder.forward(inputs)?;
+        let first = hidden.narrow(1, 0, 1)?.squeeze(1)?;
+        let pooled = self.pooler.forward(&first)?.tanh()?;
+        let logits = self.classifier.forward(&pooled)?.squeeze(1)?;
+        let scores = match self.activation {
+            Activation::Sigmoid => candle_nn::ops::sigmoid(&logits)?,
+            Activation::Identity => logits,
+        };
+        Ok(scores.to_dtype(DType::F32)?.to_vec1::<f32>()?)
+    }
+}
+
+impl Encode for Reranker {
+    type Output = f32;
+
+    fn encode(&self, inputs: &[&Tokens]) -> Result<Vec<f32>> {
+        self.score(inputs)
+    }
+}
