@@ -267,3 +267,53 @@ async fn the_attachments_box_converts_e_mail_attachments() {
     assert_eq!(texts(&browser, "#rendered table td").await, ["north", "10"]);
     browser.close().await;
 }
+
+#[tokio::test]
+async fn asked_for_chunks_the_page_lists_them_under_their_headings() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let _app = open_upload_page(&browser).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("report.html");
+    std::fs::write(&file, REPORT).unwrap();
+    let path = file.display().to_string();
+    // Not asked: no chunks pane.
+    browser.find("#file").await.send_keys(&path).await.unwrap();
+    wait_status(&browser, "Converted report.html").await;
+    let hidden = browser
+        .client
+        .execute(
+            "return document.getElementById('chunks-card').hidden;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(hidden, Value::Bool(true));
+
+    browser.find("#chunk").await.click().await.unwrap();
+    let tokens = browser.find("#chunk-tokens").await;
+    tokens.clear().await.unwrap();
+    tokens.send_keys("16").await.unwrap();
+    browser
+        .client
+        .execute("document.getElementById('file').value = ''; document.getElementById('status').textContent = '';", vec![])
+        .await
+        .unwrap();
+    browser.find("#file").await.send_keys(&path).await.unwrap();
+    wait_status(&browser, "Converted report.html").await;
+    let title = browser.visible_text("#chunks-title").await;
+    let chunks = texts(&browser, "#chunks .chunk pre").await;
+    assert!(chunks.len() >= 2, "{chunks:?}");
+    assert_eq!(title, format!("Chunks ({})", chunks.len()));
+    assert!(chunks[0].starts_with("# Quarterly report"), "{chunks:?}");
+    // Every chunk sits under the report's title; the table comes whole, as text, not markup.
+    for path in texts(&browser, "#chunks .chunk-path").await {
+        assert!(path.starts_with("Quarterly report"), "{path}");
+    }
+    assert!(
+        chunks.iter().any(|c| c.contains("| Region | Sales |")),
+        "{chunks:?}"
+    );
+    browser.close().await;
+}

@@ -20,6 +20,7 @@ mod imagine;
 mod imagine_browser;
 mod markdown;
 mod markdown_browser;
+mod markdown_chunks;
 mod markdown_hostile;
 mod metrics;
 mod model_table;

@@ -74,6 +74,17 @@ pub(crate) fn load_error(path: &Path, reason: impl std::fmt::Display) -> Error {
     }
 }
 
+/// A `tokenizer.json` with the file's own padding and truncation taken off (MiniLM's pads and
+/// cuts at 128): lengths are for the caller to check, and a count is the text's.
+pub fn open_tokenizer(path: &Path) -> Result<Tokenizer> {
+    let mut tokenizer = Tokenizer::from_file(path).map_err(|e| load_error(path, e))?;
+    tokenizer.with_padding(None);
+    tokenizer
+        .with_truncation(None)
+        .map_err(|e| load_error(path, e))?;
+    Ok(tokenizer)
+}
+
 impl Folder {
     /// Reads `dir` onto the CPU, or onto CUDA device `gpu` (with the `cuda` feature). Inputs are
     /// limited to `max_tokens` when given, and to the model's positions in any case.
@@ -97,13 +108,7 @@ impl Folder {
         let positions = raw["max_position_embeddings"].as_u64().unwrap_or(512) as usize;
         let max_tokens = max_tokens.unwrap_or(positions).min(positions);
         let tokenizer_path = dir.join("tokenizer.json");
-        let mut tokenizer =
-            Tokenizer::from_file(&tokenizer_path).map_err(|e| load_error(&tokenizer_path, e))?;
-        // The file may carry its own padding and truncation (MiniLM's pads and cuts at 128).
-        tokenizer.with_padding(None);
-        tokenizer
-            .with_truncation(None)
-            .map_err(|e| load_error(&tokenizer_path, e))?;
+        let tokenizer = open_tokenizer(&tokenizer_path)?;
         let mut truncating = tokenizer.clone();
         truncating
             .with_truncation(Some(TruncationParams {

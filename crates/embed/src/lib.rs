@@ -9,7 +9,7 @@ mod error;
 mod model;
 mod rerank;
 
-pub use encoder::Tokens;
+pub use encoder::{open_tokenizer, Tokens};
 pub use engine::{Encode, Engine, EngineConfig, EngineStats, StatsSnapshot};
 pub use error::{Error, Result};
 pub use model::{EmbeddingModel, Pooling};

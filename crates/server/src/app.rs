@@ -277,7 +277,15 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         })
         .collect();
 
-    let model_table = if config.services.iter().any(|s| s.facts().reads_model_table) {
+    // A service that only borrows from the table (the markdown service's `?chunks=`
+    // tokenizers) reads it when the file is there; a missing table is no error for it.
+    let borrows = config
+        .services
+        .iter()
+        .any(|s| s.facts().borrows_model_table);
+    let model_table = if config.services.iter().any(|s| s.facts().reads_model_table)
+        || (borrows && config.models.exists())
+    {
         model_table::load(&config.models)?
     } else {
         RawModelTable::default()

@@ -58,6 +58,9 @@ pub struct Facts {
     pub money: MoneyMoved,
     /// Whether it serves models of the model table (`models.toml`, read once at start).
     pub reads_model_table: bool,
+    /// Reads the model table when the file is there, and runs without it (the markdown
+    /// service, for `?chunks=`'s tokenizers).
+    pub borrows_model_table: bool,
     /// The page header's link to its `/ui`.
     pub nav_label: &'static str,
     /// The sign-in page's link onward to it, for the services a user goes on to.
@@ -79,6 +82,7 @@ impl Service {
             Service::Auth => &Facts {
                 name: "auth",
                 reads_model_table: false,
+                borrows_model_table: false,
                 money: MoneyMoved::AdminCredits,
                 addr: |c| c.auth.addr,
                 public_url: |c| c.auth.public_url.as_deref(),
@@ -90,6 +94,7 @@ impl Service {
             Service::Completion => &Facts {
                 name: "completion",
                 reads_model_table: true,
+                borrows_model_table: false,
                 money: MoneyMoved::Holds,
                 addr: |c| c.completion.addr,
                 public_url: |c| c.completion.public_url.as_deref(),
@@ -101,6 +106,7 @@ impl Service {
             Service::Markdown => &Facts {
                 name: "markdown",
                 reads_model_table: false,
+                borrows_model_table: true,
                 money: MoneyMoved::Nothing,
                 addr: |c| c.markdown.addr,
                 public_url: |c| c.markdown.public_url.as_deref(),
@@ -112,6 +118,7 @@ impl Service {
             Service::Imagine => &Facts {
                 name: "imagine",
                 reads_model_table: true,
+                borrows_model_table: false,
                 money: MoneyMoved::Holds,
                 addr: |c| c.imagine.addr,
                 public_url: |c| c.imagine.public_url.as_deref(),

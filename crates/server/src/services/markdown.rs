@@ -8,8 +8,10 @@
 //! killed at the time limit and replaced when they die, so a hostile upload costs that upload
 //! alone. A request waits for a free worker at most `time_limit`, then gets 503.
 
+mod chunks;
 pub mod openapi;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -55,6 +57,10 @@ pub struct MarkdownState {
     public_url: String,
     /// Conversions by format and outcome, for `/metrics`.
     conversions: Conversions,
+    /// The tokenizers `?chunks=` counts with (the model table's embedding and rerank rows).
+    tokenizers: Arc<chunks::Tokenizers>,
+    /// How long chunking may take, as a conversion may.
+    time_limit: Duration,
 }
 
 /// Builds the markdown router and starts its conversion workers.
@@ -87,6 +93,11 @@ pub async fn router(state: AppState) -> Router {
         allowed_origins: config.allowed_origins.clone(),
         public_url: state.urls.get(Service::Markdown).to_string(),
         conversions: Conversions::default(),
+        tokenizers: Arc::new(chunks::Tokenizers::from_table(
+            &state.model_table,
+            &config.models,
+        )),
+        time_limit: md.time_limit,
     };
     let metrics = crate::metrics::route(&state, Service::Markdown, service.conversions.clone());
     let origins: Vec<HeaderValue> = config
@@ -196,15 +207,27 @@ async fn health(State(state): State<MarkdownState>) -> Response {
     (status, Json(body)).into_response()
 }
 
+/// What a conversion request asks beyond the file.
+#[derive(Debug, PartialEq, Eq)]
+struct Asked {
+    options: Options,
+    chunks: Option<chunks::Ask>,
+}
+
 /// The configured options with the query's overrides: `?attachments=list|convert` (e-mail
-/// attachments), `?ocr=auto|force|off` and `?lang=eng+fra` (OCR languages). A value the
-/// library's parser refuses is 400 with its message. `lang` may come as `eng+fra` (a `+` that
-/// form decoding turns into a space), `eng%2Bfra` or `eng fra`.
-fn requested_options(query: Option<&str>, defaults: &Options) -> Result<Options, MarkdownError> {
+/// attachments), `?ocr=auto|force|off` and `?lang=eng+fra` (OCR languages); and `?chunks=N`
+/// with `?tokenizer=ID` (`chunks.rs`). A value the library's parser refuses is 400 with its
+/// message. `lang` may come as `eng+fra` (a `+` that form decoding turns into a space),
+/// `eng%2Bfra` or `eng fra`.
+fn requested(query: Option<&str>, defaults: &Options) -> Result<Asked, MarkdownError> {
     let mut options = defaults.clone();
     let Some(query) = query else {
-        return Ok(options);
+        return Ok(Asked {
+            options,
+            chunks: None,
+        });
     };
+    let (mut max_tokens, mut tokenizer) = (None, None);
     for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
         match &*key {
             "attachments" => {
@@ -215,10 +238,24 @@ fn requested_options(query: Option<&str>, defaults: &Options) -> Result<Options,
                 let value = value.replace(' ', "+");
                 options.languages = Some(value.parse().map_err(MarkdownError::BadQuery)?);
             }
+            "chunks" => max_tokens = Some(chunks::max_tokens(&value)?),
+            "tokenizer" => tokenizer = Some(value.into_owned()),
             _ => {}
         }
     }
-    Ok(options)
+    let chunks = match (max_tokens, tokenizer) {
+        (Some(max_tokens), tokenizer) => Some(chunks::Ask {
+            max_tokens,
+            tokenizer,
+        }),
+        (None, Some(_)) => {
+            return Err(MarkdownError::BadQuery(
+                "tokenizer names what counts the tokens of ?chunks=, which is missing".into(),
+            ))
+        }
+        (None, None) => None,
+    };
+    Ok(Asked { options, chunks })
 }
 
 /// The OCR engine as `components.ocr` reports it: `up` with its version and language models,
@@ -277,6 +314,10 @@ struct ConversionResponse {
     markdown: String,
     /// The uploaded file's name.
     original_filename: String,
+    /// Only with `?chunks=`: the Markdown in pieces of at most that many tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<openapi::ChunkDoc>>)]
+    chunks: Option<Vec<hearth_chunk::Chunk>>,
 }
 
 /// Converts an uploaded document to Markdown (spec 4.3). No credential.
@@ -288,6 +329,8 @@ struct ConversionResponse {
         ("attachments" = Option<String>, Query, description = "E-mail attachments: `list` them, or `convert` them too (default: `[markdown] attachments`)."),
         ("ocr" = Option<String>, Query, description = "OCR of images and scanned PDF pages: `auto` (images that look like text, pages without a text layer), `force` (every image and image-bearing page; 503 without an OCR engine), or `off` (default: `[markdown] ocr`)."),
         ("lang" = Option<String>, Query, description = "OCR language models, `+`-joined (`eng+fra`); a model this machine lacks is 400 naming those it has (default: `[markdown] ocr_languages`, else chosen per page)."),
+        ("chunks" = Option<usize>, Query, description = "Also answer `chunks`: the Markdown cut on its own structure into pieces of at most this many tokens (16 to 65536), special tokens included, tables and code blocks kept whole when they fit and cut with their header repeated when not. Without it the answer is the spec's exactly."),
+        ("tokenizer" = Option<String>, Query, description = "Whose tokens `chunks` counts: an `[embedding]` or `[rerank]` model of the model table (default: the first embedding model)."),
     ),
     request_body(content = openapi::Upload, content_type = "multipart/form-data"),
     responses(
@@ -307,7 +350,7 @@ async fn convert(
     headers: HeaderMap,
     mut multipart: Multipart,
 ) -> Result<Response, MarkdownError> {
-    let options = requested_options(query.as_deref(), &state.options)?;
+    let Asked { options, chunks } = requested(query.as_deref(), &state.options)?;
     let too_large = |limit: usize| MarkdownError::TooLarge { limit };
     // Refused from its declared length, before a byte of the body is read.
     if declared_length(&headers).is_some_and(|n| n > body_limit(state.max_upload_bytes)) {
@@ -359,9 +402,22 @@ async fn convert(
                 warnings = conversion.warnings.len(),
                 "converted"
             );
+            let chunks = match chunks {
+                Some(ask) => Some(
+                    chunks::chunks(
+                        Arc::clone(&state.tokenizers),
+                        conversion.markdown.clone(),
+                        ask,
+                        state.time_limit,
+                    )
+                    .await?,
+                ),
+                None => None,
+            };
             Ok(Json(ConversionResponse {
                 markdown: conversion.markdown,
                 original_filename: name,
+                chunks,
             })
             .into_response())
         }
@@ -402,13 +458,17 @@ mod tests {
             attachments: Attachments::Convert,
             ..Options::default()
         };
-        assert_eq!(requested_options(None, &defaults), Ok(defaults.clone()));
         assert_eq!(
-            requested_options(Some("x=1"), &defaults),
+            requested(None, &defaults).map(|a| a.options),
             Ok(defaults.clone())
         );
-        let asked = requested_options(Some("attachments=list&ocr=force&lang=eng+fra"), &defaults)
-            .expect("valid values");
+        assert_eq!(
+            requested(Some("x=1"), &defaults).map(|a| a.options),
+            Ok(defaults.clone())
+        );
+        let asked = requested(Some("attachments=list&ocr=force&lang=eng+fra"), &defaults)
+            .expect("valid values")
+            .options;
         assert_eq!(asked.attachments, Attachments::List);
         assert_eq!(asked.ocr, Ocr::Force);
         assert_eq!(
@@ -416,14 +476,33 @@ mod tests {
             Some("eng+fra")
         );
         for encoded in ["lang=eng%2Bfra", "lang=eng%20fra"] {
-            let asked = requested_options(Some(encoded), &defaults).expect(encoded);
+            let asked = requested(Some(encoded), &defaults).expect(encoded).options;
             assert_eq!(
                 asked.languages.map(|l| l.to_string()).as_deref(),
                 Some("eng+fra")
             );
         }
-        for bad in ["ocr=always", "lang=../x", "lang=", "attachments=all"] {
-            let error = requested_options(Some(bad), &defaults).expect_err(bad);
+        let asked = requested(Some("chunks=256&tokenizer=minilm"), &defaults).unwrap();
+        assert_eq!(
+            asked.chunks,
+            Some(chunks::Ask {
+                max_tokens: 256,
+                tokenizer: Some("minilm".into())
+            })
+        );
+        for bad in [
+            "ocr=always",
+            "lang=../x",
+            "lang=",
+            "attachments=all",
+            "chunks=0",
+            "chunks=15",
+            "chunks=65537",
+            "chunks=-5",
+            "chunks=many",
+            "tokenizer=minilm",
+        ] {
+            let error = requested(Some(bad), &defaults).expect_err(bad);
             assert!(
                 matches!(error, MarkdownError::BadQuery(_)),
                 "{bad}: {error:?}"

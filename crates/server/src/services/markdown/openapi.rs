@@ -125,3 +125,18 @@ pub struct MarkdownUsage {
     /// `GET` and `POST`, each with a description.
     pub supported_methods: BTreeMap<String, String>,
 }
+
+/// One chunk of `?chunks=` (`hearth_chunk::Chunk`).
+#[derive(ToSchema)]
+#[allow(dead_code)] // describes the answer; the chunker's type is what is sent
+pub struct ChunkDoc {
+    /// The chunk's Markdown; a piece of a long table or code block has the block's header (and
+    /// closing fence) added.
+    text: String,
+    /// The titles of the headings it sits under, outermost first.
+    headings: Vec<String>,
+    /// Where its own text starts in `markdown`, in characters (Unicode scalar values).
+    start: usize,
+    /// Where it ends (exclusive), in characters.
+    end: usize,
+}
