@@ -30,6 +30,7 @@ async fn main() {
     let mut args = std::env::args().skip(1);
     let dir = PathBuf::from(args.next().expect("MODEL_DIR"));
     let (mut batches, mut tokens, mut texts, mut runs) = (vec![1, 32], vec![16, 256], 256, 3);
+    let mut config = EngineConfig::default();
     while let Some(a) = args.next() {
         let v = args.next().expect("a value");
         match a.as_str() {
@@ -37,11 +38,12 @@ async fn main() {
             "--tokens" => tokens = list(&v),
             "--texts" => texts = v.parse().unwrap(),
             "--runs" => runs = v.parse().unwrap(),
+            "--max-batch-tokens" => config.max_batch_tokens = v.parse().unwrap(),
             other => panic!("unknown argument {other}"),
         }
     }
     let model = EmbeddingModel::load(&dir, None).expect("the model");
-    let engine = Engine::start(model, EngineConfig::default());
+    let engine = Engine::start(model, config);
     for &n in &tokens {
         let ids = engine.model().tokenize(0, &text(n), false).unwrap();
         assert_eq!(ids.len(), n, "the text is {} tokens", ids.len());

@@ -12,6 +12,7 @@ use serde::Deserialize;
 use tokenizers::{Tokenizer, TruncationParams, TruncationStrategy};
 
 use crate::error::{Error, Result};
+use crate::fast::{self, FastBert, Shape};
 
 /// One input's token ids, special tokens included. Ids from `second` on are the second text of
 /// a pair (token type 1); a single text has `second == ids.len()`.
@@ -40,9 +41,46 @@ impl From<Vec<u32>> for Tokens {
     }
 }
 
+/// The last layer's vectors of a batch, packed: input `i`'s rows are
+/// `rows[starts[i] * width..starts[i + 1] * width]`.
+pub(crate) struct Hidden {
+    pub rows: Vec<f32>,
+    pub starts: Vec<usize>,
+    pub width: usize,
+}
+
+impl Hidden {
+    /// Input `i`'s token vectors, one after another.
+    pub fn input(&self, i: usize) -> &[f32] {
+        &self.rows[self.starts[i] * self.width..self.starts[i + 1] * self.width]
+    }
+
+    /// How many inputs.
+    pub fn len(&self) -> usize {
+        self.starts.len() - 1
+    }
+}
+
+/// What runs the encoder: candle (f32, CPU or CUDA), or Hearth's kernels (bf16 products, on a
+/// CPU with AVX-512 BF16).
+enum Net {
+    Candle { bert: BertModel, device: Device },
+    Fast(FastBert),
+}
+
+/// How precisely the encoder's matrix products run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// f32 throughout, on candle.
+    F32,
+    /// bf16 products with f32 sums on Hearth's kernels where the CPU has AVX-512 BF16 (twice
+    /// the arithmetic a cycle), f32 elsewhere.
+    Bf16,
+}
+
 /// A loaded encoder and its tokenizer.
 pub(crate) struct Encoder {
-    bert: BertModel,
+    net: Net,
     tokenizer: Tokenizer,
     /// The tokenizer with truncation at `max_tokens` on (the longer text of a pair first).
     truncating: Tokenizer,
@@ -50,7 +88,6 @@ pub(crate) struct Encoder {
     hidden: usize,
     vocab: usize,
     pad_id: u32,
-    device: Device,
 }
 
 /// A folder read: the encoder, `config.json` as it is (for what the model on top needs) and the
@@ -88,7 +125,12 @@ pub fn open_tokenizer(path: &Path) -> Result<Tokenizer> {
 impl Folder {
     /// Reads `dir` onto the CPU, or onto CUDA device `gpu` (with the `cuda` feature). Inputs are
     /// limited to `max_tokens` when given, and to the model's positions in any case.
-    pub fn load(dir: &Path, gpu: Option<usize>, max_tokens: Option<usize>) -> Result<Folder> {
+    pub fn load(
+        dir: &Path,
+        gpu: Option<usize>,
+        max_tokens: Option<usize>,
+        precision: Precision,
+    ) -> Result<Folder> {
         let device = match gpu {
             None => Device::Cpu,
             Some(n) => Device::new_cuda(n).map_err(|e| load_error(dir, e))?,
@@ -122,17 +164,42 @@ impl Folder {
         let bytes = std::fs::read(&path).map_err(|e| load_error(&path, e))?;
         let weights = VarBuilder::from_buffered_safetensors(bytes, DType::F32, &device)
             .map_err(|e| load_error(&path, e))?;
-        let bert = BertModel::load(weights.clone(), &config).map_err(|e| load_error(&path, e))?;
+        let exact_gelu = matches!(raw["hidden_act"].as_str(), None | Some("gelu"));
+        let absolute = matches!(
+            raw["position_embedding_type"].as_str(),
+            None | Some("absolute")
+        );
+        let net = if precision == Precision::Bf16
+            && gpu.is_none()
+            && fast::available()
+            && exact_gelu
+            && absolute
+        {
+            let shape = Shape {
+                hidden,
+                heads: number("num_attention_heads")?,
+                layers: number("num_hidden_layers")?,
+                ffn: number("intermediate_size")?,
+                vocab,
+                positions,
+                types: raw["type_vocab_size"].as_u64().unwrap_or(2) as usize,
+                eps: raw["layer_norm_eps"].as_f64().unwrap_or(1e-12) as f32,
+            };
+            Net::Fast(FastBert::load(&weights, shape, 0).map_err(|e| load_error(&path, e))?)
+        } else {
+            let bert =
+                BertModel::load(weights.clone(), &config).map_err(|e| load_error(&path, e))?;
+            Net::Candle { bert, device }
+        };
         Ok(Folder {
             encoder: Encoder {
-                bert,
+                net,
                 tokenizer,
                 truncating,
                 max_tokens,
                 hidden,
                 vocab,
                 pad_id,
-                device,
             },
             config: raw,
             weights,
@@ -215,10 +282,27 @@ impl Encoder {
         Ok(tokens)
     }
 
-    /// The last layer's vectors of a batch `(inputs, longest, hidden)` and the mask of real
-    /// tokens `(inputs, longest)` as f32. The inputs are padded to the longest and the padding
-    /// masked out, which leaves each input's vectors as they would be alone.
-    pub fn forward(&self, inputs: &[&Tokens]) -> Result<(Tensor, Tensor)> {
+    /// Whether the encoder runs on Hearth's kernels (bf16 products).
+    pub fn is_fast(&self) -> bool {
+        matches!(self.net, Net::Fast(_))
+    }
+
+    /// The last layer's vectors of a batch, each input's as it would be alone.
+    pub fn forward(&self, inputs: &[&Tokens]) -> Result<Hidden> {
+        match &self.net {
+            Net::Fast(fast) => Ok(fast.forward(inputs)),
+            Net::Candle { bert, device } => self.forward_candle(bert, device, inputs),
+        }
+    }
+
+    /// On candle: the inputs padded to the longest and the padding masked out, which leaves
+    /// each input's vectors as they would be alone; then packed.
+    fn forward_candle(
+        &self,
+        bert: &BertModel,
+        device: &Device,
+        inputs: &[&Tokens],
+    ) -> Result<Hidden> {
         let longest = inputs.iter().map(|i| i.len()).max().unwrap_or(0);
         let n = inputs.len();
         let mut ids = Vec::with_capacity(n * longest);
@@ -234,10 +318,26 @@ impl Encoder {
             mask.extend(std::iter::repeat_n(1u32, len));
             mask.extend(std::iter::repeat_n(0u32, longest - len));
         }
-        let ids = Tensor::from_vec(ids, (n, longest), &self.device)?;
-        let types = Tensor::from_vec(types, (n, longest), &self.device)?;
-        let mask = Tensor::from_vec(mask, (n, longest), &self.device)?;
-        let hidden = self.bert.forward(&ids, &types, Some(&mask))?;
-        Ok((hidden, mask.to_dtype(DType::F32)?))
+        let ids = Tensor::from_vec(ids, (n, longest), device)?;
+        let types = Tensor::from_vec(types, (n, longest), device)?;
+        let mask = Tensor::from_vec(mask, (n, longest), device)?;
+        let padded = bert
+            .forward(&ids, &types, Some(&mask))?
+            .to_dtype(DType::F32)?
+            .to_vec3::<f32>()?;
+        let mut starts = vec![0];
+        let mut rows =
+            Vec::with_capacity(inputs.iter().map(|i| i.len()).sum::<usize>() * self.hidden);
+        for (input, vectors) in inputs.iter().zip(padded) {
+            for v in &vectors[..input.len()] {
+                rows.extend_from_slice(v);
+            }
+            starts.push(starts.last().unwrap() + input.len());
+        }
+        Ok(Hidden {
+            rows,
+            starts,
+            width: self.hidden,
+        })
     }
 }

@@ -37,7 +37,7 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
-            max_batch_tokens: 8192,
+            max_batch_tokens: 1024,
             max_queued: 4096,
             gather_window: Duration::from_micros(500),
         }

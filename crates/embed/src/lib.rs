@@ -6,10 +6,11 @@
 mod encoder;
 mod engine;
 mod error;
+mod fast;
 mod model;
 mod rerank;
 
-pub use encoder::{open_tokenizer, Tokens};
+pub use encoder::{open_tokenizer, Precision, Tokens};
 pub use engine::{Encode, Engine, EngineConfig, EngineStats, StatsSnapshot};
 pub use error::{Error, Result};
 pub use model::{EmbeddingModel, Pooling};

@@ -7,10 +7,9 @@
 
 use std::path::Path;
 
-use candle_core::{DType, Tensor, D};
 use serde::Deserialize;
 
-use crate::encoder::{load_error, read_json, Encoder, Folder, Tokens};
+use crate::encoder::{load_error, read_json, Encoder, Folder, Precision, Tokens};
 use crate::engine::Encode;
 use crate::error::Result;
 
@@ -76,8 +75,18 @@ impl std::fmt::Debug for EmbeddingModel {
 }
 
 impl EmbeddingModel {
-    /// Loads the folder `dir` onto the CPU, or onto CUDA device `gpu` (with the `cuda` feature).
+    /// Loads the folder `dir` onto the CPU, or onto CUDA device `gpu` (with the `cuda` feature),
+    /// its products in bf16 where the CPU runs them fast.
     pub fn load(dir: &Path, gpu: Option<usize>) -> Result<EmbeddingModel> {
+        Self::load_with(dir, gpu, Precision::Bf16)
+    }
+
+    /// [`Self::load`] at the precision given.
+    pub fn load_with(
+        dir: &Path,
+        gpu: Option<usize>,
+        precision: Precision,
+    ) -> Result<EmbeddingModel> {
         let modules: Vec<Module> = if dir.join("modules.json").exists() {
             read_json(dir, "modules.json")?
         } else {
@@ -109,7 +118,7 @@ impl EmbeddingModel {
         } else {
             None
         };
-        let encoder = Folder::load(dir, gpu, max_tokens)?.encoder;
+        let encoder = Folder::load(dir, gpu, max_tokens, precision)?.encoder;
         Ok(EmbeddingModel {
             encoder,
             pooling,
@@ -148,46 +157,47 @@ impl EmbeddingModel {
         self.encoder.check_ids(index, ids, truncate)
     }
 
+    /// Whether the encoder runs on Hearth's kernels (bf16 products) rather than candle.
+    pub fn is_fast(&self) -> bool {
+        self.encoder.is_fast()
+    }
+
     /// The vectors of a batch of inputs (each already checked), in their order; each as it
     /// would be alone.
     pub fn embed(&self, inputs: &[&Tokens]) -> Result<Vec<Vec<f32>>> {
-        if inputs.is_empty() || inputs.iter().all(|i| i.is_empty()) {
-            return Ok(Vec::new());
+        if inputs.is_empty() || inputs.iter().any(|i| i.is_empty()) {
+            return Ok(inputs.iter().map(|_| Vec::new()).collect());
         }
-        let (hidden, mask) = self.encoder.forward(inputs)?;
-        let mask = mask.unsqueeze(2)?;
-        let pooled = match self.pooling {
-            Pooling::Mean => {
-                let sum = hidden.broadcast_mul(&mask)?.sum(1)?;
-                let count = mask.sum(1)?.clamp(1e-9f32, f32::MAX)?;
-                sum.broadcast_div(&count)?
-            }
-            Pooling::Cls => hidden.narrow(1, 0, 1)?.squeeze(1)?,
-            Pooling::Max => {
-                // Padding set far below any value before the maximum is taken.
-                let low = ((mask.ones_like()? - &mask)? * -1e9f64)?;
-                hidden.broadcast_add(&low)?.max(1)?
-            }
-            Pooling::LastToken => {
-                let rows: Vec<Tensor> = inputs
-                    .iter()
-                    .enumerate()
-                    .map(|(i, input)| hidden.get(i)?.get(input.len() - 1))
-                    .collect::<candle_core::Result<_>>()?;
-                Tensor::stack(&rows, 0)?
-            }
-        };
-        let pooled = if self.normalize {
-            let norm = pooled
-                .sqr()?
-                .sum_keepdim(D::Minus1)?
-                .sqrt()?
-                .clamp(1e-12f32, f32::MAX)?;
-            pooled.broadcast_div(&norm)?
-        } else {
-            pooled
-        };
-        Ok(pooled.to_dtype(DType::F32)?.to_vec2::<f32>()?)
+        let hidden = self.encoder.forward(inputs)?;
+        let h = hidden.width;
+        Ok((0..hidden.len())
+            .map(|i| {
+                let rows = hidden.input(i);
+                let tokens = rows.chunks_exact(h);
+                let mut v = match self.pooling {
+                    Pooling::Mean => {
+                        let mut sum = vec![0.0f32; h];
+                        for row in tokens {
+                            sum.iter_mut().zip(row).for_each(|(s, x)| *s += x);
+                        }
+                        let n = (rows.len() / h) as f32;
+                        sum.iter_mut().for_each(|s| *s /= n);
+                        sum
+                    }
+                    Pooling::Cls => rows[..h].to_vec(),
+                    Pooling::Max => tokens.fold(vec![f32::NEG_INFINITY; h], |mut m, row| {
+                        m.iter_mut().zip(row).for_each(|(m, x)| *m = m.max(*x));
+                        m
+                    }),
+                    Pooling::LastToken => rows[rows.len() - h..].to_vec(),
+                };
+                if self.normalize {
+                    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+                    v.iter_mut().for_each(|x| *x /= norm);
+                }
+                v
+            })
+            .collect())
     }
 }
 

@@ -7,10 +7,9 @@
 
 use std::path::Path;
 
-use candle_core::{DType, Module as _};
-use candle_nn::{linear, Linear, VarBuilder};
+use candle_nn::VarBuilder;
 
-use crate::encoder::{load_error, Encoder, Folder, Tokens};
+use crate::encoder::{load_error, Encoder, Folder, Precision, Tokens};
 use crate::engine::Encode;
 use crate::error::Result;
 
@@ -26,8 +25,10 @@ pub enum Activation {
 /// A loaded cross-encoder.
 pub struct Reranker {
     encoder: Encoder,
-    pooler: Linear,
-    classifier: Linear,
+    /// The pooler's dense layer (`hidden x hidden`, row-major) and bias.
+    pooler: (Vec<f32>, Vec<f32>),
+    /// The classifier's one row and bias.
+    classifier: (Vec<f32>, f32),
     activation: Activation,
 }
 
@@ -41,23 +42,42 @@ impl std::fmt::Debug for Reranker {
 }
 
 /// The head's weights, under the `bert.` prefix or without it.
-fn head(vb: &VarBuilder, hidden: usize) -> candle_core::Result<(Linear, Linear)> {
+fn head(vb: &VarBuilder, h: usize) -> candle_core::Result<Head> {
     let pooler = if vb.contains_tensor("bert.pooler.dense.weight") {
-        linear(hidden, hidden, vb.pp("bert.pooler.dense"))?
+        vb.pp("bert.pooler.dense")
     } else {
-        linear(hidden, hidden, vb.pp("pooler.dense"))?
+        vb.pp("pooler.dense")
     };
-    Ok((pooler, linear(hidden, 1, vb.pp("classifier"))?))
+    let classifier = vb.pp("classifier");
+    Ok((
+        (
+            pooler.get((h, h), "weight")?.flatten_all()?.to_vec1()?,
+            pooler.get(h, "bias")?.to_vec1()?,
+        ),
+        (
+            classifier.get((1, h), "weight")?.flatten_all()?.to_vec1()?,
+            classifier.get(1, "bias")?.to_vec1::<f32>()?[0],
+        ),
+    ))
 }
 
+/// The pooler's weights and bias, the classifier's row and bias.
+type Head = ((Vec<f32>, Vec<f32>), (Vec<f32>, f32));
+
 impl Reranker {
-    /// Loads the folder `dir` onto the CPU, or onto CUDA device `gpu` (with the `cuda` feature).
+    /// Loads the folder `dir` onto the CPU, or onto CUDA device `gpu` (with the `cuda` feature);
+    /// its products in f32, so that scores are the reference's to the last digits shown.
     pub fn load(dir: &Path, gpu: Option<usize>) -> Result<Reranker> {
+        Self::load_with(dir, gpu, Precision::F32)
+    }
+
+    /// [`Self::load`] at the precision given.
+    pub fn load_with(dir: &Path, gpu: Option<usize>, precision: Precision) -> Result<Reranker> {
         let Folder {
             encoder,
             config,
             weights,
-        } = Folder::load(dir, gpu, None)?;
+        } = Folder::load(dir, gpu, None, precision)?;
         let config_path = dir.join("config.json");
         let labels = config["id2label"]
             .as_object()
@@ -85,8 +105,8 @@ impl Reranker {
             }
         };
         let path = dir.join("model.safetensors");
-        let (pooler, classifier) =
-            head(&weights, encoder.hidden()).map_err(|e| load_error(&path, e))?;
+        let (pooler, classifier) = head(&weights, encoder.hidden())
+            .map_err(|e| load_error(&path, format!("no classifier head: {e}")))?;
         Ok(Reranker {
             encoder,
             pooler,
@@ -116,16 +136,31 @@ impl Reranker {
         if inputs.is_empty() {
             return Ok(Vec::new());
         }
-        let (hidden, _) = self.encoder.forward(inputs)?;
-        let first = hidden.narrow(1, 0, 1)?.squeeze(1)?;
-        let pooled = self.pooler.forward(&first)?.tanh()?;
-        let logits = self.classifier.forward(&pooled)?.squeeze(1)?;
-        let scores = match self.activation {
-            Activation::Sigmoid => candle_nn::ops::sigmoid(&logits)?,
-            Activation::Identity => logits,
-        };
-        Ok(scores.to_dtype(DType::F32)?.to_vec1::<f32>()?)
+        let hidden = self.encoder.forward(inputs)?;
+        let h = hidden.width;
+        let ((w, b), (c, cb)) = (&self.pooler, &self.classifier);
+        Ok((0..hidden.len())
+            .map(|i| {
+                let first = &hidden.input(i)[..h];
+                let logit = w
+                    .chunks_exact(h)
+                    .zip(b)
+                    .map(|(row, b)| (dot(row, first) + b).tanh())
+                    .zip(c)
+                    .map(|(p, c)| p * c)
+                    .sum::<f32>()
+                    + cb;
+                match self.activation {
+                    Activation::Sigmoid => 1.0 / (1.0 + (-logit).exp()),
+                    Activation::Identity => logit,
+                }
+            })
+            .collect())
     }
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 impl Encode for Reranker {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use hearth_embed::{EmbeddingModel, Engine, EngineConfig, Error, Tokens};
+use hearth_embed::{EmbeddingModel, Engine, EngineConfig, Error, Precision, Tokens};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -32,10 +32,14 @@ fn reference() -> &'static Reference {
 }
 
 fn model() -> EmbeddingModel {
+    model_at(Precision::Bf16)
+}
+
+fn model_at(precision: Precision) -> EmbeddingModel {
     let dir = std::env::var_os("HEARTH_EMBED_MODEL")
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join("weights/all-MiniLM-L6-v2"));
-    EmbeddingModel::load(&dir, None).unwrap_or_else(|e| {
+    EmbeddingModel::load_with(&dir, None, precision).unwrap_or_else(|e| {
         panic!("{e} (scripts/fetch-weights.sh minilm writes it; scripts/test.sh runs that)")
     })
 }
@@ -61,38 +65,44 @@ fn all_ids(model: &EmbeddingModel) -> Vec<Tokens> {
         .collect()
 }
 
+/// Both encoders: candle in f32, and Hearth's kernels in bf16 where this CPU has AVX-512 BF16
+/// (elsewhere `Bf16` is candle again).
 #[test]
 fn vectors_match_sentence_transformers_alone_and_padded_in_a_batch() {
-    let model = model();
-    let r = reference();
-    assert_eq!(model.max_tokens(), r.max_seq_length);
-    assert_eq!(model.dimensions(), 384);
-    assert!(model.normalizes());
-    let ids = all_ids(&model);
-    for (i, (ids, tokens)) in ids.iter().zip(&r.tokens).enumerate() {
-        // The tokenizer file's own 128-token cut and padding are off: ids are the text's.
-        assert_eq!(ids.len(), (*tokens).min(r.max_seq_length), "text {i}");
-    }
-    let batch: Vec<&Tokens> = ids.iter().collect();
-    let together = model.embed(&batch).unwrap();
-    for (i, ids) in ids.iter().enumerate() {
-        let alone = model.embed(&[ids]).unwrap().remove(0);
-        let c = cosine(&alone, &r.vectors[i]);
-        assert!(
-            c >= 0.9999,
-            "text {i}: cosine {c} to sentence-transformers' vector"
-        );
-        let c = cosine(&together[i], &alone);
-        assert!(
-            c >= 0.99999,
-            "text {i}: padded in a batch, cosine {c} to alone"
-        );
-        let norm: f64 = alone
-            .iter()
-            .map(|x| f64::from(*x).powi(2))
-            .sum::<f64>()
-            .sqrt();
-        assert!((norm - 1.0).abs() < 1e-4, "text {i}: norm {norm}");
+    for precision in [Precision::F32, Precision::Bf16] {
+        let model = model_at(precision);
+        let bf16_cpu = std::arch::is_x86_feature_detected!("avx512bf16");
+        assert_eq!(model.is_fast(), precision == Precision::Bf16 && bf16_cpu);
+        let r = reference();
+        assert_eq!(model.max_tokens(), r.max_seq_length);
+        assert_eq!(model.dimensions(), 384);
+        assert!(model.normalizes());
+        let ids = all_ids(&model);
+        for (i, (ids, tokens)) in ids.iter().zip(&r.tokens).enumerate() {
+            // The tokenizer file's own 128-token cut and padding are off: ids are the text's.
+            assert_eq!(ids.len(), (*tokens).min(r.max_seq_length), "text {i}");
+        }
+        let batch: Vec<&Tokens> = ids.iter().collect();
+        let together = model.embed(&batch).unwrap();
+        for (i, ids) in ids.iter().enumerate() {
+            let alone = model.embed(&[ids]).unwrap().remove(0);
+            let c = cosine(&alone, &r.vectors[i]);
+            assert!(
+                c >= 0.9999,
+                "{precision:?}, text {i}: cosine {c} to sentence-transformers' vector"
+            );
+            let c = cosine(&together[i], &alone);
+            assert!(
+                c >= 0.99999,
+                "{precision:?}, text {i}: in a batch, cosine {c} to alone"
+            );
+            let norm: f64 = alone
+                .iter()
+                .map(|x| f64::from(*x).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            assert!((norm - 1.0).abs() < 1e-4, "text {i}: norm {norm}");
+        }
     }
 }
 

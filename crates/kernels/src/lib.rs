@@ -10,6 +10,7 @@
 //! files as a whole or candle: callers hand it the bytes of one tensor at a time.
 
 pub mod acts;
+pub mod bf16;
 mod error;
 pub mod formats;
 mod lines;
@@ -35,6 +36,7 @@ mod x86_avx512;
 pub(crate) const PREFETCH_BYTES: usize = 8192;
 
 pub use acts::QActs;
+pub use bf16::{gemm_bf16, Bf16Matrix};
 pub use error::Error;
 pub use formats::{dequantize_row, GgmlType};
 pub use matmul::{matmul, matmul_f32, KernelPath};

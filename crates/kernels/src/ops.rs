@@ -148,6 +148,93 @@ fn rms_norm_body(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// The largest element (16 running maxima, then folded), `-inf` for none.
+#[inline(always)]
+fn max_body(x: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let mut chunks = x.chunks_exact(LANES);
+    for c in &mut chunks {
+        for l in 0..LANES {
+            acc[l] = if c[l] > acc[l] { c[l] } else { acc[l] };
+        }
+    }
+    let mut m = f32::NEG_INFINITY;
+    for v in acc.iter().chain(chunks.remainder()) {
+        m = if *v > m { *v } else { m };
+    }
+    m
+}
+
+/// The sum (16 running sums, then [`reduce16`], then the tail).
+#[inline(always)]
+fn sum_body(x: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let mut chunks = x.chunks_exact(LANES);
+    for c in &mut chunks {
+        for l in 0..LANES {
+            acc[l] += c[l];
+        }
+    }
+    chunks.remainder().iter().fold(reduce16(acc), |s, v| s + v)
+}
+
+#[inline(always)]
+fn softmax_body(x: &mut [f32]) {
+    let max = max_body(x);
+    for v in x.iter_mut() {
+        *v = exp_body(*v - max);
+    }
+    let inv = 1.0 / sum_body(x);
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+#[inline(always)]
+fn layer_norm_body(x: &mut [f32], add: &[f32], gamma: &[f32], beta: &[f32], eps: f32) {
+    for (v, a) in x.iter_mut().zip(add) {
+        *v += a;
+    }
+    let n = x.len() as f32;
+    let mean = sum_body(x) / n;
+    let mut acc = [0f32; LANES];
+    let mut chunks = x.chunks_exact(LANES);
+    for c in &mut chunks {
+        for l in 0..LANES {
+            acc[l] += (c[l] - mean) * (c[l] - mean);
+        }
+    }
+    let var = chunks
+        .remainder()
+        .iter()
+        .fold(reduce16(acc), |s, v| s + (v - mean) * (v - mean))
+        / n;
+    let inv = 1.0 / (var + eps).sqrt();
+    for ((v, g), b) in x.iter_mut().zip(gamma).zip(beta) {
+        *v = (*v - mean) * inv * g + b;
+    }
+}
+
+#[inline(always)]
+fn gelu_erf_body(x: &mut [f32]) {
+    // erf by Abramowitz and Stegun's 7.1.26 (within 1.5e-7), odd in its argument.
+    const P: f32 = 0.327_591_1;
+    const A: [f32; 5] = [
+        0.254_829_6,
+        -0.284_496_74,
+        1.421_413_7,
+        -1.453_152_1,
+        1.061_405_4,
+    ];
+    for v in x.iter_mut() {
+        let z = v.abs() * std::f32::consts::FRAC_1_SQRT_2;
+        let t = 1.0 / (1.0 + P * z);
+        let poly = ((((A[4] * t + A[3]) * t + A[2]) * t + A[1]) * t + A[0]) * t;
+        let erf = (1.0 - poly * exp_body(-z * z)).copysign(*v);
+        *v = 0.5 * *v * (1.0 + erf);
+    }
+}
+
 macro_rules! multiversion {
     ($(#[$doc:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),*) $(-> $ret:ty)? => $body:ident) => {
         $(#[$doc])*
@@ -208,6 +295,21 @@ multiversion! {
 multiversion! {
     /// `out = x / sqrt(mean(x^2) + eps) * w`.
     pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) => rms_norm_body
+}
+
+multiversion! {
+    /// `x = softmax(x)`: the maximum subtracted, exponentials, divided by their sum.
+    pub fn softmax(x: &mut [f32]) => softmax_body
+}
+
+multiversion! {
+    /// `x = LayerNorm(x + add) * gamma + beta` (mean and variance over `x`, as BERT normalises).
+    pub fn layer_norm(x: &mut [f32], add: &[f32], gamma: &[f32], beta: &[f32], eps: f32) => layer_norm_body
+}
+
+multiversion! {
+    /// GELU with the error function, `x / 2 * (1 + erf(x / sqrt 2))` (BERT's `gelu`), in place.
+    pub fn gelu_erf(x: &mut [f32]) => gelu_erf_body
 }
 
 mod quantize;

@@ -6,7 +6,7 @@
 //! `[defaults] device`), `shortens` (the model was trained so that its vectors may be cut short,
 //! as Matryoshka models are: `dimensions` is honoured; default false, and a request naming
 //! `dimensions` is refused), `max_inputs` (inputs per request, default 2048), `max_batch_tokens`
-//! (padded tokens per forward pass, default 8192) and `max_queued` (inputs waiting, default
+//! (padded tokens per forward pass, default 1024: on a CPU, passes that stay in cache beat bigger ones) and `max_queued` (inputs waiting, default
 //! 4096).
 //!
 //! A request is authenticated as the other `/v1` routes are, checked, tokenized off the async
