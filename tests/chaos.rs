@@ -373,3 +373,110 @@ async fn a_node_killed_while_its_journal_holds_settlements_charges_them_once_aft
         .count();
     assert_eq!(debits, RUNNING);
 }
+
+/// Embeddings (and reranking, which pays the same way) through an outage: a client embedding
+/// steadily while the database stops and starts again gets a 200 with its usage or a 503 with
+/// `Retry-After`, each within its limit; a request held before the outage and settled during it
+/// is charged once the journal reaches the store; and the balance is the start less exactly
+/// the tokens the answers said they read, with no hold left open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_stopped_under_embedding_traffic_costs_exactly_the_tokens_answered() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let url = cluster.database("embed_outage").await;
+    let dir = tempfile::tempdir().unwrap();
+    let models = models_toml(dir.path());
+    let minilm = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("weights/all-MiniLM-L6-v2");
+    let mut table = std::fs::read_to_string(&models).unwrap();
+    table.push_str(&format!(
+        "\n[embedding.\"minilm\"]\nweights = \"{}\"\ninput_price_per_million = \"1000\"\n",
+        minilm.display()
+    ));
+    std::fs::write(&models, table).unwrap();
+    let nodes = n_completion_nodes(&url, models, 1).await;
+    let idp = hearth(&["idp", "mint", "ivy"], nodes[0].data_dir(), &url);
+    let token = sign_in(&nodes[0], "ivy", idp.trim()).await;
+    let store = store(&url).await;
+    let initial = store.balance("ivy").await.unwrap();
+    let endpoint = format!("{}/v1/embeddings", nodes[0].url("completion"));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let client = {
+        let (endpoint, token, stop) = (endpoint.clone(), token.clone(), Arc::clone(&stop));
+        tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let (mut tokens, mut served, mut refused) = (0u64, 0, 0);
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                // Some requests long enough to be held when the database goes.
+                let text = format!("Ferry {i} arrives at noon. ").repeat(1 + (i % 3) * 20);
+                let body = json!({"model": "minilm", "input": [text, "and one more"],
+                    "truncate_prompt_tokens": -1});
+                let started = Instant::now();
+                let response = http
+                    .post(&endpoint)
+                    .bearer_auth(&token)
+                    .json(&body)
+                    .timeout(REQUEST_LIMIT)
+                    .send()
+                    .await
+                    .unwrap_or_else(|e| panic!("request {i} got no answer: {e}"));
+                let status = response.status().as_u16();
+                let retry_after = response.headers().get("retry-after").cloned();
+                let answer: Value = response.json().await.unwrap_or(Value::Null);
+                match status {
+                    200 => {
+                        tokens += answer["usage"]["prompt_tokens"].as_u64().unwrap();
+                        served += 1;
+                    }
+                    503 => {
+                        assert!(retry_after.is_some(), "a 503 without Retry-After: {answer}");
+                        refused += 1;
+                    }
+                    _ => panic!("request {i}: {status} {answer}"),
+                }
+                assert!(started.elapsed() < REQUEST_LIMIT);
+                i += 1;
+            }
+            (tokens, served, refused)
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::task::block_in_place(|| cluster.down());
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    tokio::task::block_in_place(|| cluster.up());
+    let http = reqwest::Client::new();
+    assert!(
+        within_30s(|| {
+            let (http, url) = (http.clone(), nodes[0].url("completion").to_string());
+            async move { health(&http, &url).await.0 == 200 }
+        })
+        .await,
+        "the node never turned healthy again"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (tokens, served, refused) = client.await.unwrap();
+    assert!(
+        served > 0 && refused > 0,
+        "{served} served, {refused} refused"
+    );
+    assert!(
+        within_30s(|| async {
+            gauge(&http, &nodes[0], "hearth_billing_journal_depth").await == Some(0.0)
+        })
+        .await,
+        "the journal never emptied"
+    );
+    assert_eq!(
+        store.holds("ivy").await.unwrap(),
+        vec![],
+        "a hold was left open"
+    );
+    assert_eq!(
+        store.balance("ivy").await.unwrap(),
+        initial - Decimal::from(tokens) * dec("0.001"),
+        "{served} answers read {tokens} tokens"
+    );
+}
