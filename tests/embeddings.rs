@@ -165,8 +165,19 @@ async fn the_openai_client_gets_sentence_transformers_vectors_and_pays_per_token
 
 /// `POST /v1/embeddings` with `body`: the status and the answer.
 async fn embed(http: reqwest::Client, url: String, auth: String, body: Value) -> (u16, Value) {
+    post_json(http, format!("{url}/v1/embeddings"), auth, body).await
+}
+
+/// `POST url` with a JSON `body` and `authorization: auth`: the status and the answer (null when
+/// it is not JSON).
+pub(crate) async fn post_json(
+    http: reqwest::Client,
+    url: String,
+    auth: String,
+    body: Value,
+) -> (u16, Value) {
     let resp = http
-        .post(format!("{url}/v1/embeddings"))
+        .post(url)
         .header("authorization", auth)
         .json(&body)
         .send()

@@ -20,7 +20,12 @@ async fn upload(app: &TestApp, name: &str, bytes: Vec<u8>) -> (StatusCode, Value
     upload_to(app, "/", name, bytes).await
 }
 
-async fn upload_to(app: &TestApp, path: &str, name: &str, bytes: Vec<u8>) -> (StatusCode, Value) {
+pub(crate) async fn upload_to(
+    app: &TestApp,
+    path: &str,
+    name: &str,
+    bytes: Vec<u8>,
+) -> (StatusCode, Value) {
     let form = Form::new().part("file", Part::bytes(bytes).file_name(name.to_string()));
     let resp = reqwest::Client::new()
         .post(format!("{}{path}", app.url(Service::Markdown)))

@@ -4,7 +4,6 @@
 //! repeated, each with its headings and offsets; and the query's errors.
 
 use hearth_server::Service;
-use reqwest::multipart::{Form, Part};
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -18,18 +17,7 @@ async fn app() -> TestApp {
 }
 
 async fn upload(app: &TestApp, query: &str, name: &str, bytes: &[u8]) -> (StatusCode, Value) {
-    let form = Form::new().part(
-        "file",
-        Part::bytes(bytes.to_vec()).file_name(name.to_string()),
-    );
-    let resp = reqwest::Client::new()
-        .post(format!("{}/{query}", app.url(Service::Markdown)))
-        .multipart(form)
-        .send()
-        .await
-        .expect("request");
-    let status = resp.status();
-    (status, resp.json().await.expect("JSON body"))
+    crate::markdown::upload_to(app, &format!("/{query}"), name, bytes.to_vec()).await
 }
 
 fn guide() -> String {

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use crate::common::run_client_script;
 use crate::completion::{dec, spawn_completion_table, App};
+use crate::embeddings::post_json;
 
 fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/rerank")
@@ -116,16 +117,8 @@ async fn the_cohere_client_gets_cross_encoder_order_and_scores_and_pays_per_toke
 
 /// `POST {path}` with `body`: the status and the answer.
 async fn post(app: &App, path: &str, auth: &str, body: Value) -> (u16, Value) {
-    let resp = app
-        .http
-        .post(format!("{}{path}", app.url))
-        .header("authorization", auth)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+    let url = format!("{}{path}", app.url);
+    post_json(app.http.clone(), url, auth.to_string(), body).await
 }
 
 #[tokio::test]

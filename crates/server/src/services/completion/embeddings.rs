@@ -27,7 +27,7 @@ use serde_json::Value;
 use tracing::{instrument, Span};
 use utoipa::ToSchema;
 
-use super::encoders::{charged, refusal, EncoderModels};
+use super::encoders::{charged, object_and_model, refusal, EncoderModels};
 use super::CompletionState;
 use crate::error::{ApiError, OpenAiError, OpenAiJson};
 use crate::model_table::{RawModelTable, TableError};
@@ -101,27 +101,17 @@ fn bad(field: &str, message: impl std::fmt::Display) -> ApiError {
 
 impl EmbeddingRequest {
     fn parse(body: &Value) -> Result<EmbeddingRequest, ApiError> {
-        let object = body
-            .as_object()
-            .ok_or_else(|| bad("body", "must be a JSON object"))?;
-        for key in object.keys() {
-            if !matches!(
-                key.as_str(),
-                "input"
-                    | "model"
-                    | "encoding_format"
-                    | "dimensions"
-                    | "truncate_prompt_tokens"
-                    | "user"
-            ) {
-                return Err(bad(key, "unknown field"));
-            }
-        }
-        let model = match object.get("model") {
-            Some(Value::String(m)) if !m.is_empty() => m.clone(),
-            Some(_) => return Err(bad("model", "must be a non-empty string")),
-            None => return Err(bad("model", "is required")),
-        };
+        let (object, model) = object_and_model(
+            body,
+            &[
+                "input",
+                "model",
+                "encoding_format",
+                "dimensions",
+                "truncate_prompt_tokens",
+                "user",
+            ],
+        )?;
         let inputs = match object.get("input") {
             None => return Err(bad("input", "is required")),
             Some(Value::String(s)) => Inputs::Texts(vec![s.clone()]),
@@ -286,24 +276,11 @@ pub async fn create(
     let session = super::openai::session(&cs, &headers).await?;
     let request = EmbeddingRequest::parse(&body)?;
     Span::current().record("model", request.model.as_str());
-    let entry = cs
-        .core
-        .embeddings
-        .models
-        .get(&request.model)
-        .cloned()
-        .ok_or_else(|| super::openai::model_not_found(&request.model))?;
-    if request.len() > entry.max_inputs {
-        return Err(bad(
-            "input",
-            format!(
-                "{} inputs; at most {} in one request",
-                request.len(),
-                entry.max_inputs
-            ),
-        )
-        .into());
-    }
+    let entry =
+        cs.core
+            .embeddings
+            .models
+            .admit(&request.model, request.len(), "input", "inputs")?;
     let engine = entry.engine().await?.clone();
     if let Some(d) = request.dimensions {
         if !cs.core.embeddings.shortening.contains(&entry.id) {

@@ -11,6 +11,7 @@ use hearth_billing::Price;
 use hearth_embed::{Encode, Engine, EngineConfig, StatsSnapshot};
 use hearth_infer::DeviceSpec;
 use hearth_store::LedgerMeta;
+use serde_json::{Map, Value};
 use tokio::sync::OnceCell;
 use tracing::warn;
 
@@ -88,6 +89,31 @@ impl<M: Encode> EncoderModels<M> {
         self.models.get(id)
     }
 
+    /// The row a request names, if it may take `count` inputs (`field` and `noun` name them in
+    /// the refusal): 404 `model_not_found`, or 400.
+    pub fn admit(
+        &self,
+        model: &str,
+        count: usize,
+        field: &str,
+        noun: &str,
+    ) -> Result<Arc<EncoderEntry<M>>, ApiError> {
+        let entry = self
+            .get(model)
+            .cloned()
+            .ok_or_else(|| super::openai::model_not_found(model))?;
+        if count > entry.max_inputs {
+            return Err(ApiError::invalid_request(
+                field,
+                format!(
+                    "{count} {noun}; at most {} in one request",
+                    entry.max_inputs
+                ),
+            ));
+        }
+        Ok(entry)
+    }
+
     /// The counters of each model loaded so far.
     pub fn stats(&self) -> Vec<(String, StatsSnapshot)> {
         self.models
@@ -149,6 +175,31 @@ impl<M: Encode> EncoderModels<M> {
         }
         Ok(EncoderModels { models })
     }
+}
+
+/// A request body's object, every key one of `known` (else 400 naming it), and its non-empty
+/// `model`.
+pub fn object_and_model<'a>(
+    body: &'a Value,
+    known: &[&str],
+) -> Result<(&'a Map<String, Value>, String), ApiError> {
+    let object = body
+        .as_object()
+        .ok_or_else(|| ApiError::invalid_request("body", "must be a JSON object"))?;
+    if let Some(key) = object.keys().find(|k| !known.contains(&k.as_str())) {
+        return Err(ApiError::invalid_request(key, "unknown field"));
+    }
+    let model = match object.get("model") {
+        Some(Value::String(m)) if !m.is_empty() => m.clone(),
+        Some(_) => {
+            return Err(ApiError::invalid_request(
+                "model",
+                "must be a non-empty string",
+            ))
+        }
+        None => return Err(ApiError::invalid_request("model", "is required")),
+    };
+    Ok((object, model))
 }
 
 /// An encoder model's refusal, at the edge (`field` names what the request gave).

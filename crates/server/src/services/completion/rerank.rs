@@ -24,7 +24,7 @@ use serde_json::Value;
 use tracing::{instrument, Span};
 use utoipa::ToSchema;
 
-use super::encoders::{charged, refusal, EncoderModels};
+use super::encoders::{charged, object_and_model, refusal, EncoderModels};
 use super::CompletionState;
 use crate::error::{ApiError, OpenAiError, OpenAiJson};
 use crate::model_table::{RawModelTable, TableError};
@@ -80,22 +80,10 @@ fn bad(field: &str, message: impl std::fmt::Display) -> ApiError {
 
 impl RerankRequest {
     fn parse(body: &Value) -> Result<RerankRequest, ApiError> {
-        let object = body
-            .as_object()
-            .ok_or_else(|| bad("body", "must be a JSON object"))?;
-        for key in object.keys() {
-            if !matches!(
-                key.as_str(),
-                "model" | "query" | "documents" | "top_n" | "return_documents"
-            ) {
-                return Err(bad(key, "unknown field"));
-            }
-        }
-        let model = match object.get("model") {
-            Some(Value::String(m)) if !m.is_empty() => m.clone(),
-            Some(_) => return Err(bad("model", "must be a non-empty string")),
-            None => return Err(bad("model", "is required")),
-        };
+        let (object, model) = object_and_model(
+            body,
+            &["model", "query", "documents", "top_n", "return_documents"],
+        )?;
         let query = match object.get("query") {
             Some(Value::String(q)) if !q.trim().is_empty() => q.clone(),
             Some(Value::String(_)) => return Err(bad("query", "must not be empty")),
@@ -225,23 +213,12 @@ pub async fn rerank(
     let session = super::openai::session(&cs, &headers).await?;
     let request = RerankRequest::parse(&body)?;
     Span::current().record("model", request.model.as_str());
-    let entry = cs
-        .core
-        .rerankers
-        .get(&request.model)
-        .cloned()
-        .ok_or_else(|| super::openai::model_not_found(&request.model))?;
-    if request.documents.len() > entry.max_inputs {
-        return Err(bad(
-            "documents",
-            format!(
-                "{} documents; at most {} in one request",
-                request.documents.len(),
-                entry.max_inputs
-            ),
-        )
-        .into());
-    }
+    let entry = cs.core.rerankers.admit(
+        &request.model,
+        request.documents.len(),
+        "documents",
+        "documents",
+    )?;
     let engine = entry.engine().await?.clone();
     let _slot = cs
         .core
