@@ -3,7 +3,10 @@
 # same model (all-MiniLM-L6-v2, fetched by scripts/fetch-weights.sh) and the same cases: batch
 # sizes 1 and 32, texts of 16 and 256 tokens, THREADS threads each (default 2), the best of 3.
 # Hearth is the hearth-embed engine (release build of its embed_bench example); the reference
-# runs in the git-ignored .venv-embed that scripts/embed/reference.sh makes.
+# runs in the git-ignored .venv-embed that scripts/embed/reference.sh makes. llama.cpp runs the
+# same model converted to GGUF (f16 and f32, by its own convert_hf_to_gguf.py) through
+# llama-bench with embeddings on, one text at a time (it has no batch of several texts): its
+# tokens/s for a 16- or 256-token prompt, which is texts/s times the length.
 #
 #   scripts/bench-embed.sh [THREADS]
 set -euo pipefail
@@ -23,3 +26,22 @@ RAYON_NUM_THREADS="$THREADS" "$TARGET/release/examples/embed_bench" "$MODEL" \
     --batches 1,32 --tokens 16,256 --texts 256 --runs 3
 OMP_NUM_THREADS="$THREADS" .venv-embed/bin/python scripts/embed/bench.py "$MODEL" "$THREADS" \
     1,32 16,256 256 3
+LLAMA_BIN="$(scripts/build-llama-cpp.sh)"
+LLAMA_SRC="$(ls -d .cache/llama.cpp/llama_cpp_python-*/vendor/llama.cpp | head -1)"
+mkdir -p .cache/bench-embed
+for TYPE in f16 f32; do
+    GGUF=".cache/bench-embed/minilm-$TYPE.gguf"
+    [ -f "$GGUF" ] || PYTHONPATH="$LLAMA_SRC/gguf-py" .venv-embed/bin/python \
+        "$LLAMA_SRC/convert_hf_to_gguf.py" "$MODEL" --outtype "$TYPE" --outfile "$GGUF" >/dev/null 2>&1
+    "$LLAMA_BIN/llama-bench" -m "$GGUF" -embd 1 -p 16,256 -n 0 -t "$THREADS" -r 3 -o jsonl \
+        2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    n = r["n_prompt"]
+    print(json.dumps({"engine": "llama.cpp " + sys.argv[1], "batch": 1, "tokens": n,
+                      "tokens_per_s": round(r["avg_ts"], 1),
+                      "texts_per_s": round(r["avg_ts"] / n, 1)}))
+' "$TYPE"
+done
+
