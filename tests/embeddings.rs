@@ -26,7 +26,8 @@ fn reference() -> Value {
 
 /// The completion listener with all-MiniLM-L6-v2 as `minilm` (1000 credits per million input
 /// tokens, so that a request costs a visible amount), again as `minilm-short`, which may
-/// shorten its vectors, and as `minilm-one`, whose queue holds one input.
+/// shorten its vectors, as `minilm-one`, whose queue holds one input, and as `minilm-f32`, in
+/// f32 on candle.
 async fn spawn() -> App {
     let weights = root().join("weights/all-MiniLM-L6-v2");
     assert!(
@@ -40,7 +41,9 @@ async fn spawn() -> App {
          [embedding.\"minilm-short\"]\nweights = \"{w}\"\ninput_price_per_million = \"1000\"\n\
          shortens = true\n\n\
          [embedding.\"minilm-one\"]\nweights = \"{w}\"\ninput_price_per_million = \"1000\"\n\
-         max_queued = 1\n",
+         max_queued = 1\n\n\
+         [embedding.\"minilm-f32\"]\nweights = \"{w}\"\ninput_price_per_million = \"1000\"\n\
+         precision = \"f32\"\n",
         w = weights.display()
     );
     spawn_completion_table("", &rows, |raw| {
@@ -327,4 +330,29 @@ async fn a_client_that_goes_away_mid_embedding_is_not_charged() {
     )
     .await;
     assert_eq!(status, 200, "{answer}");
+}
+
+#[tokio::test]
+async fn both_precisions_give_sentence_transformers_vectors() {
+    let app = spawn().await;
+    let key = app.user("emb-p", "100").await;
+    let r = reference();
+    for model in ["minilm", "minilm-f32"] {
+        let body = json!({"model": model, "input": [r["texts"][0], r["texts"][6]]});
+        let (status, answer) = embed(
+            app.http.clone(),
+            app.url.clone(),
+            format!("Bearer {key}"),
+            body,
+        )
+        .await;
+        assert_eq!(status, 200, "{answer}");
+        for (k, i) in [(0, 0), (1, 6)] {
+            let c = cosine(
+                &vector(&answer["data"][k]["embedding"]),
+                &vector(&r["vectors"][i]),
+            );
+            assert!(c >= 0.9999, "{model}, text {i}: cosine {c}");
+        }
+    }
 }

@@ -53,3 +53,26 @@ async fn a_misspelt_default_stops_the_image_service_too() {
         "{error}"
     );
 }
+
+#[tokio::test]
+async fn an_encoder_row_with_a_bad_precision_or_a_rerank_row_with_shortens_stops_the_start() {
+    let error = start_error(
+        &[Service::Auth, Service::Completion],
+        "[embedding.\"e\"]\nweights = \"w\"\ninput_price_per_million = \"1\"\nprecision = \"f8\"\n",
+    )
+    .await;
+    assert!(
+        error.contains("[embedding.\"e\"]")
+            && error.contains("precision must be \"f32\" or \"bf16\""),
+        "{error}"
+    );
+    let error = start_error(
+        &[Service::Auth, Service::Completion],
+        "[rerank.\"r\"]\nweights = \"w\"\ninput_price_per_million = \"1\"\nshortens = true\n",
+    )
+    .await;
+    assert!(
+        error.contains("shortens is a key of embedding rows only"),
+        "{error}"
+    );
+}

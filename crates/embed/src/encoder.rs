@@ -34,6 +34,20 @@ impl Tokens {
     }
 }
 
+impl std::str::FromStr for Precision {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Precision, String> {
+        match s {
+            "f32" => Ok(Precision::F32),
+            "bf16" => Ok(Precision::Bf16),
+            other => Err(format!(
+                "precision must be \"f32\" or \"bf16\", not {other:?}"
+            )),
+        }
+    }
+}
+
 impl From<Vec<u32>> for Tokens {
     fn from(ids: Vec<u32>) -> Self {
         let second = ids.len();
@@ -68,7 +82,7 @@ enum Net {
     Fast(FastBert),
 }
 
-/// How precisely the encoder's matrix products run.
+/// How precisely the encoder's matrix products run (`f32` or `bf16` in a model table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Precision {
     /// f32 throughout, on candle.

@@ -109,6 +109,7 @@ pub struct RawEncoderModel {
     pub weights: String,
     pub input_price_per_million: String,
     pub device: Option<String>,
+    pub precision: Option<String>,
     pub shortens: Option<bool>,
     pub max_inputs: Option<usize>,
     pub max_batch_tokens: Option<usize>,

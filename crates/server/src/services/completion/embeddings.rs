@@ -3,7 +3,8 @@
 //!
 //! A row's keys: `weights` (a sentence-transformers folder, relative to the table; required),
 //! `input_price_per_million` (credits per million input tokens; required), `device` (default
-//! `[defaults] device`), `shortens` (the model was trained so that its vectors may be cut short,
+//! `[defaults] device`), `precision` (`bf16`, the default: the matrix products in bf16 on a CPU
+//! with AVX-512 BF16, f32 elsewhere; or `f32`), `shortens` (the model was trained so that its vectors may be cut short,
 //! as Matryoshka models are: `dimensions` is honoured; default false, and a request naming
 //! `dimensions` is refused), `max_inputs` (inputs per request, default 2048), `max_batch_tokens`
 //! (padded tokens per forward pass, default 1024: on a CPU, passes that stay in cache beat bigger ones) and `max_queued` (inputs waiting, default
@@ -21,7 +22,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
 use base64::Engine as _;
-use hearth_embed::{EmbeddingModel, Tokens};
+use hearth_embed::{EmbeddingModel, Precision, Tokens};
 use serde::Serialize;
 use serde_json::Value;
 use tracing::{instrument, Span};
@@ -48,7 +49,8 @@ impl Embeddings {
             &table.defaults,
             path,
             "embedding",
-            EmbeddingModel::load,
+            EmbeddingModel::load_with,
+            Precision::Bf16,
         )?;
         let shortening = table
             .embedding

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use hearth_billing::Price;
-use hearth_embed::{Encode, Engine, EngineConfig, StatsSnapshot};
+use hearth_embed::{Encode, Engine, EngineConfig, Precision, StatsSnapshot};
 use hearth_infer::DeviceSpec;
 use hearth_store::LedgerMeta;
 use serde_json::{Map, Value};
@@ -19,8 +19,8 @@ use super::CompletionState;
 use crate::error::ApiError;
 use crate::model_table::{self, RawDefaults, RawEncoderModel, TableError};
 
-/// How an encoder model is read from its folder.
-pub type Loader<M> = fn(&Path, Option<usize>) -> hearth_embed::Result<M>;
+/// How an encoder model is read from its folder (onto the CPU or a GPU, at a precision).
+pub type Loader<M> = fn(&Path, Option<usize>, Precision) -> hearth_embed::Result<M>;
 
 /// One `[embedding."id"]` or `[rerank."id"]` row, resolved.
 pub struct EncoderEntry<M: Encode> {
@@ -30,6 +30,7 @@ pub struct EncoderEntry<M: Encode> {
     /// Inputs (texts, or documents to rank) in one request at most.
     pub max_inputs: usize,
     weights: PathBuf,
+    precision: Precision,
     engine_config: EngineConfig,
     load: Loader<M>,
     /// Loaded on the first request (a model a table names but nobody uses costs nothing).
@@ -42,15 +43,16 @@ impl<M: Encode> EncoderEntry<M> {
         let loaded = self
             .engine
             .get_or_init(|| async {
-                let (dir, gpu, config, load) = (
+                let (dir, gpu, config, load, precision) = (
                     self.weights.clone(),
                     self.gpu,
                     self.engine_config.clone(),
                     self.load,
+                    self.precision,
                 );
                 let id = self.id.clone();
                 tokio::task::spawn_blocking(move || {
-                    load(&dir, gpu)
+                    load(&dir, gpu, precision)
                         .map(|m| Engine::start(m, config))
                         .map_err(|e| {
                             warn!(model = %id, error = %e, "the model failed to load");
@@ -125,13 +127,15 @@ impl<M: Encode> EncoderModels<M> {
             .collect()
     }
 
-    /// The `section` rows of the table read from `path`.
+    /// The `section` rows of the table read from `path`; a row that names no `precision` runs
+    /// at `precision`.
     pub fn resolve(
         rows: &BTreeMap<String, RawEncoderModel>,
         defaults: &RawDefaults,
         path: &Path,
         section: &'static str,
         load: Loader<M>,
+        precision: Precision,
     ) -> Result<Self, TableError> {
         let mut models = BTreeMap::new();
         for (id, m) in rows {
@@ -148,6 +152,10 @@ impl<M: Encode> EncoderModels<M> {
                 DeviceSpec::Cpu => None,
                 DeviceSpec::Cuda(n) => Some(n),
             };
+            let precision = match &m.precision {
+                Some(p) => p.parse().map_err(invalid)?,
+                None => precision,
+            };
             let positive = |key: &str, v: Option<usize>, default: usize| match v {
                 Some(0) => Err(invalid(format!("{key} must be at least 1"))),
                 v => Ok(v.unwrap_or(default)),
@@ -159,6 +167,7 @@ impl<M: Encode> EncoderModels<M> {
                 price,
                 max_inputs: positive("max_inputs", m.max_inputs, 2048)?,
                 weights: model_table::relative_to(path, Path::new(&m.weights)),
+                precision,
                 engine_config: EngineConfig {
                     max_batch_tokens: positive(
                         "max_batch_tokens",

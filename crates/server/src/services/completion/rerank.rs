@@ -2,7 +2,8 @@
 //! llama-server, vLLM, Jina and Cohere clients use, and the `[rerank."id"]` rows of the model
 //! table behind it.
 //!
-//! A row's keys are an embedding row's without `shortens`: `weights` (a cross-encoder folder:
+//! A row's keys are an embedding row's without `shortens`, its `precision` `f32` by default
+//! (scores to the reference's digits; `bf16` for speed): `weights` (a cross-encoder folder:
 //! `config.json` of a `BertForSequenceClassification` with one label, `model.safetensors`,
 //! `tokenizer.json`; required), `input_price_per_million` (required), `device`, `max_inputs`
 //! (documents per request, default 2048), `max_batch_tokens` and `max_queued`.
@@ -18,7 +19,7 @@ use std::path::Path;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
-use hearth_embed::{Reranker, Tokens};
+use hearth_embed::{Precision, Reranker, Tokens};
 use serde::Serialize;
 use serde_json::Value;
 use tracing::{instrument, Span};
@@ -44,7 +45,8 @@ pub fn resolve(table: &RawModelTable, path: &Path) -> Result<EncoderModels<Reran
         &table.defaults,
         path,
         "rerank",
-        Reranker::load,
+        Reranker::load_with,
+        Precision::F32,
     )
 }
 
