@@ -71,6 +71,17 @@ async fn wait_status(browser: &Browser, needle: &str) -> String {
     }
 }
 
+/// Picks `path` in the file picker again: the picker and the status line cleared first, so that
+/// the change event fires for the same file and the next status is new.
+async fn pick_again(browser: &Browser, path: &str) {
+    browser
+        .client
+        .execute("document.getElementById('file').value = ''; document.getElementById('status').textContent = '';", vec![])
+        .await
+        .unwrap();
+    browser.find("#file").await.send_keys(path).await.unwrap();
+}
+
 async fn texts(browser: &Browser, css: &str) -> Vec<String> {
     let mut out = Vec::new();
     for el in browser.client.find_all(Locator::Css(css)).await.unwrap() {
@@ -256,13 +267,7 @@ async fn the_attachments_box_converts_e_mail_attachments() {
     assert!(texts(&browser, "#rendered table td").await.is_empty());
 
     browser.find("#attachments").await.click().await.unwrap();
-    // Picking the same file again: clear the picker first so that the change event fires.
-    browser
-        .client
-        .execute("document.getElementById('file').value = ''; document.getElementById('status').textContent = '';", vec![])
-        .await
-        .unwrap();
-    browser.find("#file").await.send_keys(&path).await.unwrap();
+    pick_again(&browser, &path).await;
     wait_status(&browser, "Converted figures.eml").await;
     assert_eq!(texts(&browser, "#rendered table td").await, ["north", "10"]);
     browser.close().await;
@@ -295,12 +300,7 @@ async fn asked_for_chunks_the_page_lists_them_under_their_headings() {
     let tokens = browser.find("#chunk-tokens").await;
     tokens.clear().await.unwrap();
     tokens.send_keys("16").await.unwrap();
-    browser
-        .client
-        .execute("document.getElementById('file').value = ''; document.getElementById('status').textContent = '';", vec![])
-        .await
-        .unwrap();
-    browser.find("#file").await.send_keys(&path).await.unwrap();
+    pick_again(&browser, &path).await;
     wait_status(&browser, "Converted report.html").await;
     let title = browser.visible_text("#chunks-title").await;
     let chunks = texts(&browser, "#chunks .chunk pre").await;

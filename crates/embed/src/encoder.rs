@@ -12,7 +12,7 @@ use serde::Deserialize;
 use tokenizers::{Tokenizer, TruncationParams, TruncationStrategy};
 
 use crate::error::{Error, Result};
-use crate::fast::{self, FastBert, Shape};
+use crate::fast::{FastBert, Shape};
 
 /// One input's token ids, special tokens included. Ids from `second` on are the second text of
 /// a pair (token type 1); a single text has `second == ids.len()`.
@@ -185,7 +185,7 @@ impl Folder {
         );
         let net = if precision == Precision::Bf16
             && gpu.is_none()
-            && fast::available()
+            && hearth_kernels::bf16_simd()
             && exact_gelu
             && absolute
         {

@@ -62,18 +62,6 @@ struct Scratch {
     up: Vec<f32>,
 }
 
-/// Whether this CPU runs [`FastBert`].
-pub(crate) fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 fn matrix(vb: &VarBuilder, rows: usize, cols: usize, name: &str) -> Result<Vec<f32>> {
     Ok(vb
         .get((rows, cols), name)?

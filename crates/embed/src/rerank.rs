@@ -145,7 +145,7 @@ impl Reranker {
                 let logit = w
                     .chunks_exact(h)
                     .zip(b)
-                    .map(|(row, b)| (dot(row, first) + b).tanh())
+                    .map(|(row, b)| (hearth_kernels::ops::dot(row, first) + b).tanh())
                     .zip(c)
                     .map(|(p, c)| p * c)
                     .sum::<f32>()
@@ -157,10 +157,6 @@ impl Reranker {
             })
             .collect())
     }
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 impl Encode for Reranker {

@@ -93,13 +93,26 @@ impl Bf16Matrix {
     }
 }
 
+/// Whether this CPU runs the bf16 tiles (AVX-512 with BF16): where it does not, the products
+/// take the scalar path, at f32 speed or less.
+pub fn bf16_simd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Each row of `x` (`n` rows of `w.cols()`) as bf16 pairs, `kp` a row.
 fn pairs(x: &[f32], n: usize, cols: usize, kp: usize) -> Vec<u32> {
     let mut out = vec![0u32; n * kp];
+    let simd = bf16_simd();
     for (row, dst) in x.chunks_exact(cols).zip(out.chunks_exact_mut(kp)) {
         #[cfg(target_arch = "x86_64")]
-        let done = if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
-        {
+        let done = if simd {
             // SAFETY: the features were just detected; `row` holds `2 * done` floats and
             // `dst` `done` pairs at least.
             unsafe { x86::round_pairs(row, dst) }
@@ -107,7 +120,10 @@ fn pairs(x: &[f32], n: usize, cols: usize, kp: usize) -> Vec<u32> {
             0
         };
         #[cfg(not(target_arch = "x86_64"))]
-        let done = 0;
+        let done = {
+            let _ = simd;
+            0
+        };
         for (p, d) in dst.iter_mut().enumerate().skip(done) {
             let lo = u32::from(to_bf16(row[2 * p]));
             let hi = row.get(2 * p + 1).map_or(0, |&v| u32::from(to_bf16(v)));
@@ -144,7 +160,7 @@ pub fn gemm_bf16(
     let tiles = m.div_ceil(BLOCK * BLOCKS);
     let row_blocks = n.div_ceil(ROW_BLOCK);
     #[cfg(target_arch = "x86_64")]
-    let fast = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16");
+    let fast = bf16_simd();
     let tile = |chunk: usize| {
         let out_ptr = &out_ptr;
         let (rb, t) = (chunk / tiles, chunk % tiles);

@@ -36,7 +36,7 @@ mod x86_avx512;
 pub(crate) const PREFETCH_BYTES: usize = 8192;
 
 pub use acts::QActs;
-pub use bf16::{gemm_bf16, Bf16Matrix};
+pub use bf16::{bf16_simd, gemm_bf16, Bf16Matrix};
 pub use error::Error;
 pub use formats::{dequantize_row, GgmlType};
 pub use matmul::{matmul, matmul_f32, KernelPath};

@@ -402,20 +402,18 @@ async fn convert(
                 warnings = conversion.warnings.len(),
                 "converted"
             );
-            let chunks = match chunks {
-                Some(ask) => Some(
-                    chunks::chunks(
-                        Arc::clone(&state.tokenizers),
-                        conversion.markdown.clone(),
-                        ask,
-                        state.time_limit,
-                    )
-                    .await?,
-                ),
-                None => None,
+            let (markdown, chunks) = match chunks {
+                Some(ask) => {
+                    let tokenizers = Arc::clone(&state.tokenizers);
+                    let (markdown, chunks) =
+                        chunks::chunks(tokenizers, conversion.markdown, ask, state.time_limit)
+                            .await?;
+                    (markdown, Some(chunks))
+                }
+                None => (conversion.markdown, None),
             };
             Ok(Json(ConversionResponse {
-                markdown: conversion.markdown,
+                markdown,
                 original_filename: name,
                 chunks,
             })

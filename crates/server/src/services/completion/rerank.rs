@@ -13,7 +13,6 @@
 //! The tokens read (the query once per document, as the model reads it) are billed at the
 //! model's price with the same holds as the other routes.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use axum::extract::State;
@@ -256,17 +255,21 @@ pub async fn rerank(
     // Best first; equal scores keep the request's order.
     order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
     order.truncate(request.top_n.unwrap_or(order.len()));
-    let mut documents: BTreeMap<usize, String> = if request.return_documents {
-        documents.into_iter().enumerate().collect()
+    // Each document taken once, by the result that echoes it.
+    let mut documents: Vec<Option<String>> = if request.return_documents {
+        documents.into_iter().map(Some).collect()
     } else {
-        BTreeMap::new()
+        Vec::new()
     };
     let results = order
         .into_iter()
         .map(|index| RerankResult {
             index,
             relevance_score: scores[index],
-            document: documents.remove(&index).map(|text| RerankDocument { text }),
+            document: documents
+                .get_mut(index)
+                .and_then(Option::take)
+                .map(|text| RerankDocument { text }),
         })
         .collect();
     Ok(Json(RerankResponse {

@@ -95,13 +95,14 @@ impl Tokenizers {
     }
 }
 
-/// The Markdown's chunks as `ask` wants them, off the async workers, given up after `within`.
+/// The Markdown's chunks as `ask` wants them, off the async workers, given up after `within`;
+/// the Markdown is handed back with them (a large document is not copied to be chunked).
 pub async fn chunks(
     tokenizers: Arc<Tokenizers>,
     markdown: String,
     ask: Ask,
     within: Duration,
-) -> Result<Vec<Chunk>, MarkdownError> {
+) -> Result<(String, Vec<Chunk>), MarkdownError> {
     let deadline = Instant::now() + within;
     tokio::task::spawn_blocking(move || {
         let tokenizer = tokenizers.get(ask.tokenizer.as_deref())?;
@@ -111,6 +112,7 @@ pub async fn chunks(
             &TokenCount(&tokenizer),
             Some(deadline),
         )
+        .map(|chunks| (markdown, chunks))
         .map_err(|e| MarkdownError::Failed(e.to_string()))
     })
     .await
