@@ -50,14 +50,14 @@ cd "$ROOT"
 PACK="$ROOT/.gpu"
 # Where the GPU machine writes its models (the 1.1B files, the small dense one).
 WORK=/tmp/hearth-gpu-work
-CUDA_BINS=(hearth bench_device device_check bench_imagine)
+CUDA_BINS=(hearth bench_device device_check bench_imagine image_check)
 
 prepare() {
     set -e
     local target="${CUDA_TARGET_DIR:-$ROOT/target/cuda}"
     CARGO_TARGET_DIR="$target" scripts/build-cuda.sh -p hearth -p hearth-infer -p hearth-imagine \
-        --features hearth/cuda,hearth-infer/cuda,hearth-imagine/cuda --bin hearth \
-        --example bench_device --example device_check --example bench_imagine
+        --features hearth/cudnn,hearth-infer/cuda,hearth-imagine/cudnn --bin hearth \
+        --example bench_device --example device_check --example bench_imagine --example image_check
     rm -rf "$PACK"
     mkdir -p "$PACK/whl"
     for b in "${CUDA_BINS[@]}"; do
@@ -236,12 +236,32 @@ run() {
     fi
     if step 6; then
     echo "== 6. images"
-    timeout 120 "$bin/bench_imagine" --device cuda --dtype f16 --random-full --sizes 1024 \
-        --steps 4 --runs 2 --guidance 0 2>&1 | tee "$out/image.txt"
+    echo "-- the image layers on the GPU against candle's f32 (Hearth's kernels, then candle's f16)"
+    timeout 60 "$bin/image_check" 2>&1 | tee "$out/image-check.jsonl"
+    HEARTH_IMAGE_CONV=candle HEARTH_IMAGE_FUSED=off HEARTH_IMAGE_ATTENTION=f32 timeout 60 \
+        "$bin/image_check" 2>&1 | tag candle-f16 | tee -a "$out/image-check.jsonl"
+    echo "-- SDXL's full-size shapes, 1024x1024, 4 steps: now, then without each kernel in turn"
+    local img=(--device cuda --dtype f16 --random-full --sizes 1024 --steps 4 --runs 2 --guidance 0)
+    timeout 60 "$bin/bench_imagine" "${img[@]}" 2>&1 | tee "$out/image.txt"
+    for v in HEARTH_IMAGE_CONV=candle HEARTH_IMAGE_FUSED=off HEARTH_IMAGE_ATTENTION=f32 \
+        "HEARTH_IMAGE_CONV=candle HEARTH_IMAGE_FUSED=off HEARTH_IMAGE_ATTENTION=f32"; do
+        echo "-- $v"
+        env $v timeout 60 "$bin/bench_imagine" "${img[@]}" 2>&1 | tail -1 | tee -a "$out/image.txt"
+    done
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site "$PACK"/whl/*.whl &&
         PYTHONPATH=/tmp/site timeout 120 python3 scripts/gpu/torch_sdxl.py --size 1024 --steps 4 \
             --runs 2 2>&1 | tee -a "$out/image.txt"
+    fi
+    if step 6p; then
+        echo "== 6p. what the GPU spends on an image (Nsight Compute: the prompt, one UNet step, part of the VAE)"
+        local ncu; ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
+        if [ -n "$ncu" ]; then
+            timeout 90 "$ncu" --metrics gpu__time_duration.sum --csv --print-units base \
+                --clock-control none --cache-control none --launch-count 2500 "$bin/bench_imagine" \
+                --device cuda --dtype f16 --random-full --sizes 1024 --steps 1 --runs 1 --guidance 0 \
+                2>/dev/null | python3 scripts/gpu/step_profile.py 16
+        fi
     fi
     if step 7; then
         echo "== 7. what the GPU spends on a one-stream decode step (Nsight Compute)"

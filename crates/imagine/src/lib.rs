@@ -7,16 +7,19 @@
 //! It deliberately knows nothing of HTTP, JSON wire shapes, accounts or prices: the server
 //! validates requests against its documented bounds, bills, and maps [`Error`] to responses.
 
+mod blocks;
 mod clip;
 pub mod config;
 mod error;
 pub mod euler;
 pub mod files;
+pub mod layers;
 pub mod model;
 pub mod pipeline;
 pub mod tiny;
 mod tokenizer;
 mod unet;
+mod vae;
 mod weights;
 mod worker;
 

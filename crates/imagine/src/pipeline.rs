@@ -2,7 +2,6 @@
 //! UNet -> VAE decode -> RGB bytes.
 
 use candle_core::{DType, Device, Tensor, D};
-use candle_transformers::models::stable_diffusion::vae::{AutoEncoderKL, AutoEncoderKLConfig};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -13,6 +12,7 @@ use crate::euler::EulerDiscrete;
 use crate::files::ModelFiles;
 use crate::tokenizer::ClipTokenizer;
 use crate::unet::SdxlUNet;
+use crate::vae::VaeDecoder;
 use crate::weights::{mmap_var_builder, random_var_builder};
 
 /// One validated generation request.
@@ -74,7 +74,7 @@ pub struct SdxlPipeline {
     text_encoder: ClipTextEncoder,
     text_encoder_2: ClipTextEncoder,
     unet: SdxlUNet,
-    vae: AutoEncoderKL,
+    vae: VaeDecoder,
     vae_scale: f64,
     latent_channels: usize,
     scheduler: SchedulerConfig,
@@ -147,19 +147,7 @@ impl SdxlPipeline {
         } else {
             DType::F32
         };
-        let vae = AutoEncoderKL::new(
-            weights(&files.vae, vae_dtype)?,
-            vae_cfg.in_channels,
-            vae_cfg.out_channels,
-            AutoEncoderKLConfig {
-                block_out_channels: vae_cfg.block_out_channels.clone(),
-                layers_per_block: vae_cfg.layers_per_block,
-                latent_channels: vae_cfg.latent_channels,
-                norm_num_groups: vae_cfg.norm_num_groups,
-                use_quant_conv: vae_cfg.use_quant_conv,
-                use_post_quant_conv: vae_cfg.use_post_quant_conv,
-            },
-        )?;
+        let vae = VaeDecoder::new(weights(&files.vae, vae_dtype)?, &vae_cfg)?;
         Ok(SdxlPipeline {
             tokenizer,
             tokenizer_2,

@@ -1,61 +1,79 @@
-//! The SDXL UNet: candle-transformers' down/mid/up blocks with SDXL's added conditioning.
-//!
-//! candle's `UNet2DConditionModel` has no `addition_embed_type = "text_time"` path, so this
-//! module assembles the same blocks itself and adds SDXL's extra time embedding:
-//! `emb = time_embedding(t) + add_embedding(concat(text_embeds, time_proj(time_ids)))`, where
-//! `time_ids` are (original height, width, crop top, left, target height, width), each
+//! The SDXL UNet: diffusers' down, mid and up blocks ([`crate::blocks`]) with SDXL's added
+//! conditioning: `emb = time_embedding(t) + add_embedding(concat(text_embeds, time_proj(time_ids)))`,
+//! where `time_ids` are (original height, width, crop top, left, target height, width), each
 //! sinusoidally embedded to `addition_time_embed_dim` values. Tensor names are diffusers'.
-//!
-//! Known difference from diffusers: candle's GEGLU feed-forward uses the tanh approximation of
-//! GELU where diffusers uses the exact form (a relative difference around 1e-4 per activation),
-//! which the parity tolerance accounts for.
 
 use candle_core::{Module, Tensor};
-use candle_nn::{Conv2dConfig, VarBuilder};
+use candle_nn::VarBuilder;
 use candle_transformers::models::stable_diffusion::embeddings::{TimestepEmbedding, Timesteps};
-use candle_transformers::models::stable_diffusion::unet_2d_blocks::{
-    CrossAttnDownBlock2D, CrossAttnDownBlock2DConfig, CrossAttnUpBlock2D, CrossAttnUpBlock2DConfig,
-    DownBlock2D, DownBlock2DConfig, UNetMidBlock2DCrossAttn, UNetMidBlock2DCrossAttnConfig,
-    UpBlock2D, UpBlock2DConfig,
-};
 
+use crate::blocks::{Downsample, Resnet, SpatialTransformer, Upsample};
 use crate::config::UNetConfig;
 use crate::error::{Error, Result};
+use crate::layers::{Conv2d, GroupNorm};
 
+/// A down block: resnets (each followed by a transformer in a cross-attention block), then a
+/// downsampler except in the last; every output is kept for the up path.
 #[derive(Debug)]
-enum Down {
-    Basic(DownBlock2D),
-    CrossAttn(CrossAttnDownBlock2D),
+struct DownBlock {
+    resnets: Vec<Resnet>,
+    attentions: Vec<SpatialTransformer>,
+    down: Option<Downsample>,
 }
 
-#[derive(Debug)]
-enum Up {
-    Basic(UpBlock2D),
-    CrossAttn(CrossAttnUpBlock2D),
-}
-
-impl Up {
-    fn resnets(&self) -> usize {
-        match self {
-            Up::Basic(b) => b.resnets.len(),
-            Up::CrossAttn(b) => b.upblock.resnets.len(),
+impl DownBlock {
+    fn forward(
+        &self,
+        x: &Tensor,
+        temb: &Tensor,
+        ctx: &Tensor,
+        skips: &mut Vec<Tensor>,
+    ) -> Result<Tensor> {
+        let mut x = x.clone();
+        for (i, r) in self.resnets.iter().enumerate() {
+            x = r.forward(&x, Some(temb))?;
+            if let Some(a) = self.attentions.get(i) {
+                x = a.forward(&x, ctx)?;
+            }
+            skips.push(x.clone());
         }
+        if let Some(d) = &self.down {
+            x = d.forward(&x)?;
+            skips.push(x.clone());
+        }
+        Ok(x)
     }
+}
+
+/// An up block: each resnet takes the running state joined with the latest skip, then (in a
+/// cross-attention block) a transformer; an upsampler except in the last.
+#[derive(Debug)]
+struct UpBlock {
+    resnets: Vec<Resnet>,
+    attentions: Vec<SpatialTransformer>,
+    up: Option<Upsample>,
+}
+
+/// The middle: a resnet, then a transformer and a resnet per layer.
+#[derive(Debug)]
+struct MidBlock {
+    first: Resnet,
+    rest: Vec<(SpatialTransformer, Resnet)>,
 }
 
 /// The SDXL `UNet2DConditionModel`.
 #[derive(Debug)]
 pub struct SdxlUNet {
-    conv_in: candle_nn::Conv2d,
+    conv_in: Conv2d,
     time_proj: Timesteps,
     time_embedding: TimestepEmbedding,
     add_time_proj: Timesteps,
     add_embedding: TimestepEmbedding,
-    down: Vec<Down>,
-    mid: UNetMidBlock2DCrossAttn,
-    up: Vec<Up>,
-    conv_norm_out: candle_nn::GroupNorm,
-    conv_out: candle_nn::Conv2d,
+    down: Vec<DownBlock>,
+    mid: MidBlock,
+    up: Vec<UpBlock>,
+    conv_norm_out: GroupNorm,
+    conv_out: Conv2d,
     add_time_dim: usize,
 }
 
@@ -80,11 +98,10 @@ impl SdxlUNet {
             .projection_class_embeddings_input_dim
             .ok_or_else(|| bad("projection_class_embeddings_input_dim is missing"))?;
         let heads_of = |i: usize| -> Result<usize> {
-            let h = c
-                .num_attention_heads
+            c.num_attention_heads
                 .as_ref()
-                .unwrap_or(&c.attention_head_dim);
-            h.get(i)
+                .unwrap_or(&c.attention_head_dim)
+                .get(i)
                 .ok_or_else(|| bad("attention heads list too short"))
         };
         let depth_of = |i: usize| -> Result<usize> {
@@ -92,17 +109,30 @@ impl SdxlUNet {
                 .get(i)
                 .ok_or_else(|| bad("transformer_layers_per_block list too short"))
         };
+        let (groups, eps, ctx) = (c.norm_num_groups, c.norm_eps, c.cross_attention_dim);
         let ch0 = c.block_out_channels[0];
         let temb = ch0 * 4;
-        let conv = Conv2dConfig {
-            padding: 1,
-            ..Default::default()
+        let resnet = |vb: VarBuilder, c_in, c_out, scale| {
+            Resnet::new(vb, c_in, c_out, Some(temb), groups, eps, scale)
         };
-        let conv_in = candle_nn::conv2d(c.in_channels, ch0, 3, conv, vb.pp("conv_in"))?;
-        let time_proj = Timesteps::new(ch0, c.flip_sin_to_cos, c.freq_shift);
-        let time_embedding = TimestepEmbedding::new(vb.pp("time_embedding"), ch0, temb)?;
-        let add_time_proj = Timesteps::new(add_time_dim, c.flip_sin_to_cos, c.freq_shift);
-        let add_embedding = TimestepEmbedding::new(vb.pp("add_embedding"), add_in, temb)?;
+        // The transformers of block `i` (heads and depth from that index), when `kind` says so.
+        let transformers =
+            |vb: VarBuilder, kind: &str, i: usize, channels: usize, count: usize| match kind {
+                "DownBlock2D" | "UpBlock2D" => Ok(Vec::new()),
+                "CrossAttnDownBlock2D" | "CrossAttnUpBlock2D" => {
+                    let heads = heads_of(i)?;
+                    check_heads(channels, heads)?;
+                    let depth = depth_of(i)?;
+                    let vb = vb.pp("attentions");
+                    (0..count)
+                        .map(|j| {
+                            SpatialTransformer::new(vb.pp(j), channels, heads, depth, ctx, groups)
+                                .map_err(Error::from)
+                        })
+                        .collect()
+                }
+                other => Err(bad(format!("block type {other} is not supported"))),
+            };
 
         let mut down = Vec::with_capacity(n);
         for i in 0..n {
@@ -112,60 +142,49 @@ impl SdxlUNet {
             } else {
                 c.block_out_channels[i - 1]
             };
-            let cfg = DownBlock2DConfig {
-                num_layers: c.layers_per_block,
-                resnet_eps: c.norm_eps,
-                resnet_groups: c.norm_num_groups,
-                add_downsample: i + 1 < n,
-                downsample_padding: c.downsample_padding,
-                ..Default::default()
-            };
             let vbi = vb.pp(format!("down_blocks.{i}"));
-            down.push(match c.down_block_types[i].as_str() {
-                "DownBlock2D" => Down::Basic(DownBlock2D::new(vbi, inp, out, Some(temb), cfg)?),
-                "CrossAttnDownBlock2D" => {
-                    let heads = heads_of(i)?;
-                    check_heads(out, heads)?;
-                    let xcfg = CrossAttnDownBlock2DConfig {
-                        downblock: cfg,
-                        attn_num_head_channels: heads,
-                        cross_attention_dim: c.cross_attention_dim,
-                        sliced_attention_size: None,
-                        use_linear_projection: c.use_linear_projection,
-                        transformer_layers_per_block: depth_of(i)?,
-                    };
-                    Down::CrossAttn(CrossAttnDownBlock2D::new(
-                        vbi,
-                        inp,
-                        out,
-                        Some(temb),
-                        false,
-                        xcfg,
-                    )?)
-                }
-                other => return Err(bad(format!("down block type {other} is not supported"))),
+            let resnets = (0..c.layers_per_block)
+                .map(|j| {
+                    let c_in = if j == 0 { inp } else { out };
+                    resnet(vbi.pp("resnets").pp(j), c_in, out, 1.0)
+                })
+                .collect::<candle_core::Result<_>>()?;
+            let attentions = transformers(
+                vbi.clone(),
+                &c.down_block_types[i],
+                i,
+                out,
+                c.layers_per_block,
+            )?;
+            let down_sampler = (i + 1 < n)
+                .then(|| Downsample::new(vbi.pp("downsamplers.0"), out, c.downsample_padding))
+                .transpose()?;
+            down.push(DownBlock {
+                resnets,
+                attentions,
+                down: down_sampler,
             });
         }
 
         let last = c.block_out_channels[n - 1];
+        let vbm = vb.pp("mid_block");
         let mid_heads = heads_of(n - 1)?;
         check_heads(last, mid_heads)?;
-        let mid = UNetMidBlock2DCrossAttn::new(
-            vb.pp("mid_block"),
-            last,
-            Some(temb),
-            false,
-            UNetMidBlock2DCrossAttnConfig {
-                resnet_eps: c.norm_eps,
-                output_scale_factor: c.mid_block_scale_factor,
-                cross_attn_dim: c.cross_attention_dim,
-                attn_num_head_channels: mid_heads,
-                resnet_groups: Some(c.norm_num_groups),
-                use_linear_projection: c.use_linear_projection,
-                transformer_layers_per_block: depth_of(n - 1)?,
-                ..Default::default()
-            },
-        )?;
+        let scale = c.mid_block_scale_factor;
+        let mid = MidBlock {
+            first: resnet(vbm.pp("resnets.0"), last, last, scale)?,
+            rest: vec![(
+                SpatialTransformer::new(
+                    vbm.pp("attentions.0"),
+                    last,
+                    mid_heads,
+                    depth_of(n - 1)?,
+                    ctx,
+                    groups,
+                )?,
+                resnet(vbm.pp("resnets.1"), last, last, scale)?,
+            )],
+        };
 
         let mut up = Vec::with_capacity(n);
         for i in 0..n {
@@ -176,55 +195,37 @@ impl SdxlUNet {
             } else {
                 c.block_out_channels[rev + 1]
             };
-            let inp = c.block_out_channels[rev.saturating_sub(1)];
-            let cfg = UpBlock2DConfig {
-                num_layers: c.layers_per_block + 1,
-                resnet_eps: c.norm_eps,
-                resnet_groups: c.norm_num_groups,
-                add_upsample: i + 1 < n,
-                ..Default::default()
-            };
+            let skip_in = c.block_out_channels[rev.saturating_sub(1)];
+            let layers = c.layers_per_block + 1;
             let vbi = vb.pp(format!("up_blocks.{i}"));
-            up.push(match c.up_block_types[i].as_str() {
-                "UpBlock2D" => Up::Basic(UpBlock2D::new(vbi, inp, prev, out, Some(temb), cfg)?),
-                "CrossAttnUpBlock2D" => {
-                    let heads = heads_of(rev)?;
-                    check_heads(out, heads)?;
-                    let xcfg = CrossAttnUpBlock2DConfig {
-                        upblock: cfg,
-                        attn_num_head_channels: heads,
-                        cross_attention_dim: c.cross_attention_dim,
-                        sliced_attention_size: None,
-                        use_linear_projection: c.use_linear_projection,
-                        transformer_layers_per_block: depth_of(rev)?,
-                    };
-                    Up::CrossAttn(CrossAttnUpBlock2D::new(
-                        vbi,
-                        inp,
-                        prev,
-                        out,
-                        Some(temb),
-                        false,
-                        xcfg,
-                    )?)
-                }
-                other => return Err(bad(format!("up block type {other} is not supported"))),
+            let resnets = (0..layers)
+                .map(|j| {
+                    let skip = if j + 1 == layers { skip_in } else { out };
+                    let c_in = if j == 0 { prev } else { out };
+                    resnet(vbi.pp("resnets").pp(j), c_in + skip, out, 1.0)
+                })
+                .collect::<candle_core::Result<_>>()?;
+            let attentions = transformers(vbi.clone(), &c.up_block_types[i], rev, out, layers)?;
+            let up_sampler = (i + 1 < n)
+                .then(|| Upsample::new(vbi.pp("upsamplers.0"), out))
+                .transpose()?;
+            up.push(UpBlock {
+                resnets,
+                attentions,
+                up: up_sampler,
             });
         }
-        let conv_norm_out =
-            candle_nn::group_norm(c.norm_num_groups, ch0, c.norm_eps, vb.pp("conv_norm_out"))?;
-        let conv_out = candle_nn::conv2d(ch0, c.out_channels, 3, conv, vb.pp("conv_out"))?;
         Ok(SdxlUNet {
-            conv_in,
-            time_proj,
-            time_embedding,
-            add_time_proj,
-            add_embedding,
+            conv_in: Conv2d::new(vb.pp("conv_in"), c.in_channels, ch0, 3, 1, 1)?,
+            time_proj: Timesteps::new(ch0, c.flip_sin_to_cos, c.freq_shift),
+            time_embedding: TimestepEmbedding::new(vb.pp("time_embedding"), ch0, temb)?,
+            add_time_proj: Timesteps::new(add_time_dim, c.flip_sin_to_cos, c.freq_shift),
+            add_embedding: TimestepEmbedding::new(vb.pp("add_embedding"), add_in, temb)?,
             down,
             mid,
             up,
-            conv_norm_out,
-            conv_out,
+            conv_norm_out: GroupNorm::new(vb.pp("conv_norm_out"), groups, ch0, eps)?,
+            conv_out: Conv2d::new(vb.pp("conv_out"), ch0, c.out_channels, 3, 1, 1)?,
             add_time_dim,
         })
     }
@@ -254,7 +255,8 @@ impl SdxlUNet {
             .reshape((b, 6 * self.add_time_dim))?
             .to_dtype(dtype)?;
         let add = Tensor::cat(&[&text_embeds.to_dtype(dtype)?, &time_embeds], 1)?;
-        let emb = (emb + self.add_embedding.forward(&add)?)?;
+        // Every resnet projects the SiLU of the embedding: taken once here.
+        let temb = (emb + self.add_embedding.forward(&add)?)?.silu()?;
 
         // 2. down
         let n = self.down.len();
@@ -263,34 +265,38 @@ impl SdxlUNet {
         let mut xs = self.conv_in.forward(xs)?;
         let mut skips = vec![xs.clone()];
         for block in &self.down {
-            let (next, res) = match block {
-                Down::Basic(b) => b.forward(&xs, Some(&emb))?,
-                Down::CrossAttn(b) => b.forward(&xs, Some(&emb), Some(context))?,
-            };
-            skips.extend(res);
-            xs = next;
+            xs = block.forward(&xs, &temb, context, &mut skips)?;
         }
         // 3. mid
-        xs = self.mid.forward(&xs, Some(&emb), Some(context))?;
+        xs = self.mid.first.forward(&xs, Some(&temb))?;
+        for (attn, resnet) in &self.mid.rest {
+            xs = resnet.forward(&attn.forward(&xs, context)?, Some(&temb))?;
+        }
         // 4. up
-        for (i, block) in self.up.iter().enumerate() {
-            let res = skips.split_off(skips.len() - block.resnets());
-            let size = if i + 1 < n && odd_size {
-                let (_, _, sh, sw) = skips
-                    .last()
-                    .ok_or_else(|| bad("skip connections exhausted"))?
-                    .dims4()?;
-                Some((sh, sw))
-            } else {
-                None
-            };
-            xs = match block {
-                Up::Basic(b) => b.forward(&xs, &res, Some(&emb), size)?,
-                Up::CrossAttn(b) => b.forward(&xs, &res, Some(&emb), size, Some(context))?,
-            };
+        for block in &self.up {
+            for (j, resnet) in block.resnets.iter().enumerate() {
+                let skip = skips
+                    .pop()
+                    .ok_or_else(|| bad("skip connections exhausted"))?;
+                xs = resnet.forward(&Tensor::cat(&[&xs, &skip], 1)?, Some(&temb))?;
+                if let Some(a) = block.attentions.get(j) {
+                    xs = a.forward(&xs, context)?;
+                }
+            }
+            if let Some(u) = &block.up {
+                // An odd latent size: upsample to the next skip's size rather than double.
+                let size = match skips.last() {
+                    Some(s) if odd_size => {
+                        let (_, _, sh, sw) = s.dims4()?;
+                        Some((sh, sw))
+                    }
+                    _ => None,
+                };
+                xs = u.forward(&xs, size)?;
+            }
         }
         // 5. out
-        let xs = candle_nn::ops::silu(&self.conv_norm_out.forward(&xs)?)?;
+        let xs = self.conv_norm_out.forward(&xs, true)?;
         Ok(self.conv_out.forward(&xs)?)
     }
 }
