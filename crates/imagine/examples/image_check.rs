@@ -157,7 +157,7 @@ fn tiny_model(dev: &Device) -> R<bool> {
 
 fn main() -> ExitCode {
     let run = || -> R<bool> {
-        let dev = Device::new_cuda(0)?;
+        let dev = hearth_imagine::model::parse_device("cuda")?;
         println!("{{\"tuning\":\"{:?}\"}}", Tuning::get());
         Ok(layers(&dev)? & tiny_model(&dev)?)
     };

@@ -76,9 +76,13 @@ pub fn parse_device(spec: &str) -> Result<Device> {
     }
 }
 
+/// `hearth_gpu`'s device: one stream, no event tracking, the memory pool kept between images.
 #[cfg(feature = "cuda")]
 fn cuda_device(ordinal: usize, _spec: &str) -> Result<Device> {
-    Ok(Device::new_cuda(ordinal)?)
+    Ok(hearth_gpu::cuda_device(
+        ordinal,
+        hearth_gpu::Tuning::default(),
+    )?)
 }
 
 #[cfg(not(feature = "cuda"))]

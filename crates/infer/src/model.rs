@@ -88,63 +88,15 @@ pub(crate) fn device_for(spec: DeviceSpec, tuning: GpuTuning) -> Result<Device, 
     }
 }
 
-/// A GPU for a text model: one stream of its own, which every thread that loads or steps the
-/// model uses, and no cross-stream event tracking. candle's default device runs each thread on
-/// its own per-thread stream and has cudarc record an event for every buffer a kernel touches
-/// and make two for every allocation, which one-stream decode pays at each of its hundreds of
-/// launches a step. With a single stream, the order of the stream alone makes every use safe,
-/// which is what the tracking was for. The device's memory pool is also kept from trimming
-/// ([`keep_pool`]). [`GpuTuning`] can ask for candle's default device, or a trimmed pool, to
-/// compare.
+/// A GPU for a text model: `hearth_gpu`'s device (one stream, no event tracking, the memory
+/// pool kept), or candle's default and a trimmed pool where [`GpuTuning`] asks, to compare.
 #[cfg(feature = "cuda")]
 fn cuda_device(ordinal: usize, tuning: GpuTuning) -> Result<Device, Error> {
-    if tuning.candle_device {
-        return Ok(Device::new_cuda(ordinal)?);
-    }
-    let dev = candle_core::CudaDevice::new_with_stream(ordinal)?;
-    // SAFETY: cudarc's event tracking orders a buffer's uses across streams. Every tensor of this
-    // device is made after this call and used only on the device's one stream (`new_with_stream`:
-    // the same stream from every thread), so stream order already orders every use, and a free
-    // (cuMemFreeAsync on that stream) comes after every launch enqueued before it.
-    #[allow(unsafe_code)]
-    unsafe {
-        dev.disable_event_tracking()
+    let tuning = hearth_gpu::Tuning {
+        candle_device: tuning.candle_device,
+        trim_pool: tuning.trim_pool,
     };
-    if !tuning.trim_pool {
-        keep_pool(&dev);
-    }
-    Ok(Device::Cuda(dev))
-}
-
-/// Raises the release threshold of the device's default memory pool (where candle's
-/// stream-ordered allocations come from) to its maximum. At the default, 0, every stream
-/// synchronisation hands the pool's free memory back to the driver, and a decode step
-/// synchronises once (its logits come to the host): each step would map again the memory of
-/// every tensor it makes. Kept, the pool holds a step's peak for the next one, as PyTorch's
-/// caching allocator does. The pool is the device's, so the image model on the same GPU keeps
-/// its memory too. A failure is logged and changes nothing else.
-#[cfg(feature = "cuda")]
-#[allow(unsafe_code)] // two driver calls
-fn keep_pool(dev: &candle_core::CudaDevice) {
-    use candle_core::cuda_backend::cudarc::driver::sys;
-    let cu_device = dev.cuda_stream().context().cu_device();
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-    let mut threshold = u64::MAX;
-    // SAFETY: `pool` is written by the first call before the second reads it; the attribute
-    // takes a u64, which `threshold` is, alive across the call.
-    let result = unsafe {
-        match sys::cuDeviceGetDefaultMemPool(&mut pool, cu_device) {
-            sys::CUresult::CUDA_SUCCESS => sys::cuMemPoolSetAttribute(
-                pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                (&mut threshold as *mut u64).cast(),
-            ),
-            err => err,
-        }
-    };
-    if result != sys::CUresult::CUDA_SUCCESS {
-        tracing::warn!(?result, "cannot keep the GPU memory pool from trimming");
-    }
+    Ok(hearth_gpu::cuda_device(ordinal, tuning)?)
 }
 
 impl TextModel {
