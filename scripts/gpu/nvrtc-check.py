@@ -1,5 +1,5 @@
 """Compiles the CUDA kernels Hearth hands to NVRTC at run time (the `const SOURCE: &str = r#"..."#`
-of each Rust file given, after the shared prelude of crates/infer/src/cuda_kernels.rs where it
+of each Rust file given, after the shared prelude of crates/gpu/src/kernels.rs where it
 uses it) with NVRTC itself, here, on a machine without a GPU, so that a kernel
 that does not compile is found before GPU time is spent on it. NVRTC comes from NVIDIA's
 `nvidia-cuda-nvrtc` wheel (fetched into .cache/nvrtc on first use).
@@ -67,8 +67,8 @@ def main():
         if not m:
             sys.exit(f"{path}: no `const SOURCE: &str = r#\"...\"#;`")
         source = m.group(1)
-        if "C::load" in source:  # written against crates/infer/src/cuda_kernels.rs's prelude
-            shared = open(os.path.join(ROOT, "crates", "infer", "src", "cuda_kernels.rs")).read()
+        if "C::load" in source:  # written against crates/gpu/src/kernels.rs's prelude
+            shared = open(os.path.join(ROOT, "crates", "gpu", "src", "kernels.rs")).read()
             source = re.search(r'const PRELUDE: &str = r#"(.*?)"#;', shared, re.S).group(1) + source
         ptx = compile_source(nvrtc, os.path.basename(path), source)
         kernels = re.findall(r"\.entry (\w+)", ptx)

@@ -11,6 +11,8 @@
 
 use candle_core::Device;
 
+pub mod kernels;
+
 /// Which of the device's changes are off (all are on by default).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tuning {

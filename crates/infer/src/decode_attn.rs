@@ -113,7 +113,7 @@ impl CustomOp3 for DecodeAttention {
         use candle_core::cuda_backend::{CudaStorageSlice as S, WrapErr};
 
         let what = "decode attention";
-        let range = |l| crate::cuda_kernels::contiguous(l, what);
+        let range = |l| hearth_gpu::kernels::contiguous(l, what);
         let ((q0, q1), (k0, k1), (v0, v1)) = (range(l_q)?, range(l_k)?, range(l_v)?);
         let (hd, kv_dim) = (self.head_dim, self.n_head_kv * self.head_dim);
         if q1 - q0 != self.rows * self.n_head * hd
@@ -125,7 +125,7 @@ impl CustomOp3 for DecodeAttention {
         }
         let pool_rows = ((k1 - k0) / kv_dim) as u32;
         let (meta, meta_len) =
-            crate::cuda_kernels::device_span(&self.meta, candle_core::DType::U32, what)?;
+            hearth_gpu::kernels::device_span(&self.meta, candle_core::DType::U32, what)?;
         if meta_len != self.rows * (self.nb + 1) {
             candle_core::bail!("decode attention: the block table has the wrong length")
         }
@@ -224,7 +224,7 @@ impl CustomOp3 for DecodeAttention {
     }
 }
 
-/// The kernels' source (after [`crate::cuda_kernels::PRELUDE`]).
+/// The kernels' source (after [`hearth_gpu::kernels::PRELUDE`]).
 #[cfg(feature = "cuda")]
 const SOURCE: &str = r#"
 #define NONE 0xffffffffu
@@ -424,5 +424,5 @@ DECODE_ATTN(decode_attn_bf16, BF16)
 #[cfg(feature = "cuda")]
 fn ptx() -> candle_core::Result<&'static str> {
     static PTX: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
-    crate::cuda_kernels::compile(&PTX, "decode attention", SOURCE)
+    hearth_gpu::kernels::compile(&PTX, "decode attention", SOURCE)
 }

@@ -103,7 +103,7 @@ impl CustomOp1 for RopeKv<'_> {
         let what = "rope-kv";
         let (hd, nh, nkv) = (self.head_dim, self.n_head, self.n_kv);
         let width = (nh + 2 * nkv) * hd;
-        let (x0, x1) = crate::cuda_kernels::contiguous(l, what)?;
+        let (x0, x1) = hearth_gpu::kernels::contiguous(l, what)?;
         if !(x1 - x0).is_multiple_of(width) || !hd.is_multiple_of(2) {
             candle_core::bail!(
                 "rope-kv: the projection is not [rows, (n_head + 2 n_kv) * head_dim]"
@@ -127,7 +127,7 @@ impl CustomOp1 for RopeKv<'_> {
         .into_iter()
         .enumerate()
         {
-            (ptrs[i], lens[i]) = crate::cuda_kernels::device_span(t, dtype, what)?;
+            (ptrs[i], lens[i]) = hearth_gpu::kernels::device_span(t, dtype, what)?;
         }
         let kvd = nkv * hd;
         if lens[0] != rows * hd / 2
@@ -202,7 +202,7 @@ impl CustomOp1 for Glu {
         use candle_core::cuda_backend::{CudaStorageSlice as S, WrapErr};
 
         let (rows, two_ff) = l.shape().dims2()?;
-        let (x0, x1) = crate::cuda_kernels::contiguous(l, "glu")?;
+        let (x0, x1) = hearth_gpu::kernels::contiguous(l, "glu")?;
         if !two_ff.is_multiple_of(2) || x1 - x0 != rows * two_ff {
             candle_core::bail!("glu: the projection is not [rows, 2 ff]")
         }
@@ -270,7 +270,7 @@ impl CustomOp3 for AddNorm {
         use candle_core::cuda_backend::{CudaStorageSlice as S, WrapErr};
 
         let what = "add-norm";
-        let range = |l| crate::cuda_kernels::contiguous(l, what);
+        let range = |l| hearth_gpu::kernels::contiguous(l, what);
         let ((x0, x1), (y0, y1), (w0, w1)) = (range(l_x)?, range(l_y)?, range(l_w)?);
         let (rows, d) = l_x.shape().dims2()?;
         if l_y.shape() != l_x.shape() || w1 - w0 != d || x1 - x0 != rows * d || y1 - y0 != rows * d
@@ -316,7 +316,7 @@ impl CustomOp3 for AddNorm {
     }
 }
 
-/// The kernels' source (after [`crate::cuda_kernels::PRELUDE`]).
+/// The kernels' source (after [`hearth_gpu::kernels::PRELUDE`]).
 #[cfg(feature = "cuda")]
 const SOURCE: &str = r#"
 // One thread per rotated pair: row r, head h of n_head Q heads, n_kv K heads, n_kv V heads.
@@ -441,5 +441,5 @@ ADD_NORM(add_norm_bf16, BF16)
 #[cfg(feature = "cuda")]
 fn ptx() -> candle_core::Result<&'static str> {
     static PTX: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
-    crate::cuda_kernels::compile(&PTX, "fused layer", SOURCE)
+    hearth_gpu::kernels::compile(&PTX, "fused layer", SOURCE)
 }

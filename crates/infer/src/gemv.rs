@@ -9,7 +9,7 @@
 //! product: measured on an H200, this kernel at 8 rows was half cuBLAS's speed (the input rows'
 //! reads through the cache outgrow the weights'), and at one row it is as fast as cuBLAS's own
 //! kernels and spares the host cuBLAS's per-call work. Compiled by NVRTC at first use, like the
-//! other kernels of `cuda_kernels.rs`. The CPU keeps candle's matmul.
+//! other kernels of `hearth_gpu::kernels`. The CPU keeps candle's matmul.
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
@@ -105,8 +105,8 @@ impl CustomOp2 for Gemv {
 
         let what = "one-row matrix product";
         let ((x0, x1), (w0, w1)) = (
-            crate::cuda_kernels::contiguous(l_x, what)?,
-            crate::cuda_kernels::contiguous(l_w, what)?,
+            hearth_gpu::kernels::contiguous(l_x, what)?,
+            hearth_gpu::kernels::contiguous(l_w, what)?,
         );
         let (rows, k) = l_x.shape().dims2()?;
         let (n, wk) = l_w.shape().dims2()?;
@@ -186,7 +186,7 @@ impl CustomOp1 for GemvQ8<'_> {
         use candle_core::cuda_backend::{CudaStorageSlice as S, WrapErr};
 
         let what = "one-row Q8_0 product";
-        let (x0, x1) = crate::cuda_kernels::contiguous(l_x, what)?;
+        let (x0, x1) = hearth_gpu::kernels::contiguous(l_x, what)?;
         let (rows, k) = l_x.shape().dims2()?;
         let (n, wk) = self.w.shape().dims2()?;
         if wk != k
@@ -217,7 +217,7 @@ impl CustomOp1 for GemvQ8<'_> {
     }
 }
 
-/// The kernels' source (after [`crate::cuda_kernels::PRELUDE`]).
+/// The kernels' source (after [`hearth_gpu::kernels::PRELUDE`]).
 #[cfg(feature = "cuda")]
 const SOURCE: &str = r#"
 // Grid (ceil(n / 4)), 128 threads: warp w of block b computes y[n] = sum_k x[k] * w[n, k] for
@@ -318,5 +318,5 @@ GEMV_Q8(gemv_q8_0_bf16, BF16)
 #[cfg(feature = "cuda")]
 fn ptx() -> candle_core::Result<&'static str> {
     static PTX: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
-    crate::cuda_kernels::compile(&PTX, "one-row matrix", SOURCE)
+    hearth_gpu::kernels::compile(&PTX, "one-row matrix", SOURCE)
 }

@@ -33,7 +33,7 @@ struct WriteRows {
 
 /// The three tensors' element ranges in their storages; a KV write needs them contiguous.
 fn offsets(layouts: [&Layout; 3]) -> candle_core::Result<[(usize, usize); 3]> {
-    let range = |l| crate::cuda_kernels::contiguous(l, "a KV write");
+    let range = |l| hearth_gpu::kernels::contiguous(l, "a KV write");
     Ok([range(layouts[0])?, range(layouts[1])?, range(layouts[2])?])
 }
 

@@ -12,7 +12,6 @@ mod candle_gguf;
 mod candle_llama;
 mod config;
 mod constraint;
-mod cuda_kernels;
 mod decode_attn;
 mod error;
 // The hand-written CPU backend (owned by the kernels engineer; see src/fast/mod.rs).

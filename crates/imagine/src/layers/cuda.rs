@@ -4,7 +4,7 @@
 //!   each block of the second launch merges its group's partial sums and normalises its slice;
 //! - GEGLU, `h * gelu(gate)` with the exact GELU, in one pass.
 //!
-//! Arithmetic is in f32 between f16/bf16 loads and stores. On a CPU these layers are candle's
+//! Arithmetic is in f32 between f16/bf16 loads and stores (`hearth_gpu::kernels::PRELUDE`). On a CPU these layers are candle's
 //! ops (`layers/mod.rs`), which the parity tests hold against diffusers.
 
 use std::sync::OnceLock;
@@ -14,27 +14,6 @@ use candle_core::cuda_backend::{CudaStorageSlice as S, WrapErr};
 use candle_core::{CpuStorage, CudaStorage, CustomOp1, CustomOp3, Layout, Shape, Tensor};
 
 const SOURCE: &str = r#"
-struct F16 {
-    typedef unsigned short T;
-    static __device__ __forceinline__ float load(unsigned short h) {
-        float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
-    }
-    static __device__ __forceinline__ unsigned short store(float f) {
-        unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
-    }
-};
-struct BF16 {
-    typedef unsigned short T;
-    static __device__ __forceinline__ float load(unsigned short b) {
-        return __uint_as_float(((unsigned int)b) << 16);
-    }
-    static __device__ __forceinline__ unsigned short store(float f) {
-        unsigned int u = __float_as_uint(f);
-        u += 0x7fffu + ((u >> 16) & 1u);
-        return (unsigned short)(u >> 16);
-    }
-};
-
 // Sums of a block's 256 threads' (a, b) into thread 0.
 __device__ __forceinline__ void block_sum2(float &a, float &b) {
     __shared__ float sa[8], sb[8];
@@ -148,18 +127,7 @@ const MODULE: &str = "hearth_imagine";
 
 fn ptx() -> candle_core::Result<&'static str> {
     static PTX: OnceLock<Result<String, String>> = OnceLock::new();
-    PTX.get_or_init(|| {
-        candle_core::cuda_backend::cudarc::nvrtc::compile_ptx(SOURCE)
-            .map(|p| p.to_src())
-            .map_err(|e| format!("compiling the image kernels: {e}"))
-    })
-    .as_deref()
-    .map_err(|e| candle_core::Error::Msg(e.clone()))
-}
-
-fn contiguous(l: &Layout, what: &str) -> candle_core::Result<(usize, usize)> {
-    l.contiguous_offsets()
-        .ok_or_else(|| candle_core::Error::Msg(format!("{what} needs contiguous tensors")))
+    hearth_gpu::kernels::compile(&PTX, "image", SOURCE)
 }
 
 fn gpu_only(name: &str) -> candle_core::Result<(CpuStorage, Shape)> {
@@ -237,9 +205,9 @@ impl CustomOp3 for GroupNormOp {
         if g == 0 || !c.is_multiple_of(g) || hw == 0 {
             candle_core::bail!("group-norm: {c} channels do not split into {g} groups")
         }
-        let (x0, x1) = contiguous(xl, what)?;
-        let (w0, w1) = contiguous(wl, what)?;
-        let (b0, b1) = contiguous(bl, what)?;
+        let (x0, x1) = hearth_gpu::kernels::contiguous(xl, what)?;
+        let (w0, w1) = hearth_gpu::kernels::contiguous(wl, what)?;
+        let (b0, b1) = hearth_gpu::kernels::contiguous(bl, what)?;
         if w1 - w0 != c || b1 - b0 != c {
             candle_core::bail!("group-norm: weight and bias are not one value a channel")
         }
@@ -331,7 +299,7 @@ impl CustomOp1 for GegluOp {
         if last == 0 || !last.is_multiple_of(2) {
             candle_core::bail!("geglu: the last dimension is not [h, gate]")
         }
-        let (x0, x1) = contiguous(l, "geglu")?;
+        let (x0, x1) = hearth_gpu::kernels::contiguous(l, "geglu")?;
         let n = last / 2;
         let rows = (x1 - x0) / last;
         if rows * n > u32::MAX as usize {

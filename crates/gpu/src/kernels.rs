@@ -1,15 +1,16 @@
-//! What Hearth's own CUDA kernels share: the prelude every kernel source starts with (loads and
-//! stores of f32, f16 and bf16 values as f32, with no headers, so that NVRTC needs nothing but
-//! itself), compiling a source once per process, and reading a tensor's place in its storage. The kernels: `decode_attn.rs` (attention of
-//! decode rows over the block pool) and `fused.rs` (RoPE with the KV write, the gated MLP's
-//! activation); `kv_write.rs` predates this module and copies raw words, needing no prelude.
+//! What Hearth's own CUDA kernels share, text and image alike: the prelude every kernel source
+//! starts with (loads and stores of f32, f16 and bf16 values as f32, with no headers, so that
+//! NVRTC needs nothing but itself), compiling a source once per process, and reading a tensor's
+//! place in its storage. The kernels: `hearth-infer`'s `decode_attn.rs`, `fused.rs`, `gemv.rs`
+//! and `kv_write.rs` (which copies raw words, needing no prelude); `hearth-imagine`'s
+//! `layers/cuda.rs`.
 
 /// Conversions between the stored dtypes and f32: `C::load(x)` and `C::store(f)` for `C` one of
 /// `F32`, `F16`, `BF16` (whose `C::T` is the stored type), and `C::load8(p, f)` for eight values
 /// from one aligned vector load (16 bytes of f16/bf16, 32 of f32: the caller checks the alignment).
 /// f16 through PTX's `cvt`, bf16 by shifting (stores round to nearest even).
 #[cfg(feature = "cuda")]
-pub(crate) const PRELUDE: &str = r#"
+pub const PRELUDE: &str = r#"
 struct F32 {
     typedef float T;
     static __device__ __forceinline__ float load(float x) { return x; }
@@ -62,7 +63,7 @@ struct BF16 {
 /// `PRELUDE` + `source` compiled by NVRTC into `cell` on first use (an error is kept and
 /// returned again: a GPU machine without NVRTC does not retry every step).
 #[cfg(feature = "cuda")]
-pub(crate) fn compile(
+pub fn compile(
     cell: &'static std::sync::OnceLock<Result<String, String>>,
     what: &str,
     source: &str,
@@ -77,10 +78,7 @@ pub(crate) fn compile(
 }
 
 /// `l`'s element range in its storage; `what` names the operation that needs it contiguous.
-pub(crate) fn contiguous(
-    l: &candle_core::Layout,
-    what: &str,
-) -> candle_core::Result<(usize, usize)> {
+pub fn contiguous(l: &candle_core::Layout, what: &str) -> candle_core::Result<(usize, usize)> {
     l.contiguous_offsets()
         .ok_or_else(|| candle_core::Error::Msg(format!("{what} needs contiguous tensors")))
 }
@@ -89,7 +87,7 @@ pub(crate) fn contiguous(
 /// reads or writes besides its operands (a kernel argument). `t` must be contiguous, on a GPU and
 /// of `dtype`; the op borrows `t` for the launch, which keeps the memory alive.
 #[cfg(feature = "cuda")]
-pub(crate) fn device_span(
+pub fn device_span(
     t: &candle_core::Tensor,
     dtype: candle_core::DType,
     what: &str,
