@@ -24,6 +24,7 @@ mod hub;
 mod kv;
 mod kv_write;
 mod load;
+mod masked_softmax;
 mod model;
 mod pieces;
 mod random;

@@ -50,14 +50,24 @@ enum Keys {
     Gathered {
         /// `[b * blocks per sequence]` pool blocks (u32).
         blocks: Tensor,
-        /// `[b, 1, 1, qr, t]` f32: 0 where a row may attend, -inf elsewhere; then the same for
-        /// the sliding window (when a layer has one).
-        mask: Tensor,
-        mask_window: Option<Tensor>,
+        mask: Mask,
     },
     /// One-token rows on a GPU: the decode attention kernel reads the pool in place, through
     /// the table of [`DecodeAttention::meta`].
     Direct { meta: Tensor },
+}
+
+/// Which positions each query row of a gathered group sees.
+enum Mask {
+    /// `[b, 1, 1, qr, t]` f32: 0 where a row may attend, -inf elsewhere; then the same for the
+    /// sliding window (when a layer has one). Added to the scores on the general path.
+    Added {
+        mask: Tensor,
+        window: Option<Tensor>,
+    },
+    /// `[b * qr]` u32: how many positions each query row sees (its position + 1), for the
+    /// masked softmax kernel (`masked_softmax.rs`) on a GPU.
+    Visible(Tensor),
 }
 
 /// What a step needs on the device besides the weights, built on the host once per step.
@@ -110,7 +120,14 @@ impl CandleModel {
                 let direct = self.direct_decode && qr == 1;
                 let mut blocks = Vec::with_capacity(members.len() * (nb + 1));
                 let mut lens = Vec::with_capacity(members.len());
-                let masked = if direct { 0 } else { members.len() * qr * t };
+                // The masked softmax kernel needs only each query's length; the general path a
+                // mask of every (query, position).
+                let masked = if direct || self.fused {
+                    0
+                } else {
+                    members.len() * qr * t
+                };
+                let mut visible = Vec::new();
                 let mut mask = vec![f32::NEG_INFINITY; masked];
                 let mut mask_w = window.map(|_| vec![f32::NEG_INFINITY; masked]);
                 for (bi, &si) in members.iter().enumerate() {
@@ -124,6 +141,10 @@ impl CandleModel {
                         rows.push((si, pos));
                         ids.push(tok);
                         if direct {
+                            continue;
+                        }
+                        if self.fused {
+                            visible.push(pos as u32 + 1);
                             continue;
                         }
                         let m = &mut mask[(bi * qr + i) * t..(bi * qr + i + 1) * t];
@@ -143,12 +164,19 @@ impl CandleModel {
                     }
                 } else {
                     let shape = (b, 1, 1, qr, t);
+                    let mask = if self.fused {
+                        Mask::Visible(Tensor::from_vec(visible, b * qr, dev)?)
+                    } else {
+                        Mask::Added {
+                            mask: Tensor::from_vec(mask, shape, dev)?,
+                            window: mask_w
+                                .map(|m| Tensor::from_vec(m, shape, dev))
+                                .transpose()?,
+                        }
+                    };
                     Keys::Gathered {
                         blocks: Tensor::from_vec(blocks, b * nb, dev)?,
-                        mask: Tensor::from_vec(mask, shape, dev)?,
-                        mask_window: mask_w
-                            .map(|m| Tensor::from_vec(m, shape, dev))
-                            .transpose()?,
+                        mask,
                     }
                 };
                 groups.push(Group {
@@ -219,7 +247,7 @@ impl CandleModel {
         let mut outs = Vec::with_capacity(plan.groups.len());
         for g in &plan.groups {
             let (b, qr, t) = (g.b, g.qr, g.t);
-            let (blocks, mask, mask_window) = match &g.keys {
+            let (blocks, mask) = match &g.keys {
                 Keys::Direct { meta } => {
                     let (k, v) = pool.layer(il);
                     let op = DecodeAttention {
@@ -235,11 +263,7 @@ impl CandleModel {
                     outs.push(op.run(&q.narrow(0, g.first, b)?, k, v)?);
                     continue;
                 }
-                Keys::Gathered {
-                    blocks,
-                    mask,
-                    mask_window,
-                } => (blocks, mask, mask_window),
+                Keys::Gathered { blocks, mask } => (blocks, mask),
             };
             // [b, n_kv, group * qr, hd]
             let qg = q
@@ -255,13 +279,25 @@ impl CandleModel {
                     .contiguous()?)
             };
             let (k, v) = (heads(k)?, heads(v)?);
-            let scores = qg.matmul(&k.t()?)?.to_dtype(DType::F32)?;
-            let scores = (scores * self.attn_scale as f64)?.reshape((b, nkv, group, qr, t))?;
-            let mask = match (self.m.layers[il].window, mask_window) {
-                (Some(_), Some(m)) => m,
-                _ => mask,
+            let scores = qg.matmul(&k.t()?)?;
+            let window = self.m.layers[il].window;
+            let p = match mask {
+                Mask::Visible(visible) => crate::masked_softmax::MaskedSoftmax {
+                    qr,
+                    window: window.unwrap_or(0),
+                    scale: self.attn_scale,
+                }
+                .run(&scores, visible)?,
+                Mask::Added { mask, window: w } => {
+                    let scores = (scores.to_dtype(DType::F32)? * self.attn_scale as f64)?
+                        .reshape((b, nkv, group, qr, t))?;
+                    let mask = match (window, w) {
+                        (Some(_), Some(m)) => m,
+                        _ => mask,
+                    };
+                    softmax(&scores.broadcast_add(mask)?)?
+                }
             };
-            let p = softmax(&scores.broadcast_add(mask)?)?;
             let p = if f16_kv {
                 // llama.cpp's f16 cache: the weights are rounded to f16 for the sum over V.
                 p.to_dtype(DType::F16)?.to_dtype(DType::F32)?
