@@ -2,7 +2,7 @@
 //! starts with (loads and stores of f32, f16 and bf16 values as f32, with no headers, so that
 //! NVRTC needs nothing but itself), compiling a source once per process, and reading a tensor's
 //! place in its storage. The kernels: `hearth-infer`'s `decode_attn.rs`, `fused.rs`, `gemv.rs`
-//! and `kv_write.rs` (which copies raw words, needing no prelude); `hearth-imagine`'s
+//! and `kv_write.rs` (raw copies between the KV pool and a step's tensors); `hearth-imagine`'s
 //! `layers/cuda.rs`.
 
 /// Conversions between the stored dtypes and f32: `C::load(x)` and `C::store(f)` for `C` one of

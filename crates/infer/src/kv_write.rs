@@ -1,11 +1,17 @@
-//! Writing rows into the KV pool in place: `pool[at[i]] = src[i]` for every row of `src`, one
+//! Copies between the KV pool and a step's tensors, raw words with no arithmetic.
+//!
+//! Writing rows into the pool in place: `pool[at[i]] = src[i]` for every row of `src`, one
 //! kernel for the whole batch. candle's `scatter_set` would do it, but its CUDA kernel gives one
 //! thread to each column and walks every source row in turn (2,048 dependent steps per thread
 //! for a 2,048-row prefill, for K and V of every layer); this one gives a thread to every element.
 //! On a GPU the kernel is compiled by NVRTC at the first write (the CUDA libraries a GPU machine
 //! has carry NVRTC); on the CPU it is a copy per row.
+//!
+//! Gathering a group's keys or values out of the pool in head order, `[b, n_kv, t, head_dim]`,
+//! on a GPU ([`gather_heads`]): one kernel where candle gathers the blocks and then copies them
+//! into head order through its strided copy.
 
-use candle_core::{CpuStorage, InplaceOp3, Layout, Tensor};
+use candle_core::{CpuStorage, CustomOp2, InplaceOp3, Layout, Shape, Tensor};
 
 use crate::Error;
 
@@ -138,6 +144,103 @@ impl InplaceOp3 for WriteRows {
     }
 }
 
+/// Layer `pool` (`[rows, n_kv * head_dim]`) at the `b * nb` blocks of `blocks` (u32, `nb` a
+/// sequence) as `[b, n_kv, nb * block, head_dim]`.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // read by the CUDA path
+pub(crate) fn gather_heads(
+    pool: &Tensor,
+    blocks: &Tensor,
+    b: usize,
+    n_kv: usize,
+    block: usize,
+) -> Result<Tensor, Error> {
+    Ok(pool.apply_op2_no_bwd(blocks, &GatherHeads { b, n_kv, block })?)
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // read by the CUDA launch
+struct GatherHeads {
+    b: usize,
+    n_kv: usize,
+    block: usize,
+}
+
+impl CustomOp2 for GatherHeads {
+    fn name(&self) -> &'static str {
+        "hearth-kv-gather-heads"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        candle_core::bail!("the head-order gather runs on a GPU; the CPU gathers with candle")
+    }
+
+    #[cfg(feature = "cuda")]
+    #[allow(unsafe_code)] // the kernel launch
+    fn cuda_fwd(
+        &self,
+        pool: &candle_core::CudaStorage,
+        l_pool: &Layout,
+        blocks: &candle_core::CudaStorage,
+        l_blocks: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+        use candle_core::cuda_backend::{CudaStorageSlice as S, WrapErr};
+
+        let what = "a head-order gather";
+        let (rows, kv_dim) = l_pool.shape().dims2()?;
+        let (p0, p1) = hearth_gpu::kernels::contiguous(l_pool, what)?;
+        let (b0, b1) = hearth_gpu::kernels::contiguous(l_blocks, what)?;
+        let (b, n_kv, block) = (self.b, self.n_kv, self.block);
+        if b == 0 || n_kv == 0 || !kv_dim.is_multiple_of(n_kv) || !(b1 - b0).is_multiple_of(b) {
+            candle_core::bail!("a head-order gather of a {rows}x{kv_dim} pool does not fit")
+        }
+        let (hd, nb) = (kv_dim / n_kv, (b1 - b0) / b);
+        let t = nb * block;
+        let elems = b * kv_dim * t;
+        if elems > u32::MAX as usize {
+            candle_core::bail!("a head-order gather too large for one launch")
+        }
+        let S::U32(table) = &blocks.slice else {
+            candle_core::bail!("KV blocks must be u32")
+        };
+        let table = table.slice(b0..b1);
+        let dev = pool.device.clone();
+        let cfg = LaunchConfig::for_num_elems((elems as u32).max(1));
+        let args = [elems, n_kv, hd, t, block, nb, rows].map(|v| v as u32);
+        macro_rules! launch {
+            ($p:expr, $ty:ty, $kernel:literal) => {{
+                let func = dev.get_or_load_custom_func($kernel, "hearth_kv_write", ptx()?)?;
+                // SAFETY: every element of `out` is written by the kernel.
+                let mut out = unsafe { dev.alloc::<$ty>(elems)? };
+                let src = $p.slice(p0..p1);
+                let mut l = func.builder();
+                l.arg(&table);
+                l.arg(&src);
+                l.arg(&mut out);
+                for a in &args {
+                    l.arg(a);
+                }
+                // SAFETY: reads `b * nb` block ids and pool rows below `rows` (a row past it
+                // writes zeros instead), writes `elems` values of `out`.
+                unsafe { l.launch(cfg) }.w()?;
+                candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone())
+            }};
+        }
+        let out = match &pool.slice {
+            S::F32(p) => launch!(p, f32, "gather_heads_f32"),
+            S::F16(p) => launch!(p, half::f16, "gather_heads_f16"),
+            S::BF16(p) => launch!(p, half::bf16, "gather_heads_bf16"),
+            _ => candle_core::bail!("a head-order gather of a pool not f32, f16 or bf16"),
+        };
+        Ok((out, Shape::from((b, n_kv, t, hd))))
+    }
+}
+
 /// The kernels' source: one thread per element; a row whose index is out of range is skipped
 /// (the host checks them on the CPU path; on the GPU the check costs nothing here).
 #[cfg(feature = "cuda")]
@@ -165,19 +268,35 @@ extern "C" __global__ void kv_write_bf16(const unsigned int *at, const unsigned 
     unsigned short *dst, unsigned int elems, unsigned int width, unsigned int rows) {
     kv_write(at, src, dst, elems, width, rows);
 }
+// out[bi, kh, p, d] = pool[row of position p of sequence bi, kh * hd + d].
+template <typename T>
+__device__ void gather_heads(const unsigned int *table, const T *pool, T *out, unsigned int elems,
+                             unsigned int n_kv, unsigned int hd, unsigned int t,
+                             unsigned int block, unsigned int nb, unsigned int rows) {
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < elems;
+         i += blockDim.x * gridDim.x) {
+        const unsigned int d = i % hd, p = (i / hd) % t, kh = (i / hd / t) % n_kv;
+        const unsigned int bi = i / hd / t / n_kv;
+        const unsigned int r = table[bi * nb + p / block] * block + p % block;
+        out[i] = r < rows ? pool[(size_t)r * n_kv * hd + kh * hd + d] : (T)0;
+    }
+}
+#define GATHER(SUFFIX, T)                                                                       \
+extern "C" __global__ void gather_heads_##SUFFIX(const unsigned int *table, const T *pool,       \
+        T *out, unsigned int elems, unsigned int n_kv, unsigned int hd, unsigned int t,          \
+        unsigned int block, unsigned int nb, unsigned int rows) {                                \
+    gather_heads(table, pool, out, elems, n_kv, hd, t, block, nb, rows);                         \
+}
+GATHER(f32, unsigned int)
+GATHER(f16, unsigned short)
+GATHER(bf16, unsigned short)
 "#;
 
 /// The kernels' PTX, compiled once per process.
 #[cfg(feature = "cuda")]
 fn ptx() -> candle_core::Result<&'static str> {
     static PTX: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
-    PTX.get_or_init(|| {
-        candle_core::cuda_backend::cudarc::nvrtc::compile_ptx(SOURCE)
-            .map(|p| p.to_src())
-            .map_err(|e| format!("compiling the KV write kernel: {e}"))
-    })
-    .as_deref()
-    .map_err(|e| candle_core::Error::Msg(e.clone()))
+    hearth_gpu::kernels::compile(&PTX, "KV copy", SOURCE)
 }
 
 #[cfg(test)]

@@ -271,14 +271,21 @@ impl CandleModel {
                 .reshape((b, qr, nkv, group, hd))?
                 .permute((0, 2, 3, 1, 4))?
                 .reshape((b, nkv, group * qr, hd))?;
-            let (k, v) = pool.gather(il, blocks)?;
-            let heads = |x: Tensor| -> Result<Tensor, Error> {
-                Ok(x.reshape((b, t, nkv, hd))?
-                    .transpose(1, 2)?
-                    .to_dtype(self.act)?
-                    .contiguous()?)
+            let (k, v) = if self.fused {
+                // On a GPU with the cache in the activations' dtype: one kernel each.
+                let (k, v) = pool.layer(il);
+                let gather = |x| crate::kv_write::gather_heads(x, blocks, b, nkv, BLOCK);
+                (gather(k)?, gather(v)?)
+            } else {
+                let (k, v) = pool.gather(il, blocks)?;
+                let heads = |x: Tensor| -> Result<Tensor, Error> {
+                    Ok(x.reshape((b, t, nkv, hd))?
+                        .transpose(1, 2)?
+                        .to_dtype(self.act)?
+                        .contiguous()?)
+                };
+                (heads(k)?, heads(v)?)
             };
-            let (k, v) = (heads(k)?, heads(v)?);
             let scores = qg.matmul(&k.t()?)?;
             let window = self.m.layers[il].window;
             let p = match mask {
