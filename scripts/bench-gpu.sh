@@ -254,13 +254,13 @@ run() {
             --runs 2 2>&1 | tee -a "$out/image.txt"
     fi
     if step 6p; then
-        echo "== 6p. what the GPU spends on an image (Nsight Compute: the prompt, one UNet step, part of the VAE)"
+        echo "== 6p. what the GPU spends on two 1-step images, the first with cuDNN's measurements (Nsight Compute)"
         local ncu; ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
         if [ -n "$ncu" ]; then
-            timeout 90 "$ncu" --metrics gpu__time_duration.sum --csv --print-units base \
-                --clock-control none --cache-control none --launch-count 2500 "$bin/bench_imagine" \
+            timeout 150 "$ncu" --metrics gpu__time_duration.sum --csv --print-units base \
+                --clock-control none --cache-control none "$bin/bench_imagine" \
                 --device cuda --dtype f16 --random-full --sizes 1024 --steps 1 --runs 1 --guidance 0 \
-                2>/dev/null | python3 scripts/gpu/step_profile.py 16
+                2>/dev/null | python3 scripts/gpu/step_profile.py 16 30
         fi
     fi
     if step 7; then

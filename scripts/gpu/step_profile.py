@@ -4,7 +4,7 @@ bench_device's one-stream decode loop), their summed durations, and the kernels 
 Set beside bench_device's wall time of a step, it says how much of a step is the GPU computing
 and how much is the host issuing work.
 
-    ncu ... bench_device --streams 1 ... | python3 scripts/gpu/step_profile.py LAYERS
+    ncu ... bench_device --streams 1 ... | python3 scripts/gpu/step_profile.py LAYERS [TOP]
 
 A step is counted by its attention: LAYERS launches of the decode attention kernel (not of its
 merge, `_combine`).
@@ -16,6 +16,7 @@ from collections import defaultdict
 
 def main():
     layers = int(sys.argv[1]) if len(sys.argv) > 1 else 16
+    top = int(sys.argv[2]) if len(sys.argv) > 2 else 12
     rows = [r for r in csv.reader(line for line in sys.stdin if line.startswith('"'))]
     if not rows:
         print("step profile: ncu printed no kernels")
@@ -36,7 +37,7 @@ def main():
     print(f"step profile: {count} kernels, {total / 1e3:.1f} us of GPU time"
           + (f"; {steps:.1f} steps: {total / steps / 1e3:.1f} us and {count / steps:.0f} launches a step"
              if steps else ""))
-    for k, (n, ns) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:12]:
+    for k, (n, ns) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]:
         print(f"  {ns / 1e3:9.1f} us  {n:4d}x  {k}")
 
 

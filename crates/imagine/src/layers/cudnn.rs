@@ -9,30 +9,16 @@
 //! candle-core: the project does not carry a copy of candle.
 //!
 //! cuDNN handles and descriptors are not `Send`: they live in the thread that uses them (one
-//! image worker thread a model).
+//! image worker thread a model). The `cudnn` build links libcudnn.so.9, so it is there wherever
+//! the binary starts.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::OnceLock;
 
 use candle_core::cuda_backend::cudarc::cudnn::{result, sys};
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use candle_core::cuda_backend::{CudaDevice, CudaStorageSlice as S, DeviceId};
 use candle_core::{CpuStorage, CudaStorage, CustomOp2, Layout, Shape, Tensor};
-
-/// Whether libcudnn could be loaded here (checked once).
-pub fn available() -> bool {
-    static PRESENT: OnceLock<bool> = OnceLock::new();
-    *PRESENT.get_or_init(|| {
-        // SAFETY: only tries to open the library.
-        #[allow(unsafe_code)]
-        let present = unsafe { sys::is_culib_present() };
-        if !present {
-            tracing::warn!("libcudnn.so.9 not found: convolutions take candle's path");
-        }
-        present
-    })
-}
 
 /// `conv2d(x, w)` without bias: `x` `(n, c_in, h, w)`, `w` `(c_out, c_in, kh, kw)`.
 pub fn conv2d(

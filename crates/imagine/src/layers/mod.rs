@@ -3,7 +3,7 @@
 //! On a CPU (and on a GPU in f32) every layer is candle's own op, so the parity tests against
 //! diffusers hold the arithmetic. On a GPU in f16/bf16 the heavy ones take Hearth's paths:
 //! - [`Conv2d`]: cuDNN with tensor-op math, the algorithm found once per shape and one workspace
-//!   kept per device (`cudnn.rs`, under the `cudnn` feature, when libcudnn is there);
+//!   kept per device (`cudnn.rs`, in the `cudnn` build);
 //! - [`GroupNorm`]: statistics and the normalisation (with the SiLU after it, where one
 //!   follows) in three kernels, where candle upcasts and runs a dozen (`cuda.rs`);
 //! - [`attention`]: scores and probabilities kept in the activations' dtype (candle's fused
@@ -77,7 +77,7 @@ impl Conv2d {
 
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         #[cfg(feature = "cudnn")]
-        if gpu_half(x) && Tuning::get().cudnn && cudnn::available() {
+        if gpu_half(x) && Tuning::get().cudnn {
             let cfg = self.inner.config();
             let y = cudnn::conv2d(x, self.inner.weight(), cfg.stride, cfg.padding)?;
             return match self.inner.bias() {
