@@ -36,7 +36,7 @@ def main():
     image = diffusers = None
     try:
         for line in open(os.path.join(d, "image.txt")):
-            if line.startswith("[{"):
+            if line.startswith("[{") and image is None:  # the first: every kernel on
                 image = json.loads(line)[0]["s_per_image"]
             elif line.startswith("{") and "torch-diffusers" in line:
                 diffusers = json.loads(line)["s_per_image"]

@@ -53,11 +53,13 @@ impl Resnet {
 
     /// `temb`: the SiLU of the time embedding (the caller takes it once for every block).
     pub fn forward(&self, x: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
-        let h = self.conv1.forward(&self.norm1.forward(x, true)?)?;
-        let h = match (temb, &self.time_emb_proj) {
-            (Some(t), Some(p)) => h.broadcast_add(&p.forward(t)?.unsqueeze(2)?.unsqueeze(3)?)?,
-            _ => h,
+        let t = match (temb, &self.time_emb_proj) {
+            (Some(t), Some(p)) => Some(p.forward(t)?),
+            _ => None,
         };
+        let h = self
+            .conv1
+            .forward_plus(&self.norm1.forward(x, true)?, t.as_ref())?;
         let h = self.conv2.forward(&self.norm2.forward(&h, true)?)?;
         let shortcut = match &self.shortcut {
             Some(c) => c.forward(x)?,

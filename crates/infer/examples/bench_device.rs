@@ -9,7 +9,8 @@
 //!
 //! For each stream count: one prefill call of all the streams' prompts (random ids), then
 //! `--gen` decode steps of one row per stream, each bringing the logits back and picking the
-//! next tokens greedily on the host, as the scheduler does. A warm-up round runs first (unless
+//! next tokens greedily on the host, as the scheduler does. A warm-up round at the most streams
+//! runs first (kernels loaded, the cache pool grown to its largest; unless
 //! `--warmup 0`, for a profiler that should see the first call's kernels). Prints
 //! one JSON line per stream count: prefill and decode tokens per second, and the time of one
 //! decode step.
@@ -87,7 +88,10 @@ fn run() -> Result<(), String> {
         ),
     }
     if warmup {
-        round(&mut model, 2, 16, 4)?; // kernels loaded, the cache pool allocated
+        // Kernels loaded, and the cache pool grown to the largest round's size, so that no
+        // round's prefill pays for the pool's growth.
+        let most = streams.iter().copied().max().unwrap_or(1);
+        round(&mut model, most, prompt, 2)?;
     }
     for &b in &streams {
         let (prefill, decode) = round(&mut model, b, prompt, gen)?;

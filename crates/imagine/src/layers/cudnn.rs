@@ -18,17 +18,25 @@ use std::collections::HashMap;
 use candle_core::cuda_backend::cudarc::cudnn::{result, sys};
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use candle_core::cuda_backend::{CudaDevice, CudaStorageSlice as S, DeviceId};
-use candle_core::{CpuStorage, CudaStorage, CustomOp2, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CudaStorage, CustomOp2, CustomOp3, Layout, Shape, Tensor};
 
-/// `conv2d(x, w)` without bias: `x` `(n, c_in, h, w)`, `w` `(c_out, c_in, kh, kw)`.
+/// `conv2d(x, w) + add`: `x` `(n, c_in, h, w)`, `w` `(c_out, c_in, kh, kw)`, `add` `(n or 1,
+/// c_out)` added to every position of each sample's channel (the bias, and in a resnet the time
+/// embedding with it) by cuDNN in the same call, where a broadcast add would read and write the
+/// whole output again.
 pub fn conv2d(
     x: &Tensor,
     w: &Tensor,
+    add: Option<&Tensor>,
     stride: usize,
     padding: usize,
 ) -> candle_core::Result<Tensor> {
-    x.contiguous()?
-        .apply_op2_no_bwd(&w.contiguous()?, &Conv { stride, padding })
+    let conv = Conv { stride, padding };
+    let (x, w) = (x.contiguous()?, w.contiguous()?);
+    match add {
+        Some(a) => x.apply_op3_no_bwd(&w, &a.to_dtype(x.dtype())?.contiguous()?, &conv),
+        None => x.apply_op2_no_bwd(&w, &conv),
+    }
 }
 
 struct Conv {
@@ -180,28 +188,56 @@ fn dims4(l: &Layout, what: &str) -> candle_core::Result<[i32; 4]> {
     Ok(all.map(|v| v as i32))
 }
 
-impl CustomOp2 for Conv {
-    fn name(&self) -> &'static str {
-        "hearth-cudnn-conv2d"
-    }
+/// `y += a` for `a` `(rows, c, 1, 1)` at device address `ap`, broadcast over `y`'s positions
+/// (and samples, when `rows` is 1).
+///
+/// # Safety
+/// `ap` holds `rows * c` values of `dt`; `y_desc` describes the output at `yp`, on the handle's
+/// stream.
+#[allow(unsafe_code)]
+unsafe fn add_channels(
+    handle: sys::cudnnHandle_t,
+    dt: sys::cudnnDataType_t,
+    rows: i32,
+    c: i32,
+    ap: u64,
+    y_desc: sys::cudnnTensorDescriptor_t,
+    yp: u64,
+) -> candle_core::Result<()> {
+    let a = result::create_tensor_descriptor().map_err(err)?;
+    let one = 1f32;
+    let done = result::set_tensor4d_descriptor(
+        a,
+        sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+        dt,
+        [rows, c, 1, 1],
+    )
+    .and_then(|()| {
+        sys::cudnnAddTensor(
+            handle,
+            &one as *const f32 as *const _,
+            a,
+            ap as *const _,
+            &one as *const f32 as *const _,
+            y_desc,
+            yp as *mut _,
+        )
+        .result()
+    });
+    result::destroy_tensor_descriptor(a).map_err(err)?;
+    done.map_err(err)
+}
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        candle_core::bail!("the cuDNN convolution runs on a GPU; the CPU takes candle's")
-    }
-
+impl Conv {
+    /// The convolution, then `add` (`(n or 1, c_out)`) when given.
     #[allow(unsafe_code)] // cuDNN's C API
-    fn cuda_fwd(
+    fn run(
         &self,
         x: &CudaStorage,
         xl: &Layout,
         w: &CudaStorage,
         wl: &Layout,
+        add: Option<(&CudaStorage, &Layout)>,
     ) -> candle_core::Result<(CudaStorage, Shape)> {
         let (xd, wd) = (dims4(xl, "input")?, dims4(wl, "filter")?);
         if xd[1] != wd[1] {
@@ -231,8 +267,13 @@ impl CustomOp2 for Conv {
             }
             let n_out: usize = out.iter().map(|&v| v as usize).product();
             let (alpha, beta) = (1f32, 0f32);
+            let dt = if half {
+                sys::cudnnDataType_t::CUDNN_DATA_HALF
+            } else {
+                sys::cudnnDataType_t::CUDNN_DATA_BFLOAT16
+            };
             macro_rules! run {
-                ($x:expr, $w:expr, $ty:ty) => {{
+                ($x:expr, $w:expr, $ty:ty, $add:expr) => {{
                     // SAFETY: every value of `y` is written by the convolution.
                     let mut y = unsafe { dev.alloc::<$ty>(n_out) }?;
                     {
@@ -270,16 +311,108 @@ impl CustomOp2 for Conv {
                             )
                         }
                         .map_err(err)?;
+                        if let Some((rows, ap)) = $add {
+                            // SAFETY: `a` describes `rows x c_out` values at `ap` (checked
+                            // below), broadcast over the output's positions, on `stream`.
+                            unsafe { add_channels(state.handle, dt, rows, out[1], ap, p.y, yp) }?;
+                        }
                     }
                     CudaStorage::wrap_cuda_slice(y, dev.clone())
                 }};
             }
-            let y = match (&x.slice, &w.slice) {
-                (S::F16(x), S::F16(w)) => run!(x, w, half::f16),
-                (S::BF16(x), S::BF16(w)) => run!(x, w, half::bf16),
-                _ => candle_core::bail!("the cuDNN convolution takes f16 or bf16, both alike"),
+            // The values to add: `(rows, c_out)` with `rows` 1 or the batch.
+            let add_at = |a: &CudaStorage, al: &Layout| -> candle_core::Result<(usize, usize)> {
+                let (rows, c) = al.shape().dims2()?;
+                let (a0, a1) = hearth_gpu::kernels::contiguous(al, "conv2d's add")?;
+                if c != out[1] as usize
+                    || (rows != 1 && rows != out[0] as usize)
+                    || a1 - a0 != rows * c
+                {
+                    candle_core::bail!("conv2d: an add of {rows}x{c} for output {out:?}")
+                }
+                let _ = a;
+                Ok((rows, a0))
+            };
+            let y = match (&x.slice, &w.slice, add) {
+                (S::F16(x), S::F16(w), None) => run!(x, w, half::f16, None::<(i32, u64)>),
+                (S::BF16(x), S::BF16(w), None) => run!(x, w, half::bf16, None::<(i32, u64)>),
+                (S::F16(x), S::F16(w), Some((a, al))) => {
+                    let S::F16(av) = &a.slice else {
+                        candle_core::bail!("conv2d: the add is not the input's dtype")
+                    };
+                    let (rows, a0) = add_at(a, al)?;
+                    let av = av.slice(a0..a0 + rows * out[1] as usize);
+                    let (ap, _ga) = av.device_ptr(&stream);
+                    run!(x, w, half::f16, Some((rows as i32, ap)))
+                }
+                (S::BF16(x), S::BF16(w), Some((a, al))) => {
+                    let S::BF16(av) = &a.slice else {
+                        candle_core::bail!("conv2d: the add is not the input's dtype")
+                    };
+                    let (rows, a0) = add_at(a, al)?;
+                    let av = av.slice(a0..a0 + rows * out[1] as usize);
+                    let (ap, _ga) = av.device_ptr(&stream);
+                    run!(x, w, half::bf16, Some((rows as i32, ap)))
+                }
+                _ => candle_core::bail!("the cuDNN convolution takes f16 or bf16, all alike"),
             };
             Ok((y, Shape::from(out.map(|v| v as usize).to_vec())))
         })
+    }
+}
+
+impl CustomOp2 for Conv {
+    fn name(&self) -> &'static str {
+        "hearth-cudnn-conv2d"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        candle_core::bail!("the cuDNN convolution runs on a GPU; the CPU takes candle's")
+    }
+
+    fn cuda_fwd(
+        &self,
+        x: &CudaStorage,
+        xl: &Layout,
+        w: &CudaStorage,
+        wl: &Layout,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        self.run(x, xl, w, wl, None)
+    }
+}
+
+impl CustomOp3 for Conv {
+    fn name(&self) -> &'static str {
+        "hearth-cudnn-conv2d-add"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        candle_core::bail!("the cuDNN convolution runs on a GPU; the CPU takes candle's")
+    }
+
+    fn cuda_fwd(
+        &self,
+        x: &CudaStorage,
+        xl: &Layout,
+        w: &CudaStorage,
+        wl: &Layout,
+        a: &CudaStorage,
+        al: &Layout,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        self.run(x, xl, w, wl, Some((a, al)))
     }
 }

@@ -76,16 +76,33 @@ impl Conv2d {
     }
 
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.forward_plus(x, None)
+    }
+
+    /// `conv(x) + bias + extra`, `extra` `(n, c_out)` added to each sample's channels (a
+    /// resnet's time embedding): on cuDNN in the convolution's own call.
+    pub fn forward_plus(&self, x: &Tensor, extra: Option<&Tensor>) -> candle_core::Result<Tensor> {
         #[cfg(feature = "cudnn")]
         if gpu_half(x) && Tuning::get().cudnn {
             let cfg = self.inner.config();
-            let y = cudnn::conv2d(x, self.inner.weight(), cfg.stride, cfg.padding)?;
-            return match self.inner.bias() {
-                Some(b) => y.broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?),
-                None => Ok(y),
+            let add = match (self.inner.bias(), extra) {
+                (Some(b), Some(e)) => Some(e.broadcast_add(&b.unsqueeze(0)?)?),
+                (Some(b), None) => Some(b.unsqueeze(0)?),
+                (None, e) => e.cloned(),
             };
+            return cudnn::conv2d(
+                x,
+                self.inner.weight(),
+                add.as_ref(),
+                cfg.stride,
+                cfg.padding,
+            );
         }
-        self.inner.forward(x)
+        let y = self.inner.forward(x)?;
+        match extra {
+            Some(e) => y.broadcast_add(&e.unsqueeze(2)?.unsqueeze(3)?),
+            None => Ok(y),
+        }
     }
 }
 
