@@ -147,7 +147,8 @@ pub struct GpuTuning {
     /// Decode rows attend on the general path, not the decode attention kernel
     /// (`HEARTH_DECODE_ATTENTION=gather`).
     pub gathered_attention: bool,
-    /// candle's ops for the projections, not the fused kernels (`HEARTH_FUSED=off`).
+    /// candle's ops for the projections and for prompt rows' gathers and softmax, not the
+    /// fused kernels (`HEARTH_FUSED=off`).
     pub unfused: bool,
     /// cuBLAS (or candle's quantized product) for one-row matrix products too, not the one-row
     /// kernels (`HEARTH_GEMV=off`).
