@@ -158,24 +158,24 @@ fn with_state<R>(
 ) -> candle_core::Result<R> {
     STATES.with(|states| {
         let mut states = states.borrow_mut();
-        if !states.contains_key(&dev.id()) {
-            let stream = dev.cuda_stream();
-            stream.context().bind_to_thread().map_err(err)?;
-            let handle = result::create_handle().map_err(err)?;
-            // SAFETY: the handle was just created and the stream lives as long as the device.
-            #[allow(unsafe_code)]
-            unsafe { result::set_stream(handle, stream.cu_stream() as sys::cudaStream_t) }
-                .map_err(err)?;
-            states.insert(
-                dev.id(),
-                State {
+        let state = match states.entry(dev.id()) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let stream = dev.cuda_stream();
+                stream.context().bind_to_thread().map_err(err)?;
+                let handle = result::create_handle().map_err(err)?;
+                // SAFETY: the handle was just created and the stream lives as long as the device.
+                #[allow(unsafe_code)]
+                unsafe { result::set_stream(handle, stream.cu_stream() as sys::cudaStream_t) }
+                    .map_err(err)?;
+                v.insert(State {
                     handle,
                     plans: HashMap::new(),
                     workspace: None,
-                },
-            );
-        }
-        f(states.get_mut(&dev.id()).expect("inserted above"))
+                })
+            }
+        };
+        f(state)
     })
 }
 
