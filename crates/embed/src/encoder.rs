@@ -125,6 +125,40 @@ pub(crate) fn load_error(path: &Path, reason: impl std::fmt::Display) -> Error {
     }
 }
 
+/// Token ids a client gave: each below `vocab`, cut to `max_tokens` when `truncate`, then as
+/// [`check`]. One rule for every model kind.
+pub(crate) fn check_ids(
+    index: usize,
+    ids: &[u64],
+    vocab: usize,
+    max_tokens: usize,
+    truncate: bool,
+) -> Result<Tokens> {
+    if let Some(&id) = ids.iter().find(|&&id| id >= vocab as u64) {
+        return Err(Error::UnknownToken { index, id, vocab });
+    }
+    let mut ids: Vec<u32> = ids.iter().map(|&id| id as u32).collect();
+    if truncate {
+        ids.truncate(max_tokens);
+    }
+    check(index, ids.into(), max_tokens)
+}
+
+/// An input's tokens refused when empty or longer than `max_tokens` (`index` names it).
+pub(crate) fn check(index: usize, tokens: Tokens, max_tokens: usize) -> Result<Tokens> {
+    if tokens.is_empty() {
+        return Err(Error::Empty { index });
+    }
+    if tokens.len() > max_tokens {
+        return Err(Error::TooLong {
+            index,
+            tokens: tokens.len(),
+            max: max_tokens,
+        });
+    }
+    Ok(tokens)
+}
+
 /// A `tokenizer.json` with the file's own padding and truncation taken off (MiniLM's pads and
 /// cuts at 128): lengths are for the caller to check, and a count is the text's.
 pub fn open_tokenizer(path: &Path) -> Result<Tokenizer> {
@@ -268,32 +302,11 @@ impl Encoder {
 
     /// Token ids given as they are: each known to the model, not too many.
     pub fn check_ids(&self, index: usize, ids: &[u64], truncate: bool) -> Result<Tokens> {
-        if let Some(&id) = ids.iter().find(|&&id| id >= self.vocab as u64) {
-            return Err(Error::UnknownToken {
-                index,
-                id,
-                vocab: self.vocab,
-            });
-        }
-        let mut ids: Vec<u32> = ids.iter().map(|&id| id as u32).collect();
-        if truncate {
-            ids.truncate(self.max_tokens);
-        }
-        self.check(index, ids.into())
+        check_ids(index, ids, self.vocab, self.max_tokens, truncate)
     }
 
     fn check(&self, index: usize, tokens: Tokens) -> Result<Tokens> {
-        if tokens.is_empty() {
-            return Err(Error::Empty { index });
-        }
-        if tokens.len() > self.max_tokens {
-            return Err(Error::TooLong {
-                index,
-                tokens: tokens.len(),
-                max: self.max_tokens,
-            });
-        }
-        Ok(tokens)
+        check(index, tokens, self.max_tokens)
     }
 
     /// Whether the encoder runs on Hearth's kernels (bf16 products).

@@ -32,6 +32,9 @@ pub enum Error {
     /// The model's computation failed.
     #[error("the embedding model failed: {0}")]
     Model(#[from] candle_core::Error),
+
+    #[error("the embedding model failed: {0}")]
+    Decoder(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -3,6 +3,7 @@
 //! against documents ([`Reranker`]), and an [`Engine`] thread that batches requests across
 //! clients for either. The HTTP routes and their billing are the server's.
 
+mod decoder;
 mod encoder;
 mod engine;
 mod error;

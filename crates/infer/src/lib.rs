@@ -40,7 +40,7 @@ pub use config::{
 };
 pub use constraint::{ConstraintError, TokenConstraint, TokenMask};
 pub use error::Error;
-pub use gguf::{Arch, Hparams};
+pub use gguf::{Arch, Hparams, Pooling};
 pub use hearth_kernels::KernelPath;
 pub use hearth_types::{ChatMessage, Role, SamplingParams, ToolCall};
 pub use model::{ModelInfo, Step, TextModel};

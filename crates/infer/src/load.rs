@@ -137,6 +137,7 @@ pub(crate) fn hparams_from_config(config: &serde_json::Value) -> Result<Hparams,
         vocab_size: num("vocab_size")?,
         rope_freq_scale: 1.0,
         rope_attn_factor: 1.0,
+        pooling: None,
         arch_name,
     };
     hp.validate()?;

@@ -33,6 +33,7 @@ pub(crate) fn tiny_hparams(vocab_size: usize) -> Hparams {
         vocab_size,
         rope_freq_scale: 1.0,
         rope_attn_factor: 1.0,
+        pooling: None,
     }
 }
 
@@ -151,6 +152,7 @@ impl TextModel {
             vocab_size: shape.vocab,
             rope_freq_scale: 1.0,
             rope_attn_factor: 1.0,
+            pooling: None,
         };
         let act = crate::candle_llama::CandleModel::act_for(&dev, crate::config::Dtype::Auto);
         let rand = |rows: usize, cols: usize| -> Result<Tensor, Error> {

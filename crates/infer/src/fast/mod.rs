@@ -289,6 +289,24 @@ impl Backend for FastModel {
     }
 
     fn forward(&mut self, steps: &mut [Step<'_>], logits: &mut Vec<f32>) -> Result<(), Error> {
+        self.run(steps, Out::Logits(logits))
+    }
+
+    fn hidden(&mut self, steps: &mut [Step<'_>], out: &mut Vec<f32>) -> Result<(), Error> {
+        self.run(steps, Out::Hidden(out))
+    }
+}
+
+/// What a forward pass gives back.
+enum Out<'a> {
+    /// The logits of each step's last row.
+    Logits(&'a mut Vec<f32>),
+    /// Every row's final normed hidden state.
+    Hidden(&'a mut Vec<f32>),
+}
+
+impl FastModel {
+    fn run(&mut self, steps: &mut [Step<'_>], out: Out<'_>) -> Result<(), Error> {
         let FastModel {
             hp,
             kern,
@@ -543,6 +561,17 @@ impl Backend for FastModel {
             }
         }
 
+        if let Out::Hidden(hidden) = out {
+            hidden.clear();
+            hidden.resize(n * e, 0.0);
+            for (x, h) in s.x[..n * e].chunks_exact(e).zip(hidden.chunks_exact_mut(e)) {
+                ops::rms_norm(x, norm, eps, h);
+            }
+            return Ok(());
+        }
+        let Out::Logits(logits) = out else {
+            unreachable!("the hidden states returned above")
+        };
         // --- output head, last row of each step only ---
         let ns = steps.len();
         let fin = fit(&mut s.fin, ns * e);
