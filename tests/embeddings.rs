@@ -356,3 +356,54 @@ async fn both_precisions_give_sentence_transformers_vectors() {
         }
     }
 }
+
+/// A GGUF decoder embedder as a model row: llama.cpp's vectors over HTTP (tests/fixtures/embed/
+/// decoders), billed per token, `dimensions` refused by name (the row does not shorten).
+#[tokio::test]
+async fn a_gguf_decoder_embedder_answers_llama_cpps_vectors_and_bills_its_tokens() {
+    let dir = root().join("tests/fixtures/embed/decoders");
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("decoders.json")).unwrap())
+            .unwrap();
+    let qwen = &reference["models"][0];
+    let rows = format!(
+        "[embedding.\"qwen3-embed\"]\nweights = \"{}\"\ninput_price_per_million = \"1000\"\n",
+        dir.join(qwen["file"].as_str().unwrap()).display()
+    );
+    let app = spawn_completion_table("", &rows, |raw| {
+        raw.completion.max_concurrent_per_user = Some(0)
+    })
+    .await;
+    let key = app.user("emb-gguf", "100").await;
+    let inputs = qwen["inputs"].as_array().unwrap();
+    let texts: Vec<&Value> = inputs.iter().map(|i| &i["text"]).collect();
+    let (status, answer) = embed(
+        app.http.clone(),
+        app.url.clone(),
+        format!("Bearer {key}"),
+        json!({"model": "qwen3-embed", "input": texts}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let tokens: u64 = inputs
+        .iter()
+        .map(|i| i["tokens"].as_array().unwrap().len() as u64)
+        .sum();
+    assert_eq!(answer["usage"]["prompt_tokens"], tokens);
+    for (k, input) in inputs.iter().enumerate() {
+        let c = cosine(
+            &vector(&answer["data"][k]["embedding"]),
+            &vector(&input["embedding"]),
+        );
+        assert!(c >= 0.9999, "input {k}: cosine {c}");
+    }
+    let (status, answer) = embed(
+        app.http.clone(),
+        app.url.clone(),
+        format!("Bearer {key}"),
+        json!({"model": "qwen3-embed", "input": "hello", "dimensions": 16}),
+    )
+    .await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.to_string().contains("dimensions"), "{answer}");
+}

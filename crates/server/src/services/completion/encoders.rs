@@ -220,7 +220,7 @@ pub fn refusal(e: hearth_embed::Error, field: &str) -> ApiError {
         }
         E::Busy { .. } | E::Stopped => ApiError::overloaded(e.to_string(), RETRY_AFTER),
         E::Load { .. } => ApiError::gateway(e.to_string()),
-        E::Model(_) => ApiError::internal(e),
+        E::Model(_) | E::Decoder(_) => ApiError::internal(e),
     }
 }
 
