@@ -2,7 +2,7 @@
 
 Copies two of the architecture fixtures (tests/fixtures/arch, seeded random weights) with the
 metadata key that makes a GGUF an embedding model, `{arch}.pooling_type` (llama.cpp's values:
-1 mean, 3 last), then serves each with llama.cpp's own `llama-server --embedding` and records,
+1 mean, 2 cls, 3 last), then serves each with llama.cpp's own `llama-server --embedding` and records,
 for a few texts, llama.cpp's tokens (`/tokenize` with special tokens) and its embeddings
 (`/v1/embeddings`, L2-normalised as llama.cpp's server returns them).
 
@@ -24,6 +24,7 @@ import urllib.request
 MODELS = [
     ("qwen3-q8_0", "last", 3),
     ("llama3-q8_0", "mean", 1),
+    ("qwen2-q8_0", "cls", 2),
 ]
 
 TEXTS = [

@@ -1,5 +1,5 @@
 //! GGUF decoder embedders against llama.cpp: two of the architecture fixtures' generated models
-//! (Qwen3 with last-token pooling, Llama 3 with mean pooling), copied with `{arch}.pooling_type`
+//! (Qwen3 with last-token pooling, Llama 3 with mean pooling, Qwen2 with the first tokens), copied with `{arch}.pooling_type`
 //! and embedded by llama.cpp's own server (`tests/fixtures/embed/decoders`, written by
 //! scripts/embed/decoder_fixture.py). Hearth must read the same tokens and give the same unit
 //! vectors, alone, in a batch and through the engine, and refuse a chat model as an embedder.
@@ -47,7 +47,7 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
 #[test]
 fn decoder_embedders_give_llama_cpps_tokens_and_vectors() {
     let reference = reference();
-    assert_eq!(reference.models.len(), 2);
+    assert_eq!(reference.models.len(), 3);
     for m in &reference.models {
         let model = EmbeddingModel::load(&fixtures().join(&m.file), None).unwrap();
         assert_eq!(
