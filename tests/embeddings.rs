@@ -363,8 +363,7 @@ async fn both_precisions_give_sentence_transformers_vectors() {
 async fn a_gguf_decoder_embedder_answers_llama_cpps_vectors_and_bills_its_tokens() {
     let dir = root().join("tests/fixtures/embed/decoders");
     let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("decoders.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.join("decoders.json")).unwrap()).unwrap();
     let qwen = &reference["models"][0];
     let rows = format!(
         "[embedding.\"qwen3-embed\"]\nweights = \"{}\"\ninput_price_per_million = \"1000\"\n",

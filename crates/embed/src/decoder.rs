@@ -87,22 +87,20 @@ impl Decoder {
         check_ids(index, ids, self.vocab, self.max_tokens, truncate)
     }
 
-    /// Each input's unit-length vector, one sequence at a time.
+    /// Each input's unit-length vector (short inputs share forwards, each its own sequence).
     pub fn embed(&self, inputs: &[&Tokens]) -> Result<Vec<Vec<f32>>> {
         let mut model = self
             .model
             .lock()
             .map_err(|_| Error::Decoder("a forward panicked before".into()))?;
-        inputs
-            .iter()
-            .map(|t| {
-                let mut v = model
-                    .embed(&t.ids, self.pooling)
-                    .map_err(|e| Error::Decoder(e.to_string()))?;
-                let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
-                v.iter_mut().for_each(|x| *x /= norm);
-                Ok(v)
-            })
-            .collect()
+        let ids: Vec<&[u32]> = inputs.iter().map(|t| t.ids.as_slice()).collect();
+        let mut vectors = model
+            .embed_batch(&ids, self.pooling)
+            .map_err(|e| Error::Decoder(e.to_string()))?;
+        for v in &mut vectors {
+            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+            v.iter_mut().for_each(|x| *x /= norm);
+        }
+        Ok(vectors)
     }
 }

@@ -16,6 +16,7 @@ mod decode_attn;
 mod error;
 // The hand-written CPU backend (owned by the kernels engineer; see src/fast/mod.rs).
 mod device_kv;
+mod embed;
 mod fast;
 mod fused;
 mod gemv;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use candle_core::Device;
 
 use crate::config::{BackendChoice, DeviceSpec, GpuTuning, TextModelConfig};
-use crate::gguf::{Hparams, Pooling};
+use crate::gguf::Hparams;
 use crate::sequence::Sequence;
 use crate::tokenizer::TextTokenizer;
 use crate::Error;
@@ -72,7 +72,7 @@ pub struct TextModel {
     pub(crate) backend: Box<dyn Backend>,
     info: ModelInfo,
     tokenizer: Arc<TextTokenizer>,
-    pool: rayon::ThreadPool,
+    pub(crate) pool: rayon::ThreadPool,
     logits: Vec<f32>,
 }
 
@@ -213,58 +213,7 @@ impl TextModel {
         Ok(&self.logits)
     }
 
-    /// How the file says its final hidden states pool into an embedding (`{arch}.pooling_type`),
-    /// `None` for a chat model.
-    pub fn pooling(&self) -> Option<Pooling> {
-        self.hp.pooling
-    }
-
-    /// The width of the final hidden state: an embedding's dimensions.
-    pub fn embedding_length(&self) -> usize {
-        self.hp.n_embd
-    }
-
-    /// The embedding of `tokens`: the final normed hidden states pooled by `pooling`, not
-    /// normalised, as llama.cpp computes an embedding model's (causal attention over the one
-    /// sequence). Runs in pieces of the backend's most rows, each attending to the pieces
-    /// before it through the sequence's cache, which is dropped afterwards.
-    pub fn embed(&mut self, tokens: &[u32], pooling: Pooling) -> Result<Vec<f32>, Error> {
-        if tokens.is_empty() {
-            return Err(Error::InvalidBatch("nothing to embed".into()));
-        }
-        let mut seq = self.new_sequence(tokens.len())?;
-        let e = self.hp.n_embd;
-        let max_rows = self.backend.max_rows().max(1);
-        let mut pooled = vec![0f32; e];
-        let mut hidden = Vec::new();
-        for (i, piece) in tokens.chunks(max_rows).enumerate() {
-            let mut steps = [Step {
-                seq: &mut seq,
-                tokens: piece,
-            }];
-            self.validate(&steps)?;
-            let TextModel { pool, backend, .. } = self;
-            pool.install(|| backend.hidden(&mut steps, &mut hidden))?;
-            seq.len += piece.len();
-            match pooling {
-                Pooling::Mean => {
-                    for row in hidden.chunks_exact(e) {
-                        pooled.iter_mut().zip(row).for_each(|(p, v)| *p += v);
-                    }
-                }
-                Pooling::Cls if i == 0 => pooled.copy_from_slice(&hidden[..e]),
-                Pooling::Cls => {}
-                Pooling::Last => pooled.copy_from_slice(&hidden[hidden.len() - e..]),
-            }
-        }
-        if pooling == Pooling::Mean {
-            let n = tokens.len() as f32;
-            pooled.iter_mut().for_each(|p| *p /= n);
-        }
-        Ok(pooled)
-    }
-
-    fn validate(&self, steps: &[Step<'_>]) -> Result<(), Error> {
+    pub(crate) fn validate(&self, steps: &[Step<'_>]) -> Result<(), Error> {
         let vocab = self.hp.vocab_size;
         for (i, st) in steps.iter().enumerate() {
             if st.tokens.is_empty() {
