@@ -1,6 +1,6 @@
-//! Embedding throughput of a sentence-transformers folder through Hearth's engine: for each
-//! batch size and text length given, texts of exactly that many tokens ("the cat sat on the
-//! mat ..."), sent as requests of `batch` texts one after another; the best of `--runs` runs.
+//! Embedding throughput of an embedding model (a sentence-transformers folder or a GGUF decoder
+//! embedder) through Hearth's engine: for each batch size and text length given, texts of
+//! exactly that many tokens ("the cat sat on the mat ..."), sent as requests of `batch` texts one after another; the best of `--runs` runs.
 //! Prints one JSON line per case. Used by scripts/bench-embed.sh.
 //!
 //!     embed_bench MODEL_DIR --batches 1,32 --tokens 16,256 --texts 256 --runs 3
@@ -16,13 +16,24 @@ fn list(v: &str) -> Vec<usize> {
         .collect()
 }
 
-/// A text of `tokens` tokens with the model's two special tokens: common one-token words.
-pub fn text(tokens: usize) -> String {
+/// A text of exactly `tokens` tokens for `model` (its special tokens included): common words,
+/// one token each in the tokenizers here, as many as make the count.
+pub fn text(model: &EmbeddingModel, tokens: usize) -> String {
     let words = ["the", "cat", "sat", "on", "the", "mat"];
-    (0..tokens.saturating_sub(2))
-        .map(|i| words[i % words.len()])
-        .collect::<Vec<_>>()
-        .join(" ")
+    (1..=tokens)
+        .rev()
+        .map(|k| {
+            (0..k)
+                .map(|i| words[i % words.len()])
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .find(|t| {
+            model
+                .tokenize(0, t, false)
+                .is_ok_and(|ids| ids.len() == tokens)
+        })
+        .unwrap_or_else(|| panic!("no text of {tokens} tokens"))
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -45,7 +56,10 @@ async fn main() {
     let model = EmbeddingModel::load(&dir, None).expect("the model");
     let engine = Engine::start(model, config);
     for &n in &tokens {
-        let ids = engine.model().tokenize(0, &text(n), false).unwrap();
+        let ids = engine
+            .model()
+            .tokenize(0, &text(engine.model(), n), false)
+            .unwrap();
         assert_eq!(ids.len(), n, "the text is {} tokens", ids.len());
         for &b in &batches {
             // Warm up once, then the best of the runs.

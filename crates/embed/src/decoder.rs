@@ -14,6 +14,12 @@ use hearth_infer::{KvPrecision, TextModel, TextModelConfig, TextTokenizer};
 use crate::encoder::{check, check_ids, load_error, Tokens};
 use crate::error::{Error, Result};
 
+/// Whether `path` names a GGUF file (a decoder embedder) rather than a model folder.
+pub fn is_gguf(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
 /// A loaded decoder embedder.
 pub struct Decoder {
     /// One forward at a time: the model keeps its scratch buffers.

@@ -11,6 +11,7 @@ mod fast;
 mod model;
 mod rerank;
 
+pub use decoder::is_gguf;
 pub use encoder::{open_tokenizer, Precision, Tokens};
 pub use engine::{Encode, Engine, EngineConfig, EngineStats, StatsSnapshot};
 pub use error::{Error, Result};

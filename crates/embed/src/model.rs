@@ -108,10 +108,7 @@ impl EmbeddingModel {
         gpu: Option<usize>,
         precision: Precision,
     ) -> Result<EmbeddingModel> {
-        if dir
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
-        {
+        if crate::decoder::is_gguf(dir) {
             if gpu.is_some() {
                 return Err(load_error(dir, "GGUF embedders run on the CPU"));
             }

@@ -174,7 +174,8 @@ pub struct Hparams {
     pub pooling: Option<Pooling>,
 }
 
-/// How an embedding model's hidden states become one vector (llama.cpp's `pooling_type`).
+/// How an embedding model's hidden states become one vector (llama.cpp's `pooling_type`;
+/// `mean`, `cls`, `last` by name).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pooling {
     /// The mean of every position's (1).
@@ -185,15 +186,37 @@ pub enum Pooling {
     Last,
 }
 
+impl std::str::FromStr for Pooling {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Pooling, String> {
+        match s {
+            "mean" => Ok(Pooling::Mean),
+            "cls" => Ok(Pooling::Cls),
+            "last" => Ok(Pooling::Last),
+            other => Err(format!("pooling {other:?}: mean, cls or last")),
+        }
+    }
+}
+
 impl Pooling {
+    /// llama.cpp's `pooling_type` value for this kind.
+    pub fn gguf_value(self) -> u32 {
+        match self {
+            Pooling::Mean => 1,
+            Pooling::Cls => 2,
+            Pooling::Last => 3,
+        }
+    }
+
     /// llama.cpp's value of `pooling_type`: `None` for 0 (no pooling), an error for a kind
     /// Hearth does not pool (4, rank: a reranker's head).
     fn from_gguf(value: u32, key: &str) -> Result<Option<Pooling>, Error> {
         match value {
             0 => Ok(None),
-            1 => Ok(Some(Pooling::Mean)),
-            2 => Ok(Some(Pooling::Cls)),
-            3 => Ok(Some(Pooling::Last)),
+            v if v == Pooling::Mean.gguf_value() => Ok(Some(Pooling::Mean)),
+            v if v == Pooling::Cls.gguf_value() => Ok(Some(Pooling::Cls)),
+            v if v == Pooling::Last.gguf_value() => Ok(Some(Pooling::Last)),
             other => Err(Error::metadata(
                 key,
                 format!("pooling type {other} is not supported (1 mean, 2 cls, 3 last are)"),

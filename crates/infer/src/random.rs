@@ -92,6 +92,8 @@ pub struct LlamaShape {
     pub ff: usize,
     pub vocab: usize,
     pub context: usize,
+    /// Written as `{arch}.pooling_type`: an embedding model (`write_random_gguf`).
+    pub pooling: Option<crate::Pooling>,
 }
 
 impl Default for LlamaShape {
@@ -104,6 +106,7 @@ impl Default for LlamaShape {
             ff: 8192,
             vocab: 32768,
             context: 8192,
+            pooling: None,
         }
     }
 }

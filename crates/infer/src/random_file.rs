@@ -217,6 +217,9 @@ pub fn write_random_gguf(
         ),
         (format!("{a}.rope.freq_base"), Value::F32(500_000.0)),
     ];
+    if let Some(p) = shape.pooling {
+        meta.push((format!("{a}.pooling_type"), Value::U32(p.gguf_value())));
+    }
     meta.extend(tok);
     write(path, &meta, &tensors)?;
     Ok(vocab)
@@ -281,6 +284,7 @@ mod tests {
             ff: 512,
             vocab: 0,
             context: 512,
+            pooling: None,
         }
     }
 

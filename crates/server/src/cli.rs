@@ -130,6 +130,9 @@ enum DevCommand {
         ff: usize,
         #[arg(long, default_value_t = 8192)]
         context: usize,
+        /// Make it an embedding model pooling its hidden states so: mean, cls or last.
+        #[arg(long)]
+        pooling: Option<hearth_infer::Pooling>,
         /// Seed of the weights.
         #[arg(long, default_value_t = 7)]
         seed: u64,
@@ -443,6 +446,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             kv_heads,
             ff,
             context,
+            pooling,
             seed,
             ..
         }) => {
@@ -454,6 +458,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 ff,
                 vocab: 0,
                 context,
+                pooling,
             };
             let vocab =
                 hearth_infer::write_random_gguf(&out, shape, weights, &tokenizer_from, seed)

@@ -46,19 +46,27 @@ pub struct Tokenizers {
 }
 
 impl Tokenizers {
-    /// The embedding and rerank rows of the table read from `path`.
+    /// The embedding and rerank rows of the table read from `path` that are model folders (a
+    /// GGUF embedder's tokenizer is not offered: chunks count with a `tokenizer.json`).
     pub fn from_table(table: &RawModelTable, path: &Path) -> Tokenizers {
+        let folder =
+            |row: &&model_table::RawEncoderModel| !hearth_embed::is_gguf(Path::new(&row.weights));
         let folders: BTreeMap<String, PathBuf> = table
             .embedding
             .iter()
             .chain(&table.rerank)
+            .filter(|(_, row)| folder(row))
             .map(|(id, row)| {
                 let dir = model_table::relative_to(path, Path::new(&row.weights));
                 (id.clone(), dir)
             })
             .collect();
         Tokenizers {
-            default: table.embedding.keys().next().cloned(),
+            default: table
+                .embedding
+                .iter()
+                .find(|(_, row)| folder(row))
+                .map(|(id, _)| id.clone()),
             folders,
             loaded: Mutex::default(),
         }
