@@ -37,6 +37,18 @@ fn reference() -> Reference {
     serde_json::from_str(&text).unwrap()
 }
 
+/// The model of `m` and its inputs' tokens.
+fn load(m: &Model) -> (EmbeddingModel, Vec<Tokens>) {
+    let model = EmbeddingModel::load(&fixtures().join(&m.file), None).unwrap();
+    let tokens = m
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, input)| model.tokenize(i, &input.text, false).unwrap())
+        .collect();
+    (model, tokens)
+}
+
 fn cosine(a: &[f32], b: &[f32]) -> f64 {
     let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
     let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
@@ -49,7 +61,7 @@ fn decoder_embedders_give_llama_cpps_tokens_and_vectors() {
     let reference = reference();
     assert_eq!(reference.models.len(), 3);
     for m in &reference.models {
-        let model = EmbeddingModel::load(&fixtures().join(&m.file), None).unwrap();
+        let (model, tokens) = load(m);
         assert_eq!(
             model.dimensions(),
             m.inputs[0].embedding.len(),
@@ -57,12 +69,6 @@ fn decoder_embedders_give_llama_cpps_tokens_and_vectors() {
             m.file
         );
         assert!(model.normalizes());
-        let tokens: Vec<Tokens> = m
-            .inputs
-            .iter()
-            .enumerate()
-            .map(|(i, input)| model.tokenize(i, &input.text, false).unwrap())
-            .collect();
         for (t, input) in tokens.iter().zip(&m.inputs) {
             assert_eq!(
                 t.ids, input.tokens,
@@ -98,14 +104,7 @@ fn decoder_embedders_give_llama_cpps_tokens_and_vectors() {
 #[test]
 fn the_engine_serves_a_decoder_embedder() {
     let reference = reference();
-    let m = &reference.models[0];
-    let model = EmbeddingModel::load(&fixtures().join(&m.file), None).unwrap();
-    let tokens: Vec<Tokens> = m
-        .inputs
-        .iter()
-        .enumerate()
-        .map(|(i, input)| model.tokenize(i, &input.text, false).unwrap())
-        .collect();
+    let (model, tokens) = load(&reference.models[0]);
     let direct = model.embed(&tokens.iter().collect::<Vec<_>>()).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let engine = Engine::start(model, EngineConfig::default());

@@ -104,6 +104,8 @@ fn timed_image(p: &SdxlPipeline, prm: &ImageParams) -> hearth_imagine::Result<Ti
 }
 
 fn main() -> ExitCode {
+    // HEARTH_IMAGE_CONV, HEARTH_IMAGE_FUSED, HEARTH_IMAGE_ATTENTION: the GPU paths, to compare.
+    hearth_imagine::layers::Tuning::from_vars(|k| std::env::var(k).ok()).install();
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {

@@ -156,6 +156,8 @@ fn tiny_model(dev: &Device) -> R<bool> {
 }
 
 fn main() -> ExitCode {
+    // HEARTH_IMAGE_CONV, HEARTH_IMAGE_FUSED, HEARTH_IMAGE_ATTENTION: the GPU paths, to compare.
+    hearth_imagine::layers::Tuning::from_vars(|k| std::env::var(k).ok()).install();
     let run = || -> R<bool> {
         let dev = hearth_imagine::model::parse_device("cuda")?;
         println!("{{\"tuning\":\"{:?}\"}}", Tuning::get());

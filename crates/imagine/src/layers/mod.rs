@@ -10,8 +10,9 @@
 //!   softmax computes in f32 inside), where candle-transformers upcasts Q, K and V to f32;
 //! - [`geglu`]: the feed-forward's `x * gelu(gate)` in one kernel, GELU exact as diffusers'.
 //!
-//! `HEARTH_IMAGE_CONV=candle`, `HEARTH_IMAGE_FUSED=off` and `HEARTH_IMAGE_ATTENTION=f32` turn
-//! each back to candle's way on a GPU, so a benchmark can measure what each one brings.
+//! `HEARTH_IMAGE_CONV=candle`, `HEARTH_IMAGE_FUSED=off` and `HEARTH_IMAGE_ATTENTION=f32`, read by
+//! the benchmarks' entry points ([`Tuning::from_vars`]), turn each back to candle's way on a GPU,
+//! so that a benchmark can measure what each one brings.
 
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -23,25 +24,47 @@ use std::sync::OnceLock;
 use candle_core::{DType, Module, Tensor, D};
 use candle_nn::{Conv2dConfig, VarBuilder};
 
-/// Which of Hearth's GPU paths are on (all by default), read once from the environment.
-#[derive(Debug, Clone, Copy)]
+/// Which of Hearth's GPU paths are on: all, unless an entry point (a benchmark) installs
+/// another choice before any image model runs; the server always runs them all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tuning {
     pub cudnn: bool,
     pub fused: bool,
     pub attention_f16: bool,
 }
 
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            cudnn: true,
+            fused: true,
+            attention_f16: true,
+        }
+    }
+}
+
+static TUNING: OnceLock<Tuning> = OnceLock::new();
+
 impl Tuning {
+    /// The tuning the variables named in the module's documentation ask for, read through
+    /// `var` (an entry point hands in its process environment).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Tuning {
+        let is = |key: &str, value: &str| var(key).as_deref() == Some(value);
+        Tuning {
+            cudnn: !is("HEARTH_IMAGE_CONV", "candle"),
+            fused: !is("HEARTH_IMAGE_FUSED", "off"),
+            attention_f16: !is("HEARTH_IMAGE_ATTENTION", "f32"),
+        }
+    }
+
+    /// Makes this the process's tuning; `false` (and no change) once one is in use.
+    pub fn install(self) -> bool {
+        TUNING.set(self).is_ok()
+    }
+
+    /// The process's tuning.
     pub fn get() -> Tuning {
-        static T: OnceLock<Tuning> = OnceLock::new();
-        *T.get_or_init(|| {
-            let is = |var: &str, value: &str| std::env::var(var).is_ok_and(|v| v == value);
-            Tuning {
-                cudnn: !is("HEARTH_IMAGE_CONV", "candle"),
-                fused: !is("HEARTH_IMAGE_FUSED", "off"),
-                attention_f16: !is("HEARTH_IMAGE_ATTENTION", "f32"),
-            }
-        })
+        *TUNING.get_or_init(Tuning::default)
     }
 }
 
