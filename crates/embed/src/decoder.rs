@@ -2,7 +2,7 @@
 //! declare `{arch}.pooling_type`, as Qwen3-Embedding's and other decoder embedders' GGUF
 //! conversions do. Run on hearth-infer's CPU path: causal attention over the text, the final
 //! normed hidden states pooled as the file says (mean, first or last position), then scaled to
-//! unit length, as llama.cpp's server answers (`tests/decoder.rs` holds them against llama.cpp
+//! unit length by `EmbeddingModel`, as llama.cpp's server answers (`tests/decoder.rs` holds them against llama.cpp
 //! on generated models). Tokens are the file's own tokenizer's, its BOS added where the file
 //! says so, as llama.cpp adds it.
 
@@ -93,20 +93,16 @@ impl Decoder {
         check_ids(index, ids, self.vocab, self.max_tokens, truncate)
     }
 
-    /// Each input's unit-length vector (short inputs share forwards, each its own sequence).
+    /// Each input's pooled vector, not yet normalised (short inputs share forwards, each its
+    /// own sequence).
     pub fn embed(&self, inputs: &[&Tokens]) -> Result<Vec<Vec<f32>>> {
         let mut model = self
             .model
             .lock()
             .map_err(|_| Error::Decoder("a forward panicked before".into()))?;
         let ids: Vec<&[u32]> = inputs.iter().map(|t| t.ids.as_slice()).collect();
-        let mut vectors = model
+        model
             .embed_batch(&ids, self.pooling)
-            .map_err(|e| Error::Decoder(e.to_string()))?;
-        for v in &mut vectors {
-            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
-            v.iter_mut().for_each(|x| *x /= norm);
-        }
-        Ok(vectors)
+            .map_err(|e| Error::Decoder(e.to_string()))
     }
 }

@@ -15,5 +15,5 @@ pub use decoder::is_gguf;
 pub use encoder::{open_tokenizer, Precision, Tokens};
 pub use engine::{Encode, Engine, EngineConfig, EngineStats, StatsSnapshot};
 pub use error::{Error, Result};
-pub use model::{EmbeddingModel, Pooling};
+pub use model::{normalize, EmbeddingModel, Pooling};
 pub use rerank::{Activation, Reranker};

@@ -221,45 +221,55 @@ impl EmbeddingModel {
         if inputs.is_empty() || inputs.iter().any(|i| i.is_empty()) {
             return Ok(inputs.iter().map(|_| Vec::new()).collect());
         }
-        let (encoder, pooling, normalize) = match &self.kind {
+        let mut vectors = match &self.kind {
             Kind::Encoder {
-                encoder,
-                pooling,
-                normalize,
-            } => (encoder, *pooling, *normalize),
-            Kind::Decoder(d) => return d.embed(inputs),
+                encoder, pooling, ..
+            } => pooled(encoder, *pooling, inputs)?,
+            Kind::Decoder(d) => d.embed(inputs)?,
         };
-        let hidden = encoder.forward(inputs)?;
-        let h = hidden.width;
-        Ok((0..hidden.len())
-            .map(|i| {
-                let rows = hidden.input(i);
-                let tokens = rows.chunks_exact(h);
-                let mut v = match pooling {
-                    Pooling::Mean => {
-                        let mut sum = vec![0.0f32; h];
-                        for row in tokens {
-                            sum.iter_mut().zip(row).for_each(|(s, x)| *s += x);
-                        }
-                        let n = (rows.len() / h) as f32;
-                        sum.iter_mut().for_each(|s| *s /= n);
-                        sum
-                    }
-                    Pooling::Cls => rows[..h].to_vec(),
-                    Pooling::Max => tokens.fold(vec![f32::NEG_INFINITY; h], |mut m, row| {
-                        m.iter_mut().zip(row).for_each(|(m, x)| *m = m.max(*x));
-                        m
-                    }),
-                    Pooling::LastToken => rows[rows.len() - h..].to_vec(),
-                };
-                if normalize {
-                    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
-                    v.iter_mut().for_each(|x| *x /= norm);
-                }
-                v
-            })
-            .collect())
+        if self.normalizes() {
+            vectors.iter_mut().for_each(|v| normalize(v));
+        }
+        Ok(vectors)
     }
+}
+
+/// Scales `v` to unit length (a zero vector stays zero): the one rule for every vector Hearth
+/// normalises.
+pub fn normalize(v: &mut [f32]) {
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if norm > 0.0 {
+        v.iter_mut().for_each(|x| *x /= norm);
+    }
+}
+
+/// An encoder's vectors of `inputs`, pooled as its folder says.
+fn pooled(encoder: &Encoder, pooling: Pooling, inputs: &[&Tokens]) -> Result<Vec<Vec<f32>>> {
+    let hidden = encoder.forward(inputs)?;
+    let h = hidden.width;
+    Ok((0..hidden.len())
+        .map(|i| {
+            let rows = hidden.input(i);
+            let tokens = rows.chunks_exact(h);
+            match pooling {
+                Pooling::Mean => {
+                    let mut sum = vec![0.0f32; h];
+                    for row in tokens {
+                        sum.iter_mut().zip(row).for_each(|(s, x)| *s += x);
+                    }
+                    let n = (rows.len() / h) as f32;
+                    sum.iter_mut().for_each(|s| *s /= n);
+                    sum
+                }
+                Pooling::Cls => rows[..h].to_vec(),
+                Pooling::Max => tokens.fold(vec![f32::NEG_INFINITY; h], |mut m, row| {
+                    m.iter_mut().zip(row).for_each(|(m, x)| *m = m.max(*x));
+                    m
+                }),
+                Pooling::LastToken => rows[rows.len() - h..].to_vec(),
+            }
+        })
+        .collect())
 }
 
 impl Encode for EmbeddingModel {

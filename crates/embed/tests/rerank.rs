@@ -32,6 +32,15 @@ fn reference() -> Reference {
     serde_json::from_str(&text).unwrap()
 }
 
+/// `query` paired with each of the reference's documents.
+fn pairs(model: &Reranker, r: &Reference, query: &str) -> Vec<Tokens> {
+    r.documents
+        .iter()
+        .enumerate()
+        .map(|(i, d)| model.tokenize(i, query, d).unwrap())
+        .collect()
+}
+
 fn order(scores: &[f32]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..scores.len()).collect();
     order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
@@ -45,12 +54,7 @@ fn scores_match_sentence_transformers_cross_encoder_alone_and_batched() {
     assert_eq!(model.max_tokens(), r.max_length);
     assert_eq!(model.activation(), Activation::Sigmoid);
     for case in &r.cases {
-        let pairs: Vec<Tokens> = r
-            .documents
-            .iter()
-            .enumerate()
-            .map(|(i, d)| model.tokenize(i, &case.query, d).unwrap())
-            .collect();
+        let pairs = pairs(&model, &r, &case.query);
         let lengths: Vec<usize> = pairs.iter().map(Tokens::len).collect();
         // The long document is cut to the model's length, as the reference cut it.
         assert_eq!(lengths, case.tokens, "{}", case.query);
@@ -141,12 +145,7 @@ fn bf16_scores_rank_as_the_reference_does() {
     let model = Reranker::load_with(&fixture(), None, Precision::Bf16).unwrap();
     let r = reference();
     for case in &r.cases {
-        let pairs: Vec<Tokens> = r
-            .documents
-            .iter()
-            .enumerate()
-            .map(|(i, d)| model.tokenize(i, &case.query, d).unwrap())
-            .collect();
+        let pairs = pairs(&model, &r, &case.query);
         let scores = model.score(&pairs.iter().collect::<Vec<_>>()).unwrap();
         let worst = scores
             .iter()

@@ -77,6 +77,12 @@ pub fn compile(
     .map_err(|e| candle_core::Error::Msg(e.clone()))
 }
 
+/// A custom op's CPU side where only its GPU side exists: the callers take another path on a
+/// CPU and never reach it.
+pub fn gpu_only(name: &str) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+    candle_core::bail!("{name} runs on a GPU; on a CPU the caller takes another path")
+}
+
 /// `l`'s element range in its storage; `what` names the operation that needs it contiguous.
 pub fn contiguous(l: &candle_core::Layout, what: &str) -> candle_core::Result<(usize, usize)> {
     l.contiguous_offsets()

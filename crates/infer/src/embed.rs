@@ -38,18 +38,9 @@ impl TextModel {
             }];
             self.hidden(&mut steps, &mut hidden)?;
             seq.len += piece.len();
-            match pooling {
-                Pooling::Mean => add_rows(&hidden, &mut pooled),
-                Pooling::Cls if i == 0 => pooled.copy_from_slice(&hidden[..e]),
-                Pooling::Cls => {}
-                Pooling::Last => pooled.copy_from_slice(&hidden[hidden.len() - e..]),
-            }
+            fold(pooling, &mut pooled, &hidden, i == 0);
         }
-        if pooling == Pooling::Mean {
-            let n = tokens.len() as f32;
-            pooled.iter_mut().for_each(|p| *p /= n);
-        }
-        Ok(pooled)
+        Ok(finish(pooling, pooled, tokens.len()))
     }
 
     /// [`Self::embed`] of each input, several short inputs in one forward (each its own
@@ -88,17 +79,14 @@ impl TextModel {
             self.hidden(&mut steps, &mut hidden)?;
             let mut r = 0;
             for t in group {
-                let rows = &hidden[r * e..(r + t.len()) * e];
-                out.push(match pooling {
-                    Pooling::Mean => {
-                        let mut v = vec![0f32; e];
-                        add_rows(rows, &mut v);
-                        v.iter_mut().for_each(|x| *x /= t.len() as f32);
-                        v
-                    }
-                    Pooling::Cls => rows[..e].to_vec(),
-                    Pooling::Last => rows[rows.len() - e..].to_vec(),
-                });
+                let mut pooled = vec![0f32; e];
+                fold(
+                    pooling,
+                    &mut pooled,
+                    &hidden[r * e..(r + t.len()) * e],
+                    true,
+                );
+                out.push(finish(pooling, pooled, t.len()));
                 r += t.len();
             }
             i = j;
@@ -114,9 +102,26 @@ impl TextModel {
     }
 }
 
-/// `sum += row` for each `sum.len()`-wide row of `rows`.
-fn add_rows(rows: &[f32], sum: &mut [f32]) {
-    for row in rows.chunks_exact(sum.len()) {
-        sum.iter_mut().zip(row).for_each(|(s, v)| *s += v);
+/// Folds one piece's rows (`pooled.len()` wide; the input's first piece when `first`) into
+/// `pooled`: their sum for the mean, the first row of the first piece, the last row.
+fn fold(pooling: Pooling, pooled: &mut [f32], rows: &[f32], first: bool) {
+    let e = pooled.len();
+    match pooling {
+        Pooling::Mean => {
+            for row in rows.chunks_exact(e) {
+                pooled.iter_mut().zip(row).for_each(|(s, v)| *s += v);
+            }
+        }
+        Pooling::Cls if first => pooled.copy_from_slice(&rows[..e]),
+        Pooling::Cls => {}
+        Pooling::Last => pooled.copy_from_slice(&rows[rows.len() - e..]),
     }
+}
+
+/// The pooled vector of an input of `n` tokens once every piece is folded in.
+fn finish(pooling: Pooling, mut pooled: Vec<f32>, n: usize) -> Vec<f32> {
+    if pooling == Pooling::Mean {
+        pooled.iter_mut().for_each(|p| *p /= n as f32);
+    }
+    pooled
 }

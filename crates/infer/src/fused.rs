@@ -76,17 +76,13 @@ impl AddNorm {
     }
 }
 
-fn gpu_only(name: &str) -> candle_core::Result<(CpuStorage, Shape)> {
-    candle_core::bail!("{name} runs on a GPU; the CPU takes the general path")
-}
-
 impl CustomOp1 for RopeKv<'_> {
     fn name(&self) -> &'static str {
         "hearth-rope-kv"
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        gpu_only(self.name())
+        hearth_gpu::kernels::gpu_only(self.name())
     }
 
     #[cfg(feature = "cuda")]
@@ -188,7 +184,7 @@ impl CustomOp1 for Glu {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        gpu_only(self.name())
+        hearth_gpu::kernels::gpu_only(self.name())
     }
 
     #[cfg(feature = "cuda")]
@@ -252,7 +248,7 @@ impl CustomOp3 for AddNorm {
         _: &CpuStorage,
         _: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        gpu_only(self.name())
+        hearth_gpu::kernels::gpu_only(self.name())
     }
 
     #[cfg(feature = "cuda")]

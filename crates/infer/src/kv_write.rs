@@ -176,7 +176,7 @@ impl CustomOp2 for GatherHeads {
         _: &CpuStorage,
         _: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        candle_core::bail!("the head-order gather runs on a GPU; the CPU gathers with candle")
+        hearth_gpu::kernels::gpu_only(self.name())
     }
 
     #[cfg(feature = "cuda")]

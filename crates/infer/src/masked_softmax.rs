@@ -110,7 +110,7 @@ impl CustomOp2 for MaskedSoftmax {
         _: &CpuStorage,
         _: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        candle_core::bail!("the masked softmax runs on a GPU; the CPU takes the general path")
+        hearth_gpu::kernels::gpu_only(self.name())
     }
 
     #[cfg(feature = "cuda")]

@@ -130,10 +130,6 @@ fn ptx() -> candle_core::Result<&'static str> {
     hearth_gpu::kernels::compile(&PTX, "image", SOURCE)
 }
 
-fn gpu_only(name: &str) -> candle_core::Result<(CpuStorage, Shape)> {
-    candle_core::bail!("{name} runs on a GPU; the CPU takes candle's ops")
-}
-
 /// Threads a block, for both kernels (`block_sum2` assumes 256).
 const THREADS: u32 = 256;
 /// Values a block of the group-norm kernels handles, at most.
@@ -181,7 +177,7 @@ impl CustomOp3 for GroupNormOp {
         _: &CpuStorage,
         _: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        gpu_only(self.name())
+        hearth_gpu::kernels::gpu_only(self.name())
     }
 
     #[allow(unsafe_code)] // the kernel launches
@@ -289,7 +285,7 @@ impl CustomOp1 for GegluOp {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        gpu_only(self.name())
+        hearth_gpu::kernels::gpu_only(self.name())
     }
 
     #[allow(unsafe_code)] // the kernel launch

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use candle_core::cuda_backend::cudarc::cudnn::{result, sys};
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use candle_core::cuda_backend::{CudaDevice, CudaStorageSlice as S, DeviceId};
-use candle_core::{CpuStorage, CudaStorage, CustomOp2, CustomOp3, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CudaStorage, CustomOp2, DType, Layout, Shape, Tensor};
 
 /// `conv2d(x, w) + add`: `x` `(n, c_in, h, w)`, `w` `(c_out, c_in, kh, kw)`, `add` `(n or 1,
 /// c_out)` added to every position of each sample's channel (the bias, and in a resnet the time
@@ -31,17 +31,31 @@ pub fn conv2d(
     stride: usize,
     padding: usize,
 ) -> candle_core::Result<Tensor> {
-    let conv = Conv { stride, padding };
-    let (x, w) = (x.contiguous()?, w.contiguous()?);
-    match add {
-        Some(a) => x.apply_op3_no_bwd(&w, &a.to_dtype(x.dtype())?.contiguous()?, &conv),
-        None => x.apply_op2_no_bwd(&w, &conv),
-    }
+    let add = add
+        .map(|a| a.to_dtype(x.dtype())?.contiguous())
+        .transpose()?;
+    let conv = Conv {
+        stride,
+        padding,
+        add: add.as_ref(),
+    };
+    x.contiguous()?.apply_op2_no_bwd(&w.contiguous()?, &conv)
 }
 
-struct Conv {
+struct Conv<'a> {
     stride: usize,
     padding: usize,
+    /// `(n or 1, c_out)` in the input's dtype, contiguous; read by address during the launch.
+    add: Option<&'a Tensor>,
+}
+
+/// cuDNN's name for the data of a plan (`half`: f16, else bf16).
+fn data_type(half: bool) -> sys::cudnnDataType_t {
+    if half {
+        sys::cudnnDataType_t::CUDNN_DATA_HALF
+    } else {
+        sys::cudnnDataType_t::CUDNN_DATA_BFLOAT16
+    }
 }
 
 /// A plan's identity: dtype, input and filter dimensions, stride, padding.
@@ -76,11 +90,7 @@ fn err(e: impl std::fmt::Debug) -> candle_core::Error {
 fn plan(state: &mut State, key: Key) -> candle_core::Result<&Plan> {
     if !state.plans.contains_key(&key) {
         let (half, xd, wd, stride, pad) = key;
-        let dt = if half {
-            sys::cudnnDataType_t::CUDNN_DATA_HALF
-        } else {
-            sys::cudnnDataType_t::CUDNN_DATA_BFLOAT16
-        };
+        let dt = data_type(half);
         let nchw = sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
         let x = result::create_tensor_descriptor().map_err(err)?;
         let w = result::create_filter_descriptor().map_err(err)?;
@@ -228,16 +238,29 @@ unsafe fn add_channels(
     done.map_err(err)
 }
 
-impl Conv {
-    /// The convolution, then `add` (`(n or 1, c_out)`) when given.
+impl CustomOp2 for Conv<'_> {
+    fn name(&self) -> &'static str {
+        "hearth-cudnn-conv2d"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        hearth_gpu::kernels::gpu_only(self.name())
+    }
+
+    /// The convolution, then `add` when given.
     #[allow(unsafe_code)] // cuDNN's C API
-    fn run(
+    fn cuda_fwd(
         &self,
         x: &CudaStorage,
         xl: &Layout,
         w: &CudaStorage,
         wl: &Layout,
-        add: Option<(&CudaStorage, &Layout)>,
     ) -> candle_core::Result<(CudaStorage, Shape)> {
         let (xd, wd) = (dims4(xl, "input")?, dims4(wl, "filter")?);
         if xd[1] != wd[1] {
@@ -267,13 +290,22 @@ impl Conv {
             }
             let n_out: usize = out.iter().map(|&v| v as usize).product();
             let (alpha, beta) = (1f32, 0f32);
-            let dt = if half {
-                sys::cudnnDataType_t::CUDNN_DATA_HALF
-            } else {
-                sys::cudnnDataType_t::CUDNN_DATA_BFLOAT16
+            // The values to add, `(rows, c_out)` with `rows` 1 or the batch: their address.
+            let add = match self.add {
+                Some(a) => {
+                    let dtype = if half { DType::F16 } else { DType::BF16 };
+                    let (ap, len) = hearth_gpu::kernels::device_span(a, dtype, "conv2d's add")?;
+                    let c = out[1] as usize;
+                    let rows = len / c.max(1);
+                    if rows * c != len || (rows != 1 && rows != out[0] as usize) {
+                        candle_core::bail!("conv2d: an add of {len} values for output {out:?}")
+                    }
+                    Some((rows as i32, ap))
+                }
+                None => None,
             };
             macro_rules! run {
-                ($x:expr, $w:expr, $ty:ty, $add:expr) => {{
+                ($x:expr, $w:expr, $ty:ty) => {{
                     // SAFETY: every value of `y` is written by the convolution.
                     let mut y = unsafe { dev.alloc::<$ty>(n_out) }?;
                     {
@@ -311,108 +343,31 @@ impl Conv {
                             )
                         }
                         .map_err(err)?;
-                        if let Some((rows, ap)) = $add {
-                            // SAFETY: `a` describes `rows x c_out` values at `ap` (checked
-                            // below), broadcast over the output's positions, on `stream`.
-                            unsafe { add_channels(state.handle, dt, rows, out[1], ap, p.y, yp) }?;
+                        if let Some((rows, ap)) = add {
+                            // SAFETY: `ap` holds `rows x c_out` values (checked above), alive
+                            // while `self.add` is borrowed, broadcast over the output.
+                            unsafe {
+                                add_channels(
+                                    state.handle,
+                                    data_type(half),
+                                    rows,
+                                    out[1],
+                                    ap,
+                                    p.y,
+                                    yp,
+                                )
+                            }?;
                         }
                     }
                     CudaStorage::wrap_cuda_slice(y, dev.clone())
                 }};
             }
-            // The values to add: `(rows, c_out)` with `rows` 1 or the batch.
-            let add_at = |a: &CudaStorage, al: &Layout| -> candle_core::Result<(usize, usize)> {
-                let (rows, c) = al.shape().dims2()?;
-                let (a0, a1) = hearth_gpu::kernels::contiguous(al, "conv2d's add")?;
-                if c != out[1] as usize
-                    || (rows != 1 && rows != out[0] as usize)
-                    || a1 - a0 != rows * c
-                {
-                    candle_core::bail!("conv2d: an add of {rows}x{c} for output {out:?}")
-                }
-                let _ = a;
-                Ok((rows, a0))
-            };
-            let y = match (&x.slice, &w.slice, add) {
-                (S::F16(x), S::F16(w), None) => run!(x, w, half::f16, None::<(i32, u64)>),
-                (S::BF16(x), S::BF16(w), None) => run!(x, w, half::bf16, None::<(i32, u64)>),
-                (S::F16(x), S::F16(w), Some((a, al))) => {
-                    let S::F16(av) = &a.slice else {
-                        candle_core::bail!("conv2d: the add is not the input's dtype")
-                    };
-                    let (rows, a0) = add_at(a, al)?;
-                    let av = av.slice(a0..a0 + rows * out[1] as usize);
-                    let (ap, _ga) = av.device_ptr(&stream);
-                    run!(x, w, half::f16, Some((rows as i32, ap)))
-                }
-                (S::BF16(x), S::BF16(w), Some((a, al))) => {
-                    let S::BF16(av) = &a.slice else {
-                        candle_core::bail!("conv2d: the add is not the input's dtype")
-                    };
-                    let (rows, a0) = add_at(a, al)?;
-                    let av = av.slice(a0..a0 + rows * out[1] as usize);
-                    let (ap, _ga) = av.device_ptr(&stream);
-                    run!(x, w, half::bf16, Some((rows as i32, ap)))
-                }
-                _ => candle_core::bail!("the cuDNN convolution takes f16 or bf16, all alike"),
+            let y = match (&x.slice, &w.slice) {
+                (S::F16(x), S::F16(w)) => run!(x, w, half::f16),
+                (S::BF16(x), S::BF16(w)) => run!(x, w, half::bf16),
+                _ => candle_core::bail!("the cuDNN convolution takes f16 or bf16, both alike"),
             };
             Ok((y, Shape::from(out.map(|v| v as usize).to_vec())))
         })
-    }
-}
-
-impl CustomOp2 for Conv {
-    fn name(&self) -> &'static str {
-        "hearth-cudnn-conv2d"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        candle_core::bail!("the cuDNN convolution runs on a GPU; the CPU takes candle's")
-    }
-
-    fn cuda_fwd(
-        &self,
-        x: &CudaStorage,
-        xl: &Layout,
-        w: &CudaStorage,
-        wl: &Layout,
-    ) -> candle_core::Result<(CudaStorage, Shape)> {
-        self.run(x, xl, w, wl, None)
-    }
-}
-
-impl CustomOp3 for Conv {
-    fn name(&self) -> &'static str {
-        "hearth-cudnn-conv2d-add"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        candle_core::bail!("the cuDNN convolution runs on a GPU; the CPU takes candle's")
-    }
-
-    fn cuda_fwd(
-        &self,
-        x: &CudaStorage,
-        xl: &Layout,
-        w: &CudaStorage,
-        wl: &Layout,
-        a: &CudaStorage,
-        al: &Layout,
-    ) -> candle_core::Result<(CudaStorage, Shape)> {
-        self.run(x, xl, w, wl, Some((a, al)))
     }
 }

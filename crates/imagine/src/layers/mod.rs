@@ -132,7 +132,6 @@ impl Conv2d {
 /// Group normalisation with an affine transform, optionally followed by SiLU.
 #[derive(Debug, Clone)]
 pub struct GroupNorm {
-    inner: candle_nn::GroupNorm,
     weight: Tensor,
     bias: Tensor,
     groups: usize,
@@ -148,9 +147,10 @@ impl GroupNorm {
     ) -> candle_core::Result<Self> {
         let weight = vb.get_with_hints(channels, "weight", candle_nn::Init::Const(1.))?;
         let bias = vb.get_with_hints(channels, "bias", candle_nn::Init::Const(0.))?;
-        let inner = candle_nn::GroupNorm::new(weight.clone(), bias.clone(), channels, groups, eps)?;
+        if groups == 0 || !channels.is_multiple_of(groups) {
+            candle_core::bail!("{channels} channels do not split into {groups} groups")
+        }
         Ok(GroupNorm {
-            inner,
             weight,
             bias,
             groups,
@@ -164,8 +164,9 @@ impl GroupNorm {
         if gpu_half(x) && Tuning::get().fused {
             return cuda::group_norm(x, &self.weight, &self.bias, self.groups, self.eps, silu);
         }
-        let _ = (&self.weight, &self.bias, self.groups, self.eps);
-        let y = self.inner.forward(x)?;
+        let channels = self.weight.dim(0)?;
+        let (w, b) = (self.weight.clone(), self.bias.clone());
+        let y = candle_nn::GroupNorm::new(w, b, channels, self.groups, self.eps)?.forward(x)?;
         if silu {
             y.silu()
         } else {

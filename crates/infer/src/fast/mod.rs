@@ -561,16 +561,16 @@ impl FastModel {
             }
         }
 
-        if let Out::Hidden(hidden) = out {
-            hidden.clear();
-            hidden.resize(n * e, 0.0);
-            for (x, h) in s.x[..n * e].chunks_exact(e).zip(hidden.chunks_exact_mut(e)) {
-                ops::rms_norm(x, norm, eps, h);
+        let logits = match out {
+            Out::Logits(logits) => logits,
+            Out::Hidden(hidden) => {
+                hidden.clear();
+                hidden.resize(n * e, 0.0);
+                for (x, h) in s.x[..n * e].chunks_exact(e).zip(hidden.chunks_exact_mut(e)) {
+                    ops::rms_norm(x, norm, eps, h);
+                }
+                return Ok(());
             }
-            return Ok(());
-        }
-        let Out::Logits(logits) = out else {
-            unreachable!("the hidden states returned above")
         };
         // --- output head, last row of each step only ---
         let ns = steps.len();

@@ -363,10 +363,7 @@ pub async fn create(
 fn shorten(mut v: Vec<f32>, dimensions: Option<usize>) -> Vec<f32> {
     if let Some(d) = dimensions {
         v.truncate(d);
-        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-        if norm > 0.0 {
-            v.iter_mut().for_each(|x| *x /= norm);
-        }
+        hearth_embed::normalize(&mut v);
     }
     v
 }
