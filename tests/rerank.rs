@@ -271,3 +271,63 @@ async fn hostile_rerank_requests_are_refused_with_nothing_held_while_others_are_
     let spent = dec("100") - app.store().balance("rr-h").await.unwrap();
     assert_eq!(spent, Decimal::from(10 * 2 * 5 + 128) * dec("0.001"));
 }
+
+/// A GGUF decoder reranker as a model row (a generated Qwen3-Reranker-style file,
+/// tests/fixtures/embed/decoders): llama.cpp's server's order and scores over HTTP, and the
+/// prompt tokens llama.cpp counts, billed.
+#[tokio::test]
+async fn a_gguf_decoder_reranker_answers_llama_cpps_order_and_bills_its_prompts() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/embed/decoders");
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("rerankers.json")).unwrap())
+            .unwrap();
+    let model = &reference["models"][0];
+    assert_eq!(model["template"], true);
+    let rows = format!(
+        "[rerank.\"qwen3-rank\"]\nweights = \"{}\"\ninput_price_per_million = \"1000\"\n",
+        dir.join(model["file"].as_str().unwrap()).display()
+    );
+    let app = spawn_completion_table("", &rows, |raw| {
+        raw.completion.max_concurrent_per_user = Some(0)
+    })
+    .await;
+    let key = app.user("rr-gguf", "100").await;
+    let case = &model["cases"][0];
+    let documents = &reference["documents"];
+    let (status, answer) = post(
+        &app,
+        "/v1/rerank",
+        &format!("Bearer {key}"),
+        json!({"model": "qwen3-rank", "query": case["query"], "documents": documents}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let scores: Vec<Value> = case["documents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["score"].clone())
+        .collect();
+    let want = ranked(&scores);
+    let got = answer["results"].as_array().unwrap();
+    assert_eq!(got.len(), want.len());
+    for (g, (index, score)) in got.iter().zip(&want) {
+        assert_eq!(g["index"], *index, "{answer}");
+        let s = g["relevance_score"].as_f64().unwrap();
+        // Within the Q8_0 file's tolerance of crates/embed/tests/decoder_rerank.rs.
+        assert!(
+            (s - score).abs() <= 5e-3,
+            "document {index}: {s} vs {score}"
+        );
+    }
+    let tokens: u64 = case["documents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["n_tokens"].as_u64().unwrap())
+        .sum();
+    assert_eq!(answer["usage"]["prompt_tokens"], tokens);
+    app.wait_no_holds("rr-gguf").await;
+    let spent = dec("100") - app.store().balance("rr-gguf").await.unwrap();
+    assert_eq!(spent, Decimal::from(tokens) * dec("0.001"));
+}

@@ -3,8 +3,9 @@
 # vectors, PyTorch on the CPU, for the texts in scripts/embed/reference.py, from the
 # all-MiniLM-L6-v2 folder fetch-weights.sh writes) and tests/fixtures/rerank (a seeded tiny
 # cross-encoder and CrossEncoder's scores for it, scripts/embed/rerank_fixture.py) and
-# tests/fixtures/embed/decoders (generated GGUF decoder embedders and llama.cpp's server's
-# vectors for them, scripts/embed/decoder_fixture.py; llama.cpp from scripts/build-llama-cpp.sh).
+# tests/fixtures/embed/decoders (generated GGUF decoder embedders and rerankers, and llama.cpp's
+# server's vectors and scores for them, scripts/embed/decoder_fixture.py; llama.cpp from
+# scripts/build-llama-cpp.sh).
 # Needs PyPI (torch, sentence-transformers); the venv lives in the git-ignored .venv-embed/. The
 # tests read the fixtures and need none of it.
 set -euo pipefail
@@ -19,7 +20,8 @@ bash scripts/fetch-weights.sh minilm
 # The generated cross-encoder and CrossEncoder's scores for it (tests/fixtures/rerank).
 rm -rf tests/fixtures/rerank
 "$VENV/bin/python" scripts/embed/rerank_fixture.py weights/all-MiniLM-L6-v2 tests/fixtures/rerank
-# GGUF decoder embedders and llama.cpp's vectors for them (tests/fixtures/embed/decoders).
+# GGUF decoder embedders and rerankers, and llama.cpp's answers for them
+# (tests/fixtures/embed/decoders).
 bin="$(bash scripts/build-llama-cpp.sh)"
 src="$(bash scripts/llama-cpp-source.sh .cache/llama.cpp)"
 "$VENV/bin/python" scripts/embed/decoder_fixture.py "$(dirname "$bin")" "$src/gguf-py" \

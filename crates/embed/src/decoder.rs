@@ -1,15 +1,17 @@
-//! GGUF decoder embedders: llama-family files (llama, mistral, qwen2, qwen3, phi3, gemma3) that
-//! declare `{arch}.pooling_type`, as Qwen3-Embedding's and other decoder embedders' GGUF
-//! conversions do. Run on hearth-infer's CPU path: causal attention over the text, the final
-//! normed hidden states pooled as the file says (mean, first or last position), then scaled to
-//! unit length by `EmbeddingModel`, as llama.cpp's server answers (`tests/decoder.rs` holds them against llama.cpp
-//! on generated models). Tokens are the file's own tokenizer's, its BOS added where the file
-//! says so, as llama.cpp adds it.
+//! GGUF decoder embedders and rerankers: llama-family files (llama, mistral, qwen2, qwen3, phi3,
+//! gemma3) that declare `{arch}.pooling_type`, as Qwen3-Embedding's and other decoder embedders'
+//! GGUF conversions do, or rank pooling with a classifier head, as Qwen3-Reranker's does. Run on
+//! hearth-infer's CPU path: causal attention over the text, the final normed hidden states pooled
+//! as the file says (mean, first or last position), then scaled to unit length by
+//! `EmbeddingModel`; or, for a reranker, the last position through the head (`hearth_infer`'s
+//! `rank.rs`). Both as llama.cpp's server answers (`tests/decoder.rs` holds them against it on
+//! generated models). Tokens are the file's own tokenizer's, its BOS added where the file says
+//! so, as llama.cpp adds it.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use hearth_infer::{KvPrecision, TextModel, TextModelConfig, TextTokenizer};
+use hearth_infer::{KvPrecision, Pooling, RankPrompt, TextModel, TextModelConfig, TextTokenizer};
 
 use crate::encoder::{check, check_ids, load_error, Tokens};
 use crate::error::{Error, Result};
@@ -20,12 +22,14 @@ pub fn is_gguf(path: &Path) -> bool {
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
 }
 
-/// A loaded decoder embedder.
+/// A loaded GGUF decoder: an embedder, or a reranker (pooling type rank).
 pub struct Decoder {
     /// One forward at a time: the model keeps its scratch buffers.
     model: Mutex<TextModel>,
     tokenizer: Arc<TextTokenizer>,
     pooling: hearth_infer::Pooling,
+    /// A reranker's prompt format.
+    prompt: Option<RankPrompt>,
     dimensions: usize,
     max_tokens: usize,
     vocab: usize,
@@ -42,9 +46,32 @@ impl std::fmt::Debug for Decoder {
 }
 
 impl Decoder {
-    /// Loads `file` on the CPU, its cache in f16 as llama.cpp's default. A file without
-    /// `{arch}.pooling_type` (a chat model) is refused.
+    /// Loads the embedder `file` on the CPU, its cache in f16 as llama.cpp's default. A file
+    /// without `{arch}.pooling_type` (a chat model) or with rank pooling (a reranker) is refused.
     pub fn load(file: &Path) -> Result<Decoder> {
+        let decoder = Self::open(file)?;
+        match decoder.pooling {
+            Pooling::Rank => Err(load_error(
+                file,
+                "the file is a reranker (pooling type rank): declare it as a [rerank] model",
+            )),
+            _ => Ok(decoder),
+        }
+    }
+
+    /// Loads the reranker `file` (pooling type rank, with its classifier head) on the CPU.
+    pub fn load_ranker(file: &Path) -> Result<Decoder> {
+        let decoder = Self::open(file)?;
+        match decoder.prompt {
+            Some(_) => Ok(decoder),
+            None => Err(load_error(
+                file,
+                "the file is an embedding model, not a reranker (its pooling type is not rank)",
+            )),
+        }
+    }
+
+    fn open(file: &Path) -> Result<Decoder> {
         let mut cfg = TextModelConfig::local(file);
         cfg.kv_precision = KvPrecision::F16;
         let model = TextModel::load(&cfg).map_err(|e| load_error(file, e))?;
@@ -52,12 +79,13 @@ impl Decoder {
             return Err(load_error(
                 file,
                 "the file declares no pooling (`{arch}.pooling_type`): a chat model, not an \
-                 embedding model",
+                 embedding model or a reranker",
             ));
         };
         Ok(Decoder {
             tokenizer: model.tokenizer(),
             pooling,
+            prompt: model.rank_prompt(),
             dimensions: model.embedding_length(),
             max_tokens: model.info().context_length,
             vocab: model.info().vocab_size,
@@ -93,16 +121,58 @@ impl Decoder {
         check_ids(index, ids, self.vocab, self.max_tokens, truncate)
     }
 
+    /// A reranker's prompt for `query` and `document`. A prompt past the context has its
+    /// document's text cut (at a character boundary, by about the tokens too many, retried a
+    /// few times as the cut text may tokenize a little differently); one whose query alone
+    /// does not fit is refused (`index` names the document).
+    pub fn pair(&self, index: usize, query: &str, document: &str) -> Result<Tokens> {
+        let Some(prompt) = &self.prompt else {
+            return Err(Error::Decoder("the model is not a reranker".into()));
+        };
+        let tokenize = |e: hearth_infer::Error| Error::Tokenize(e.to_string());
+        let mut document = document;
+        let mut ids = prompt.tokens(query, document).map_err(tokenize)?;
+        for _ in 0..4 {
+            if ids.len() <= self.max_tokens || document.is_empty() {
+                break;
+            }
+            let over = ids.len() - self.max_tokens;
+            let own = self.tokenizer.encode_plain(document).map_err(tokenize)?;
+            let keep = own.len().saturating_sub(over);
+            let mut cut: usize = own[..keep]
+                .iter()
+                .map(|&id| self.tokenizer.token_bytes(id).len())
+                .sum();
+            cut = cut.min(document.len().saturating_sub(1));
+            while !document.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            document = &document[..cut];
+            ids = prompt.tokens(query, document).map_err(tokenize)?;
+        }
+        check(index, ids.into(), self.max_tokens)
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, TextModel>> {
+        self.model
+            .lock()
+            .map_err(|_| Error::Decoder("a forward panicked before".into()))
+    }
+
     /// Each input's pooled vector, not yet normalised (short inputs share forwards, each its
     /// own sequence).
     pub fn embed(&self, inputs: &[&Tokens]) -> Result<Vec<Vec<f32>>> {
-        let mut model = self
-            .model
-            .lock()
-            .map_err(|_| Error::Decoder("a forward panicked before".into()))?;
         let ids: Vec<&[u32]> = inputs.iter().map(|t| t.ids.as_slice()).collect();
-        model
+        self.lock()?
             .embed_batch(&ids, self.pooling)
+            .map_err(|e| Error::Decoder(e.to_string()))
+    }
+
+    /// A reranker's score of each prompt (from [`Self::pair`]).
+    pub fn score(&self, inputs: &[&Tokens]) -> Result<Vec<f32>> {
+        let ids: Vec<&[u32]> = inputs.iter().map(|t| t.ids.as_slice()).collect();
+        self.lock()?
+            .rank(&ids)
             .map_err(|e| Error::Decoder(e.to_string()))
     }
 }

@@ -4,11 +4,14 @@
 //! document answers the query: the `[CLS]` vector through the pooler (dense, tanh) and the
 //! classifier, then the model's activation (sigmoid unless the folder says otherwise, as
 //! `CrossEncoder.predict` does). Checked against sentence-transformers in `tests/rerank.rs`.
+//! Or a GGUF decoder reranker (`decoder.rs`: Qwen3-Reranker's yes/no head), checked against
+//! llama.cpp in `tests/decoder.rs`.
 
 use std::path::Path;
 
 use candle_nn::VarBuilder;
 
+use crate::decoder::Decoder;
 use crate::encoder::{load_error, Encoder, Folder, Precision, Tokens};
 use crate::engine::Encode;
 use crate::error::Result;
@@ -20,10 +23,22 @@ pub enum Activation {
     Sigmoid,
     /// The logit as it is.
     Identity,
+    /// The first label's probability over all labels (a decoder reranker's "yes" against "no").
+    Softmax,
 }
 
-/// A loaded cross-encoder.
+/// A loaded reranker.
 pub struct Reranker {
+    kind: Kind,
+}
+
+enum Kind {
+    CrossEncoder(Box<CrossEncoder>),
+    Decoder(Box<Decoder>),
+}
+
+/// A cross-encoder's encoder and head.
+struct CrossEncoder {
     encoder: Encoder,
     /// The pooler's dense layer (`hidden x hidden`, row-major) and bias.
     pooler: (Vec<f32>, Vec<f32>),
@@ -35,8 +50,8 @@ pub struct Reranker {
 impl std::fmt::Debug for Reranker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reranker")
-            .field("activation", &self.activation)
-            .field("max_tokens", &self.encoder.max_tokens())
+            .field("activation", &self.activation())
+            .field("max_tokens", &self.max_tokens())
             .finish_non_exhaustive()
     }
 }
@@ -71,8 +86,17 @@ impl Reranker {
         Self::load_with(dir, gpu, Precision::F32)
     }
 
-    /// [`Self::load`] at the precision given.
+    /// [`Self::load`] at the precision given. A `.gguf` file is a decoder reranker, run on the
+    /// CPU whatever the precision.
     pub fn load_with(dir: &Path, gpu: Option<usize>, precision: Precision) -> Result<Reranker> {
+        if crate::decoder::is_gguf(dir) {
+            if gpu.is_some() {
+                return Err(load_error(dir, "GGUF rerankers run on the CPU"));
+            }
+            return Ok(Reranker {
+                kind: Kind::Decoder(Box::new(Decoder::load_ranker(dir)?)),
+            });
+        }
         let Folder {
             encoder,
             config,
@@ -108,27 +132,39 @@ impl Reranker {
         let (pooler, classifier) = head(&weights, encoder.hidden())
             .map_err(|e| load_error(&path, format!("no classifier head: {e}")))?;
         Ok(Reranker {
-            encoder,
-            pooler,
-            classifier,
-            activation,
+            kind: Kind::CrossEncoder(Box::new(CrossEncoder {
+                encoder,
+                pooler,
+                classifier,
+                activation,
+            })),
         })
     }
 
-    /// The longest pair, in tokens; longer pairs are cut, the longer text first.
+    /// The longest pair, in tokens; longer pairs are cut: a cross-encoder's longer text first,
+    /// a decoder's document.
     pub fn max_tokens(&self) -> usize {
-        self.encoder.max_tokens()
+        match &self.kind {
+            Kind::CrossEncoder(c) => c.encoder.max_tokens(),
+            Kind::Decoder(d) => d.max_tokens(),
+        }
     }
 
     /// What the scores go through.
     pub fn activation(&self) -> Activation {
-        self.activation
+        match &self.kind {
+            Kind::CrossEncoder(c) => c.activation,
+            Kind::Decoder(_) => Activation::Softmax,
+        }
     }
 
     /// A query and one document as the model reads them together (`index` names the document
     /// in errors).
     pub fn tokenize(&self, index: usize, query: &str, document: &str) -> Result<Tokens> {
-        self.encoder.tokenize_pair(index, query, document)
+        match &self.kind {
+            Kind::CrossEncoder(c) => c.encoder.tokenize_pair(index, query, document),
+            Kind::Decoder(d) => d.pair(index, query, document),
+        }
     }
 
     /// Each pair's score, in order; each as it would be alone.
@@ -136,6 +172,15 @@ impl Reranker {
         if inputs.is_empty() {
             return Ok(Vec::new());
         }
+        match &self.kind {
+            Kind::CrossEncoder(c) => c.score(inputs),
+            Kind::Decoder(d) => d.score(inputs),
+        }
+    }
+}
+
+impl CrossEncoder {
+    fn score(&self, inputs: &[&Tokens]) -> Result<Vec<f32>> {
         let hidden = self.encoder.forward(inputs)?;
         let h = hidden.width;
         let ((w, b), (c, cb)) = (&self.pooler, &self.classifier);
@@ -152,7 +197,8 @@ impl Reranker {
                     + cb;
                 match self.activation {
                     Activation::Sigmoid => 1.0 / (1.0 + (-logit).exp()),
-                    Activation::Identity => logit,
+                    // A cross-encoder's activation is read as sigmoid or identity only.
+                    Activation::Identity | Activation::Softmax => logit,
                 }
             })
             .collect())

@@ -94,13 +94,8 @@ impl<'f> Tensors<'f> {
         Ok((embeddings, output))
     }
 
-    fn finish(self, arch: &str) -> Result<(), Error> {
-        gguf::refuse_unused(
-            &self.file.content,
-            |k| self.used.contains(k),
-            "candle",
-            arch,
-        )
+    fn finish(self, hp: &Hparams) -> Result<(), Error> {
+        gguf::refuse_unused(&self.file.content, |k| self.used.contains(k), "candle", hp)
     }
 }
 
@@ -188,7 +183,7 @@ pub(crate) fn from_gguf(
     }
     let factors = factors.map(|n| t.host(n, hd / 2)).transpose()?;
     let norm = t.dense("output_norm.weight")?;
-    t.finish(&hp.arch_name)?;
+    t.finish(&hp)?;
     let parts = Parts {
         norm,
         embed_scale: gemma.then(|| (hp.n_embd as f64).sqrt()),

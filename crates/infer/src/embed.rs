@@ -103,7 +103,8 @@ impl TextModel {
 }
 
 /// Folds one piece's rows (`pooled.len()` wide; the input's first piece when `first`) into
-/// `pooled`: their sum for the mean, the first row of the first piece, the last row.
+/// `pooled`: their sum for the mean, the first row of the first piece, the last row (a
+/// reranker's too).
 fn fold(pooling: Pooling, pooled: &mut [f32], rows: &[f32], first: bool) {
     let e = pooled.len();
     match pooling {
@@ -114,7 +115,7 @@ fn fold(pooling: Pooling, pooled: &mut [f32], rows: &[f32], first: bool) {
         }
         Pooling::Cls if first => pooled.copy_from_slice(&rows[..e]),
         Pooling::Cls => {}
-        Pooling::Last => pooled.copy_from_slice(&rows[rows.len() - e..]),
+        Pooling::Last | Pooling::Rank => pooled.copy_from_slice(&rows[rows.len() - e..]),
     }
 }
 

@@ -175,7 +175,7 @@ pub struct Hparams {
 }
 
 /// How an embedding model's hidden states become one vector (llama.cpp's `pooling_type`;
-/// `mean`, `cls`, `last` by name).
+/// `mean`, `cls`, `last`, `rank` by name).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pooling {
     /// The mean of every position's (1).
@@ -184,6 +184,9 @@ pub enum Pooling {
     Cls,
     /// The last position's (3).
     Last,
+    /// A reranker's (4): the last position's, through the file's classifier head
+    /// (`cls.output`), read by `TextModel::rank` (`rank.rs`).
+    Rank,
 }
 
 impl std::str::FromStr for Pooling {
@@ -194,7 +197,8 @@ impl std::str::FromStr for Pooling {
             "mean" => Ok(Pooling::Mean),
             "cls" => Ok(Pooling::Cls),
             "last" => Ok(Pooling::Last),
-            other => Err(format!("pooling {other:?}: mean, cls or last")),
+            "rank" => Ok(Pooling::Rank),
+            other => Err(format!("pooling {other:?}: mean, cls, last or rank")),
         }
     }
 }
@@ -206,22 +210,28 @@ impl Pooling {
             Pooling::Mean => 1,
             Pooling::Cls => 2,
             Pooling::Last => 3,
+            Pooling::Rank => 4,
         }
     }
 
     /// llama.cpp's value of `pooling_type`: `None` for 0 (no pooling), an error for a kind
-    /// Hearth does not pool (4, rank: a reranker's head).
+    /// Hearth does not pool.
     fn from_gguf(value: u32, key: &str) -> Result<Option<Pooling>, Error> {
-        match value {
-            0 => Ok(None),
-            v if v == Pooling::Mean.gguf_value() => Ok(Some(Pooling::Mean)),
-            v if v == Pooling::Cls.gguf_value() => Ok(Some(Pooling::Cls)),
-            v if v == Pooling::Last.gguf_value() => Ok(Some(Pooling::Last)),
-            other => Err(Error::metadata(
-                key,
-                format!("pooling type {other} is not supported (1 mean, 2 cls, 3 last are)"),
-            )),
+        if value == 0 {
+            return Ok(None);
         }
+        [Pooling::Mean, Pooling::Cls, Pooling::Last, Pooling::Rank]
+            .into_iter()
+            .find(|p| p.gguf_value() == value)
+            .map(Some)
+            .ok_or_else(|| {
+                Error::metadata(
+                    key,
+                    format!(
+                        "pooling type {value} is not supported (1 mean, 2 cls, 3 last, 4 rank are)"
+                    ),
+                )
+            })
     }
 }
 
@@ -436,17 +446,19 @@ pub(crate) fn rope_factor_tensors(
 }
 
 /// Refuses a file with a tensor the loader never read (say, a bias or scaling table the
-/// `backend`'s forward for `arch` does not apply): running without it would give wrong answers.
+/// `backend`'s forward for `hp`'s architecture does not apply): running without it would give
+/// wrong answers. A reranker's head is read beside the backend (`rank.rs`).
 pub(crate) fn refuse_unused(
     content: &gguf_file::Content,
     used: impl Fn(&str) -> bool,
     backend: &str,
-    arch: &str,
+    hp: &Hparams,
 ) -> Result<(), Error> {
+    let arch = &hp.arch_name;
     let mut unused: Vec<&String> = content
         .tensor_infos
         .keys()
-        .filter(|k| !used(k.as_str()))
+        .filter(|k| !used(k.as_str()) && !crate::rank::reads(hp, k))
         .collect();
     unused.sort();
     match unused.first() {

@@ -92,9 +92,15 @@ fn load_path(
             Box::new(m)
         }
     };
+    let rank = match hp.pooling {
+        Some(crate::Pooling::Rank) => Some(crate::rank::RankHead::from_gguf(&file, &hp)?),
+        _ => None,
+    };
     let weights_bytes = file.file_bytes;
     drop(file); // unmap: the weights now live in the backend
-    TextModel::assemble(hp, backend, tokenizer, weights_bytes, cfg.threads)
+    let mut model = TextModel::assemble(hp, backend, tokenizer, weights_bytes, cfg.threads)?;
+    model.rank = rank;
+    Ok(model)
 }
 
 /// Hyperparameters from a Hugging Face `config.json` (llama family).

@@ -74,6 +74,8 @@ pub struct TextModel {
     tokenizer: Arc<TextTokenizer>,
     pub(crate) pool: rayon::ThreadPool,
     logits: Vec<f32>,
+    /// A reranker's head (`rank.rs`), read from the file beside the backend.
+    pub(crate) rank: Option<crate::rank::RankHead>,
 }
 
 impl std::fmt::Debug for TextModel {
@@ -143,6 +145,7 @@ impl TextModel {
             tokenizer: Arc::new(tokenizer),
             pool,
             logits: Vec::new(),
+            rank: None,
         })
     }
 

@@ -147,6 +147,14 @@ pub fn write_random_gguf(
             reason: format!("hidden {e} must split into {heads} heads of an even size"),
         });
     }
+    if shape.pooling == Some(crate::Pooling::Rank) {
+        return Err(Error::InvalidConfig {
+            key: "pooling",
+            reason: "rank pooling is a Qwen3 reranker's, with a classifier head; random models \
+                     are llama (mean, cls or last)"
+                .into(),
+        });
+    }
     let block = weights.ggml().block_size();
     if !e.is_multiple_of(block) || !f.is_multiple_of(block) {
         return Err(Error::InvalidConfig {

@@ -29,8 +29,8 @@ impl<'a> Reader<'a> {
 
     /// Refuses a file with a tensor nothing read (say, a bias or scaling table this
     /// architecture's forward does not apply).
-    pub(super) fn all_used(&self, arch: &str) -> Result<(), Error> {
-        crate::gguf::refuse_unused(self.content, |k| self.used.contains(k), "fast", arch)
+    pub(super) fn all_used(&self, hp: &Hparams) -> Result<(), Error> {
+        crate::gguf::refuse_unused(self.content, |k| self.used.contains(k), "fast", hp)
     }
 
     pub(super) fn has(&self, name: &str) -> bool {
@@ -257,7 +257,7 @@ pub(crate) fn from_gguf_on(
     let rope_factors = factors.map(|n| rd.vector(n, hd / 2)).transpose()?;
     let rope_scaling = hp.rope_scaling(rope_factors);
     let norm = rd.vector("output_norm.weight", e)?;
-    rd.all_used(&hp.arch_name)?;
+    rd.all_used(&hp)?;
     let rope_style = if hp.arch.neox_rope() {
         RopeStyle::Neox
     } else {

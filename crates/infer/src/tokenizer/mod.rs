@@ -54,6 +54,9 @@ pub struct TextTokenizer {
     format: TokenFormat,
     /// Added tokens (plain text, not vocabulary spelling) by id, with whether each is special.
     added: Vec<(u32, bool)>,
+    /// `inner` reading special tokens' spellings as text ([`TextTokenizer::encode_literal`]),
+    /// made when first asked for.
+    literal: std::sync::OnceLock<Tokenizer>,
 }
 
 impl std::fmt::Debug for TextTokenizer {
@@ -119,6 +122,7 @@ impl TextTokenizer {
             stop_ids,
             format,
             added,
+            literal: std::sync::OnceLock::new(),
         })
     }
 
@@ -196,6 +200,23 @@ impl TextTokenizer {
             .encode_fast(text, false)
             .map_err(Error::tokenizer)?;
         Ok(enc.get_ids().to_vec())
+    }
+
+    /// Encodes text as plain text: a special token's spelling in it stays text (as llama.cpp
+    /// tokenizes without parsing specials), and no BOS is added.
+    pub fn encode_literal(&self, text: &str) -> Result<Vec<u32>, Error> {
+        let literal = self.literal.get_or_init(|| {
+            let mut t = self.inner.clone();
+            t.set_encode_special_tokens(true);
+            t
+        });
+        let enc = literal.encode_fast(text, false).map_err(Error::tokenizer)?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// The BOS id when the model wants one at the start of a text.
+    pub fn bos_to_add(&self) -> Option<u32> {
+        self.bos_id.filter(|_| self.add_bos)
     }
 
     /// The exact bytes of token `id` (empty for an unknown id): byte-level BPE's characters and

@@ -5,11 +5,12 @@
 //! A row's keys are an embedding row's without `shortens`, its `precision` `f32` by default
 //! (scores to the reference's digits; `bf16` for speed): `weights` (a cross-encoder folder:
 //! `config.json` of a `BertForSequenceClassification` with one label, `model.safetensors`,
-//! `tokenizer.json`; required), `input_price_per_million` (required), `device`, `max_inputs`
+//! `tokenizer.json`; or a GGUF Qwen3 reranker file, scored as llama.cpp scores it; required), `input_price_per_million` (required), `device`, `max_inputs`
 //! (documents per request, default 2048), `max_batch_tokens` and `max_queued`.
 //!
 //! The model reads the query with each document and scores the pair; a pair longer than the
-//! model reads is cut, the longer text first, as sentence-transformers' `CrossEncoder` cuts it.
+//! model reads is cut: a cross-encoder's longer text first, as sentence-transformers'
+//! `CrossEncoder` cuts it, a decoder's document.
 //! The tokens read (the query once per document, as the model reads it) are billed at the
 //! model's price with the same holds as the other routes.
 
@@ -168,8 +169,8 @@ pub struct RerankResponse {
 pub struct RerankResult {
     /// The document's position in the request.
     index: usize,
-    /// The model's score: higher is more relevant (between 0 and 1 for the usual models,
-    /// whose activation is a sigmoid).
+    /// The model's score: higher is more relevant (between 0 and 1 for the usual models:
+    /// a cross-encoder's sigmoid, a decoder reranker's probability of "yes").
     relevance_score: f32,
     /// The document, when `return_documents` asked for it.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -195,8 +196,8 @@ pub struct RerankUsage {
     path = "/v1/rerank",
     tag = "openai",
     operation_id = "rerank",
-    description = "Documents ordered by a `[rerank.\"id\"]` cross-encoder's score against the \
-        query, billed per token read (the query with each document) at the model's price with \
+    description = "Documents ordered by a `[rerank.\"id\"]` model's score (a cross-encoder's or \
+        a GGUF decoder reranker's) against the query, billed per token read (the query with each document) at the model's price with \
         the same holds as the other routes. Also served at `/rerank` and `/v2/rerank`.",
     request_body = RerankRequestBody,
     security(("bearer" = [])),
