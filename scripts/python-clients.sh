@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A throwaway virtual environment with the third-party clients the integration tests drive
-# Hearth with: the official `openai` and `cohere` packages, `prometheus_client` (its text-format parser),
+# Hearth with: the official `openai`, `cohere`, `anthropic` and `ollama` packages, `prometheus_client` (its text-format parser),
 # `openapi-spec-validator` (the OpenAPI 3.1 schema) and `jsonschema` (to validate structured
 # output); and Pillow, which draws the OCR test pages (scripts/ocr/pages.py). Idempotent; prints
 # nothing when done already.
@@ -11,7 +11,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.cache/venv-clients"
 PACKAGES=("openai>=1.50,<3" "prometheus_client>=0.20" "openapi-spec-validator>=0.7" "jsonschema>=4.18"
-    "pillow>=11" "cohere>=5.10,<8")
+    "pillow>=11" "cohere>=5.10,<8" "anthropic>=0.40,<3" "ollama>=0.4,<1")
 STAMP="$VENV/.packages"
 WANT="$(printf '%s\n' "${PACKAGES[@]}")"
 if [ -x "$VENV/bin/python" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$WANT" ]; then

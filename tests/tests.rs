@@ -3,6 +3,7 @@
 
 mod common;
 
+mod anthropic;
 mod architecture;
 mod auth;
 mod auth_admin;

@@ -141,7 +141,8 @@ async fn a_stop_string_ends_the_stream_before_it_and_is_never_emitted() {
             TokenEvent::Aborted { reason, .. } => break Err(reason),
         }
     };
-    assert_eq!(outcome, Ok(FinishReason::Stop));
+    // Which stop string it was: the second of the request's list.
+    assert_eq!(outcome, Ok(FinishReason::StopString(1)));
     assert_eq!(text, expected);
     sched.shutdown().await;
 }

@@ -22,7 +22,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::{get, MethodRouter};
 use utoipa::openapi::path::{HttpMethod, OperationBuilder};
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::server::ServerBuilder;
 use utoipa::openapi::{ContentBuilder, ObjectBuilder, OpenApi, ResponseBuilder, Type};
 use utoipa::{Modify, OpenApi as _, ToSchema};
@@ -120,6 +120,22 @@ impl Modify for BearerAuth {
     }
 }
 
+/// Adds the `x-api-key` scheme of Anthropic's Messages routes to a document's components.
+pub struct ApiKeyAuth;
+
+impl Modify for ApiKeyAuth {
+    fn modify(&self, doc: &mut OpenApi) {
+        let key = ApiKeyValue::with_description(
+            "x-api-key",
+            "A service token (`POST /token` on the auth listener) as `x-api-key`: Anthropic's \
+             convention, on `/v1/messages` (which also takes it as `Authorization: Bearer`).",
+        );
+        doc.components
+            .get_or_insert_with(Default::default)
+            .add_security_scheme("x-api-key", SecurityScheme::ApiKey(ApiKey::Header(key)));
+    }
+}
+
 // ---- error bodies -----------------------------------------------------------------------------
 
 /// The error body of the auth, completion and image services (spec section 7).
@@ -203,6 +219,37 @@ pub struct OpenAiErrorHearth {
     pub kind: ErrorType,
     #[schema(value_type = Object)]
     pub details: serde_json::Value,
+}
+
+/// The error body of Anthropic's Messages routes (`/v1/messages`).
+#[derive(ToSchema)]
+pub struct AnthropicErrorBody {
+    /// Always `error`.
+    #[schema(rename = "type")]
+    pub kind: String,
+    pub error: AnthropicErrorObject,
+}
+
+#[derive(ToSchema)]
+pub struct AnthropicErrorObject {
+    #[schema(rename = "type")]
+    pub kind: AnthropicErrorType,
+    pub message: String,
+    pub hearth: OpenAiErrorHearth,
+}
+
+/// Anthropic's error types, as its clients sort them.
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+pub enum AnthropicErrorType {
+    InvalidRequestError,
+    AuthenticationError,
+    BillingError,
+    NotFoundError,
+    RequestTooLarge,
+    RateLimitError,
+    ApiError,
+    OverloadedError,
 }
 
 #[cfg(test)]

@@ -105,7 +105,7 @@ pub struct SamplingParams {
     /// are clipped). See [`TokenLogprob`] for which distribution they describe.
     #[serde(default)]
     pub logprobs: Option<usize>,
-    /// Stop strings: generation ends with [`FinishReason::Stop`] as soon as the generated text
+    /// Stop strings: generation ends with [`FinishReason::StopString`] as soon as the generated text
     /// contains one of them. Neither the stop string nor anything after it is emitted; text that
     /// might be the start of one is held back until it is known not to be.
     #[serde(default)]
@@ -137,8 +137,10 @@ impl Default for SamplingParams {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
-    /// The model produced an end-of-sequence or end-of-turn token.
+    /// The model produced an end-of-sequence or end-of-turn token (or a grammar was complete).
     Stop,
+    /// The output reached a stop string: the one at this index of [`SamplingParams::stop`].
+    StopString(usize),
     /// `max_tokens` was reached.
     Length,
     /// The context window is full.

@@ -411,8 +411,8 @@ impl Batch {
                 .sampler
                 .logprobs()
                 .map(|step| logprob_entry(&self.tokenizer, id, step));
-            if a.emit.push(id, logprob, &mut a.outbox) {
-                ended.push((i, Ok(FinishReason::Stop))); // a stop string
+            if let Some(stop) = a.emit.push(id, logprob, &mut a.outbox) {
+                ended.push((i, Ok(FinishReason::StopString(stop))));
             } else if a.constraint.as_ref().is_some_and(|c| c.is_finished()) {
                 ended.push((i, Ok(FinishReason::Stop))); // the grammar is complete
             } else if a.generated >= a.max_tokens {

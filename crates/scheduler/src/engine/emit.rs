@@ -10,8 +10,8 @@ use hearth_types::{TokenEvent, TokenLogprob, TopLogprob};
 /// Turns one sequence's tokens into `TokenEvent::Token`s.
 pub(super) struct Emitter {
     detok: Detokenizer,
-    /// The request's non-empty stop strings.
-    stops: Vec<String>,
+    /// The request's non-empty stop strings, each with its index in the request's list.
+    stops: Vec<(usize, String)>,
     /// Text not emitted yet because it might begin a stop string (empty without stop strings).
     held: String,
     /// Bytes emitted so far; `held` starts there.
@@ -27,7 +27,12 @@ impl Emitter {
     pub(super) fn new(detok: Detokenizer, stops: &[String]) -> Emitter {
         Emitter {
             detok,
-            stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            stops: stops
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| !s.is_empty())
+                .map(|(i, s)| (i, s.clone()))
+                .collect(),
             held: String::new(),
             emitted: 0,
             pending: Vec::new(),
@@ -36,13 +41,14 @@ impl Emitter {
     }
 
     /// Adds generated token `id` (with its log-probabilities, when asked for) and queues what can
-    /// go out. Returns true when the output now contains a stop string: the sequence ends there.
+    /// go out. Returns the index (in the request's list) of the stop string the output now
+    /// contains, if any: the sequence ends there.
     pub(super) fn push(
         &mut self,
         id: u32,
         logprob: Option<TokenLogprob>,
         outbox: &mut VecDeque<TokenEvent>,
-    ) -> bool {
+    ) -> Option<usize> {
         let piece = self.detok.push(id);
         if self.stops.is_empty() && self.pending.is_empty() && logprob.is_none() {
             // The plain path: the piece goes out as it is.
@@ -54,7 +60,7 @@ impl Emitter {
                     logprobs: Vec::new(),
                 });
             }
-            return false;
+            return None;
         }
         let start = self.emitted + self.held.len();
         if let Some(text) = piece {
@@ -80,13 +86,14 @@ impl Emitter {
     }
 
     /// Emits the text that can no longer be part of a stop string (all of it when `last`), or
-    /// the text before the first stop string. True when a stop string was found.
-    fn release(&mut self, id: u32, last: bool, outbox: &mut VecDeque<TokenEvent>) -> bool {
-        let found = self
+    /// the text before the first stop string. The index of the stop string found, if one was.
+    fn release(&mut self, id: u32, last: bool, outbox: &mut VecDeque<TokenEvent>) -> Option<usize> {
+        let first = self
             .stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
+            .filter_map(|(i, s)| self.held.find(s.as_str()).map(|at| (at, *i)))
             .min();
+        let found = first.map(|(at, _)| at);
         let cut = match found {
             Some(at) => at,
             None if last => self.held.len(),
@@ -123,19 +130,19 @@ impl Emitter {
             self.held.clear();
             self.pending.clear();
         }
-        found.is_some()
+        first.map(|(_, index)| index)
     }
 
     /// Where the held text's undecided tail starts: the first (char-boundary) position from
     /// which the rest is a proper beginning of some stop string.
     fn undecided_from(&self) -> usize {
-        let longest = self.stops.iter().map(String::len).max().unwrap_or(0);
+        let longest = self.stops.iter().map(|(_, s)| s.len()).max().unwrap_or(0);
         let from = self.held.len().saturating_sub(longest.saturating_sub(1));
         (from..self.held.len())
             .filter(|&k| self.held.is_char_boundary(k))
             .find(|&k| {
                 let tail = &self.held[k..];
-                self.stops.iter().any(|s| s.starts_with(tail))
+                self.stops.iter().any(|(_, s)| s.starts_with(tail))
             })
             .unwrap_or(self.held.len())
     }
@@ -199,7 +206,9 @@ mod tests {
         let ids = tok.encode_plain(text).unwrap();
         let mut stopped = false;
         for &id in &ids {
-            if e.push(id, logprobs.then(|| entry(id)), &mut outbox) {
+            if e.push(id, logprobs.then(|| entry(id)), &mut outbox)
+                .is_some()
+            {
                 stopped = true;
                 break;
             }

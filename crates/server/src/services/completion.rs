@@ -9,6 +9,7 @@
 //! a driver task that forwards events to the client and settles the hold at the end, whatever
 //! the end (finished, stopped, client gone, engine failure, shutdown).
 
+mod anthropic;
 mod catalog;
 mod embeddings;
 mod encoders;
@@ -152,6 +153,7 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
                 crate::openapi::route(openapi::document(), state.app.urls.get(Service::Completion)),
             )
             .merge(openai::routes())
+            .merge(anthropic::routes())
             .with_state(state),
     ))
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use utoipa::{OpenApi, ToSchema};
 
-use crate::openapi::{BearerAuth, ErrorObject};
+use crate::openapi::{AnthropicErrorBody, ApiKeyAuth, BearerAuth, ErrorObject};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -14,8 +14,9 @@ use crate::openapi::{BearerAuth, ErrorObject};
         title = "Hearth completion service",
         description = "Chat completions from local weights (spec section 4.2), one-shot or as \
             server-sent events, billed against the user's balance; and the same through the \
-            OpenAI API's routes (`/v1/...`). The spec's routes take the service token in the \
-            body's `serviceToken` field; the `/v1` routes take it as `Authorization: Bearer`. \
+            OpenAI API's routes (`/v1/...`) and Anthropic's Messages API (`/v1/messages`). The \
+            spec's routes take the service token in the body's `serviceToken` field; the `/v1` \
+            routes take it as `Authorization: Bearer` (`/v1/messages` also as `x-api-key`). \
             Any route that reads a body may also answer 408 (the body came too slowly) or 413 \
             (too large) in its error shape."
     ),
@@ -31,11 +32,15 @@ use crate::openapi::{BearerAuth, ErrorObject};
         super::openai::text,
         super::embeddings::create,
         super::rerank::rerank,
+        super::anthropic::messages,
+        super::anthropic::count_tokens,
     ),
-    modifiers(&BearerAuth),
+    components(schemas(AnthropicErrorBody)),
+    modifiers(&BearerAuth, &ApiKeyAuth),
     tags(
         (name = "completion", description = "The spec's completion routes (4.2): `serviceToken` in the body."),
         (name = "openai", description = "The OpenAI API's routes: `Authorization: Bearer <serviceToken>`."),
+        (name = "anthropic", description = "Anthropic's Messages API: `x-api-key: <serviceToken>` (or a bearer token)."),
         (name = "health", description = "Health (spec 2.1, 3.3)."),
         (name = "pages", description = "Web pages."),
     )

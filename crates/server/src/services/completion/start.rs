@@ -26,6 +26,8 @@ pub struct Started {
     pub spec: TextModelSpec,
     pub margin: Margin,
     pub input_cost: Decimal,
+    /// The prompt's tokens, template included.
+    pub prompt_tokens: usize,
 }
 
 /// `POST /` and `POST /stream`: the spec's request, credentials in its body.
@@ -67,7 +69,8 @@ pub async fn start_valid(
         None => None,
     };
     let margin = cs.app.billing.margin(valid.margin);
-    let (input_cost, worst_case) = price(&spec, &valid, prompt_ids.len(), margin)?;
+    let prompt_tokens = prompt_ids.len();
+    let (input_cost, worst_case) = price(&spec, &valid, prompt_tokens, margin)?;
     let hold = hold(cs, &session, &valid, worst_case).await?;
     drop(announced);
     let generation = admit(&engine, &valid, prompt_ids, constraint, hold).await?;
@@ -79,7 +82,18 @@ pub async fn start_valid(
         spec,
         margin,
         input_cost,
+        prompt_tokens,
     })
+}
+
+/// How many tokens `valid`'s prompt is as its model reads it (template and tools included),
+/// with nothing held or generated: Anthropic's `count_tokens`. Loads the model if it is not.
+pub async fn count_prompt_tokens(
+    cs: &CompletionState,
+    valid: &ValidRequest,
+) -> Result<usize, ApiError> {
+    let engine = cs.core.engines.get(&valid.model).await?;
+    Ok(encode(&engine, valid).await?.len())
 }
 
 /// The service token's session. The completion service's error types (spec section 7) have no
@@ -101,6 +115,16 @@ async fn tokenize(
     valid: &ValidRequest,
     spec: &TextModelSpec,
 ) -> Result<Vec<u32>, ApiError> {
+    let prompt_ids = encode(engine, valid).await?;
+    let context = spec
+        .context_length
+        .map_or(engine.context_length(), |c| c.min(engine.context_length()));
+    validate::check_prompt_length(prompt_ids.len(), valid.max_output_tokens, spec, context)?;
+    Ok(prompt_ids)
+}
+
+/// The chat template rendered and tokenized, off the async workers.
+async fn encode(engine: &SchedulerHandle, valid: &ValidRequest) -> Result<Vec<u32>, ApiError> {
     let tokenizer = engine.tokenizer();
     let prompt = valid.prompt.clone();
     let prompt_ids = tokio::task::spawn_blocking(move || {
@@ -122,10 +146,6 @@ async fn tokenize(
         };
         ApiError::invalid_request(field, e)
     })?;
-    let context = spec
-        .context_length
-        .map_or(engine.context_length(), |c| c.min(engine.context_length()));
-    validate::check_prompt_length(prompt_ids.len(), valid.max_output_tokens, spec, context)?;
     Ok(prompt_ids)
 }
 
@@ -174,6 +194,7 @@ async fn admit(
     let params = SamplingParams {
         temperature: valid.temperature,
         top_p: decode.top_p,
+        top_k: decode.top_k,
         presence_penalty: decode.presence_penalty,
         frequency_penalty: decode.frequency_penalty,
         logprobs: decode.logprobs,

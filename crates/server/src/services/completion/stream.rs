@@ -246,6 +246,7 @@ async fn drive(
         spec,
         margin,
         input_cost,
+        ..
     } = started;
     let stream_id = generation.stream_id().to_string();
     let stall = cs.core.client_stall_timeout;

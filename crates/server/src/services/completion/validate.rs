@@ -85,6 +85,8 @@ pub enum Prompt {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decode {
     pub top_p: f32,
+    /// Sample from this many most likely tokens only; 0: all.
+    pub top_k: usize,
     /// `None`: a seed drawn per request.
     pub seed: Option<u64>,
     pub stop: Vec<String>,
@@ -101,6 +103,7 @@ impl Default for Decode {
     fn default() -> Self {
         Decode {
             top_p: 1.0,
+            top_k: 0,
             seed: None,
             stop: Vec::new(),
             presence_penalty: 0.0,

@@ -9,10 +9,10 @@
 //! driver and settlement. Only the answer's shape differs (`respond.rs`), and errors are in
 //! that API's shape ([`OpenAiError`]).
 
-mod request;
-mod respond;
-mod tools;
-mod wire;
+pub(super) mod request;
+pub(super) mod respond;
+pub(super) mod tools;
+pub(super) mod wire;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -199,7 +199,9 @@ async fn chat(
         return Ok(Json(whole(chat, &mut events).await?).into_response());
     }
     let opening = chat.opening().to_string();
-    sse(stream_id, Some(opening), events, move |e| chat.on_event(e))
+    Ok(sse(stream_id, vec![opening], events, unnamed, move |e| {
+        chat.on_event(e)
+    })?)
 }
 
 /// `POST /v1/completions`: the prompt continued as it is, no chat template.
@@ -238,34 +240,49 @@ async fn text(
     if !checked.stream {
         return Ok(Json(whole(text, &mut events).await?).into_response());
     }
-    sse(stream_id, None, events, move |e| text.on_event(e))
+    Ok(sse(stream_id, Vec::new(), events, unnamed, move |e| {
+        text.on_event(e)
+    })?)
 }
 
-/// The SSE answer: `first`, then each event's payloads, each as one `data:` line. The stream's
-/// id goes in `X-Stream-Id`, for `POST /stream/shutdown`. A client that closes the connection
-/// drops this stream, and with it the driver's reader: generation stops and is billed for
-/// what it made.
-fn sse<F>(
+/// OpenAI's events have no names: each payload is a `data:` line.
+fn unnamed(_: &str) -> Option<String> {
+    None
+}
+
+/// The SSE answer: `first`, then each event's payloads, each as one `data:` line under the
+/// event name `name` gives it (if any). The stream's id goes in `X-Stream-Id`, for
+/// `POST /stream/shutdown`. A client that closes the connection drops this stream, and with
+/// it the driver's reader: generation stops and is billed for what it made.
+pub(super) fn sse<F>(
     stream_id: String,
-    first: Option<String>,
+    first: Vec<String>,
     events: mpsc::Receiver<DriverEvent>,
+    name: fn(&str) -> Option<String>,
     convert: F,
-) -> Result<Response, OpenAiError>
+) -> Result<Response, ApiError>
 where
     F: FnMut(DriverEvent) -> Vec<String> + Send + 'static,
 {
-    let queue: VecDeque<String> = first.into_iter().collect();
+    let queue: VecDeque<String> = first.into();
     let state = (events, convert, queue);
-    let body = futures::stream::unfold(state, |(mut events, mut convert, mut queue)| async move {
-        loop {
-            if let Some(data) = queue.pop_front() {
-                let event = Event::default().data(data);
-                return Some((Ok::<Event, Infallible>(event), (events, convert, queue)));
+    let body = futures::stream::unfold(
+        state,
+        move |(mut events, mut convert, mut queue)| async move {
+            loop {
+                if let Some(data) = queue.pop_front() {
+                    let mut event = Event::default();
+                    if let Some(name) = name(&data) {
+                        event = event.event(name);
+                    }
+                    let event = event.data(data);
+                    return Some((Ok::<Event, Infallible>(event), (events, convert, queue)));
+                }
+                let event = events.recv().await?;
+                queue.extend(convert(event));
             }
-            let event = events.recv().await?;
-            queue.extend(convert(event));
-        }
-    });
+        },
+    );
     let mut response = Sse::new(body)
         .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
         .into_response();

@@ -234,6 +234,7 @@ fn sampling(s: &SamplingFields, _spec: &TextModelSpec) -> Result<Decode, ApiErro
     }
     Ok(Decode {
         top_p,
+        top_k: 0,
         seed: s.seed.map(|v| v as u64),
         stop,
         presence_penalty: penalty(s.presence_penalty, "presence_penalty")?,

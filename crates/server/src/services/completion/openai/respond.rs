@@ -57,7 +57,8 @@ fn cost(r: &CompletionResponse) -> HearthCost {
 fn finish_reason(outcome: &Result<FinishReason, AbortReason>, called: bool) -> &'static str {
     match outcome {
         _ if called => "tool_calls",
-        Ok(FinishReason::Stop) | Err(AbortReason::Cancelled | AbortReason::Disconnected) => "stop",
+        Ok(FinishReason::Stop | FinishReason::StopString(_))
+        | Err(AbortReason::Cancelled | AbortReason::Disconnected) => "stop",
         Ok(FinishReason::Length | FinishReason::ContextFull) => "length",
         Err(_) => "stop",
     }
@@ -107,8 +108,11 @@ fn end_of(event: DriverEvent) -> Option<End> {
 pub trait Answer: Sized {
     type Whole;
 
-    /// A token as the stream sends it: its chunk, if it makes one.
-    fn chunk_of(&mut self, token: String, logprobs: Vec<TokenLogprob>) -> Option<String>;
+    /// What a stream's last event is followed by (OpenAI's `[DONE]`), if anything.
+    const DONE: Option<&'static str> = Some("[DONE]");
+
+    /// A token as the stream sends it: the payloads it makes (none while a piece is held).
+    fn chunk_of(&mut self, token: String, logprobs: Vec<TokenLogprob>) -> Vec<String>;
     /// A token kept for the whole answer.
     fn gather(&mut self, token: String, logprobs: Vec<TokenLogprob>);
     /// The stream's last chunks: the final one, and the usage chunk when asked for.
@@ -124,25 +128,23 @@ pub trait Answer: Sized {
         response: &CompletionResponse,
     ) -> Self::Whole;
 
-    /// The SSE `data` payloads one event makes; the last event ends with `[DONE]`.
+    /// The payload of a stream that fails after it started (OpenAI's error body).
+    fn failure(&self, error: ApiError) -> String {
+        crate::error::OpenAiError(error).body().to_string()
+    }
+
+    /// The SSE `data` payloads one event makes; the last event ends with [`Self::DONE`].
     fn on_event(&mut self, event: DriverEvent) -> Vec<String> {
-        match event {
-            DriverEvent::Token { text, logprobs } => {
-                self.chunk_of(text, logprobs).into_iter().collect()
-            }
+        let mut out = match event {
+            DriverEvent::Token { text, logprobs } => return self.chunk_of(text, logprobs),
             terminal => match end_of(terminal) {
-                Some(End::Finished(outcome, response)) => {
-                    let mut out = self.last_chunks(&outcome, &response);
-                    out.push("[DONE]".into());
-                    out
-                }
-                Some(End::Failed(error)) => vec![
-                    crate::error::OpenAiError(error).body().to_string(),
-                    "[DONE]".into(),
-                ],
-                None => Vec::new(),
+                Some(End::Finished(outcome, response)) => self.last_chunks(&outcome, &response),
+                Some(End::Failed(error)) => vec![self.failure(error)],
+                None => return Vec::new(),
             },
-        }
+        };
+        out.extend(Self::DONE.map(String::from));
+        out
     }
 }
 
@@ -291,12 +293,14 @@ impl Chat {
 impl Answer for Chat {
     type Whole = ChatCompletion;
 
-    fn chunk_of(&mut self, token: String, logprobs: Vec<TokenLogprob>) -> Option<String> {
+    fn chunk_of(&mut self, token: String, logprobs: Vec<TokenLogprob>) -> Vec<String> {
         let pieces = self.splitter.push(&token);
         let delta = self.take(pieces);
         let empty = delta.content.is_none() && delta.tool_calls.is_empty();
         (!empty || (self.logprobs && !logprobs.is_empty()))
             .then(|| self.chunk(delta, logprobs, None).json())
+            .into_iter()
+            .collect()
     }
 
     fn gather(&mut self, token: String, logprobs: Vec<TokenLogprob>) {
@@ -430,10 +434,10 @@ impl Text {
 impl Answer for Text {
     type Whole = TextCompletion;
 
-    fn chunk_of(&mut self, token: String, logprobs: Vec<TokenLogprob>) -> Option<String> {
+    fn chunk_of(&mut self, token: String, logprobs: Vec<TokenLogprob>) -> Vec<String> {
         let legacy = self.legacy(&logprobs, self.text.len());
         self.text.push_str(&token);
-        Some(self.answer(token, legacy, None).json())
+        vec![self.answer(token, legacy, None).json()]
     }
 
     fn gather(&mut self, token: String, logprobs: Vec<TokenLogprob>) {
@@ -474,7 +478,7 @@ impl Answer for Text {
 }
 
 /// Serializing the answer types, which cannot fail (no maps with non-string keys).
-mod erased {
+pub(in crate::services::completion) mod erased {
     pub trait Json {
         fn json(&self) -> String;
     }
@@ -484,4 +488,4 @@ mod erased {
         }
     }
 }
-use erased::Json as _;
+pub(in crate::services::completion) use erased::Json;
