@@ -26,6 +26,7 @@ mod markdown_hostile;
 mod metrics;
 mod model_table;
 mod multinode;
+mod ollama;
 mod openai;
 mod openapi;
 mod pages_browser;

@@ -3,7 +3,8 @@
 //! "details"}}`; every failure of the markdown service is a [`MarkdownError`], rendered as
 //! `{"error": "<message>"}` (spec section 7); on the OpenAI-compatible routes an [`ApiError`]
 //! is rendered in that API's shape by [`OpenAiError`], and on Anthropic's Messages routes by
-//! [`AnthropicError`] (whose one departure, an overloaded engine's 529, is that API's). All take their status from one table,
+//! [`AnthropicError`] (whose one departure, an overloaded engine's 529, is that API's), and on
+//! Ollama's by [`OllamaError`]. All take their status from one table,
 //! [`ErrorKind::status`] (health answers take theirs from the service table,
 //! `Service::health`). The typed errors of the crates below are mapped here once (`from.rs`).
 
@@ -11,11 +12,13 @@ mod anthropic;
 mod from;
 mod json;
 mod markdown;
+mod ollama;
 mod openai;
 
 pub use anthropic::{AnthropicError, AnthropicJson};
 pub use json::{parse_json, AppJson};
 pub use markdown::MarkdownError;
+pub use ollama::{OllamaError, OllamaJson};
 pub use openai::{OpenAiError, OpenAiJson};
 
 use std::time::Duration;

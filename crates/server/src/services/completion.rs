@@ -15,6 +15,7 @@ mod embeddings;
 mod encoders;
 mod engines;
 mod grammar;
+mod ollama;
 mod openai;
 pub mod openapi;
 mod peers;
@@ -154,6 +155,7 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
             )
             .merge(openai::routes())
             .merge(anthropic::routes())
+            .merge(ollama::routes())
             .with_state(state),
     ))
 }

@@ -69,12 +69,38 @@ enum Inputs {
 }
 
 /// A checked request.
-struct EmbeddingRequest {
+pub(super) struct EmbeddingRequest {
     model: String,
     inputs: Inputs,
     base64: bool,
     dimensions: Option<usize>,
     truncate: bool,
+}
+
+impl EmbeddingRequest {
+    /// Texts to embed with `model` (another front end's request: Ollama's `/api/embed`).
+    pub(super) fn texts(
+        model: String,
+        texts: Vec<String>,
+        dimensions: Option<usize>,
+        truncate: bool,
+    ) -> Self {
+        EmbeddingRequest {
+            model,
+            inputs: Inputs::Texts(texts),
+            base64: false,
+            dimensions,
+            truncate,
+        }
+    }
+}
+
+/// What a request got: its model, each input's vector (shortened where asked), the tokens
+/// read and billed.
+pub(super) struct Embedded {
+    pub model: String,
+    pub vectors: Vec<Vec<f32>>,
+    pub tokens: usize,
 }
 
 /// The request body of `POST /v1/embeddings`.
@@ -277,6 +303,39 @@ pub async fn create(
 ) -> Result<Json<EmbeddingList>, OpenAiError> {
     let session = super::openai::session(&cs, &headers).await?;
     let request = EmbeddingRequest::parse(&body)?;
+    let base64 = request.base64;
+    let Embedded {
+        model,
+        vectors,
+        tokens,
+    } = embed(&cs, &session.user_id, request).await?;
+    let data = vectors
+        .into_iter()
+        .enumerate()
+        .map(|(index, v)| EmbeddingObject {
+            object: "embedding",
+            index,
+            embedding: encode(v, base64),
+        })
+        .collect();
+    Ok(Json(EmbeddingList {
+        object: "list",
+        data,
+        model,
+        usage: EmbeddingUsage {
+            prompt_tokens: tokens,
+            total_tokens: tokens,
+        },
+    }))
+}
+
+/// A checked request embedded for `user`: admitted, tokenized off the async workers, held,
+/// encoded by the model's engine and settled. Every front end's embeddings end here.
+pub(super) async fn embed(
+    cs: &CompletionState,
+    user: &str,
+    request: EmbeddingRequest,
+) -> Result<Embedded, ApiError> {
     Span::current().record("model", request.model.as_str());
     let entry =
         cs.core
@@ -289,8 +348,7 @@ pub async fn create(
             return Err(bad(
                 "dimensions",
                 format!("model {} was not trained for shortened vectors", entry.id),
-            )
-            .into());
+            ));
         }
         if d > engine.model().dimensions() {
             return Err(bad(
@@ -300,14 +358,13 @@ pub async fn create(
                     engine.model().dimensions(),
                     entry.id
                 ),
-            )
-            .into());
+            ));
         }
     }
     let _slot = cs
         .core
         .user_slots
-        .take(&session.user_id)
+        .take(user)
         .map_err(ApiError::rate_limited)?;
     let (truncate, tokenizing) = (request.truncate, engine.clone());
     let inputs = tokio::task::spawn_blocking(move || -> Result<Vec<Tokens>, ApiError> {
@@ -330,8 +387,8 @@ pub async fn create(
     .map_err(ApiError::internal)??;
     let tokens: usize = inputs.iter().map(Tokens::len).sum();
     let vectors = charged(
-        &cs,
-        &session.user_id,
+        cs,
+        user,
         &entry,
         tokens,
         "embeddings",
@@ -339,24 +396,15 @@ pub async fn create(
         engine.encode(inputs),
     )
     .await?;
-    let data = vectors
-        .into_iter()
-        .enumerate()
-        .map(|(index, v)| EmbeddingObject {
-            object: "embedding",
-            index,
-            embedding: encode(shorten(v, request.dimensions), request.base64),
-        })
-        .collect();
-    Ok(Json(EmbeddingList {
-        object: "list",
-        data,
+    let dimensions = request.dimensions;
+    Ok(Embedded {
         model: entry.id.clone(),
-        usage: EmbeddingUsage {
-            prompt_tokens: tokens,
-            total_tokens: tokens,
-        },
-    }))
+        vectors: vectors
+            .into_iter()
+            .map(|v| shorten(v, dimensions))
+            .collect(),
+        tokens,
+    })
 }
 
 /// The vector cut to `dimensions` and brought back to unit length.

@@ -1,0 +1,434 @@
+//! Ollama's API on the completion listener, beside the spec's, OpenAI's and Anthropic's routes:
+//! `POST /api/chat` and `POST /api/generate` (NDJSON lines by default, one object with
+//! `stream: false`), `POST /api/embed`, and the model routes `GET /api/tags`, `POST /api/show`,
+//! `GET /api/ps`, `GET /api/version`.
+//!
+//! A front end, not a pipeline: chat and generate are checked into the same
+//! [`ValidRequest`](super::validate::ValidRequest) and go down the same start pipeline (limits,
+//! hold, admission, driver, settlement, `/stream/shutdown`, cancellation when the client goes);
+//! embed goes through the embeddings route's own core. Credentials: the service token as
+//! `Authorization: Bearer` (the `ollama` client's `headers=`); Ollama's clients send none by
+//! default, and a request without one is 401 saying how to send it (money is spent here). The
+//! model routes need none, as `GET /v1/models` needs none. Errors are in Ollama's shape
+//! ([`OllamaError`]).
+
+mod request;
+mod respond;
+
+use std::time::{Instant, SystemTime};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tracing::{instrument, Span};
+use utoipa::ToSchema;
+
+use super::embeddings::{embed as embed_texts, Embedded, EmbeddingRequest};
+use super::openai::respond::{whole, Answer as _};
+use super::start::{authenticate, start_valid};
+use super::stream::{spawn_driver, DriverEvent};
+use super::{CompletionState, STREAM_ID_HEADER};
+use crate::error::{ApiError, OllamaError, OllamaJson};
+use crate::validate::bearer_token;
+use request::{ChatBody, Checked, GenerateBody};
+use respond::{Ollama, Route};
+
+pub fn routes() -> Router<CompletionState> {
+    Router::new()
+        .route("/api/chat", post(chat))
+        .route("/api/generate", post(generate))
+        .route("/api/embed", post(embed))
+        .route("/api/tags", get(tags))
+        .route("/api/show", post(show))
+        .route("/api/ps", get(ps))
+        .route("/api/version", get(version))
+}
+
+/// The session of the bearer token.
+async fn session(
+    cs: &CompletionState,
+    headers: &HeaderMap,
+) -> Result<crate::state::Session, ApiError> {
+    let token = bearer_token(headers).ok_or_else(|| {
+        ApiError::invalid_credentials(
+            "no credentials: send the service token as Authorization: Bearer <serviceToken> \
+             (the ollama client: Client(host=..., headers={'Authorization': 'Bearer ...'}))",
+        )
+    })?;
+    authenticate(cs, token).await
+}
+
+/// `POST /api/chat`.
+#[utoipa::path(
+    post,
+    path = "/api/chat",
+    tag = "ollama",
+    operation_id = "ollamaChat",
+    description = "Ollama's chat: NDJSON lines `{model, created_at, message, done}` (the last \
+        `done: true` with `done_reason` and counts), or one object with `stream: false`. No \
+        messages: the model is loaded (`done_reason: \"load\"`). Billed as `POST /`.",
+    request_body = ChatBody,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The answer, or its lines (`application/x-ndjson`)."),
+        (status = 400, description = "A bad field: `{\"error\": ...}`."),
+        (status = 401, description = "No, bad or expired service token."),
+        (status = 402, description = "The balance cannot cover the worst case."),
+        (status = 404, description = "No such model."),
+        (status = 429, description = "The user's concurrent requests are at the cap."),
+        (status = 503, description = "Overloaded (`Retry-After`)."),
+    )
+)]
+#[instrument(skip_all, fields(model, user))]
+async fn chat(
+    State(cs): State<CompletionState>,
+    headers: HeaderMap,
+    OllamaJson(body): OllamaJson<ChatBody>,
+) -> Result<Response, OllamaError> {
+    let started = Instant::now();
+    let session = session(&cs, &headers).await?;
+    let model = body.model.clone().unwrap_or_default();
+    match request::chat(body, &cs.core.catalog)? {
+        Some(checked) => Ok(answer(&cs, session, checked, Route::Chat, started).await?),
+        None => Ok(load(&cs, &model, Route::Chat).await?),
+    }
+}
+
+/// `POST /api/generate`.
+#[utoipa::path(
+    post,
+    path = "/api/generate",
+    tag = "ollama",
+    operation_id = "ollamaGenerate",
+    description = "Ollama's generate: the prompt (with `system`) through the chat template, or \
+        as it is with `raw`; NDJSON lines `{model, created_at, response, done}`, or one object \
+        with `stream: false`. No prompt: the model is loaded. Billed as `POST /`.",
+    request_body = GenerateBody,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The answer, or its lines (`application/x-ndjson`)."),
+        (status = 400, description = "A bad field: `{\"error\": ...}`."),
+        (status = 401, description = "No, bad or expired service token."),
+        (status = 402, description = "The balance cannot cover the worst case."),
+        (status = 404, description = "No such model."),
+        (status = 429, description = "The user's concurrent requests are at the cap."),
+        (status = 503, description = "Overloaded (`Retry-After`)."),
+    )
+)]
+#[instrument(skip_all, fields(model, user))]
+async fn generate(
+    State(cs): State<CompletionState>,
+    headers: HeaderMap,
+    OllamaJson(body): OllamaJson<GenerateBody>,
+) -> Result<Response, OllamaError> {
+    let started = Instant::now();
+    let session = session(&cs, &headers).await?;
+    let model = body.model.clone().unwrap_or_default();
+    match request::generate(body, &cs.core.catalog)? {
+        Some(checked) => Ok(answer(&cs, session, checked, Route::Generate, started).await?),
+        None => Ok(load(&cs, &model, Route::Generate).await?),
+    }
+}
+
+/// A checked generation, started and answered whole or as lines.
+async fn answer(
+    cs: &CompletionState,
+    session: crate::state::Session,
+    checked: Checked,
+    route: Route,
+    started: Instant,
+) -> Result<Response, ApiError> {
+    Span::current().record("model", checked.valid.model.as_str());
+    let generation = start_valid(cs, session, checked.valid).await?;
+    let model = generation.model.clone();
+    let (stream_id, mut events) = spawn_driver(cs, generation)?;
+    let mut answer = Ollama::new(route, &model, &checked.tools, started);
+    if !checked.stream {
+        return Ok(Json(whole(answer, &mut events).await?).into_response());
+    }
+    ndjson(stream_id, events, move |e| answer.on_event(e))
+}
+
+/// A request with nothing to generate: the model loaded, and Ollama's answer saying so.
+async fn load(cs: &CompletionState, model: &str, route: Route) -> Result<Response, ApiError> {
+    Span::current().record("model", model);
+    cs.core.engines.get(model).await?;
+    Ok(Json(Ollama::loaded(route, model)).into_response())
+}
+
+/// The NDJSON answer: each event's objects, one a line. The stream's id goes in
+/// `X-Stream-Id`, for `POST /stream/shutdown`. A client that closes the connection drops this
+/// body, and with it the driver's reader: generation stops and is billed for what it made.
+fn ndjson<F>(
+    stream_id: String,
+    events: mpsc::Receiver<DriverEvent>,
+    mut convert: F,
+) -> Result<Response, ApiError>
+where
+    F: FnMut(DriverEvent) -> Vec<String> + Send + 'static,
+{
+    let lines = futures::stream::unfold(events, |mut events| async move {
+        let event = events.recv().await?;
+        Some((event, events))
+    })
+    .map(move |event| {
+        let text: String = convert(event).into_iter().map(|l| l + "\n").collect();
+        Ok::<_, std::convert::Infallible>(text)
+    });
+    let mut response = Response::new(Body::from_stream(lines));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    let id = HeaderValue::from_str(&stream_id).map_err(ApiError::internal)?;
+    headers.insert(STREAM_ID_HEADER, id);
+    Ok(response)
+}
+
+/// `POST /api/embed`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[schema(as = OllamaEmbedRequest)]
+pub struct EmbedBody {
+    /// An `[embedding."id"]` model.
+    #[schema(value_type = String, required = true)]
+    model: Option<String>,
+    /// A string or strings.
+    #[schema(value_type = Object, required = true)]
+    input: Option<Value>,
+    /// Cut inputs longer than the model reads (the default, as Ollama); `false` refuses them.
+    truncate: Option<bool>,
+    /// Cut each vector to this many dimensions and normalise it again (models trained for it).
+    dimensions: Option<usize>,
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/embed",
+    tag = "ollama",
+    operation_id = "ollamaEmbed",
+    description = "Ollama's embeddings: `{model, embeddings, prompt_eval_count}`, billed as \
+        `POST /v1/embeddings` (per input token); `options` and `keep_alive` are ignored.",
+    request_body = EmbedBody,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "One vector per input, in order."),
+        (status = 400, description = "A bad field: `{\"error\": ...}`."),
+        (status = 401, description = "No, bad or expired service token."),
+        (status = 404, description = "No such model."),
+    )
+)]
+#[instrument(skip_all, fields(model, user))]
+async fn embed(
+    State(cs): State<CompletionState>,
+    headers: HeaderMap,
+    OllamaJson(body): OllamaJson<EmbedBody>,
+) -> Result<Json<Value>, OllamaError> {
+    let started = Instant::now();
+    let session = session(&cs, &headers).await?;
+    let model = body
+        .model
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| ApiError::invalid_request("model", "model is required"))?;
+    let texts = match body.input {
+        Some(Value::String(s)) => vec![s],
+        Some(Value::Array(items)) if !items.is_empty() => items
+            .into_iter()
+            .map(|v| match v {
+                Value::String(s) => Ok(s),
+                _ => Err(ApiError::invalid_request("input", "must be strings")),
+            })
+            .collect::<Result<_, _>>()?,
+        _ => return Err(ApiError::invalid_request("input", "must be a string or strings").into()),
+    };
+    let request =
+        EmbeddingRequest::texts(model, texts, body.dimensions, body.truncate.unwrap_or(true));
+    let Embedded {
+        model,
+        vectors,
+        tokens,
+    } = embed_texts(&cs, &session.user_id, request).await?;
+    Ok(Json(json!({
+        "model": model,
+        "embeddings": vectors,
+        "total_duration": started.elapsed().as_nanos() as u64,
+        "load_duration": 0,
+        "prompt_eval_count": tokens,
+    })))
+}
+
+/// A model's file: its size and when it last changed (`None` for a hub model not fetched).
+fn file_facts(cs: &CompletionState, id: &str) -> (u64, String) {
+    let path = cs
+        .core
+        .catalog
+        .entry(id)
+        .and_then(|e| match &e.load.source {
+            hearth_infer::WeightSource::Local { path } => Some(path.clone()),
+            _ => None,
+        });
+    let meta = path.and_then(|p| std::fs::metadata(p).ok());
+    let size = meta.as_ref().map_or(0, |m| m.len());
+    let modified = meta
+        .and_then(|m| m.modified().ok())
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let modified = chrono::DateTime::<chrono::Utc>::from(modified)
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    (size, modified)
+}
+
+/// A model's `details`, as far as Hearth knows them without reading the file.
+fn details(format: &str) -> Value {
+    json!({ "format": format, "family": "", "families": null, "parameter_size": "", "quantization_level": "" })
+}
+
+fn format_of(cs: &CompletionState, id: &str) -> &'static str {
+    let gguf = cs
+        .core
+        .catalog
+        .entry(id)
+        .is_some_and(|e| match &e.load.source {
+            hearth_infer::WeightSource::Local { path } => path
+                .extension()
+                .is_some_and(|x| x.eq_ignore_ascii_case("gguf")),
+            hearth_infer::WeightSource::HfHub { file, .. } => file.is_some(),
+        });
+    if gguf {
+        "gguf"
+    } else {
+        "safetensors"
+    }
+}
+
+/// `GET /api/tags`: every chat model of the table, and the embedding models.
+#[utoipa::path(
+    get,
+    path = "/api/tags",
+    tag = "ollama",
+    operation_id = "ollamaTags",
+    responses((status = 200, description = "`{models: [{name, model, modified_at, size, details}]}`: the chat models of the table, loaded or not, and the embedding models."))
+)]
+async fn tags(State(cs): State<CompletionState>) -> Json<Value> {
+    let mut models: Vec<Value> = cs
+        .core
+        .catalog
+        .ids()
+        .iter()
+        .map(|id| {
+            let (size, modified) = file_facts(&cs, id);
+            json!({ "name": id, "model": id, "modified_at": modified, "size": size,
+                    "details": details(format_of(&cs, id)) })
+        })
+        .collect();
+    models.extend(cs.core.embeddings.models.ids().map(|id| {
+        json!({ "name": id, "model": id, "modified_at": "1970-01-01T00:00:00Z", "size": 0,
+                "details": details("safetensors") })
+    }));
+    Json(json!({ "models": models }))
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[schema(as = OllamaShowRequest)]
+pub struct ShowBody {
+    #[schema(value_type = String, required = true)]
+    model: Option<String>,
+    /// The older name of `model`.
+    name: Option<String>,
+}
+
+/// `POST /api/show`.
+#[utoipa::path(
+    post,
+    path = "/api/show",
+    tag = "ollama",
+    operation_id = "ollamaShow",
+    request_body = ShowBody,
+    responses(
+        (status = 200, description = "`{modelfile, parameters, template, details, model_info, capabilities}`; the template and context length once the model is loaded."),
+        (status = 404, description = "No such model."),
+    )
+)]
+async fn show(
+    State(cs): State<CompletionState>,
+    OllamaJson(body): OllamaJson<ShowBody>,
+) -> Result<Json<Value>, OllamaError> {
+    let id = body.model.or(body.name).unwrap_or_default();
+    if cs.core.embeddings.models.get(&id).is_some() {
+        return Ok(Json(json!({
+            "modelfile": "", "parameters": "", "template": "",
+            "details": details("safetensors"), "model_info": {}, "capabilities": ["embedding"],
+        })));
+    }
+    let spec = request::model(&Some(id.clone()), &cs.core.catalog)?;
+    let ready = cs
+        .core
+        .engines
+        .status()
+        .get(&id)
+        .is_some_and(|s| s == "ready");
+    let (template, context) = if ready {
+        let engine = cs.core.engines.get(&id).await.map_err(ApiError::from)?;
+        (
+            engine.tokenizer().chat_template().to_string(),
+            Some(engine.context_length()),
+        )
+    } else {
+        (String::new(), None)
+    };
+    let (_, modified) = file_facts(&cs, &id);
+    Ok(Json(json!({
+        "modelfile": "",
+        "parameters": format!(
+            "temperature {}\nnum_predict {}",
+            spec.default_temperature, spec.default_max_output_tokens
+        ),
+        "template": template,
+        "details": details(format_of(&cs, &id)),
+        "model_info": { "context_length": context },
+        "capabilities": ["completion", "tools"],
+        "modified_at": modified,
+    })))
+}
+
+/// `GET /api/ps`: the chat models loaded now (they stay loaded).
+#[utoipa::path(
+    get,
+    path = "/api/ps",
+    tag = "ollama",
+    operation_id = "ollamaPs",
+    responses((status = 200, description = "`{models: [{name, model, size, details, expires_at, size_vram}]}`: the chat models loaded now; Hearth keeps them loaded, so `expires_at` is far off."))
+)]
+async fn ps(State(cs): State<CompletionState>) -> Json<Value> {
+    let models: Vec<Value> = cs
+        .core
+        .engines
+        .status()
+        .into_iter()
+        .filter(|(_, state)| state == "ready")
+        .map(|(id, _)| {
+            let (size, _) = file_facts(&cs, &id);
+            json!({ "name": id, "model": id, "size": size, "size_vram": 0,
+                    "expires_at": "9999-12-31T23:59:59Z", "details": details(format_of(&cs, &id)) })
+        })
+        .collect();
+    Json(json!({ "models": models }))
+}
+
+/// `GET /api/version`: Hearth's version.
+#[utoipa::path(
+    get,
+    path = "/api/version",
+    tag = "ollama",
+    operation_id = "ollamaVersion",
+    responses((status = 200, description = "`{version}`: Hearth's version."))
+)]
+async fn version() -> Json<Value> {
+    Json(json!({ "version": env!("CARGO_PKG_VERSION") }))
+}
