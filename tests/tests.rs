@@ -34,3 +34,4 @@ mod prefix_reuse;
 mod quickstart;
 mod random_model;
 mod rerank;
+mod responses;

@@ -20,6 +20,7 @@ mod openai;
 pub mod openapi;
 mod peers;
 mod rerank;
+mod responses;
 mod start;
 mod stream;
 mod validate;
@@ -156,6 +157,7 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
             .merge(openai::routes())
             .merge(anthropic::routes())
             .merge(ollama::routes())
+            .merge(responses::routes())
             .with_state(state),
     ))
 }

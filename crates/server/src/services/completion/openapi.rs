@@ -32,6 +32,7 @@ use crate::openapi::{AnthropicErrorBody, ApiKeyAuth, BearerAuth, ErrorObject};
         super::openai::text,
         super::embeddings::create,
         super::rerank::rerank,
+        super::responses::create,
         super::anthropic::messages,
         super::anthropic::count_tokens,
         super::ollama::chat,

@@ -22,7 +22,7 @@ use axum::{Json, Router};
 use tracing::{instrument, Span};
 
 use super::openai::respond::{whole, Answer as _};
-use super::openai::sse;
+use super::openai::{sse, typed};
 use super::start::{authenticate, count_prompt_tokens, start_valid};
 use super::stream::spawn_driver;
 use super::CompletionState;
@@ -128,18 +128,9 @@ async fn messages(
         return Ok(Json(whole(answer, &mut events).await?).into_response());
     }
     let opening = answer.opening();
-    Ok(sse(stream_id, opening, events, event_name, move |e| {
+    Ok(sse(stream_id, opening, events, typed, move |e| {
         answer.on_event(e)
     })?)
-}
-
-/// Each of Anthropic's events is named by its payload's `type`.
-fn event_name(data: &str) -> Option<String> {
-    serde_json::from_str::<serde_json::Value>(data)
-        .ok()?
-        .get("type")?
-        .as_str()
-        .map(String::from)
 }
 
 /// `POST /v1/messages/count_tokens`.

@@ -245,9 +245,18 @@ async fn text(
     })?)
 }
 
-/// OpenAI's events have no names: each payload is a `data:` line.
+/// OpenAI's chat events have no names: each payload is a `data:` line.
 fn unnamed(_: &str) -> Option<String> {
     None
+}
+
+/// Events named by their payload's `type` (Anthropic's and the Responses API's).
+pub(super) fn typed(data: &str) -> Option<String> {
+    serde_json::from_str::<serde_json::Value>(data)
+        .ok()?
+        .get("type")?
+        .as_str()
+        .map(String::from)
 }
 
 /// The SSE answer: `first`, then each event's payloads, each as one `data:` line under the
