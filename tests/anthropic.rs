@@ -134,6 +134,7 @@ async fn the_anthropic_client_runs_every_kind_of_request() {
 
     // output_config.format: sampled answers that parse and follow the schema (the script
     // validated each with jsonschema).
+    assert!(!out["structured"].as_array().unwrap().is_empty());
     for answer in out["structured"].as_array().unwrap() {
         assert_eq!(answer["stop_reason"], "end_turn", "{answer}");
         assert!(answer["parsed"]["name"].is_string());
@@ -338,11 +339,28 @@ async fn hostile_messages_get_anthropics_error_shape_and_hold_nothing() {
             "not_found_error",
         ),
         (
-            "huge",
+            "10 MB",
             Some(&key),
-            with("system", json!("x".repeat(2 * 1024 * 1024))),
+            with("system", json!("x".repeat(10 * 1024 * 1024))),
             413,
             "request_too_large",
+        ),
+        (
+            "10,000 blocks",
+            Some(&key),
+            with(
+                "messages",
+                json!([{"role": "user", "content": vec![json!({"type": "text", "text": "x "}); 10_000]}]),
+            ),
+            400,
+            "invalid_request_error",
+        ),
+        (
+            "wrong types",
+            Some(&key),
+            with("max_tokens", json!("four")),
+            400,
+            "invalid_request_error",
         ),
     ];
     for (name, key, body, status, kind) in cases {

@@ -109,9 +109,11 @@ async fn the_openai_client_runs_the_responses_api() {
     assert!(!t["reply"].as_str().unwrap().is_empty());
     assert!(t["streamed_arguments"]["city"].is_string());
 
-    assert_eq!(out["people"].as_array().unwrap().len(), 2);
+    assert!(!out["people"].as_array().unwrap().is_empty());
 
     let e = &out["errors"];
+    assert_eq!(e["bad_key"]["status"], 401);
+    assert_eq!(e["bad_key"]["class"], "AuthenticationError");
     assert_eq!(e["store"]["status"], 400);
     assert_eq!(e["store"]["param"], "store");
     assert_eq!(e["previous"]["status"], 400);
@@ -153,4 +155,82 @@ async fn a_responses_stream_the_client_drops_is_billed_for_what_it_made() {
     let worst_output = dec("2.40") * dec("1500") / dec("1000000");
     assert!(charged > dec("0"), "the tokens made are billed");
     assert!(charged < worst_output / dec("4"), "charged {charged}");
+}
+
+#[tokio::test]
+async fn hostile_responses_requests_get_openais_error_shape_and_hold_nothing() {
+    let app = spawn().await;
+    let key = app.user("rs-mallory", "5").await;
+    let ok = json!({"model": "alpha-3.3", "input": "hi", "max_output_tokens": 4});
+    let with = |k: &str, v: Value| {
+        let mut body = ok.clone();
+        body[k] = v;
+        body.to_string()
+    };
+    let item = json!({"role": "user", "content": "x "});
+    let cases: Vec<(&str, Option<&str>, String, u16)> = vec![
+        ("no key", None, ok.to_string(), 401),
+        ("not json", Some(&key), "{\"model\": ".into(), 400),
+        ("wrong type", Some(&key), with("input", json!(7)), 400),
+        ("empty input", Some(&key), with("input", json!([])), 400),
+        (
+            "unknown item",
+            Some(&key),
+            with("input", json!([{"type": "computer_call"}])),
+            400,
+        ),
+        (
+            "bad role",
+            Some(&key),
+            with("input", json!([{"role": "robot", "content": "x"}])),
+            400,
+        ),
+        (
+            "bad tool",
+            Some(&key),
+            with("tools", json!([{"type": "web_search"}])),
+            400,
+        ),
+        (
+            "bad format",
+            Some(&key),
+            with("text", json!({"format": {"type": "yaml"}})),
+            400,
+        ),
+        (
+            "bad tool_choice",
+            Some(&key),
+            with("tool_choice", json!({"type": "function", "name": "nope"})),
+            400,
+        ),
+        (
+            "10,000 items",
+            Some(&key),
+            with("input", json!(vec![item; 10_000])),
+            400,
+        ),
+        (
+            "10 MB",
+            Some(&key),
+            with("input", json!("x".repeat(10 * 1024 * 1024))),
+            413,
+        ),
+    ];
+    for (name, key, body, status) in cases {
+        let mut req = app
+            .http
+            .post(format!("{}/v1/responses", app.url))
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(key) = key {
+            req = req.bearer_auth(key);
+        }
+        let response = req.send().await.unwrap();
+        assert_eq!(response.status().as_u16(), status, "{name}");
+        let answer: Value = response.json().await.unwrap();
+        assert!(answer["error"]["message"].is_string(), "{name}: {answer}");
+        assert!(answer["error"]["type"].is_string(), "{name}: {answer}");
+    }
+    app.wait_no_holds("rs-mallory").await;
+    assert_eq!(app.store().balance("rs-mallory").await.unwrap(), dec("5"));
 }

@@ -62,13 +62,16 @@ def chat(client, model):
         "short_reason": short.done_reason,
         "short_count": short.eval_count,
     }
+    # Sampled, every answer that ends by itself parses and follows the schema.
     people = []
-    for _ in range(2):
+    for _ in range(4):
         p = client.chat(model=model, format=PERSON, options={"temperature": 0.8, "top_k": 40, "num_predict": 120},
                         messages=[{"role": "user", "content": "Describe a made-up person as JSON."}])
-        parsed = json.loads(p.message.content)
-        jsonschema.validate(parsed, PERSON)
-        people.append(parsed)
+        if p.done_reason == "stop":
+            parsed = json.loads(p.message.content)
+            jsonschema.validate(parsed, PERSON)
+            people.append(parsed)
+    assert people, "no structured answer ended within num_predict"
     out["people"] = people
     loaded = client.chat(model=model, messages=[])
     out["load_reason"] = loaded.done_reason
@@ -150,8 +153,10 @@ def errors(host, key, poor, model):
     client = ollama.Client(host=host, headers={"Authorization": f"Bearer {key}"})
     broke = ollama.Client(host=host, headers={"Authorization": f"Bearer {poor}"})
     ask = [{"role": "user", "content": "hi"}]
+    wrong = ollama.Client(host=host, headers={"Authorization": "Bearer not-a-token"})
     return {
         "no_key": error_of(lambda: anonymous.chat(model=model, messages=ask)),
+        "bad_key": error_of(lambda: wrong.chat(model=model, messages=ask)),
         "unknown_model": error_of(lambda: client.chat(model="no-such-model", messages=ask)),
         "think": error_of(lambda: client.chat(model=model, messages=ask, think=True)),
         "mirostat": error_of(lambda: client.chat(model=model, messages=ask, options={"mirostat": 2})),

@@ -104,18 +104,24 @@ def main():
                     "reply": reply.output_text, "reply_items": [o.type for o in reply.output],
                     "streamed_arguments": json.loads(streamed_args)}
 
+    # Sampled, a 135M model may ramble past the limit (an answer cut there cannot be whole JSON,
+    # on any server); every answer that ends by itself parses and follows the schema.
     people = []
-    for _ in range(2):
+    for _ in range(4):
         j = client.responses.create(model=m, input="Describe a made-up person as JSON.", temperature=0.8,
                                     max_output_tokens=120,
                                     text={"format": {"type": "json_schema", "name": "person", "schema": PERSON,
                                                      "strict": True}})
-        parsed = json.loads(j.output_text)
-        jsonschema.validate(parsed, PERSON)
-        people.append(parsed)
+        if j.status == "completed":
+            parsed = json.loads(j.output_text)
+            jsonschema.validate(parsed, PERSON)
+            people.append(parsed)
+    assert people, "no structured answer ended within max_output_tokens"
     out["people"] = people
 
+    bad = openai.OpenAI(base_url=a.base_url, api_key="not-a-token", max_retries=0)
     out["errors"] = {
+        "bad_key": error_of(lambda: bad.responses.create(model=m, input="hi")),
         "store": error_of(lambda: client.responses.create(model=m, input="hi", store=True)),
         "previous": error_of(lambda: client.responses.create(model=m, input="hi", previous_response_id="resp_x")),
         "unknown_model": error_of(lambda: client.responses.create(model="no-such-model", input="hi")),
