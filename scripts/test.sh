@@ -55,7 +55,7 @@ if [ -x scripts/fetch-test-docs.sh ]; then
     log "fetching markdown test documents"
     scripts/fetch-test-docs.sh
 fi
-log "python clients (openai, prometheus_client, openapi-spec-validator, pillow)"
+log "python clients (openai, anthropic, ollama, cohere, prometheus_client, openapi-spec-validator, pillow)"
 scripts/python-clients.sh
 log "OCR test pages"
 .cache/venv-clients/bin/python scripts/ocr/pages.py \

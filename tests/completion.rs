@@ -121,6 +121,25 @@ pub(crate) async fn spawn_completion_table(
     }
 }
 
+/// After a stream of `alpha-3.3` (2.40 credits per million output tokens) asking for
+/// `max_tokens` that its client dropped early: no hold is left, and `user` paid for the tokens
+/// made, far less than the worst case's output.
+pub(crate) async fn assert_billed_for_what_it_made(
+    app: &App,
+    user: &str,
+    before: Decimal,
+    max_tokens: u64,
+) {
+    app.wait_no_holds(user).await;
+    let charged = before - app.store().balance(user).await.unwrap();
+    let worst_output = dec("2.40") * Decimal::from(max_tokens) / dec("1000000");
+    assert!(charged > dec("0"), "the tokens made are billed");
+    assert!(
+        charged < worst_output / dec("4"),
+        "charged {charged}: generation went on"
+    );
+}
+
 pub(crate) fn dec(s: &str) -> Decimal {
     Decimal::from_str(s).unwrap()
 }

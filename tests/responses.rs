@@ -8,7 +8,7 @@
 use serde_json::{json, Value};
 
 use crate::common::run_client_script;
-use crate::completion::{dec, request, spawn_completion_with, App};
+use crate::completion::{assert_billed_for_what_it_made, dec, request, spawn_completion_with, App};
 
 async fn spawn() -> App {
     spawn_completion_with("", |raw| raw.completion.max_concurrent_per_user = Some(0)).await
@@ -150,11 +150,7 @@ async fn a_responses_stream_the_client_drops_is_billed_for_what_it_made() {
             .count();
     }
     drop(stream);
-    app.wait_no_holds("rs-quitter").await;
-    let charged = before - app.store().balance("rs-quitter").await.unwrap();
-    let worst_output = dec("2.40") * dec("1500") / dec("1000000");
-    assert!(charged > dec("0"), "the tokens made are billed");
-    assert!(charged < worst_output / dec("4"), "charged {charged}");
+    assert_billed_for_what_it_made(&app, "rs-quitter", before, 1500).await;
 }
 
 #[tokio::test]

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
-use super::{set_retry_after, ApiError, AppJson, ErrorKind};
+use super::{answer, ApiError, AppJson, ErrorKind};
 
 /// An [`ApiError`] answered in Anthropic's error shape.
 #[derive(Debug, Clone)]
@@ -62,11 +62,8 @@ impl AnthropicError {
 
 impl IntoResponse for AnthropicError {
     fn into_response(self) -> Response {
-        let retry_after = self.0.details["retryAfterSeconds"].as_u64();
         let (_, status) = self.type_and_status();
-        let mut resp = (status, axum::Json(self.body())).into_response();
-        set_retry_after(&mut resp, retry_after);
-        resp
+        answer(&self.0, status, self.body())
     }
 }
 

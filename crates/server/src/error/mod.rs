@@ -193,11 +193,16 @@ impl IntoResponse for ApiError {
         let body = json!({
             "error": { "type": self.kind.type_name(), "message": self.message, "details": self.details }
         });
-        let retry_after = self.details["retryAfterSeconds"].as_u64();
-        let mut resp = (self.kind.status(), axum::Json(body)).into_response();
-        set_retry_after(&mut resp, retry_after);
-        resp
+        answer(&self, self.kind.status(), body)
     }
+}
+
+/// `body` with `status`, and `Retry-After` when `e` carries a figure: every JSON error shape's
+/// answer (the spec's, OpenAI's, Anthropic's, Ollama's).
+pub(crate) fn answer(e: &ApiError, status: StatusCode, body: Value) -> Response {
+    let mut resp = (status, axum::Json(body)).into_response();
+    set_retry_after(&mut resp, e.details["retryAfterSeconds"].as_u64());
+    resp
 }
 
 /// A retry figure in the whole seconds `Retry-After` takes: rounded up, at least one.

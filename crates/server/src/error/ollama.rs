@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
-use super::{set_retry_after, ApiError, AppJson};
+use super::{answer, ApiError, AppJson};
 
 /// An [`ApiError`] answered in Ollama's error shape.
 #[derive(Debug, Clone)]
@@ -32,10 +32,7 @@ impl OllamaError {
 
 impl IntoResponse for OllamaError {
     fn into_response(self) -> Response {
-        let retry_after = self.0.details["retryAfterSeconds"].as_u64();
-        let mut resp = (self.0.kind.status(), axum::Json(self.body())).into_response();
-        set_retry_after(&mut resp, retry_after);
-        resp
+        answer(&self.0, self.0.kind.status(), self.body())
     }
 }
 

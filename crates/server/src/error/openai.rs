@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
-use super::{set_retry_after, ApiError, AppJson, ErrorKind};
+use super::{answer, ApiError, AppJson, ErrorKind};
 
 /// An [`ApiError`] answered in the OpenAI API's error shape.
 #[derive(Debug, Clone)]
@@ -58,10 +58,7 @@ impl OpenAiError {
 
 impl IntoResponse for OpenAiError {
     fn into_response(self) -> Response {
-        let retry_after = self.0.details["retryAfterSeconds"].as_u64();
-        let mut resp = (self.0.kind.status(), axum::Json(self.body())).into_response();
-        set_retry_after(&mut resp, retry_after);
-        resp
+        answer(&self.0, self.0.kind.status(), self.body())
     }
 }
 

@@ -11,16 +11,16 @@ use hearth_types::{ChatMessage, Role, ToolCall};
 
 use super::wire::{AnthropicTool, CountRequest, MessagesRequest};
 use crate::error::ApiError;
-use crate::services::completion::catalog::{Catalog, TextModelSpec};
+use crate::services::completion::catalog::Catalog;
+use crate::services::completion::front;
 use crate::services::completion::openai::tools::{self, ToolMode};
 use crate::services::completion::openai::wire::{FunctionDef, NamedFunction, Tool, ToolChoice};
 use crate::services::completion::validate::{
     output_tokens, temperature, Decode, GrammarRequest, Prompt, ValidRequest,
 };
 
-/// At most this many stop sequences, each at most this long.
+/// At most this many stop sequences.
 const MAX_STOP: usize = 16;
-const MAX_STOP_BYTES: usize = 256;
 /// At most this many tools offered in one request.
 const MAX_TOOLS: usize = 128;
 
@@ -36,20 +36,8 @@ fn bad(field: &str, message: impl std::fmt::Display) -> ApiError {
     ApiError::invalid_request(field, message)
 }
 
-/// The model named, or 404 as the API answers an unknown one.
-fn model<'c>(name: &Option<String>, catalog: &'c Catalog) -> Result<&'c TextModelSpec, ApiError> {
-    let name = name.as_deref().ok_or_else(|| bad("model", "is required"))?;
-    catalog.get(name).ok_or_else(|| {
-        ApiError::not_found(format!(
-            "the model {name:?} does not exist; models: {}",
-            catalog.ids().join(", ")
-        ))
-        .with_details(json!({ "field": "model" }))
-    })
-}
-
 pub fn messages_request(req: MessagesRequest, catalog: &Catalog) -> Result<Checked, ApiError> {
-    let spec = model(&req.model, catalog)?;
+    let spec = front::model(req.model.as_deref(), catalog)?;
     thinking(&req.thinking)?;
     if req.max_tokens.is_none() {
         return Err(bad("max_tokens", "is required"));
@@ -60,27 +48,12 @@ pub fn messages_request(req: MessagesRequest, catalog: &Catalog) -> Result<Check
     }
     let messages = conversation(req.system.as_ref(), req.messages)?;
     let tools = tool_mode(req.tools.as_deref(), req.tool_choice.as_ref())?;
-    let top_p = match req.top_p {
-        None => 1.0,
-        Some(p) if p > 0.0 && p <= 1.0 => p as f32,
-        Some(p) => return Err(bad("top_p", format!("must be in (0, 1], got {p}"))),
-    };
-    let stop = req.stop_sequences.unwrap_or_default();
-    if stop.len() > MAX_STOP {
-        return Err(bad(
-            "stop_sequences",
-            format!("at most {MAX_STOP} stop sequences"),
-        ));
-    }
-    if stop
-        .iter()
-        .any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
-    {
-        return Err(bad(
-            "stop_sequences",
-            format!("each stop sequence must be 1 to {MAX_STOP_BYTES} bytes"),
-        ));
-    }
+    let top_p = front::top_p(req.top_p, "top_p")?;
+    let stop = front::stop_strings(
+        req.stop_sequences.unwrap_or_default(),
+        "stop_sequences",
+        MAX_STOP,
+    )?;
     let grammar = match (output_format(req.output_config.as_ref())?, tools.grammar()?) {
         (Some(_), Some(_)) => {
             return Err(bad(
@@ -116,7 +89,7 @@ pub fn messages_request(req: MessagesRequest, catalog: &Catalog) -> Result<Check
 /// `count_tokens`: the prompt a messages request would read (its length checked only by the
 /// generation that would follow).
 pub fn count_request(req: CountRequest, catalog: &Catalog) -> Result<ValidRequest, ApiError> {
-    let spec = model(&req.model, catalog)?;
+    let spec = front::model(req.model.as_deref(), catalog)?;
     thinking(&req.thinking)?;
     let messages = conversation(req.system.as_ref(), req.messages)?;
     let tools = tool_mode(req.tools.as_deref(), req.tool_choice.as_ref())?;

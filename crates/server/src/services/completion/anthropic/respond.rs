@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use super::wire::{AnthropicUsage, Block, Message};
 use crate::error::{AnthropicError, ApiError};
 use crate::services::completion::openai::respond::{Answer, Json as _};
-use crate::services::completion::openai::tools::{Piece, Splitter, ToolMode};
+use crate::services::completion::openai::tools::{arguments_object, Piece, Splitter, ToolMode};
 use crate::services::completion::stream::CompletionResponse;
 
 /// What the open block of a stream is.
@@ -159,17 +159,11 @@ impl Messages {
         }
     }
 
-    /// Each tool call's input parsed from its JSON text (a call's arguments are JSON: a forced
-    /// call's by its grammar, a free one's as read back); text that is not an object stays a
-    /// string, so nothing is lost.
+    /// Each tool call's input, from its JSON text.
     fn inputs(&mut self) {
         for (block, args) in self.blocks.iter_mut().zip(&self.arguments) {
             if let Block::ToolUse { input, .. } = block {
-                *input = match serde_json::from_str::<Value>(args) {
-                    Ok(v @ Value::Object(_)) => v,
-                    _ if args.trim().is_empty() => json!({}),
-                    _ => Value::String(args.clone()),
-                };
+                *input = arguments_object(args);
             }
         }
     }

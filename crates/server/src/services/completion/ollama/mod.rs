@@ -366,7 +366,7 @@ async fn show(
             "details": details("safetensors"), "model_info": {}, "capabilities": ["embedding"],
         })));
     }
-    let spec = request::model(&Some(id.clone()), &cs.core.catalog)?;
+    let spec = super::front::model(Some(&id), &cs.core.catalog)?;
     let ready = cs
         .core
         .engines

@@ -6,13 +6,14 @@
 //! `keep_alive` (models stay loaded).
 
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 use utoipa::ToSchema;
 
 use hearth_types::{ChatMessage, Role, ToolCall};
 
 use crate::error::ApiError;
 use crate::services::completion::catalog::{Catalog, TextModelSpec};
+use crate::services::completion::front;
 use crate::services::completion::openai::tools::{self, ToolMode};
 use crate::services::completion::openai::wire::Tool;
 use crate::services::completion::validate::{
@@ -21,7 +22,6 @@ use crate::services::completion::validate::{
 
 /// At most this many stop strings, each at most this long; at most this many tools.
 const MAX_STOP: usize = 16;
-const MAX_STOP_BYTES: usize = 256;
 const MAX_TOOLS: usize = 128;
 
 /// Options of Ollama's runtime that do not change which tokens are chosen: accepted, ignored.
@@ -116,22 +116,9 @@ fn bad(field: &str, message: impl std::fmt::Display) -> ApiError {
     ApiError::invalid_request(field, message)
 }
 
-/// The model named, or 404 as Ollama answers an unknown one.
-pub fn model<'c>(
-    name: &Option<String>,
-    catalog: &'c Catalog,
-) -> Result<&'c TextModelSpec, ApiError> {
-    let name = name.as_deref().filter(|n| !n.is_empty());
-    let name = name.ok_or_else(|| bad("model", "model is required"))?;
-    catalog.get(name).ok_or_else(|| {
-        ApiError::not_found(format!("model \"{name}\" not found"))
-            .with_details(json!({ "field": "model" }))
-    })
-}
-
 /// `None` when the request only asks for the model to be loaded (no messages).
 pub fn chat(body: ChatBody, catalog: &Catalog) -> Result<Option<Checked>, ApiError> {
-    let spec = model(&body.model, catalog)?;
+    let spec = front::model(body.model.as_deref(), catalog)?;
     refuse_true(body.think.as_ref(), "think", "thinking is not supported")?;
     if body.logprobs == Some(true) {
         return Err(bad(
@@ -159,7 +146,7 @@ pub fn chat(body: ChatBody, catalog: &Catalog) -> Result<Option<Checked>, ApiErr
 
 /// `None` when the request only asks for the model to be loaded (no prompt).
 pub fn generate(body: GenerateBody, catalog: &Catalog) -> Result<Option<Checked>, ApiError> {
-    let spec = model(&body.model, catalog)?;
+    let spec = front::model(body.model.as_deref(), catalog)?;
     refuse_true(body.think.as_ref(), "think", "thinking is not supported")?;
     if body.logprobs == Some(true) {
         return Err(bad(
@@ -268,11 +255,7 @@ fn valid(
         },
     }
     .map_err(ApiError::from)?;
-    let top_p = match number("top_p")? {
-        None => 1.0,
-        Some(p) if p > 0.0 && p <= 1.0 => p as f32,
-        Some(p) => return Err(bad("options.top_p", format!("must be in (0, 1], got {p}"))),
-    };
+    let top_p = front::top_p(number("top_p")?, "options.top_p")?;
     let top_k = match number("top_k")? {
         None => 0,
         Some(k) if k >= 0.0 && k.fract() == 0.0 => k.min(u32::MAX as f64) as usize,
@@ -295,16 +278,7 @@ fn valid(
             .ok_or_else(|| bad("options.stop", "must be strings"))?,
         Some(_) => return Err(bad("options.stop", "must be strings")),
     };
-    if stop.len() > MAX_STOP
-        || stop
-            .iter()
-            .any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
-    {
-        return Err(bad(
-            "options.stop",
-            format!("at most {MAX_STOP} stop strings, each 1 to {MAX_STOP_BYTES} bytes"),
-        ));
-    }
+    let stop = front::stop_strings(stop, "options.stop", MAX_STOP)?;
     let penalty = |key: &str| -> Result<f32, ApiError> {
         match number(key)? {
             None => Ok(0.0),

@@ -13,7 +13,7 @@ use serde_json::{json, Map, Value};
 
 use crate::error::{ApiError, OllamaError};
 use crate::services::completion::openai::respond::Answer;
-use crate::services::completion::openai::tools::{Piece, Splitter, ToolMode};
+use crate::services::completion::openai::tools::{arguments_object, Piece, Splitter, ToolMode};
 use crate::services::completion::stream::CompletionResponse;
 
 /// Which route answers.
@@ -116,12 +116,7 @@ impl Ollama {
                 self.calls
                     .iter()
                     .map(|(name, args)| {
-                        let arguments = match serde_json::from_str::<Value>(args) {
-                            Ok(v @ Value::Object(_)) => v,
-                            _ if args.trim().is_empty() => json!({}),
-                            _ => Value::String(args.clone()),
-                        };
-                        json!({ "function": { "name": name, "arguments": arguments } })
+                        json!({ "function": { "name": name, "arguments": arguments_object(args) } })
                     })
                     .collect(),
             )

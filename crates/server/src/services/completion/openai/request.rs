@@ -13,14 +13,14 @@ use super::wire::{
 };
 use crate::error::ApiError;
 use crate::services::completion::catalog::{Catalog, TextModelSpec};
+use crate::services::completion::front;
 use crate::services::completion::validate::{
     output_tokens, temperature, Decode, GrammarRequest, Prompt, ValidRequest,
 };
 use crate::validate as fields;
 
-/// At most this many stop strings (the API's limit), each at most this long.
+/// At most this many stop strings (the API's limit).
 const MAX_STOP: usize = 4;
-const MAX_STOP_BYTES: usize = 256;
 /// At most this many alternatives per token (`top_logprobs`).
 const MAX_TOP_LOGPROBS: u64 = 20;
 /// At most this many tools offered in one request.
@@ -42,20 +42,8 @@ fn bad(field: &str, message: impl std::fmt::Display) -> ApiError {
     ApiError::invalid_request(field, message)
 }
 
-/// The model named, or 404 `model_not_found` as the API answers an unknown one.
-fn model<'c>(name: &Option<String>, catalog: &'c Catalog) -> Result<&'c TextModelSpec, ApiError> {
-    let name = name.as_deref().ok_or_else(|| bad("model", "is required"))?;
-    catalog.get(name).ok_or_else(|| {
-        ApiError::not_found(format!(
-            "the model {name:?} does not exist; models: {}",
-            catalog.ids().join(", ")
-        ))
-        .with_details(json!({ "field": "model", "code": "model_not_found" }))
-    })
-}
-
 pub fn chat(req: ChatRequest, catalog: &Catalog) -> Result<Checked, ApiError> {
-    let spec = model(&req.model, catalog)?;
+    let spec = front::model(req.model.as_deref(), catalog)?;
     let messages = messages(req.messages.unwrap_or_default())?;
     let max_tokens = match (&req.max_completion_tokens, &req.max_tokens) {
         (Some(v), _) if !v.is_null() => {
@@ -108,7 +96,7 @@ pub fn chat(req: ChatRequest, catalog: &Catalog) -> Result<Checked, ApiError> {
 }
 
 pub fn text(req: TextRequest, catalog: &Catalog) -> Result<Checked, ApiError> {
-    let spec = model(&req.model, catalog)?;
+    let spec = front::model(req.model.as_deref(), catalog)?;
     let prompt = match req.prompt {
         Some(PromptField::One(p)) => p,
         Some(PromptField::Many(mut list)) if list.len() == 1 => list.remove(0),
@@ -205,11 +193,7 @@ fn sampling(s: &SamplingFields, _spec: &TextModelSpec) -> Result<Decode, ApiErro
     if s.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
         return Err(bad("logit_bias", "is not supported"));
     }
-    let top_p = match s.top_p {
-        None => 1.0,
-        Some(p) if p > 0.0 && p <= 1.0 => p as f32,
-        Some(p) => return Err(bad("top_p", format!("must be in (0, 1], got {p}"))),
-    };
+    let top_p = front::top_p(s.top_p, "top_p")?;
     let penalty = |v: Option<f64>, field: &str| match v {
         None => Ok(0.0),
         Some(p) if (-2.0..=2.0).contains(&p) => Ok(p as f32),
@@ -220,18 +204,7 @@ fn sampling(s: &SamplingFields, _spec: &TextModelSpec) -> Result<Decode, ApiErro
         Some(StopField::One(one)) => vec![one.clone()],
         Some(StopField::Many(list)) => list.clone(),
     };
-    if stop.len() > MAX_STOP {
-        return Err(bad("stop", format!("at most {MAX_STOP} stop sequences")));
-    }
-    if stop
-        .iter()
-        .any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
-    {
-        return Err(bad(
-            "stop",
-            format!("each stop sequence must be 1 to {MAX_STOP_BYTES} bytes"),
-        ));
-    }
+    let stop = front::stop_strings(stop, "stop", MAX_STOP)?;
     Ok(Decode {
         top_p,
         top_k: 0,

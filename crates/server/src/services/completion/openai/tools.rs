@@ -186,6 +186,17 @@ impl ToolMode {
     }
 }
 
+/// A call's arguments (JSON text, as generated) as an object, for the APIs that send them as
+/// one (Anthropic's `input`, Ollama's `arguments`): a forced call's are an object by its
+/// grammar; text that is not one stays a string, so nothing is lost; none is `{}`.
+pub fn arguments_object(text: &str) -> Value {
+    match serde_json::from_str::<Value>(text) {
+        Ok(v @ Value::Object(_)) => v,
+        _ if text.trim().is_empty() => json!({}),
+        _ => Value::String(text.to_string()),
+    }
+}
+
 /// What a piece of generated text contributes to the answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Piece {

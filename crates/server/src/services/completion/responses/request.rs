@@ -11,7 +11,8 @@ use utoipa::ToSchema;
 use hearth_types::{ChatMessage, Role, ToolCall};
 
 use crate::error::ApiError;
-use crate::services::completion::catalog::{Catalog, TextModelSpec};
+use crate::services::completion::catalog::Catalog;
+use crate::services::completion::front;
 use crate::services::completion::openai::tools::{self, ToolMode};
 use crate::services::completion::openai::wire::{FunctionDef, NamedFunction, Tool, ToolChoice};
 use crate::services::completion::validate::{
@@ -99,19 +100,8 @@ fn bad(field: &str, message: impl std::fmt::Display) -> ApiError {
     ApiError::invalid_request(field, message)
 }
 
-fn model<'c>(name: &Option<String>, catalog: &'c Catalog) -> Result<&'c TextModelSpec, ApiError> {
-    let name = name.as_deref().ok_or_else(|| bad("model", "is required"))?;
-    catalog.get(name).ok_or_else(|| {
-        ApiError::not_found(format!(
-            "the model {name:?} does not exist; models: {}",
-            catalog.ids().join(", ")
-        ))
-        .with_details(json!({ "field": "model", "code": "model_not_found" }))
-    })
-}
-
 pub fn check(body: ResponsesBody, catalog: &Catalog) -> Result<Checked, ApiError> {
-    let spec = model(&body.model, catalog)?;
+    let spec = front::model(body.model.as_deref(), catalog)?;
     if body.store == Some(true) {
         return Err(bad(
             "store",
@@ -165,11 +155,7 @@ pub fn check(body: ResponsesBody, catalog: &Catalog) -> Result<Checked, ApiError
         }
         (format, call) => format.or(call),
     };
-    let top_p = match body.top_p {
-        None => 1.0,
-        Some(p) if p > 0.0 && p <= 1.0 => p as f32,
-        Some(p) => return Err(bad("top_p", format!("must be in (0, 1], got {p}"))),
-    };
+    let top_p = front::top_p(body.top_p, "top_p")?;
     let max_output_tokens = output_tokens(&body.max_output_tokens, "max_output_tokens", spec)
         .map_err(ApiError::from)?;
     let temperature = temperature(&body.temperature, spec).map_err(ApiError::from)?;
