@@ -126,7 +126,9 @@ async fn every_listener_serves_a_valid_3_1_document_that_real_answers_match() {
     }
 
     // Every path a document names answers on its listener (not 404, not 405), each with the
-    // methods documented for it; path parameters get a value that exists.
+    // methods documented for it; path parameters get a value that exists, except a job's id
+    // (a job would have to be made first), whose own 404 must then be the route's answer, not
+    // the listener's for a path it does not serve.
     for (name, service) in LISTENERS {
         for (path, item) in documents[name]["paths"].as_object().unwrap() {
             let real = path.replace("{id}", "alpha-3.3");
@@ -139,13 +141,18 @@ async fn every_listener_serves_a_valid_3_1_document_that_real_answers_match() {
                     .send()
                     .await
                     .unwrap();
+                let status = resp.status();
+                if path == "/jobs/{id}" && status == StatusCode::NOT_FOUND {
+                    let body: serde_json::Value = resp.json().await.unwrap();
+                    assert_eq!(body["error"]["details"]["jobId"], "alpha-3.3", "{body}");
+                    continue;
+                }
                 assert!(
                     !matches!(
-                        resp.status(),
+                        status,
                         StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED
                     ),
-                    "{name}: {method} {path} is documented but answers {}",
-                    resp.status()
+                    "{name}: {method} {path} is documented but answers {status}"
                 );
             }
         }

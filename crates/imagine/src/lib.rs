@@ -2,7 +2,7 @@
 //! its added time conditioning, the VAE decoder, and a plain Euler discrete scheduler with
 //! trailing timestep spacing as SDXL-Lightning needs), weight loading from a diffusers-layout
 //! folder or Hugging Face repos, the tiny SDXL-shaped test model generator, and the one worker
-//! thread per model that serves a bounded queue.
+//! thread per model that serves a bounded queue, fair between users, with progress and cancel.
 //!
 //! It deliberately knows nothing of HTTP, JSON wire shapes, accounts or prices: the server
 //! validates requests against its documented bounds, bills, and maps [`Error`] to responses.
@@ -13,6 +13,7 @@ pub mod config;
 mod error;
 pub mod euler;
 pub mod files;
+mod jobs;
 pub mod layers;
 pub mod model;
 pub mod pipeline;
@@ -27,9 +28,10 @@ pub use clip::{ClipOutput, ClipTextEncoder};
 pub use error::{Error, Result};
 pub use euler::EulerDiscrete;
 pub use files::{HubSource, ModelFiles};
+pub use jobs::{JobEvent, JobSpec, JobState};
 pub use model::{load_model, ImageModelSource, LoadOptions, LoadedModel, Provenance};
 pub use pipeline::{Image, ImageParams, PromptEmbeds, SdxlPipeline};
 pub use tiny::write_tiny_sdxl;
 pub use tokenizer::ClipTokenizer;
 pub use unet::SdxlUNet;
-pub use worker::{GeneratedImage, ImageWorker, StepObserver, RETRY_AFTER};
+pub use worker::{GeneratedImage, ImageWorker, StepObserver, Submitted, RETRY_AFTER};

@@ -272,6 +272,19 @@ impl SdxlPipeline {
         noise: &Tensor,
         should_stop: &dyn Fn() -> bool,
     ) -> Result<Tensor> {
+        self.sample_observed(params, noise, &mut |done, _| {
+            done < params.steps && should_stop()
+        })
+    }
+
+    /// [`Self::sample`], calling `observe` with the steps done and the latents before every
+    /// step and once after the last; its true aborts with [`Error::Cancelled`].
+    pub fn sample_observed(
+        &self,
+        params: &ImageParams,
+        noise: &Tensor,
+        observe: &mut dyn FnMut(usize, &Tensor) -> bool,
+    ) -> Result<Tensor> {
         check_size(params.width, params.height)?;
         let schedule = EulerDiscrete::new(&self.scheduler, params.steps)?;
         let cfg = params.uses_guidance();
@@ -291,7 +304,7 @@ impl SdxlPipeline {
         let time_ids = self.time_ids(params.width, params.height, batch)?;
         let mut latents = (noise.to_dtype(DType::F32)? * schedule.init_noise_sigma())?;
         for (i, &t) in schedule.timesteps().iter().enumerate() {
-            if should_stop() {
+            if observe(i, &latents) {
                 return Err(Error::Cancelled);
             }
             let input = if cfg {
@@ -311,18 +324,71 @@ impl SdxlPipeline {
             latents = schedule.step(&pred, i, &latents)?;
             tracing::debug!(step = i + 1, steps = params.steps, "denoising step done");
         }
+        if observe(params.steps, &latents) {
+            return Err(Error::Cancelled);
+        }
         Ok(latents)
     }
 
     /// The whole pipeline: seeded noise, sampling, decoding, conversion to 8-bit RGB.
+    /// `should_stop` is polled before every step and once after the last.
     pub fn generate(&self, params: &ImageParams, should_stop: &dyn Fn() -> bool) -> Result<Image> {
+        self.generate_observed(params, &mut |_, _| should_stop())
+    }
+
+    /// [`Self::generate`], calling `observe` as [`Self::sample_observed`] does.
+    pub fn generate_observed(
+        &self,
+        params: &ImageParams,
+        observe: &mut dyn FnMut(usize, &Tensor) -> bool,
+    ) -> Result<Image> {
         check_size(params.width, params.height)?;
         let noise = self.initial_noise(params.seed, params.width, params.height)?;
-        let latents = self.sample(params, &noise, should_stop)?;
-        if should_stop() {
-            return Err(Error::Cancelled);
-        }
+        let latents = self.sample_observed(params, &noise, observe)?;
         to_rgb8(&self.decode(&latents)?)
+    }
+
+    /// A small PNG (an eighth of the image's size) of what `latents` will decode to, from a
+    /// linear map of the four latent channels to RGB instead of the VAE: cheap enough for
+    /// every step.
+    pub fn preview_png(&self, latents: &Tensor) -> Result<Vec<u8>> {
+        // SDXL's latent-to-RGB approximation (a least-squares fit, as previewers use).
+        const FACTORS: [[f32; 3]; 4] = [
+            [0.3651, 0.4232, 0.4341],
+            [-0.2533, -0.0042, 0.1068],
+            [0.1076, 0.1111, -0.0362],
+            [-0.3165, -0.2492, -0.2188],
+        ];
+        const BIAS: [f32; 3] = [0.1084, -0.0175, -0.0011];
+        let (_, c, h, w) = latents.dims4()?;
+        if c != 4 {
+            return Err(Error::InvalidParams {
+                field: "latents",
+                message: format!("{c} channels, expected 4"),
+            });
+        }
+        let values = latents
+            .get(0)?
+            .to_dtype(DType::F32)?
+            .to_device(&Device::Cpu)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let plane = h * w;
+        let mut rgb = Vec::with_capacity(plane * 3);
+        for p in 0..plane {
+            for (k, bias) in BIAS.iter().enumerate() {
+                let x: f32 = (0..4)
+                    .map(|ch| values[ch * plane + p] * FACTORS[ch][k])
+                    .sum();
+                rgb.push((((x + bias + 1.0) / 2.0).clamp(0.0, 1.0) * 255.0).round() as u8);
+            }
+        }
+        Image {
+            width: w,
+            height: h,
+            rgb,
+        }
+        .to_png()
     }
 }
 

@@ -1,22 +1,26 @@
-//! One OS thread per image model owns the loaded pipeline and serves a bounded queue.
+//! One OS thread per image model owns the loaded pipeline and serves a bounded queue that is
+//! fair between users (`jobs.rs`).
 //!
 //! A full queue answers [`Error::Overloaded`] at once. Each job carries a one-shot reply
-//! channel: when the caller stops waiting (its HTTP client disconnected and the handler future
-//! was dropped) the channel closes, and the worker skips the job if it has not started, or stops
-//! it before the next denoising step if it has.
+//! channel and an events channel: when its owner stops waiting (the HTTP client disconnected
+//! and the handler dropped both) the reply closes, and the worker skips the job if it has not
+//! started, or stops it before the next denoising step if it has; [`ImageWorker::cancel`] does
+//! the same by id. While a job waits it hears its place in the queue, while it runs each step
+//! (with a preview every few steps when asked).
 //!
 //! A [`StepObserver`] given at spawn hears the wall-clock time of every denoising step (the
 //! server exports it as a histogram).
 
 use std::cell::Cell;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, Result};
+use crate::jobs::{Job, JobEvent, JobSpec, JobState, Queue};
 use crate::pipeline::{ImageParams, SdxlPipeline};
 
 /// How long a refused request is told to wait when the queue is full (`Error::Overloaded`): one
@@ -37,23 +41,51 @@ pub struct GeneratedImage {
 /// Called on the worker thread with the duration of each denoising step; it must be quick.
 pub type StepObserver = Box<dyn Fn(Duration) + Send>;
 
-struct Job {
-    params: ImageParams,
-    reply: oneshot::Sender<Result<GeneratedImage>>,
-    span: tracing::Span,
+/// A job handed to the worker: its id (for [`ImageWorker::cancel`] and
+/// [`ImageWorker::state`]), what it hears while it waits and runs, and its image. Dropping
+/// `result` (or both) cancels the job.
+pub struct Submitted {
+    pub id: String,
+    pub events: mpsc::UnboundedReceiver<JobEvent>,
+    pub result: oneshot::Receiver<Result<GeneratedImage>>,
+}
+
+/// What the worker thread and the handles share.
+struct Shared {
+    queue: Mutex<Queue>,
+    ready: Condvar,
+    alive: AtomicBool,
+}
+
+impl Shared {
+    /// The queue, even if a thread panicked while holding it (its data stays consistent: every
+    /// change is made whole under the lock).
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Closes the queue when the last handle goes, so the thread ends.
+struct Closer(Arc<Shared>);
+
+impl Drop for Closer {
+    fn drop(&mut self) {
+        self.0.lock().closed = true;
+        self.0.ready.notify_all();
+    }
 }
 
 /// Cloneable handle to a model's worker thread.
 #[derive(Clone)]
 pub struct ImageWorker {
-    tx: mpsc::Sender<Job>,
-    waiting: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
+    _closer: Arc<Closer>,
 }
 
 impl std::fmt::Debug for ImageWorker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ImageWorker")
-            .field("waiting", &self.waiting.load(Ordering::Relaxed))
+            .field("waiting", &self.waiting())
             .finish()
     }
 }
@@ -72,77 +104,162 @@ impl ImageWorker {
         name: &str,
         on_step: StepObserver,
     ) -> Result<Self> {
-        let (tx, mut rx) = mpsc::channel::<Job>(queue.max(1));
-        let waiting = Arc::new(AtomicUsize::new(0));
-        let counter = waiting.clone();
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue::new(queue)),
+            ready: Condvar::new(),
+            alive: AtomicBool::new(true),
+        });
+        let thread = Arc::clone(&shared);
         std::thread::Builder::new()
             .name(format!("imagine-{name}"))
             .spawn(move || {
-                while let Some(job) = rx.blocking_recv() {
-                    counter.fetch_sub(1, Ordering::Relaxed);
-                    run_job(&pipeline, job, &on_step);
+                while let Some(job) = next_job(&thread) {
+                    run_job(&pipeline, &thread, job, &on_step);
                 }
+                thread.alive.store(false, Ordering::Relaxed);
             })
             .map_err(|e| Error::io("worker thread", e))?;
-        Ok(ImageWorker { tx, waiting })
+        Ok(ImageWorker {
+            _closer: Arc::new(Closer(Arc::clone(&shared))),
+            shared,
+        })
+    }
+
+    /// Queues a job (refused at once when the queue is full); it is told its place in the
+    /// queue at once.
+    pub fn submit(&self, spec: JobSpec) -> Result<Submitted> {
+        let (reply, result) = oneshot::channel();
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let id = uuid::Uuid::new_v4().to_string();
+        let job = Job {
+            id: id.clone(),
+            spec,
+            events: events_tx,
+            reply,
+            cancel: Arc::new(AtomicBool::new(false)),
+            span: tracing::Span::current(),
+        };
+        let mut queue = self.shared.lock();
+        if queue.closed || !self.is_alive() {
+            return Err(Error::WorkerStopped);
+        }
+        if !queue.push(job) {
+            return Err(Error::Overloaded {
+                waiting: queue.waiting(),
+                retry_after: RETRY_AFTER,
+            });
+        }
+        drop(queue);
+        self.shared.ready.notify_one();
+        Ok(Submitted { id, events, result })
     }
 
     /// Queues a request and waits for its image. Dropping the returned future cancels the job.
     pub async fn generate(&self, params: ImageParams) -> Result<GeneratedImage> {
-        let (reply, rx) = oneshot::channel();
-        let job = Job {
+        let job = self.submit(JobSpec {
+            user: String::new(),
             params,
-            reply,
-            span: tracing::Span::current(),
-        };
-        self.waiting.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = self.tx.try_send(job) {
-            let waiting = self
-                .waiting
-                .fetch_sub(1, Ordering::Relaxed)
-                .saturating_sub(1);
-            return Err(match e {
-                mpsc::error::TrySendError::Full(_) => Error::Overloaded {
-                    waiting,
-                    retry_after: RETRY_AFTER,
-                },
-                mpsc::error::TrySendError::Closed(_) => Error::WorkerStopped,
-            });
+            preview_every: 0,
+        })?;
+        job.result.await.map_err(|_| Error::WorkerStopped)?
+    }
+
+    /// Stops job `id`: a waiting one leaves the queue at once, a running one before its next
+    /// denoising step; either ends with [`Error::Cancelled`]. False for an unknown or finished
+    /// job.
+    pub fn cancel(&self, id: &str) -> bool {
+        let mut queue = self.shared.lock();
+        if let Some(job) = queue.remove(id) {
+            queue.set_state(id, JobState::Cancelled);
+            let _ = job.reply.send(Err(Error::Cancelled));
+            return true;
         }
-        rx.await.map_err(|_| Error::WorkerStopped)?
+        match &queue.running {
+            Some((running, stop)) if running == id => {
+                stop.store(true, Ordering::Relaxed);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Where job `id` stands (finished jobs are remembered a while).
+    pub fn state(&self, id: &str) -> Option<JobState> {
+        self.shared.lock().state(id)
     }
 
     /// Whether the worker thread is still running.
     pub fn is_alive(&self) -> bool {
-        !self.tx.is_closed()
+        self.shared.alive.load(Ordering::Relaxed)
     }
 
     /// Requests queued and not started yet.
     pub fn waiting(&self) -> usize {
-        self.waiting.load(Ordering::Relaxed)
+        self.shared.lock().waiting()
     }
 }
 
-fn run_job(pipeline: &SdxlPipeline, job: Job, on_step: &StepObserver) {
+/// The next job to run, waiting for one; `None` once every handle is gone and nothing waits.
+fn next_job(shared: &Shared) -> Option<Job> {
+    let mut queue = shared.lock();
+    loop {
+        if let Some(job) = queue.pop() {
+            let steps = job.spec.params.steps;
+            queue.set_state(&job.id, JobState::Running { step: 0, steps });
+            queue.running = Some((job.id.clone(), Arc::clone(&job.cancel)));
+            return Some(job);
+        }
+        if queue.closed {
+            return None;
+        }
+        queue = shared.ready.wait(queue).unwrap_or_else(|p| p.into_inner());
+    }
+}
+
+fn run_job(pipeline: &SdxlPipeline, shared: &Shared, job: Job, on_step: &StepObserver) {
     let _enter = job.span.enter();
+    let finish = |state: JobState| {
+        let mut queue = shared.lock();
+        queue.set_state(&job.id, state);
+        queue.running = None;
+    };
     if job.reply.is_closed() {
         tracing::info!("image request dropped before start: client gone");
+        finish(JobState::Cancelled);
         return;
     }
     let start = Instant::now();
     let reply = &job.reply;
-    // `generate` polls this before every denoising step and once after the last, so the time
-    // from one poll to the next is one step (`a_worker_times_every_denoising_step` holds that).
+    let steps = job.spec.params.steps;
+    let every = job.spec.preview_every;
+    // The pipeline calls this before every denoising step and once after the last, so the time
+    // from one call to the next is one step (`a_worker_times_every_denoising_step` holds that).
     let last_poll = Cell::new(None::<Instant>);
-    let should_stop = || {
+    let mut observe = |done: usize, latents: &candle_core::Tensor| {
         let now = Instant::now();
         if let Some(previous) = last_poll.replace(Some(now)) {
             on_step(now - previous);
         }
-        reply.is_closed()
+        if done > 0 {
+            shared
+                .lock()
+                .set_state(&job.id, JobState::Running { step: done, steps });
+            let preview = (every > 0 && done.is_multiple_of(every))
+                .then(|| pipeline.preview_png(latents))
+                .and_then(|p| {
+                    p.map_err(|e| tracing::warn!(error = %e, "preview failed"))
+                        .ok()
+                });
+            let _ = job.events.send(JobEvent::Step {
+                step: done,
+                steps,
+                preview,
+            });
+        }
+        reply.is_closed() || job.cancel.load(Ordering::Relaxed)
     };
     let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        let image = pipeline.generate(&job.params, &should_stop)?;
+        let image = pipeline.generate_observed(&job.spec.params, &mut observe)?;
         let png = image.to_png()?;
         Ok(GeneratedImage {
             width: image.width,
@@ -154,15 +271,20 @@ fn run_job(pipeline: &SdxlPipeline, job: Job, on_step: &StepObserver) {
     .unwrap_or_else(|_| Err(Error::Panicked));
     match &result {
         Ok(img) => tracing::info!(
-            steps = job.params.steps,
+            steps,
             width = img.width,
             height = img.height,
             ms = (img.seconds * 1000.0) as u64,
             "image generated"
         ),
-        Err(Error::Cancelled) => tracing::info!("image request cancelled: client gone"),
+        Err(Error::Cancelled) => tracing::info!("image request cancelled"),
         Err(e) => tracing::error!(error = %e, "image generation failed"),
     }
+    finish(match &result {
+        Ok(_) => JobState::Completed,
+        Err(Error::Cancelled) => JobState::Cancelled,
+        Err(e) => JobState::Failed(e.to_string()),
+    });
     // The receiver may be gone by now; nothing else to do then.
     let _ = job.reply.send(result);
 }

@@ -14,6 +14,7 @@ mod catalog;
 mod embeddings;
 mod encoders;
 mod engines;
+mod front;
 mod grammar;
 mod ollama;
 mod openai;

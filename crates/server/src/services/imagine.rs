@@ -10,6 +10,7 @@
 //! the hold is released, so an abandoned request costs nothing.
 
 mod catalog;
+mod jobs;
 mod openai;
 pub mod openapi;
 mod validate;
@@ -21,7 +22,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine as _;
-use hearth_imagine::{GeneratedImage, ImageParams, ImageWorker, LoadOptions, Provenance};
+use hearth_imagine::{GeneratedImage, ImageParams, ImageWorker, JobSpec, LoadOptions, Provenance};
 use hearth_store::LedgerMeta;
 use rust_decimal::Decimal;
 use serde::Serialize;
@@ -123,6 +124,9 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
             .route("/ui", get(ui))
             .route("/metrics", metrics)
             .route("/v1/images/generations", post(openai::generations))
+            .route("/stream", post(jobs::stream))
+            .route("/jobs/shutdown", post(jobs::shutdown))
+            .route("/jobs/{id}", get(jobs::state))
             .route(
                 "/openapi.json",
                 crate::openapi::route(openapi::document(), st.app.urls.get(Service::Imagine)),
@@ -300,29 +304,46 @@ async fn generate(
     Span::current().record("user", session.user_id.as_str());
     let valid = validate::validate(&raw, &st.entry.limits, &st.entry.id)?;
     let made = produce(&st, &session, &valid).await?;
+    Ok(Json(response(
+        &st,
+        &valid,
+        &made.image,
+        &made.charge,
+        made.seed,
+    )))
+}
+
+/// The spec's answer for an image made and paid for.
+fn response(
+    st: &ImagineState,
+    valid: &ValidImageRequest,
+    image: &GeneratedImage,
+    charge: &Charge,
+    seed: u64,
+) -> ImageResponse {
     let url = format!(
         "data:image/png;base64,{}",
-        base64::engine::general_purpose::STANDARD.encode(&made.image.png)
+        base64::engine::general_purpose::STANDARD.encode(&image.png)
     );
-    Ok(Json(ImageResponse {
+    ImageResponse {
         image_url: url,
         metadata: ImageMetadata {
-            seed: made.seed,
+            seed,
             steps: valid.steps,
-            width: made.image.width,
-            height: made.image.height,
-            test_model: model_is_tiny(&st).then_some(true),
-            negative_prompt: valid.negative_prompt,
+            width: image.width,
+            height: image.height,
+            test_model: model_is_tiny(st).then_some(true),
+            negative_prompt: valid.negative_prompt.clone(),
         },
-        prompt: valid.prompt,
+        prompt: valid.prompt.clone(),
         model: st.entry.id.clone(),
         usage: ImageUsage {
             kind: "imagine",
-            cost: money(made.charge.cost),
+            cost: money(charge.cost),
         },
-        balance_before: money(made.charge.balance_before),
-        balance_after: money(made.charge.balance_after),
-    }))
+        balance_before: money(charge.balance_before),
+        balance_after: money(charge.balance_after),
+    }
 }
 
 /// An image made and paid for.
@@ -332,13 +353,24 @@ struct Made {
     seed: u64,
 }
 
-/// From a validated request on, for both front ends (`POST /` and `/v1/images/generations`):
-/// price, the user's slot, the model, the hold, generation on the worker, settlement.
-async fn produce(
+/// A validated request priced and held: what generation needs, and what it owes. Dropping it
+/// gives the user's slot back; its hold must be settled or released.
+struct Prepared {
+    cost: Decimal,
+    slot: crate::user_slots::UserSlot,
+    model: Arc<Ready>,
+    hold: hearth_billing::HeldFunds,
+    params: ImageParams,
+    seed: u64,
+}
+
+/// From a validated request to a held price, for every front end: price, the user's slot, the
+/// model, the seed, the hold.
+async fn prepare(
     st: &ImagineState,
     session: &Session,
     valid: &ValidImageRequest,
-) -> Result<Made, ApiError> {
+) -> Result<Prepared, ApiError> {
     let billing = st.app.billing.clone();
     let margin = billing.margin(valid.margin);
     let cost = image_cost(&st.entry, valid.width, valid.height, valid.steps, margin)?;
@@ -367,15 +399,47 @@ async fn produce(
         height: valid.height,
         guidance_scale: st.entry.guidance_scale,
     };
+    Ok(Prepared {
+        cost,
+        slot,
+        model,
+        hold,
+        params,
+        seed,
+    })
+}
 
+/// From a validated request on, for the spec's `POST /` and `/v1/images/generations`: the held
+/// price, generation on the worker (in the user's turn), settlement.
+async fn produce(
+    st: &ImagineState,
+    session: &Session,
+    valid: &ValidImageRequest,
+) -> Result<Made, ApiError> {
+    let Prepared {
+        cost,
+        slot,
+        model,
+        hold,
+        params,
+        seed,
+    } = prepare(st, session, valid).await?;
+    let spec = JobSpec {
+        user: session.user_id.clone(),
+        params,
+        preview_every: 0,
+    };
     // Generation and settlement outlive this handler if the client leaves: see the module docs.
     // The task owns the hold and the user's slot: however it ends, dropping them gives both back.
     let (mut tx, rx) = oneshot::channel::<Result<(GeneratedImage, Charge), ApiError>>();
     tokio::spawn(
         async move {
-            let outcome = tokio::select! {
-                r = model.worker.generate(params) => Some(r),
-                _ = tx.closed() => None,
+            let outcome = match model.worker.submit(spec) {
+                Ok(job) => tokio::select! {
+                    r = job.result => Some(r.unwrap_or(Err(hearth_imagine::Error::WorkerStopped))),
+                    _ = tx.closed() => None,
+                },
+                Err(e) => Some(Err(e)),
             };
             let answer = match outcome {
                 Some(Ok(image)) => hold

@@ -17,10 +17,18 @@ use crate::openapi::{BearerAuth, ErrorObject};
             a body may also answer 408 (the body came too slowly) or 413 (too large) in its \
             error shape."
     ),
-    paths(super::health, super::generate, super::ui, super::openai::generations),
+    paths(
+        super::health,
+        super::generate,
+        super::ui,
+        super::openai::generations,
+        super::jobs::stream,
+        super::jobs::shutdown,
+        super::jobs::state,
+    ),
     modifiers(&BearerAuth),
     tags(
-        (name = "imagine", description = "The spec's image route (4.4): `serviceToken` in the body."),
+        (name = "imagine", description = "The spec's image route (4.4) and its jobs (`/stream`, `/jobs/...`): `serviceToken` in the body of the requests that spend."),
         (name = "openai", description = "The OpenAI API's image route: `Authorization: Bearer <serviceToken>`."),
         (name = "health", description = "Health (spec 2.1, 3.3)."),
         (name = "pages", description = "Web pages."),
