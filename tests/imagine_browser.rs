@@ -1,5 +1,6 @@
 //! The image page in real headless Chromium: sign in through the auth page's callback, generate
-//! an image on the tiny model, see it with its metadata, cost, balance and a download link.
+//! an image on the tiny model as a job (its progress bar filled), see it with its metadata, cost,
+//! balance and a download link; cancel a job from the page and pay nothing.
 
 use crate::common::browser::Browser;
 use crate::imagine::ImagineApp;
@@ -95,6 +96,63 @@ async fn sign_in_via_callback_generate_and_see_image_metadata_cost_and_download(
         .unwrap();
     assert_eq!(href, src, "the download link carries the PNG");
     assert_eq!(app.balance("pia").await, "4.999219");
+    // The job's progress: its one step done.
+    assert_eq!(browser.visible_text("#status").await, "done");
+    let bar = browser
+        .client
+        .execute(
+            "const b = document.querySelector('#bar'); return [b.value, b.max];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!((bar[0].as_f64(), bar[1].as_f64()), (Some(1.0), Some(1.0)));
+    browser.close().await;
+}
+
+#[tokio::test]
+async fn a_job_shows_its_steps_and_previews_and_the_cancel_button_stops_it_for_free() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let img = ImagineApp::start("5", "").await;
+    let app = &img.app;
+    let token = app.token("ravi").await;
+    let before = app.balance("ravi").await;
+    let page = format!("{}/ui#serviceToken={token}", app.url(Service::Imagine));
+    browser.client.goto(&page).await.unwrap();
+    browser.fill("#prompt", "a long wait").await;
+    browser.fill("#steps", "8").await;
+    for side in ["#width", "#height"] {
+        browser
+            .find(side)
+            .await
+            .select_by_value("512")
+            .await
+            .unwrap();
+    }
+    browser.click("#go").await;
+    // The first step reported, with its preview in the stage.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !browser.visible_text("#status").await.starts_with("step") {
+        assert!(Instant::now() < deadline, "no step reported");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let preview = browser
+        .find("#preview")
+        .await
+        .attr("src")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(preview.starts_with("data:image/png;base64,"));
+    browser.click("#cancel").await;
+    assert!(browser
+        .visible_text("#cancelled")
+        .await
+        .contains("nothing was charged"));
+    assert_eq!(browser.visible_text("#status").await, "stopped");
+    assert_eq!(app.balance("ravi").await, before);
     browser.close().await;
 }
 
