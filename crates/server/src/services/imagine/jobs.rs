@@ -145,6 +145,7 @@ async fn drive(
     } = prepared;
     let outcome = loop {
         tokio::select! {
+            biased;
             event = job.events.recv() => match event {
                 Some(event) => {
                     if tx.send(event_json(event)).await.is_err() {
@@ -153,7 +154,15 @@ async fn drive(
                 }
                 None => break (&mut job.result).await.ok(),
             },
-            result = &mut job.result => break result.ok(),
+            result = &mut job.result => {
+                // Every event was sent before the image: any still queued goes out first.
+                while let Ok(event) = job.events.try_recv() {
+                    if tx.send(event_json(event)).await.is_err() {
+                        break;
+                    }
+                }
+                break result.ok();
+            }
             _ = tx.closed() => break None,
         }
     };
