@@ -260,3 +260,90 @@ async fn waiting_jobs_learn_their_place_and_users_take_turns() {
     no_holds(&img, "ann").await;
     no_holds(&img, "bob").await;
 }
+
+#[tokio::test]
+async fn hostile_job_requests_are_refused_in_the_services_shape_with_nothing_held() {
+    let img = ImagineApp::start("1", "").await;
+    let token = img.app.token("mal").await;
+    let base = img.app.url(Service::Imagine);
+    let ok = json!({"serviceToken": token, "prompt": "x", "width": 256, "height": 256, "steps": 1});
+    let with = |k: &str, v: Value| {
+        let mut body = ok.clone();
+        body[k] = v;
+        body
+    };
+    let cases: Vec<(&str, &str, Value, u16, &str)> = vec![
+        (
+            "preview too often",
+            "/stream",
+            with("previewEvery", json!(65)),
+            400,
+            "previewEvery",
+        ),
+        (
+            "preview not a number",
+            "/stream",
+            with("previewEvery", json!("2")),
+            400,
+            "previewEvery",
+        ),
+        (
+            "negative preview",
+            "/stream",
+            with("previewEvery", json!(-1)),
+            400,
+            "previewEvery",
+        ),
+        (
+            "bad size",
+            "/stream",
+            with("width", json!(100)),
+            400,
+            "width",
+        ),
+        ("no token", "/stream", json!({"prompt": "x"}), 401, ""),
+        (
+            "shutdown without id",
+            "/jobs/shutdown",
+            json!({}),
+            400,
+            "jobId",
+        ),
+        (
+            "shutdown of no job",
+            "/jobs/shutdown",
+            json!({"jobId": "not-a-job"}),
+            404,
+            "",
+        ),
+    ];
+    for (name, path, body, status, field) in cases {
+        let response = img
+            .app
+            .client
+            .post(format!("{base}{path}"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), status, "{name}");
+        let answer: Value = response.json().await.unwrap();
+        assert!(answer["error"]["type"].is_string(), "{name}: {answer}");
+        if !field.is_empty() {
+            assert_eq!(
+                answer["error"]["details"]["field"], field,
+                "{name}: {answer}"
+            );
+        }
+    }
+    let unknown = img
+        .app
+        .client
+        .get(format!("{base}/jobs/{}", "x".repeat(10_000)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 404);
+    no_holds(&img, "mal").await;
+    assert_eq!(balance(&img, "mal").await, Decimal::ONE);
+}
