@@ -24,6 +24,13 @@ struct Job {
     events: futures::stream::BoxStream<'static, Value>,
 }
 
+impl Job {
+    /// Reads the events until the first step is reported.
+    async fn first_step(&mut self) {
+        while self.events.next().await.unwrap().get("step").is_none() {}
+    }
+}
+
 async fn start(img: &ImagineApp, body: Value) -> Job {
     let response = img
         .app
@@ -144,12 +151,7 @@ async fn a_job_stopped_by_id_or_by_its_client_stops_within_a_step_and_pays_nothi
     let token = img.app.token("stopper").await;
     // By id: once the first step is reported, stop it.
     let mut job = start(&img, slow(&token, 1)).await;
-    loop {
-        let event = job.events.next().await.unwrap();
-        if event.get("step").is_some() {
-            break;
-        }
-    }
+    job.first_step().await;
     let url = format!("{}/jobs/shutdown", img.app.url(Service::Imagine));
     let answer: Value = img
         .app
@@ -188,11 +190,7 @@ async fn a_job_stopped_by_id_or_by_its_client_stops_within_a_step_and_pays_nothi
 
     // By its client: the stream dropped after the first step.
     let mut job = start(&img, slow(&token, 2)).await;
-    loop {
-        if job.events.next().await.unwrap().get("step").is_some() {
-            break;
-        }
-    }
+    job.first_step().await;
     let id = job.id.clone();
     drop(job);
     let mut stopped = false;
@@ -217,11 +215,7 @@ async fn waiting_jobs_learn_their_place_and_users_take_turns() {
     let (ann, bob) = (img.app.token("ann").await, img.app.token("bob").await);
     // Ann's first job runs; her next two wait; then Bob's one.
     let mut a1 = start(&img, slow(&ann, 1)).await;
-    loop {
-        if a1.events.next().await.unwrap().get("step").is_some() {
-            break;
-        }
-    }
+    a1.first_step().await;
     let a2 = start(&img, slow(&ann, 2)).await;
     let a3 = start(&img, slow(&ann, 3)).await;
     let b1 = start(&img, slow(&bob, 4)).await;

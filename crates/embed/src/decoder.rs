@@ -130,25 +130,34 @@ impl Decoder {
             return Err(Error::Decoder("the model is not a reranker".into()));
         };
         let tokenize = |e: hearth_infer::Error| Error::Tokenize(e.to_string());
-        let mut document = document;
         let mut ids = prompt.tokens(query, document).map_err(tokenize)?;
-        for _ in 0..4 {
-            if ids.len() <= self.max_tokens || document.is_empty() {
-                break;
-            }
-            let over = ids.len() - self.max_tokens;
-            let own = self.tokenizer.encode_plain(document).map_err(tokenize)?;
-            let keep = own.len().saturating_sub(over);
-            let mut cut: usize = own[..keep]
+        if ids.len() > self.max_tokens {
+            // Where each of the document's own tokens ends, in bytes: the cuts to choose from.
+            let ends: Vec<usize> = self
+                .tokenizer
+                .encode_plain(document)
+                .map_err(tokenize)?
                 .iter()
-                .map(|&id| self.tokenizer.token_bytes(id).len())
-                .sum();
-            cut = cut.min(document.len().saturating_sub(1));
-            while !document.is_char_boundary(cut) {
-                cut -= 1;
+                .scan(0, |at, &id| {
+                    *at += self.tokenizer.token_bytes(id).len();
+                    Some(*at)
+                })
+                .collect();
+            let mut keep = ends.len();
+            for _ in 0..4 {
+                if ids.len() <= self.max_tokens || keep == 0 {
+                    break;
+                }
+                keep = keep.saturating_sub(ids.len() - self.max_tokens);
+                let mut cut = keep
+                    .checked_sub(1)
+                    .map_or(0, |k| ends[k])
+                    .min(document.len());
+                while !document.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                ids = prompt.tokens(query, &document[..cut]).map_err(tokenize)?;
             }
-            document = &document[..cut];
-            ids = prompt.tokens(query, document).map_err(tokenize)?;
         }
         check(index, ids.into(), self.max_tokens)
     }

@@ -1,10 +1,22 @@
 //! The checks every API front end (OpenAI's chat and Responses routes, Anthropic's, Ollama's)
-//! makes the same way, each written once: the model named, `top_p`, stop strings.
+//! makes the same way, each written once: the model named, `top_p`, stop strings; and what a
+//! checked request of the newer front ends is.
 
 use serde_json::json;
 
 use super::catalog::{Catalog, TextModelSpec};
+use super::openai::tools::ToolMode;
+use super::validate::ValidRequest;
 use crate::error::ApiError;
+
+/// A checked request and how to answer it: the pipeline's request, whether to stream, and the
+/// tools the answer may call.
+#[derive(Debug)]
+pub struct Checked {
+    pub valid: ValidRequest,
+    pub stream: bool,
+    pub tools: ToolMode,
+}
 
 /// A stop string's most bytes.
 const MAX_STOP_BYTES: usize = 256;

@@ -12,7 +12,7 @@ use hearth_types::{ChatMessage, Role, ToolCall};
 use super::wire::{AnthropicTool, CountRequest, MessagesRequest};
 use crate::error::ApiError;
 use crate::services::completion::catalog::Catalog;
-use crate::services::completion::front;
+use crate::services::completion::front::{self, Checked};
 use crate::services::completion::openai::tools::{self, ToolMode};
 use crate::services::completion::openai::wire::{FunctionDef, NamedFunction, Tool, ToolChoice};
 use crate::services::completion::validate::{
@@ -23,14 +23,6 @@ use crate::services::completion::validate::{
 const MAX_STOP: usize = 16;
 /// At most this many tools offered in one request.
 const MAX_TOOLS: usize = 128;
-
-/// A checked request and how to answer it.
-#[derive(Debug)]
-pub struct Checked {
-    pub valid: ValidRequest,
-    pub stream: bool,
-    pub tools: ToolMode,
-}
 
 fn bad(field: &str, message: impl std::fmt::Display) -> ApiError {
     ApiError::invalid_request(field, message)

@@ -31,14 +31,42 @@ use tracing::{instrument, Span};
 use utoipa::ToSchema;
 
 use super::embeddings::{embed as embed_texts, Embedded, EmbeddingRequest};
+use super::front::Checked;
 use super::openai::respond::{whole, Answer as _};
 use super::start::{authenticate, start_valid};
 use super::stream::{spawn_driver, DriverEvent};
 use super::{CompletionState, STREAM_ID_HEADER};
 use crate::error::{ApiError, OllamaError, OllamaJson};
 use crate::validate::bearer_token;
-use request::{ChatBody, Checked, GenerateBody};
+use request::{ChatBody, GenerateBody};
 use respond::{Ollama, Route};
+
+/// The errors of the routes that spend, `{"error": "<message>"}`, in the OpenAPI document.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // describes the answers; never built
+enum OllamaErrors {
+    /// A bad field.
+    #[response(status = 400)]
+    BadRequest,
+    /// No, bad or expired service token.
+    #[response(status = 401)]
+    Unauthorized,
+    /// The balance cannot cover the worst case.
+    #[response(status = 402)]
+    PaymentRequired,
+    /// No such model.
+    #[response(status = 404)]
+    NotFound,
+    /// A body over the limit.
+    #[response(status = 413)]
+    TooLarge,
+    /// The user's concurrent requests are at the cap (`Retry-After`).
+    #[response(status = 429)]
+    TooManyRequests,
+    /// Overloaded (`Retry-After`).
+    #[response(status = 503)]
+    Unavailable,
+}
 
 pub fn routes() -> Router<CompletionState> {
     Router::new()
@@ -78,12 +106,7 @@ async fn session(
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The answer, or its lines (`application/x-ndjson`)."),
-        (status = 400, description = "A bad field: `{\"error\": ...}`."),
-        (status = 401, description = "No, bad or expired service token."),
-        (status = 402, description = "The balance cannot cover the worst case."),
-        (status = 404, description = "No such model."),
-        (status = 429, description = "The user's concurrent requests are at the cap."),
-        (status = 503, description = "Overloaded (`Retry-After`)."),
+        OllamaErrors,
     )
 )]
 #[instrument(skip_all, fields(model, user))]
@@ -92,13 +115,11 @@ async fn chat(
     headers: HeaderMap,
     OllamaJson(body): OllamaJson<ChatBody>,
 ) -> Result<Response, OllamaError> {
-    let started = Instant::now();
-    let session = session(&cs, &headers).await?;
-    let model = body.model.clone().unwrap_or_default();
-    match request::chat(body, &cs.core.catalog)? {
-        Some(checked) => Ok(answer(&cs, session, checked, Route::Chat, started).await?),
-        None => Ok(load(&cs, &model, Route::Chat).await?),
-    }
+    let model = body.model.clone();
+    Ok(respond(&cs, &headers, model, Route::Chat, |c| {
+        request::chat(body, c)
+    })
+    .await?)
 }
 
 /// `POST /api/generate`.
@@ -114,12 +135,7 @@ async fn chat(
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The answer, or its lines (`application/x-ndjson`)."),
-        (status = 400, description = "A bad field: `{\"error\": ...}`."),
-        (status = 401, description = "No, bad or expired service token."),
-        (status = 402, description = "The balance cannot cover the worst case."),
-        (status = 404, description = "No such model."),
-        (status = 429, description = "The user's concurrent requests are at the cap."),
-        (status = 503, description = "Overloaded (`Retry-After`)."),
+        OllamaErrors,
     )
 )]
 #[instrument(skip_all, fields(model, user))]
@@ -128,23 +144,27 @@ async fn generate(
     headers: HeaderMap,
     OllamaJson(body): OllamaJson<GenerateBody>,
 ) -> Result<Response, OllamaError> {
-    let started = Instant::now();
-    let session = session(&cs, &headers).await?;
-    let model = body.model.clone().unwrap_or_default();
-    match request::generate(body, &cs.core.catalog)? {
-        Some(checked) => Ok(answer(&cs, session, checked, Route::Generate, started).await?),
-        None => Ok(load(&cs, &model, Route::Generate).await?),
-    }
+    let model = body.model.clone();
+    Ok(respond(&cs, &headers, model, Route::Generate, |c| {
+        request::generate(body, c)
+    })
+    .await?)
 }
 
-/// A checked generation, started and answered whole or as lines.
-async fn answer(
+/// A chat or generate request: the caller's session, the request checked (`None`: only its
+/// `model` to load), then the generation started and answered whole or as lines.
+async fn respond(
     cs: &CompletionState,
-    session: crate::state::Session,
-    checked: Checked,
+    headers: &HeaderMap,
+    model: Option<String>,
     route: Route,
-    started: Instant,
+    check: impl FnOnce(&super::catalog::Catalog) -> Result<Option<Checked>, ApiError>,
 ) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let session = session(cs, headers).await?;
+    let Some(checked) = check(&cs.core.catalog)? else {
+        return load(cs, model.as_deref().unwrap_or_default(), route).await;
+    };
     Span::current().record("model", checked.valid.model.as_str());
     let generation = start_valid(cs, session, checked.valid).await?;
     let model = generation.model.clone();
@@ -220,9 +240,7 @@ pub struct EmbedBody {
     security(("bearer" = [])),
     responses(
         (status = 200, description = "One vector per input, in order."),
-        (status = 400, description = "A bad field: `{\"error\": ...}`."),
-        (status = 401, description = "No, bad or expired service token."),
-        (status = 404, description = "No such model."),
+        OllamaErrors,
     )
 )]
 #[instrument(skip_all, fields(model, user))]

@@ -13,7 +13,7 @@ use hearth_types::{ChatMessage, Role, ToolCall};
 
 use crate::error::ApiError;
 use crate::services::completion::catalog::{Catalog, TextModelSpec};
-use crate::services::completion::front;
+use crate::services::completion::front::{self, Checked};
 use crate::services::completion::openai::tools::{self, ToolMode};
 use crate::services::completion::openai::wire::Tool;
 use crate::services::completion::validate::{
@@ -102,14 +102,6 @@ pub struct GenerateBody {
     #[schema(value_type = Option<Object>)]
     pub think: Option<Value>,
     pub logprobs: Option<bool>,
-}
-
-/// A checked request and how to answer it.
-#[derive(Debug)]
-pub struct Checked {
-    pub valid: ValidRequest,
-    pub stream: bool,
-    pub tools: ToolMode,
 }
 
 fn bad(field: &str, message: impl std::fmt::Display) -> ApiError {

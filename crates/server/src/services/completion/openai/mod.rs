@@ -250,13 +250,17 @@ fn unnamed(_: &str) -> Option<String> {
     None
 }
 
-/// Events named by their payload's `type` (Anthropic's and the Responses API's).
+/// Events named by their payload's `type` (Anthropic's and the Responses API's): read without
+/// building the payload's value again, since this runs for every token.
 pub(super) fn typed(data: &str) -> Option<String> {
-    serde_json::from_str::<serde_json::Value>(data)
-        .ok()?
-        .get("type")?
-        .as_str()
-        .map(String::from)
+    #[derive(serde::Deserialize)]
+    struct Typed<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: &'a str,
+    }
+    serde_json::from_str::<Typed<'_>>(data)
+        .ok()
+        .map(|t| t.kind.to_string())
 }
 
 /// The SSE answer: `first`, then each event's payloads, each as one `data:` line under the

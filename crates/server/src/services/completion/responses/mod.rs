@@ -57,12 +57,12 @@ async fn create(
     OpenAiJson(body): OpenAiJson<ResponsesBody>,
 ) -> Result<Response, OpenAiError> {
     let session = super::openai::session(&cs, &headers).await?;
-    let checked = request::check(body, &cs.core.catalog)?;
+    let (checked, echo) = request::check(body, &cs.core.catalog)?;
     Span::current().record("model", checked.valid.model.as_str());
     let started = start_valid(&cs, session, checked.valid).await?;
     let model = started.model.clone();
     let (stream_id, mut events) = spawn_driver(&cs, started)?;
-    let mut answer = Responses::new(&stream_id, &model, &checked.tools, checked.echo);
+    let mut answer = Responses::new(&stream_id, &model, &checked.tools, echo);
     if !checked.stream {
         return Ok(Json(whole(answer, &mut events).await?).into_response());
     }

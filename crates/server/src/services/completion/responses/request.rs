@@ -12,7 +12,7 @@ use hearth_types::{ChatMessage, Role, ToolCall};
 
 use crate::error::ApiError;
 use crate::services::completion::catalog::Catalog;
-use crate::services::completion::front;
+use crate::services::completion::front::{self, Checked};
 use crate::services::completion::openai::tools::{self, ToolMode};
 use crate::services::completion::openai::wire::{FunctionDef, NamedFunction, Tool, ToolChoice};
 use crate::services::completion::validate::{
@@ -73,15 +73,6 @@ pub struct ResponsesBody {
     pub metadata: Option<Value>,
 }
 
-/// A checked request and what its answer echoes.
-#[derive(Debug)]
-pub struct Checked {
-    pub valid: ValidRequest,
-    pub stream: bool,
-    pub tools: ToolMode,
-    pub echo: Echo,
-}
-
 /// The request's settings, as the answer repeats them.
 #[derive(Debug, Clone)]
 pub struct Echo {
@@ -100,7 +91,8 @@ fn bad(field: &str, message: impl std::fmt::Display) -> ApiError {
     ApiError::invalid_request(field, message)
 }
 
-pub fn check(body: ResponsesBody, catalog: &Catalog) -> Result<Checked, ApiError> {
+/// The checked request, and what its answer echoes.
+pub fn check(body: ResponsesBody, catalog: &Catalog) -> Result<(Checked, Echo), ApiError> {
     let spec = front::model(body.model.as_deref(), catalog)?;
     if body.store == Some(true) {
         return Err(bad(
@@ -174,7 +166,7 @@ pub fn check(body: ResponsesBody, catalog: &Catalog) -> Result<Checked, ApiError
         parallel_tool_calls: body.parallel_tool_calls.unwrap_or(true),
         metadata: body.metadata.unwrap_or_else(|| json!({})),
     };
-    Ok(Checked {
+    let checked = Checked {
         valid: ValidRequest {
             model: spec.id.clone(),
             prompt,
@@ -191,8 +183,8 @@ pub fn check(body: ResponsesBody, catalog: &Catalog) -> Result<Checked, ApiError
         },
         stream: body.stream.unwrap_or(false),
         tools,
-        echo,
-    })
+    };
+    Ok((checked, echo))
 }
 
 /// `input` into `out`.
