@@ -11,7 +11,9 @@ fi
 "$VENV/bin/pip" install --quiet --progress-bar off \
   "torch>=2.4" "diffusers>=0.30" "transformers>=4.44" safetensors numpy
 MODEL=$(mktemp -d)
-trap 'rm -rf "$MODEL"' EXIT
+INPAINT=$(mktemp -d)
+trap 'rm -rf "$MODEL" "$INPAINT"' EXIT
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 cargo run --quiet -p hearth-imagine --example tiny_sdxl -- "$MODEL"
-"$VENV/bin/python" scripts/sdxl-parity.py "$MODEL" tests/fixtures/imagine/sdxl-parity.safetensors
+cargo run --quiet -p hearth-imagine --example tiny_sdxl -- --inpainting "$INPAINT"
+"$VENV/bin/python" scripts/sdxl-parity.py "$MODEL" tests/fixtures/imagine/sdxl-parity.safetensors "$INPAINT"

@@ -169,6 +169,8 @@ fn main() -> ExitCode {
                 width: size,
                 height: size,
                 guidance_scale: args.guidance,
+                init: None,
+                loras: Vec::new(),
             };
             timed_image(&p, &prm(0))?; // warm-up
             let (mut enc, mut step, mut dec, mut png, mut total) = (0.0, 0.0, 0.0, 0.0, 0.0);

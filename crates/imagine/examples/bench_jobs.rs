@@ -63,6 +63,8 @@ fn params(size: usize, steps: usize, seed: u64) -> ImageParams {
         width: size,
         height: size,
         guidance_scale: 0.0,
+        init: None,
+        loras: Vec::new(),
     }
 }
 
@@ -97,7 +99,7 @@ fn main() -> ExitCode {
             let mut step_times = Vec::new();
             let mut last_latents = None;
             for run in 0..args.runs {
-                let noise = bare.initial_noise(run as u64, size, size)?;
+                let noise = bare.noise(&params(size, args.steps, run as u64))?;
                 let mut last = None::<Instant>;
                 bare.sample_observed(
                     &params(size, args.steps, run as u64),

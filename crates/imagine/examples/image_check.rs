@@ -138,6 +138,8 @@ fn tiny_model(dev: &Device) -> R<bool> {
         width: 64,
         height: 64,
         guidance_scale: 1.0,
+        init: None,
+        loras: Vec::new(),
     };
     let (ic, ig) = (cpu.generate(&p, &|| false)?, gpu.generate(&p, &|| false)?);
     let worst = ic

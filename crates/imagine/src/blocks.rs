@@ -6,22 +6,26 @@
 //! `proj_out`), `BasicTransformerBlock` (`norm1..3`, `attn1`, `attn2`, `ff.net.0.proj`,
 //! `ff.net.2`), `Attention` (`to_q`, `to_k`, `to_v`, `to_out.0`; the VAE's older files say
 //! `query`, `key`, `value`, `proj_attn`), `downsamplers.0.conv`, `upsamplers.0.conv`.
+//!
+//! The projections and convolutions a LoRA may adapt are [`crate::lora`]'s adapter-capable
+//! layers; each block hands their slots to its component's table (`visit_slots`).
 
 use candle_core::{Module, Result, Tensor, D};
 use candle_nn::{LayerNorm, Linear, VarBuilder};
 
-use crate::layers::{attention, geglu, Conv2d, GroupNorm};
+use crate::layers::{attention, geglu, GroupNorm};
+use crate::lora::{AdaptedConv, AdaptedLinear, Slot};
 
 /// A residual block: two 3x3 convolutions after group norm and SiLU, the time embedding added
 /// between them, a 1x1 convolution on the shortcut when the channel count changes.
 #[derive(Debug)]
 pub struct Resnet {
     norm1: GroupNorm,
-    conv1: Conv2d,
-    time_emb_proj: Option<Linear>,
+    conv1: AdaptedConv,
+    time_emb_proj: Option<AdaptedLinear>,
     norm2: GroupNorm,
-    conv2: Conv2d,
-    shortcut: Option<Conv2d>,
+    conv2: AdaptedConv,
+    shortcut: Option<AdaptedConv>,
     scale: f64,
 }
 
@@ -38,14 +42,17 @@ impl Resnet {
     ) -> Result<Self> {
         Ok(Resnet {
             norm1: GroupNorm::new(vb.pp("norm1"), groups, c_in, eps)?,
-            conv1: Conv2d::new(vb.pp("conv1"), c_in, c_out, 3, 1, 1)?,
+            conv1: AdaptedConv::new(vb.pp("conv1"), c_in, c_out, 3, 1, 1)?,
             time_emb_proj: temb
-                .map(|t| candle_nn::linear(t, c_out, vb.pp("time_emb_proj")))
+                .map(|t| {
+                    let vb = vb.pp("time_emb_proj");
+                    AdaptedLinear::new(candle_nn::linear(t, c_out, vb.clone())?, &vb)
+                })
                 .transpose()?,
             norm2: GroupNorm::new(vb.pp("norm2"), groups, c_out, eps)?,
-            conv2: Conv2d::new(vb.pp("conv2"), c_out, c_out, 3, 1, 1)?,
+            conv2: AdaptedConv::new(vb.pp("conv2"), c_out, c_out, 3, 1, 1)?,
             shortcut: (c_in != c_out)
-                .then(|| Conv2d::new(vb.pp("conv_shortcut"), c_in, c_out, 1, 1, 0))
+                .then(|| AdaptedConv::new(vb.pp("conv_shortcut"), c_in, c_out, 1, 1, 0))
                 .transpose()?,
             scale,
         })
@@ -72,20 +79,36 @@ impl Resnet {
             out / self.scale
         }
     }
+
+    /// Hands each adapter-capable layer's slot to `f`.
+    pub(crate) fn visit_slots(&mut self, f: &mut dyn FnMut(&mut Slot)) {
+        f(&mut self.conv1.slot);
+        if let Some(p) = &mut self.time_emb_proj {
+            f(&mut p.slot);
+        }
+        f(&mut self.conv2.slot);
+        if let Some(c) = &mut self.shortcut {
+            f(&mut c.slot);
+        }
+    }
 }
 
 /// Multi-head attention with separate Q, K, V projections (no bias) and an output projection.
 #[derive(Debug)]
 struct Attention {
-    to_q: Linear,
-    to_k: Linear,
-    to_v: Linear,
-    to_out: Linear,
+    to_q: AdaptedLinear,
+    to_k: AdaptedLinear,
+    to_v: AdaptedLinear,
+    to_out: AdaptedLinear,
     heads: usize,
 }
 
 /// A `dim_out x dim_in` projection stored as a linear layer or as a 1x1 convolution.
-fn projection(vb: VarBuilder, dim_in: usize, dim_out: usize, bias: bool) -> Result<Linear> {
+fn projection(vb: VarBuilder, dim_in: usize, dim_out: usize, bias: bool) -> Result<AdaptedLinear> {
+    AdaptedLinear::new(projection_weights(vb.clone(), dim_in, dim_out, bias)?, &vb)
+}
+
+fn projection_weights(vb: VarBuilder, dim_in: usize, dim_out: usize, bias: bool) -> Result<Linear> {
     let linear = if bias {
         candle_nn::linear(dim_in, dim_out, vb.clone())
     } else {
@@ -146,6 +169,17 @@ impl Attention {
             .reshape((b, l, d))?;
         self.to_out.forward(&o)
     }
+
+    fn visit_slots(&mut self, f: &mut dyn FnMut(&mut Slot)) {
+        for p in [
+            &mut self.to_q,
+            &mut self.to_k,
+            &mut self.to_v,
+            &mut self.to_out,
+        ] {
+            f(&mut p.slot);
+        }
+    }
 }
 
 /// Self-attention, cross-attention to the prompt, and the GEGLU feed-forward, each after a
@@ -157,8 +191,8 @@ struct TransformerBlock {
     norm2: LayerNorm,
     attn2: Attention,
     norm3: LayerNorm,
-    ff_in: Linear,
-    ff_out: Linear,
+    ff_in: AdaptedLinear,
+    ff_out: AdaptedLinear,
 }
 
 impl TransformerBlock {
@@ -171,8 +205,8 @@ impl TransformerBlock {
             norm2: candle_nn::layer_norm(dim, 1e-5, vb.pp("norm2"))?,
             attn2: Attention::new(vb.pp("attn2"), dim, context_dim, heads, false)?,
             norm3: candle_nn::layer_norm(dim, 1e-5, vb.pp("norm3"))?,
-            ff_in: candle_nn::linear(dim, inner * 2, ff.pp("0").pp("proj"))?,
-            ff_out: candle_nn::linear(inner, dim, ff.pp("2"))?,
+            ff_in: adapted_linear(ff.pp("0").pp("proj"), dim, inner * 2)?,
+            ff_out: adapted_linear(ff.pp("2"), inner, dim)?,
         })
     }
 
@@ -187,6 +221,18 @@ impl TransformerBlock {
             .forward(&geglu(&self.ff_in.forward(&self.norm3.forward(&x)?)?)?)?;
         ff + x
     }
+
+    fn visit_slots(&mut self, f: &mut dyn FnMut(&mut Slot)) {
+        self.attn1.visit_slots(f);
+        self.attn2.visit_slots(f);
+        f(&mut self.ff_in.slot);
+        f(&mut self.ff_out.slot);
+    }
+}
+
+/// A linear layer with bias that takes adapters.
+fn adapted_linear(vb: VarBuilder, dim_in: usize, dim_out: usize) -> Result<AdaptedLinear> {
+    AdaptedLinear::new(candle_nn::linear(dim_in, dim_out, vb.clone())?, &vb)
 }
 
 /// diffusers' `Transformer2DModel`: group norm, a projection in (linear or 1x1 convolution),
@@ -194,9 +240,9 @@ impl TransformerBlock {
 #[derive(Debug)]
 pub struct SpatialTransformer {
     norm: GroupNorm,
-    proj_in: Linear,
+    proj_in: AdaptedLinear,
     blocks: Vec<TransformerBlock>,
-    proj_out: Linear,
+    proj_out: AdaptedLinear,
 }
 
 impl SpatialTransformer {
@@ -237,6 +283,15 @@ impl SpatialTransformer {
             .permute((0, 3, 1, 2))?;
         t + x
     }
+
+    /// Hands each adapter-capable layer's slot to `f`.
+    pub(crate) fn visit_slots(&mut self, f: &mut dyn FnMut(&mut Slot)) {
+        f(&mut self.proj_in.slot);
+        for b in &mut self.blocks {
+            b.visit_slots(f);
+        }
+        f(&mut self.proj_out.slot);
+    }
 }
 
 /// The VAE's single-head self-attention over all positions, with its own group norm.
@@ -274,14 +329,14 @@ impl AttentionBlock {
 /// A 3x3 convolution of stride 2 (`downsamplers.0`), diffusers' `Downsample2D` with a conv.
 #[derive(Debug)]
 pub struct Downsample {
-    conv: Conv2d,
+    conv: AdaptedConv,
     padding: usize,
 }
 
 impl Downsample {
     pub fn new(vb: VarBuilder, channels: usize, padding: usize) -> Result<Self> {
         Ok(Downsample {
-            conv: Conv2d::new(vb.pp("conv"), channels, channels, 3, 2, padding)?,
+            conv: AdaptedConv::new(vb.pp("conv"), channels, channels, 3, 2, padding)?,
             padding,
         })
     }
@@ -296,18 +351,22 @@ impl Downsample {
         }
         self.conv.forward(x)
     }
+
+    pub(crate) fn slot(&mut self) -> &mut Slot {
+        &mut self.conv.slot
+    }
 }
 
 /// Nearest-neighbour upsampling (by 2, or to a given size) then a 3x3 convolution.
 #[derive(Debug)]
 pub struct Upsample {
-    conv: Conv2d,
+    conv: AdaptedConv,
 }
 
 impl Upsample {
     pub fn new(vb: VarBuilder, channels: usize) -> Result<Self> {
         Ok(Upsample {
-            conv: Conv2d::new(vb.pp("conv"), channels, channels, 3, 1, 1)?,
+            conv: AdaptedConv::new(vb.pp("conv"), channels, channels, 3, 1, 1)?,
         })
     }
 
@@ -315,5 +374,9 @@ impl Upsample {
         let (_, _, h, w) = x.dims4()?;
         let (h, w) = size.unwrap_or((2 * h, 2 * w));
         self.conv.forward(&x.upsample_nearest2d(h, w)?)
+    }
+
+    pub(crate) fn slot(&mut self) -> &mut Slot {
+        &mut self.conv.slot
     }
 }

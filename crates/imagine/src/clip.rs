@@ -13,6 +13,7 @@ use candle_nn::{
 
 use crate::config::ClipTextConfig;
 use crate::error::{Error, Result};
+use crate::lora::{text_encoder_names, AdaptedLinear, Slot, Table};
 
 #[derive(Debug, Clone, Copy)]
 enum Activation {
@@ -31,10 +32,10 @@ impl Activation {
 
 #[derive(Debug)]
 struct Attention {
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    out: Linear,
+    q: AdaptedLinear,
+    k: AdaptedLinear,
+    v: AdaptedLinear,
+    out: AdaptedLinear,
     heads: usize,
 }
 
@@ -67,9 +68,14 @@ struct Layer {
     ln1: LayerNorm,
     attn: Attention,
     ln2: LayerNorm,
-    fc1: Linear,
-    fc2: Linear,
+    fc1: AdaptedLinear,
+    fc2: AdaptedLinear,
     act: Activation,
+}
+
+/// A linear layer with bias that takes adapters.
+fn adapted(vb: VarBuilder, dim_in: usize, dim_out: usize) -> candle_core::Result<AdaptedLinear> {
+    AdaptedLinear::new(linear(dim_in, dim_out, vb.clone())?, &vb)
 }
 
 impl Layer {
@@ -79,15 +85,15 @@ impl Layer {
         Ok(Layer {
             ln1: layer_norm(h, c.layer_norm_eps, vb.pp("layer_norm1"))?,
             attn: Attention {
-                q: linear(h, h, a.pp("q_proj"))?,
-                k: linear(h, h, a.pp("k_proj"))?,
-                v: linear(h, h, a.pp("v_proj"))?,
-                out: linear(h, h, a.pp("out_proj"))?,
+                q: adapted(a.pp("q_proj"), h, h)?,
+                k: adapted(a.pp("k_proj"), h, h)?,
+                v: adapted(a.pp("v_proj"), h, h)?,
+                out: adapted(a.pp("out_proj"), h, h)?,
                 heads: c.num_attention_heads,
             },
             ln2: layer_norm(h, c.layer_norm_eps, vb.pp("layer_norm2"))?,
-            fc1: linear(h, c.intermediate_size, vb.pp("mlp.fc1"))?,
-            fc2: linear(c.intermediate_size, h, vb.pp("mlp.fc2"))?,
+            fc1: adapted(vb.pp("mlp.fc1"), h, c.intermediate_size)?,
+            fc2: adapted(vb.pp("mlp.fc2"), c.intermediate_size, h)?,
             act,
         })
     }
@@ -98,6 +104,20 @@ impl Layer {
             .act
             .forward(&self.fc1.forward(&self.ln2.forward(&xs)?)?)?;
         xs + self.fc2.forward(&h)?
+    }
+
+    fn visit_slots(&mut self, f: &mut dyn FnMut(&mut Slot)) {
+        let a = &mut self.attn;
+        for p in [
+            &mut a.q,
+            &mut a.k,
+            &mut a.v,
+            &mut a.out,
+            &mut self.fc1,
+            &mut self.fc2,
+        ] {
+            f(&mut p.slot);
+        }
     }
 }
 
@@ -120,10 +140,13 @@ pub struct ClipTextEncoder {
     final_layer_norm: LayerNorm,
     text_projection: Option<Linear>,
     config: ClipTextConfig,
+    /// Its adapter-capable layers, and the LoRA updates in effect on them.
+    pub(crate) adapters: Table,
 }
 
 impl ClipTextEncoder {
-    /// Builds the encoder; `with_projection` for `CLIPTextModelWithProjection`.
+    /// Builds the encoder; `with_projection` for `CLIPTextModelWithProjection`, which is SDXL's
+    /// second (its LoRA component `text_encoder_2`; the first is `text_encoder`).
     pub fn new(vb: VarBuilder, config: &ClipTextConfig, with_projection: bool) -> Result<Self> {
         let act = match config.hidden_act.as_str() {
             "quick_gelu" => Activation::QuickGelu,
@@ -154,9 +177,19 @@ impl ClipTextEncoder {
             h,
             emb.pp("position_embedding"),
         )?;
-        let layers = (0..config.num_hidden_layers)
+        let mut layers = (0..config.num_hidden_layers)
             .map(|i| Layer::new(tm.pp(format!("encoder.layers.{i}")), config, act))
             .collect::<candle_core::Result<Vec<_>>>()?;
+        let component = if with_projection {
+            "text_encoder_2"
+        } else {
+            "text_encoder"
+        };
+        let adapters = Table::build(
+            component,
+            &|path| text_encoder_names(component, path),
+            |f| layers.iter_mut().for_each(|l| l.visit_slots(f)),
+        );
         let final_layer_norm = layer_norm(h, config.layer_norm_eps, tm.pp("final_layer_norm"))?;
         let text_projection = if with_projection {
             let p = config.projection_dim.ok_or_else(|| {
@@ -173,6 +206,7 @@ impl ClipTextEncoder {
             final_layer_norm,
             text_projection,
             config: config.clone(),
+            adapters,
         })
     }
 

@@ -53,6 +53,70 @@ pub enum Error {
     /// PNG encoding failed.
     #[error("png encoding: {0}")]
     Png(String),
+    /// A LoRA file that cannot be read, or that does not fit the model; `file` names it.
+    #[error("LoRA {file}: {problem}")]
+    Lora { file: String, problem: LoraProblem },
+}
+
+/// What is wrong with a LoRA file; each names the tensor key at fault where there is one.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LoraProblem {
+    #[error("not a safetensors file: {0}")]
+    NotSafetensors(String),
+    #[error("{bytes} bytes, more than the {max} a LoRA file may have")]
+    TooLarge { bytes: u64, max: u64 },
+    #[error("{count} tensors, more than the {max} a LoRA file may have")]
+    TooManyTensors { count: usize, max: usize },
+    #[error("no LoRA weights in the file")]
+    Empty,
+    #[error(
+        "{key}: not a LoRA weight Hearth reads (lora_A/lora_B, lora.down/lora.up or \
+         lora_down/lora_up weights and alpha; LoHa, LoKr and DoRA are not supported)"
+    )]
+    UnsupportedKey { key: String },
+    #[error("{key}: {dtype} is not a float type")]
+    Dtype { key: String, dtype: String },
+    #[error("{key} and {other} are the same half of one module")]
+    DuplicateKey { key: String, other: String },
+    #[error("{key} is missing: {present} has no partner")]
+    MissingHalf { key: String, present: String },
+    #[error("{key}: shape {got:?}, expected {want}")]
+    Shape {
+        key: String,
+        got: Vec<usize>,
+        want: String,
+    },
+    #[error("{key}: rank {rank}, but {other} has rank {other_rank}")]
+    RankMismatch {
+        key: String,
+        rank: usize,
+        other: String,
+        other_rank: usize,
+    },
+    #[error("{key}: rank {rank} is outside 1..={max}")]
+    Rank {
+        key: String,
+        rank: usize,
+        max: usize,
+    },
+    #[error("{key}: alpha {value} is not a finite number")]
+    Alpha { key: String, value: f64 },
+    #[error("{key}: holds NaN or infinite values")]
+    NonFinite { key: String },
+    #[error("adapter metadata: {0}")]
+    Metadata(String),
+    #[error("{0} is not supported")]
+    Unsupported(String),
+    #[error("{key}: this model has no adapter-capable layer by that name")]
+    UnknownModule { key: String },
+    #[error("{key} and {other} both adapt {layer}")]
+    SameLayer {
+        key: String,
+        other: String,
+        layer: String,
+    },
+    #[error("loaded for another model")]
+    OtherModel,
 }
 
 impl Error {

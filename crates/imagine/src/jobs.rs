@@ -208,6 +208,8 @@ mod tests {
             width: 64,
             height: 64,
             guidance_scale: 0.0,
+            init: None,
+            loras: Vec::new(),
         };
         let spec = JobSpec {
             user: user.into(),

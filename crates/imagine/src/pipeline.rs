@@ -1,19 +1,24 @@
-//! The SDXL text-to-image pipeline: prompt -> both CLIP encoders -> Euler sampling with the
-//! UNet -> VAE decode -> RGB bytes.
+//! The SDXL pipeline: prompt -> both CLIP encoders -> Euler sampling with the UNet -> VAE
+//! decode -> RGB bytes. Sampling starts from noise (text-to-image), from an encoded image with
+//! part of the schedule (image-to-image, diffusers' `StableDiffusionXLImg2ImgPipeline`), or from
+//! that with a mask that puts the image's own latents back outside it after every step
+//! (inpainting, `StableDiffusionXLInpaintPipeline` with the base UNet).
+
+mod start;
 
 use candle_core::{DType, Device, Tensor, D};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
 use crate::clip::ClipTextEncoder;
 use crate::config::{read_json, ClipTextConfig, SchedulerConfig, UNetConfig, VaeConfig};
+use crate::edit::{self, InitImage};
 use crate::error::{Error, Result};
 use crate::euler::EulerDiscrete;
 use crate::files::ModelFiles;
 use crate::tokenizer::ClipTokenizer;
 use crate::unet::SdxlUNet;
-use crate::vae::VaeDecoder;
+use crate::vae::{VaeDecoder, VaeEncoder};
 use crate::weights::{mmap_var_builder, random_var_builder};
+pub use start::Noise;
 
 /// One validated generation request.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,12 +32,32 @@ pub struct ImageParams {
     pub height: usize,
     /// Used only when `negative_prompt` is non-empty.
     pub guidance_scale: f64,
+    /// An edit's starting image (at `width` x `height`), strength and mask; `None` draws from
+    /// noise alone.
+    pub init: Option<InitImage>,
+    /// LoRAs in effect for this generation, in order (at most [`crate::lora::MAX_ACTIVE_LORAS`]).
+    pub loras: Vec<crate::lora::ActiveLora>,
 }
 
 impl ImageParams {
     /// Whether classifier-free guidance runs (two UNet passes per step).
     pub fn uses_guidance(&self) -> bool {
         !self.negative_prompt.is_empty() && self.guidance_scale > 1.0
+    }
+
+    /// The index in the `steps`-step schedule where sampling starts: 0 from noise; for an edit
+    /// `steps - min(floor(steps x strength), steps)`, as diffusers' `get_timesteps`. An edit whose
+    /// strength leaves no step to run is an error naming `strength`.
+    pub fn first_step(&self) -> Result<usize> {
+        match &self.init {
+            None => Ok(0),
+            Some(init) => Ok(self.steps - edit::steps_to_run(self.steps, init.strength)?),
+        }
+    }
+
+    /// The denoising steps that run: `steps`, or an edit's share of them.
+    pub fn steps_to_run(&self) -> usize {
+        self.steps - self.first_step().unwrap_or(0)
     }
 }
 
@@ -75,8 +100,12 @@ pub struct SdxlPipeline {
     text_encoder_2: ClipTextEncoder,
     unet: SdxlUNet,
     vae: VaeDecoder,
+    /// `None` when the VAE's file has no encoder: text-to-image only.
+    vae_encoder: Option<VaeEncoder>,
     vae_scale: f64,
     latent_channels: usize,
+    /// An inpainting UNet: its input is the latents, the mask and the masked picture's latents.
+    inpainting_unet: bool,
     scheduler: SchedulerConfig,
     device: Device,
     dtype: DType,
@@ -141,13 +170,31 @@ impl SdxlPipeline {
         let text_encoder = ClipTextEncoder::new(weights(&files.text_encoder, dtype)?, &te1, false)?;
         let text_encoder_2 =
             ClipTextEncoder::new(weights(&files.text_encoder_2, dtype)?, &te2, true)?;
+        let latent = vae_cfg.latent_channels;
+        let inpainting_unet = unet_cfg.in_channels == 2 * latent + 1;
+        if unet_cfg.in_channels != latent && !inpainting_unet {
+            return Err(Error::config(
+                &files.unet_config,
+                format!(
+                    "in_channels {} fits neither the VAE's {latent} latent channels nor an \
+                     inpainting UNet's {}",
+                    unet_cfg.in_channels,
+                    2 * latent + 1
+                ),
+            ));
+        }
         let unet = SdxlUNet::new(weights(&files.unet, dtype)?, &unet_cfg)?;
         let vae_dtype = if dtype == DType::F32 || vae_cfg.force_upcast == Some(false) {
             dtype
         } else {
             DType::F32
         };
-        let vae = VaeDecoder::new(weights(&files.vae, vae_dtype)?, &vae_cfg)?;
+        let vae_weights = weights(&files.vae, vae_dtype)?;
+        let vae = VaeDecoder::new(vae_weights.clone(), &vae_cfg)?;
+        let vae_encoder = vae_weights
+            .contains_tensor("encoder.conv_in.weight")
+            .then(|| VaeEncoder::new(vae_weights, &vae_cfg))
+            .transpose()?;
         Ok(SdxlPipeline {
             tokenizer,
             tokenizer_2,
@@ -155,8 +202,10 @@ impl SdxlPipeline {
             text_encoder_2,
             unet,
             vae,
+            vae_encoder,
             vae_scale: vae_cfg.scaling_factor,
-            latent_channels: unet_cfg.in_channels,
+            latent_channels: latent,
+            inpainting_unet,
             scheduler,
             device: device.clone(),
             dtype,
@@ -167,6 +216,12 @@ impl SdxlPipeline {
     /// The device the model runs on.
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// The LoRA tables of the text encoders and the UNet, in that order.
+    pub(crate) fn lora_tables(&self) -> [&crate::lora::Table; 3] {
+        let (t1, t2) = (&self.text_encoder.adapters, &self.text_encoder_2.adapters);
+        [t1, t2, &self.unet.adapters]
     }
 
     /// The VAE scaling factor read from `vae/config.json`.
@@ -241,52 +296,37 @@ impl SdxlPipeline {
         Ok(self.vae.decode(&scaled)?.to_dtype(DType::F32)?)
     }
 
-    /// Seeded standard-normal noise for the initial latents, `(1, 4, height/8, width/8)`.
-    ///
-    /// Generated on the CPU with ChaCha8 and Box-Muller, so the same seed gives the same noise on
-    /// every device and platform.
-    pub fn initial_noise(&self, seed: u64, width: usize, height: usize) -> Result<Tensor> {
-        let shape = (1, self.latent_channels, height / 8, width / 8);
-        let n = self.latent_channels * (height / 8) * (width / 8);
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let mut v = Vec::with_capacity(n + 1);
-        while v.len() < n {
-            // Box-Muller on (0, 1] uniforms.
-            let u1: f64 = 1.0 - rng.gen::<f64>();
-            let u2: f64 = rng.gen::<f64>();
-            let r = (-2.0 * u1.ln()).sqrt();
-            let th = std::f64::consts::TAU * u2;
-            v.push((r * th.cos()) as f32);
-            v.push((r * th.sin()) as f32);
-        }
-        v.truncate(n);
-        Ok(Tensor::from_vec(v, shape, &Device::Cpu)?.to_device(&self.device)?)
-    }
-
     /// Runs the sampler from the given unit-variance `noise` and returns the final latents
     /// (f32). `should_stop` is polled before every step; returning true aborts with
     /// [`Error::Cancelled`].
     pub fn sample(
         &self,
         params: &ImageParams,
-        noise: &Tensor,
+        noise: &Noise,
         should_stop: &dyn Fn() -> bool,
     ) -> Result<Tensor> {
-        self.sample_observed(params, noise, &mut |done, _| {
-            done < params.steps && should_stop()
-        })
+        let run = params.steps_to_run();
+        self.sample_observed(params, noise, &mut |done, _| done < run && should_stop())
     }
 
-    /// [`Self::sample`], calling `observe` with the steps done and the latents before every
-    /// step and once after the last; its true aborts with [`Error::Cancelled`].
+    /// [`Self::sample`], calling `observe` with the steps done (of
+    /// [`ImageParams::steps_to_run`]) and the latents before every step and once after the
+    /// last; its true aborts with [`Error::Cancelled`].
     pub fn sample_observed(
         &self,
         params: &ImageParams,
-        noise: &Tensor,
+        noise: &Noise,
         observe: &mut dyn FnMut(usize, &Tensor) -> bool,
     ) -> Result<Tensor> {
+        let _loras = self.apply_loras(&params.loras)?; // text encoders and UNet, until return
         check_size(params.width, params.height)?;
         let schedule = EulerDiscrete::new(&self.scheduler, params.steps)?;
+        let first = params.first_step()?;
+        let start::Start {
+            mut latents,
+            keep,
+            extra,
+        } = self.start(params, noise, &schedule, first)?;
         let cfg = params.uses_guidance();
         let embeds = {
             let pos = self.encode_prompt(&params.prompt)?;
@@ -302,17 +342,23 @@ impl SdxlPipeline {
         };
         let batch = if cfg { 2 } else { 1 };
         let time_ids = self.time_ids(params.width, params.height, batch)?;
-        let mut latents = (noise.to_dtype(DType::F32)? * schedule.init_noise_sigma())?;
-        for (i, &t) in schedule.timesteps().iter().enumerate() {
-            if observe(i, &latents) {
+        for (done, i) in (first..params.steps).enumerate() {
+            if observe(done, &latents) {
                 return Err(Error::Cancelled);
             }
+            let t = schedule.timesteps()[i];
             let input = if cfg {
                 Tensor::cat(&[&latents, &latents], 0)?
             } else {
                 latents.clone()
             };
             let input = schedule.scale_model_input(&input, i)?;
+            let input = match &extra {
+                // An inpainting UNet reads the mask and the masked picture beside the latents.
+                Some(extra) if cfg => Tensor::cat(&[&input, &Tensor::cat(&[extra, extra], 0)?], 1)?,
+                Some(extra) => Tensor::cat(&[&input, extra], 1)?,
+                None => input,
+            };
             let pred = self.unet_forward(&input, t, &embeds, &time_ids)?;
             let pred = if cfg {
                 let uncond = pred.get(0)?.unsqueeze(0)?;
@@ -322,9 +368,12 @@ impl SdxlPipeline {
                 pred
             };
             latents = schedule.step(&pred, i, &latents)?;
+            if let Some(keep) = &keep {
+                latents = keep.blend(&latents, &schedule, i + 1)?;
+            }
             tracing::debug!(step = i + 1, steps = params.steps, "denoising step done");
         }
-        if observe(params.steps, &latents) {
+        if observe(params.steps - first, &latents) {
             return Err(Error::Cancelled);
         }
         Ok(latents)
@@ -343,7 +392,7 @@ impl SdxlPipeline {
         observe: &mut dyn FnMut(usize, &Tensor) -> bool,
     ) -> Result<Image> {
         check_size(params.width, params.height)?;
-        let noise = self.initial_noise(params.seed, params.width, params.height)?;
+        let noise = self.noise(params)?;
         let latents = self.sample_observed(params, &noise, observe)?;
         to_rgb8(&self.decode(&latents)?)
     }

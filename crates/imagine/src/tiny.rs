@@ -48,6 +48,16 @@ const CORPUS: &str = "a photo of an astronaut riding a horse on the moon, a cat 
 
 /// Writes the tiny model into `dir` (created if needed). Existing files are overwritten.
 pub fn write_tiny_sdxl(dir: &Path, seed: u64) -> Result<()> {
+    write_tiny(dir, seed, 4)
+}
+
+/// [`write_tiny_sdxl`] with an inpainting UNet: 9 input channels (the latents, the mask and the
+/// masked picture's latents), as `diffusers/stable-diffusion-xl-1.0-inpainting-0.1` has.
+pub fn write_tiny_sdxl_inpainting(dir: &Path, seed: u64) -> Result<()> {
+    write_tiny(dir, seed, 9)
+}
+
+fn write_tiny(dir: &Path, seed: u64, unet_in_channels: usize) -> Result<()> {
     let mk = |sub: &str| -> Result<std::path::PathBuf> {
         let p = dir.join(sub);
         std::fs::create_dir_all(&p).map_err(|e| Error::io(&p, e))?;
@@ -72,7 +82,8 @@ pub fn write_tiny_sdxl(dir: &Path, seed: u64) -> Result<()> {
 
     let te1 = clip_config(vocab_size, 32, 64, 2, 3, "quick_gelu", 32);
     let te2 = clip_config(vocab_size, 64, 128, 4, 3, "gelu", 32);
-    let unet = unet_config(96, 32 + 6 * 8);
+    let mut unet = unet_config(96, 32 + 6 * 8);
+    unet["in_channels"] = json!(unet_in_channels);
     let vae = vae_config();
 
     let dev = Device::Cpu;

@@ -10,7 +10,8 @@ use candle_transformers::models::stable_diffusion::embeddings::{TimestepEmbeddin
 use crate::blocks::{Downsample, Resnet, SpatialTransformer, Upsample};
 use crate::config::UNetConfig;
 use crate::error::{Error, Result};
-use crate::layers::{Conv2d, GroupNorm};
+use crate::layers::GroupNorm;
+use crate::lora::{AdaptedConv, Slot, Table, UNetNames};
 
 /// A down block: resnets (each followed by a transformer in a cross-attention block), then a
 /// downsampler except in the last; every output is kept for the up path.
@@ -43,6 +44,27 @@ impl DownBlock {
         }
         Ok(x)
     }
+
+    fn visit_slots(&mut self, f: &mut dyn FnMut(&mut Slot)) {
+        visit_block(&mut self.resnets, &mut self.attentions, f);
+        if let Some(d) = &mut self.down {
+            f(d.slot());
+        }
+    }
+}
+
+/// A block's resnets and transformers, in diffusers' module order.
+fn visit_block(
+    resnets: &mut [Resnet],
+    attentions: &mut [SpatialTransformer],
+    f: &mut dyn FnMut(&mut Slot),
+) {
+    for r in resnets {
+        r.visit_slots(f);
+    }
+    for a in attentions {
+        a.visit_slots(f);
+    }
 }
 
 /// An up block: each resnet takes the running state joined with the latest skip, then (in a
@@ -64,7 +86,7 @@ struct MidBlock {
 /// The SDXL `UNet2DConditionModel`.
 #[derive(Debug)]
 pub struct SdxlUNet {
-    conv_in: Conv2d,
+    conv_in: AdaptedConv,
     time_proj: Timesteps,
     time_embedding: TimestepEmbedding,
     add_time_proj: Timesteps,
@@ -73,8 +95,10 @@ pub struct SdxlUNet {
     mid: MidBlock,
     up: Vec<UpBlock>,
     conv_norm_out: GroupNorm,
-    conv_out: Conv2d,
+    conv_out: AdaptedConv,
     add_time_dim: usize,
+    /// Its adapter-capable layers, and the LoRA updates in effect on them.
+    pub(crate) adapters: Table,
 }
 
 fn bad(message: impl Into<String>) -> Error {
@@ -215,8 +239,8 @@ impl SdxlUNet {
                 up: up_sampler,
             });
         }
-        Ok(SdxlUNet {
-            conv_in: Conv2d::new(vb.pp("conv_in"), c.in_channels, ch0, 3, 1, 1)?,
+        let mut unet = SdxlUNet {
+            conv_in: AdaptedConv::new(vb.pp("conv_in"), c.in_channels, ch0, 3, 1, 1)?,
             time_proj: Timesteps::new(ch0, c.flip_sin_to_cos, c.freq_shift),
             time_embedding: TimestepEmbedding::new(vb.pp("time_embedding"), ch0, temb)?,
             add_time_proj: Timesteps::new(add_time_dim, c.flip_sin_to_cos, c.freq_shift),
@@ -225,9 +249,34 @@ impl SdxlUNet {
             mid,
             up,
             conv_norm_out: GroupNorm::new(vb.pp("conv_norm_out"), groups, ch0, eps)?,
-            conv_out: Conv2d::new(vb.pp("conv_out"), ch0, c.out_channels, 3, 1, 1)?,
+            conv_out: AdaptedConv::new(vb.pp("conv_out"), ch0, c.out_channels, 3, 1, 1)?,
             add_time_dim,
-        })
+            adapters: Table::default(),
+        };
+        let names = UNetNames::new(c);
+        let table = Table::build("unet", &|path| names.names(path), |f| unet.visit_slots(f));
+        unet.adapters = table;
+        Ok(unet)
+    }
+
+    /// Hands each adapter-capable layer's slot to `f`.
+    fn visit_slots(&mut self, f: &mut dyn FnMut(&mut Slot)) {
+        f(&mut self.conv_in.slot);
+        for b in &mut self.down {
+            b.visit_slots(f);
+        }
+        self.mid.first.visit_slots(f);
+        for (a, r) in &mut self.mid.rest {
+            a.visit_slots(f);
+            r.visit_slots(f);
+        }
+        for b in &mut self.up {
+            visit_block(&mut b.resnets, &mut b.attentions, f);
+            if let Some(u) = &mut b.up {
+                f(u.slot());
+            }
+        }
+        f(&mut self.conv_out.slot);
     }
 
     /// Predicts the noise in `xs` `(batch, 4, h/8, w/8)` at `timestep`, conditioned on

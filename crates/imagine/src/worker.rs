@@ -204,7 +204,7 @@ fn next_job(shared: &Shared) -> Option<Job> {
     let mut queue = shared.lock();
     loop {
         if let Some(job) = queue.pop() {
-            let steps = job.spec.params.steps;
+            let steps = job.spec.params.steps_to_run();
             queue.set_state(&job.id, JobState::Running { step: 0, steps });
             queue.running = Some((job.id.clone(), Arc::clone(&job.cancel)));
             return Some(job);
@@ -230,7 +230,7 @@ fn run_job(pipeline: &SdxlPipeline, shared: &Shared, job: Job, on_step: &StepObs
     }
     let start = Instant::now();
     let reply = &job.reply;
-    let steps = job.spec.params.steps;
+    let steps = job.spec.params.steps_to_run();
     let every = job.spec.preview_every;
     // The pipeline calls this before every denoising step and once after the last, so the time
     // from one call to the next is one step (`a_worker_times_every_denoising_step` holds that).

@@ -15,7 +15,10 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use hearth_imagine::tiny::TINY_SEED;
-use hearth_imagine::{write_tiny_sdxl, ImageParams, ModelFiles, PromptEmbeds, SdxlPipeline};
+use hearth_imagine::{
+    write_tiny_sdxl, Image, ImageParams, InitImage, Mask, ModelFiles, Noise, PromptEmbeds,
+    SdxlPipeline,
+};
 use sha2::{Digest, Sha256};
 
 const TIGHT: f64 = 1e-5;
@@ -212,6 +215,8 @@ fn params(fx: &Fixture, negative: &str, steps: usize, guidance: f64) -> ImagePar
         width: size,
         height: size,
         guidance_scale: guidance,
+        init: None,
+        loras: Vec::new(),
     }
 }
 
@@ -219,7 +224,9 @@ fn params(fx: &Fixture, negative: &str, steps: usize, guidance: f64) -> ImagePar
 fn full_four_step_generation_matches_from_the_same_initial_noise() {
     let (_d, p, fx) = load();
     let prm = params(&fx, "", fx.usize("gen_steps"), 0.0);
-    let lat = p.sample(&prm, fx.get("gen_noise"), &|| false).unwrap();
+    let lat = p
+        .sample(&prm, &Noise::from(fx.get("gen_noise")), &|| false)
+        .unwrap();
     check("4-step latents", &lat, fx.get("gen_latents"), TIGHT);
     let img = p.decode(&lat).unwrap();
     check("4-step decoded image", &img, fx.get("gen_image"), TIGHT);
@@ -236,6 +243,232 @@ fn negative_prompt_with_guidance_matches_diffusers_cfg() {
         scale,
     );
     assert!(prm.uses_guidance());
-    let lat = p.sample(&prm, fx.get("gen_noise"), &|| false).unwrap();
+    let lat = p
+        .sample(&prm, &Noise::from(fx.get("gen_noise")), &|| false)
+        .unwrap();
     check("cfg latents", &lat, fx.get("cfg_latents"), TIGHT);
+}
+
+/// The fixture's picture and mask as the pipeline takes them.
+fn edit_inputs(fx: &Fixture) -> (Image, Mask) {
+    let size = fx.usize("edit_size");
+    let bytes =
+        |name: &str| -> Vec<u8> { fx.get(name).flatten_all().unwrap().to_vec1::<u8>().unwrap() };
+    let image = Image {
+        width: size,
+        height: size,
+        rgb: bytes("edit_image"),
+    };
+    let mask = Mask {
+        width: size,
+        height: size,
+        luma: bytes("edit_mask"),
+    };
+    (image, mask)
+}
+
+fn strength(fx: &Fixture, key: &str) -> f64 {
+    fx.meta(key).parse().unwrap()
+}
+
+/// An edit of the fixture's picture with the reference's own draws.
+fn edit(
+    fx: &Fixture,
+    strength: f64,
+    steps: usize,
+    mask: Option<Mask>,
+    cfg: bool,
+) -> (ImageParams, Noise) {
+    let (image, _) = edit_inputs(fx);
+    let mut prm = if cfg {
+        let scale = fx.meta("cfg_scale").parse().unwrap();
+        params(fx, &fx.meta("negative_prompt"), steps, scale)
+    } else {
+        params(fx, "", steps, 0.0)
+    };
+    prm.width = image.width;
+    prm.height = image.height;
+    prm.init = Some(InitImage {
+        image,
+        strength,
+        mask,
+    });
+    let noise = Noise {
+        latents: fx.get("edit_noise").clone(),
+        posterior: Some(fx.get("edit_posterior").clone()),
+        masked_posterior: None,
+    };
+    (prm, noise)
+}
+
+#[test]
+fn vae_encoder_matches_diffusers_latent_distribution() {
+    let (_d, p, fx) = load();
+    let (image, _) = edit_inputs(&fx);
+    let dist = p.encode_image(&image).unwrap();
+    check("vae encode mean", &dist.mean, fx.get("enc_mean"), TIGHT);
+    check("vae encode std", &dist.std, fx.get("enc_std"), TIGHT);
+}
+
+#[test]
+fn image_to_image_matches_diffusers_img2img_at_half_strength() {
+    let (_d, p, fx) = load();
+    let (prm, noise) = edit(
+        &fx,
+        strength(&fx, "img2img_strength"),
+        fx.usize("edit_steps"),
+        None,
+        false,
+    );
+    assert_eq!(prm.steps_to_run(), 2, "half of 4 steps run");
+    let lat = p.sample(&prm, &noise, &|| false).unwrap();
+    check("img2img latents", &lat, fx.get("img2img_latents"), TIGHT);
+}
+
+#[test]
+fn inpainting_matches_diffusers_and_keeps_the_image_outside_the_mask() {
+    let (_d, p, fx) = load();
+    let (_, mask) = edit_inputs(&fx);
+    let (prm, noise) = edit(
+        &fx,
+        strength(&fx, "inpaint_strength"),
+        fx.usize("edit_steps"),
+        Some(mask.clone()),
+        false,
+    );
+    let lat = p.sample(&prm, &noise, &|| false).unwrap();
+    check("inpaint latents", &lat, fx.get("inpaint_latents"), TIGHT);
+    // Outside the mask the result is the picture's own latents, exactly.
+    let (image, _) = edit_inputs(&fx);
+    let kept = (p.encode_image(&image).unwrap())
+        .sample(noise.posterior.as_ref().unwrap())
+        .unwrap();
+    let kept = (kept * p.vae_scaling_factor()).unwrap();
+    let (at, far) = (lat.get(0).unwrap(), kept.get(0).unwrap());
+    // Latent (7, 0) lies in the keep region (mask rows 56..64 are black).
+    let a: Vec<f32> = at
+        .narrow(1, 7, 1)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let b: Vec<f32> = far
+        .narrow(1, 7, 1)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    assert_eq!(a, b, "the unmasked bottom row is the image's own latents");
+}
+
+#[test]
+fn full_strength_inpainting_with_guidance_matches_diffusers() {
+    let (_d, p, fx) = load();
+    let (_, mask) = edit_inputs(&fx);
+    let (prm, noise) = edit(&fx, 1.0, fx.usize("inpaint_cfg_steps"), Some(mask), true);
+    assert!(prm.uses_guidance());
+    let lat = p.sample(&prm, &noise, &|| false).unwrap();
+    check(
+        "inpaint cfg latents",
+        &lat,
+        fx.get("inpaint_cfg_latents"),
+        TIGHT,
+    );
+}
+
+#[test]
+fn a_strength_that_leaves_no_step_is_refused_naming_strength() {
+    let (_d, p, fx) = load();
+    // 0.2 of 4 steps is 0.8 of a step: none runs.
+    let (prm, noise) = edit(&fx, 0.2, 4, None, false);
+    let err = p.sample(&prm, &noise, &|| false).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            hearth_imagine::Error::InvalidParams {
+                field: "strength",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+/// The tiny model with its 9-channel inpainting UNet, checked against the reference's digest.
+fn load_inpainting() -> (tempfile::TempDir, SdxlPipeline) {
+    let dir = tempfile::tempdir().unwrap();
+    hearth_imagine::tiny::write_tiny_sdxl_inpainting(dir.path(), TINY_SEED).unwrap();
+    let files = ModelFiles::from_dir(dir.path(), None).unwrap();
+    let p = SdxlPipeline::load(&files, &Device::Cpu, DType::F32).unwrap();
+    assert!(p.is_inpainting());
+    (dir, p)
+}
+
+#[test]
+fn an_inpainting_unet_matches_diffusers_at_full_strength_and_with_guidance() {
+    let (_d, _p, fx) = load();
+    let (dir, p) = load_inpainting();
+    assert_eq!(
+        sha256(&dir.path().join("unet/diffusion_pytorch_model.safetensors")),
+        fx.meta("inpaint_unet_sha256"),
+        "the inpainting UNet differs from the reference's"
+    );
+    let (_, mask) = edit_inputs(&fx);
+    let steps = fx.usize("edit_steps");
+    let with_masked = |mut noise: Noise| {
+        noise.masked_posterior = Some(fx.get("edit_masked_posterior").clone());
+        noise
+    };
+    let (prm, noise) = edit(&fx, 1.0, steps, Some(mask.clone()), false);
+    let lat = p.sample(&prm, &with_masked(noise), &|| false).unwrap();
+    check(
+        "inpainting unet latents",
+        &lat,
+        fx.get("inpaint9_latents"),
+        TIGHT,
+    );
+    let (prm, noise) = edit(
+        &fx,
+        strength(&fx, "inpaint_strength"),
+        steps,
+        Some(mask),
+        true,
+    );
+    let lat = p.sample(&prm, &with_masked(noise), &|| false).unwrap();
+    check(
+        "inpainting unet cfg latents",
+        &lat,
+        fx.get("inpaint9_cfg_latents"),
+        TIGHT,
+    );
+}
+
+#[test]
+fn an_inpainting_unet_refuses_requests_without_a_picture_and_a_mask() {
+    let (_d, _p, fx) = load();
+    let (_dir, p) = load_inpainting();
+    let text = params(&fx, "", 2, 0.0);
+    let err = p
+        .sample(&text, &p.noise(&text).unwrap(), &|| false)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            hearth_imagine::Error::InvalidParams { field: "image", .. }
+        ),
+        "{err}"
+    );
+    let (prm, _) = edit(&fx, 0.5, 4, None, false);
+    let err = p
+        .sample(&prm, &p.noise(&prm).unwrap(), &|| false)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            hearth_imagine::Error::InvalidParams { field: "mask", .. }
+        ),
+        "{err}"
+    );
 }

@@ -22,6 +22,8 @@ fn params(seed: u64, width: usize, height: usize) -> ImageParams {
         width,
         height,
         guidance_scale: 2.0,
+        init: None,
+        loras: Vec::new(),
     }
 }
 

@@ -102,6 +102,11 @@ impl Conv2d {
         self.forward_plus(x, None)
     }
 
+    /// The kernel, `(c_out, c_in, kh, kw)`.
+    pub fn weight(&self) -> &Tensor {
+        self.inner.weight()
+    }
+
     /// `conv(x) + bias + extra`, `extra` `(n, c_out)` added to each sample's channels (a
     /// resnet's time embedding): on cuDNN in the convolution's own call.
     pub fn forward_plus(&self, x: &Tensor, extra: Option<&Tensor>) -> candle_core::Result<Tensor> {
