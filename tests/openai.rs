@@ -382,3 +382,44 @@ async fn the_openai_client_generates_an_image_and_it_is_billed() {
     );
     assert!(store.holds("painter").await.unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn the_openai_client_edits_an_image_with_a_mask_and_it_is_billed_for_the_steps_run() {
+    let img = crate::imagine::ImagineApp::start("10", "").await;
+    let key = img.app.token("retoucher").await;
+    let base = format!("{}/v1", img.app.url(hearth_server::Service::Imagine));
+    let out = run_client(vec![
+        "--base-url".into(),
+        base.clone(),
+        "--key".into(),
+        key.clone(),
+        "--poor-key".into(),
+        key,
+        "--model".into(),
+        "alpha-3.3".into(),
+        "--cases".into(),
+        "image_edits".into(),
+        "--image-base-url".into(),
+        base,
+        "--image-model".into(),
+        "xl-lightning".into(),
+    ])
+    .await;
+    let edits = &out["image_edits"];
+    assert_eq!(edits["count"], 1);
+    assert_eq!(
+        (edits["width"].as_u64(), edits["height"].as_u64()),
+        (Some(256), Some(256))
+    );
+    assert_eq!(edits["wrong_mask_param"], "mask", "{edits}");
+    // Strength 0.5 of 4 steps runs 2: a sixteenth of the pixels at half the steps.
+    let hearth = &edits["hearth"];
+    assert_eq!(hearth["cost"], "0.001250", "{hearth}");
+    assert_eq!(hearth["seed"], 42);
+    let store = &img.app.running().state.store;
+    assert_eq!(
+        store.balance("retoucher").await.unwrap(),
+        dec("10") - dec("0.00125")
+    );
+    assert!(store.holds("retoucher").await.unwrap().is_empty());
+}

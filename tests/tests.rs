@@ -19,6 +19,7 @@ mod field_rules;
 mod holds;
 mod imagine;
 mod imagine_browser;
+mod imagine_edits;
 mod imagine_jobs;
 mod markdown;
 mod markdown_browser;

@@ -10,6 +10,7 @@ import base64
 import json
 import struct
 import sys
+import zlib
 
 import jsonschema
 import openai
@@ -264,6 +265,42 @@ def images(base_url, key, model):
             "hearth": (r.model_extra or {}).get("hearth"), "n_two_param": refused}
 
 
+def png_rgba(width, height, pixel):
+    """A PNG of `pixel(x, y) -> (r, g, b, a)`, written with the standard library only."""
+    rows = b"".join(b"\x00" + b"".join(bytes(pixel(x, y)) for x in range(width))
+                    for y in range(height))
+    def chunk(kind, data):
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+    header = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows))
+            + chunk(b"IEND", b""))
+
+
+def image_edits(base_url, key, model):
+    """An edit through the SDK's multipart upload: a picture, a mask whose left half is
+    transparent (repaint), Hearth's extensions in extra_body; then a mask of the wrong size."""
+    client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=120)
+    picture = png_rgba(256, 256, lambda x, y: (x, y, (x * y) % 256, 255))
+    mask = png_rgba(256, 256, lambda x, y: (0, 0, 0, 0 if x < 128 else 255))
+    r = client.images.edit(model=model, image=("in.png", picture, "image/png"),
+                           mask=("mask.png", mask, "image/png"), prompt="a boat on a lake",
+                           size="256x256", response_format="b64_json",
+                           extra_body={"seed": 42, "steps": 4, "strength": 0.5})
+    png = base64.b64decode(r.data[0].b64_json)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    width, height = struct.unpack(">II", png[16:24])
+    try:
+        client.images.edit(model=model, image=("in.png", picture, "image/png"),
+                           mask=("mask.png", png_rgba(64, 64, lambda x, y: (0, 0, 0, 0)), "image/png"),
+                           prompt="x")
+        refused = None
+    except openai.BadRequestError as e:
+        refused = e.body.get("param") if isinstance(e.body, dict) else None
+    return {"count": len(r.data), "width": width, "height": height,
+            "hearth": (r.model_extra or {}).get("hearth"), "wrong_mask_param": refused}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--base-url", required=True)
@@ -281,6 +318,8 @@ def main():
             out[case] = errors(a.base_url, a.key, a.poor_key, a.model)
         elif case == "images":
             out[case] = images(a.image_base_url, a.key, a.image_model)
+        elif case == "image_edits":
+            out[case] = image_edits(a.image_base_url, a.key, a.image_model)
         else:
             out[case] = globals()[case](client, a.model)
     json.dump(out, sys.stdout)

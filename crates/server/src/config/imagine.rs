@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use super::{addr, public_url, ConfigError};
+use super::{addr, invalid, public_url, ConfigError};
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -13,6 +13,9 @@ pub struct RawImagineConfig {
     pub public_url: Option<String>,
     /// Image requests one user may have queued or running at once (default 2; 0 = no cap).
     pub max_concurrent_per_user: Option<usize>,
+    /// The largest picture (an edit's image or mask) a request may carry, in bytes (default
+    /// 10 MiB).
+    pub max_upload_bytes: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -20,6 +23,7 @@ pub struct ImagineConfig {
     pub addr: SocketAddr,
     pub public_url: Option<String>,
     pub max_concurrent_per_user: usize,
+    pub max_upload_bytes: usize,
 }
 
 impl RawImagineConfig {
@@ -28,6 +32,10 @@ impl RawImagineConfig {
             addr: addr("imagine.addr", &self.addr, "127.0.0.1:8084")?,
             public_url: public_url("imagine.public_url", &self.public_url)?,
             max_concurrent_per_user: self.max_concurrent_per_user.unwrap_or(2),
+            max_upload_bytes: match self.max_upload_bytes.unwrap_or(10 << 20) {
+                0 => return Err(invalid("imagine.max_upload_bytes", "must be above 0")),
+                n => n,
+            },
         })
     }
 }

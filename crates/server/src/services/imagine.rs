@@ -10,6 +10,7 @@
 //! the hold is released, so an abandoned request costs nothing.
 
 mod catalog;
+mod edit;
 mod jobs;
 mod openai;
 pub mod openapi;
@@ -17,7 +18,7 @@ mod validate;
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -65,6 +66,8 @@ pub struct ImagineState {
     models: Arc<Models<Arc<Ready>>>,
     /// Each user's queued or running images, against `imagine.max_concurrent_per_user`.
     user_slots: UserSlots,
+    /// `[imagine] max_upload_bytes`: the largest picture an edit may send.
+    max_upload_bytes: usize,
 }
 
 /// Builds the image router: reads the model table, loads the model in the background (requests
@@ -112,8 +115,10 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
         served.loaded(&id).map(|r| r.worker.waiting())
     }));
     let metrics = crate::metrics::route(&state, Service::Imagine, image_metrics);
+    let max_upload_bytes = state.config.imagine.max_upload_bytes;
     let st = ImagineState {
         user_slots: UserSlots::new(state.config.imagine.max_concurrent_per_user),
+        max_upload_bytes,
         app: state,
         entry,
         models,
@@ -127,11 +132,14 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
             .route("/stream", post(jobs::stream))
             .route("/jobs/shutdown", post(jobs::shutdown))
             .route("/jobs/{id}", get(jobs::state))
+            .route("/v1/images/edits", post(openai::edits))
             .route(
                 "/openapi.json",
                 crate::openapi::route(openapi::document(), st.app.urls.get(Service::Imagine)),
             )
-            .with_state(st),
+            .with_state(st)
+            // An edit carries its image and mask base64-encoded (4/3 of their size) in JSON.
+            .layer(DefaultBodyLimit::max(3 * max_upload_bytes + (64 << 10))),
     ))
 }
 
@@ -302,7 +310,7 @@ async fn generate(
     let token = crate::validate::service_token_field(&raw.service_token)?;
     let session = st.app.authenticate(token).await?;
     Span::current().record("user", session.user_id.as_str());
-    let valid = validate::validate(&raw, &st.entry.limits, &st.entry.id)?;
+    let valid = validated(&st, raw, None).await?;
     let made = produce(&st, &session, &valid).await?;
     Ok(Json(response(
         &st,
@@ -311,6 +319,28 @@ async fn generate(
         &made.charge,
         made.seed,
     )))
+}
+
+/// [`validate::validate`] (or, with `files`, [`validate::validate_with`]) on a blocking thread:
+/// an edit decodes its pictures there.
+async fn validated(
+    st: &ImagineState,
+    raw: RawImageRequest,
+    files: Option<edit::EditBytes>,
+) -> Result<ValidImageRequest, crate::validate::FieldError> {
+    let (entry, max_bytes) = (Arc::clone(&st.entry), st.max_upload_bytes);
+    tokio::task::spawn_blocking(move || match files {
+        None => validate::validate(&raw, &entry.limits, &entry.id, max_bytes),
+        Some(files) => validate::validate_with(&raw, Some(&files), &entry.limits, &entry.id),
+    })
+    .await
+    .unwrap_or_else(|e| {
+        warn!(error = %e, "image request validation panicked");
+        Err(crate::validate::FieldError::new(
+            "image",
+            "could not be read",
+        ))
+    })
 }
 
 /// The spec's answer for an image made and paid for.
@@ -373,7 +403,13 @@ async fn prepare(
 ) -> Result<Prepared, ApiError> {
     let billing = st.app.billing.clone();
     let margin = billing.margin(valid.margin);
-    let cost = image_cost(&st.entry, valid.width, valid.height, valid.steps, margin)?;
+    let cost = image_cost(
+        &st.entry,
+        valid.width,
+        valid.height,
+        valid.steps_to_run(),
+        margin,
+    )?;
     let slot = st
         .user_slots
         .take(&session.user_id)
@@ -383,8 +419,12 @@ async fn prepare(
     Span::current().record("seed", seed);
     let meta = LedgerMeta {
         reason: format!(
-            "imagine {} {}x{} {} steps",
-            st.entry.id, valid.width, valid.height, valid.steps
+            "imagine{} {} {}x{} {} steps",
+            if valid.init.is_some() { " edit" } else { "" },
+            st.entry.id,
+            valid.width,
+            valid.height,
+            valid.steps_to_run()
         ),
         developer_id: valid.developer_id.clone(),
         application_id: valid.application_id.clone(),
@@ -398,6 +438,8 @@ async fn prepare(
         width: valid.width,
         height: valid.height,
         guidance_scale: st.entry.guidance_scale,
+        init: valid.init.clone(),
+        loras: Vec::new(),
     };
     Ok(Prepared {
         cost,

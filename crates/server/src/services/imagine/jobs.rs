@@ -27,7 +27,7 @@ use tracing::{info, instrument, warn, Instrument, Span};
 use utoipa::ToSchema;
 
 use super::validate::{self, RawImageRequest};
-use super::{prepare, response, ImagineState, Prepared};
+use super::{prepare, response, validated, ImagineState, Prepared};
 use crate::error::{ApiError, AppJson};
 use crate::openapi::ErrorBody;
 
@@ -91,7 +91,7 @@ pub async fn stream(
     let token = crate::validate::service_token_field(&raw.service_token)?;
     let session = st.app.authenticate(token).await?;
     Span::current().record("user", session.user_id.as_str());
-    let valid = validate::validate(&raw, &st.entry.limits, &st.entry.id)?;
+    let valid = validated(&st, raw, None).await?;
     let prepared = prepare(&st, &session, &valid).await?;
     let job = prepared.model.worker.submit(JobSpec {
         user: session.user_id.clone(),

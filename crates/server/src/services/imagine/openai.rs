@@ -3,8 +3,14 @@
 //! is a `data:` URL: Hearth keeps no files to link to), and `seed`, `steps` and
 //! `negative_prompt` as extensions. The key is `Authorization: Bearer <serviceToken>`. The
 //! request is checked by the spec route's validator and made and billed by the same code.
+//!
+//! `POST /v1/images/edits` takes the same fields as multipart form data, with the picture to
+//! change as the file `image` (or `image[]`, one), an optional `mask` by OpenAI's rule (its fully
+//! transparent pixels repaint; a mask without alpha: white repaints), and `strength` as an
+//! extension.
 
-use axum::extract::State;
+use axum::extract::multipart::{Field, MultipartError};
+use axum::extract::{Multipart, State};
 use axum::http::HeaderMap;
 use axum::Json;
 use base64::Engine as _;
@@ -14,8 +20,9 @@ use serde_json::{json, Value};
 use tracing::{instrument, Span};
 use utoipa::ToSchema;
 
-use super::validate::{self, RawImageRequest};
-use super::{produce, ImagineState};
+use super::edit::{self, EditBytes, MaskRule};
+use super::validate::{RawImageRequest, ValidImageRequest};
+use super::{produce, validated, ImagineState, Made};
 use crate::error::{ApiError, OpenAiError, OpenAiJson};
 use crate::openapi::OpenAiErrorBody;
 use crate::validate::{bearer_token, FieldError};
@@ -139,13 +146,30 @@ pub async fn generations(
     headers: HeaderMap,
     OpenAiJson(req): OpenAiJson<ImagesRequest>,
 ) -> Result<Json<ImagesResponse>, OpenAiError> {
-    let token = bearer_token(&headers).ok_or_else(|| {
+    let session = authenticated(&st, &headers).await?;
+    let (raw, as_url) = spec_request(req)?;
+    let valid = validated(&st, raw, None).await.map_err(rename_field)?;
+    let made = produce(&st, &session, &valid).await?;
+    Ok(Json(answer(&valid, &made, as_url)))
+}
+
+/// The bearer token's session.
+async fn authenticated(
+    st: &ImagineState,
+    headers: &HeaderMap,
+) -> Result<crate::state::Session, OpenAiError> {
+    let token = bearer_token(headers).ok_or_else(|| {
         ApiError::invalid_credentials(
             "no credentials: send the service token as Authorization: Bearer <serviceToken>",
         )
     })?;
     let session = st.app.authenticate(token).await?;
     Span::current().record("user", session.user_id.as_str());
+    Ok(session)
+}
+
+/// The spec route's request from the API's, and whether to answer with a `url`.
+fn spec_request(req: ImagesRequest) -> Result<(RawImageRequest, bool), OpenAiError> {
     if req.n.is_some_and(|n| n != 1) {
         return Err(bad("n", "n must be 1: one image per request"));
     }
@@ -183,8 +207,148 @@ pub async fn generations(
         application_id: req.application_id,
         ..RawImageRequest::default()
     };
-    let valid = validate::validate(&raw, &st.entry.limits, &st.entry.id).map_err(rename_field)?;
+    Ok((raw, as_url))
+}
+
+/// `POST /v1/images/edits` as multipart form data: the files `image` and `mask`, and
+/// `/v1/images/generations`' fields as text, `strength` among them.
+#[derive(Debug, ToSchema)]
+#[schema(as = CreateImageEditRequest)]
+#[allow(dead_code)] // The schema of a multipart body; the handler reads its parts one by one.
+pub struct EditsRequest {
+    /// The picture to change: PNG, JPEG or WebP, at most `[imagine] max_upload_bytes`. Without
+    /// `size` the output keeps its aspect, scaled into the model's bounds.
+    #[schema(value_type = String, format = Binary, required = true)]
+    image: Vec<u8>,
+    /// Where to repaint, the image's size: fully transparent pixels repaint (a mask without
+    /// alpha: white repaints).
+    #[schema(value_type = Option<String>, format = Binary)]
+    mask: Option<Vec<u8>>,
+    /// What the result should show.
+    #[schema(required = true)]
+    prompt: String,
+    /// Extension: how much of the schedule runs, 0 < s <= 1 (0.75; 1 with a mask).
+    strength: Option<f64>,
+    /// As `/v1/images/generations`.
+    model: Option<String>,
+    n: Option<u64>,
+    size: Option<String>,
+    response_format: Option<String>,
+    seed: Option<u32>,
+    steps: Option<u32>,
+    negative_prompt: Option<String>,
+}
+
+/// An edit, the OpenAI API's way; made and billed as `POST /` makes and bills them.
+#[utoipa::path(
+    post,
+    path = "/v1/images/edits",
+    tag = "openai",
+    operation_id = "createImageEdit",
+    request_body(content = EditsRequest, content_type = "multipart/form-data"),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The edited image, billed for the steps that ran.", body = ImagesResponse),
+        (status = 400, description = "`invalid_request_error`: `param` names the field (a corrupt, oversized or unreadable picture, a mask of another size, a strength that leaves no step).", body = OpenAiErrorBody),
+        (status = 401, description = "`authentication_error`: no, bad, revoked or expired service token.", body = OpenAiErrorBody),
+        (status = 402, description = "`insufficient_quota`: the balance cannot cover the image.", body = OpenAiErrorBody),
+        (status = 413, description = "`invalid_request_error`: the body is over the limit.", body = OpenAiErrorBody),
+        (status = 429, description = "`rate_limit_error`: the user's concurrent images are at the cap (`Retry-After`).", body = OpenAiErrorBody),
+        (status = 500, description = "`api_error`: generation failed.", body = OpenAiErrorBody),
+        (status = 502, description = "`api_error`: the model failed to load.", body = OpenAiErrorBody),
+        (status = 503, description = "`server_error`, code `overloaded`: the model's queue is full (`Retry-After`).", body = OpenAiErrorBody),
+    )
+)]
+#[instrument(skip_all, fields(user, seed))]
+pub async fn edits(
+    State(st): State<ImagineState>,
+    headers: HeaderMap,
+    mut multipart: Multipart,
+) -> Result<Json<ImagesResponse>, OpenAiError> {
+    let session = authenticated(&st, &headers).await?;
+    let max = st.max_upload_bytes;
+    let mut text = serde_json::Map::new();
+    let (mut image, mut mask) = (None, None);
+    while let Some(field) = multipart.next_field().await.map_err(malformed)? {
+        let name = field.name().unwrap_or_default().to_string();
+        match name.as_str() {
+            "image" | "image[]" if image.is_some() => {
+                return Err(bad("image", "one image per edit"))
+            }
+            "image" | "image[]" => image = Some(read_file(field, "image", max).await?),
+            "mask" => mask = Some(read_file(field, "mask", max).await?),
+            "prompt" | "model" | "size" | "response_format" | "negative_prompt"
+            | "developer_id" | "application_id" => {
+                let value = field.text().await.map_err(malformed)?;
+                text.insert(name, Value::String(value));
+            }
+            "n" | "seed" | "steps" | "strength" => {
+                // Form fields are text: a number stays a number, anything else a string that
+                // the checks name.
+                let value = field.text().await.map_err(malformed)?;
+                let parsed = serde_json::from_str::<Value>(value.trim())
+                    .ok()
+                    .filter(Value::is_number)
+                    .unwrap_or(Value::String(value));
+                text.insert(name, parsed);
+            }
+            // OpenAI's other fields (quality, background, user, ...) change nothing here.
+            _ => {}
+        }
+    }
+    let image = image.ok_or_else(|| bad("image", "the file `image` is required"))?;
+    let strength = match text.remove("strength") {
+        None => None,
+        Some(v) => Some(
+            v.as_f64()
+                .ok_or_else(|| bad("strength", "strength must be a number"))?,
+        ),
+    };
+    if text.get("n").is_some_and(|n| n.as_u64().is_none()) {
+        return Err(bad("n", "n must be 1: one image per request"));
+    }
+    let req: ImagesRequest =
+        serde_json::from_value(Value::Object(text)).map_err(|e| bad("body", e))?;
+    let (raw, as_url) = spec_request(req)?;
+    let files = EditBytes {
+        image,
+        mask,
+        strength,
+        rule: MaskRule::Transparent,
+    };
+    let valid = validated(&st, raw, Some(files))
+        .await
+        .map_err(rename_field)?;
     let made = produce(&st, &session, &valid).await?;
+    Ok(Json(answer(&valid, &made, as_url)))
+}
+
+/// A file part, refused past `max` bytes as soon as it is.
+async fn read_file(mut field: Field<'_>, name: &str, max: usize) -> Result<Vec<u8>, OpenAiError> {
+    let mut data = Vec::new();
+    while let Some(chunk) = field.chunk().await.map_err(malformed)? {
+        if data.len() + chunk.len() > max {
+            return Err(rename_field(edit::too_large(name, max)).into());
+        }
+        data.extend_from_slice(&chunk);
+    }
+    edit::check_length(name, &data, max).map_err(rename_field)?;
+    Ok(data)
+}
+
+fn malformed(e: MultipartError) -> OpenAiError {
+    if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::payload_too_large().into()
+    } else {
+        bad(
+            "body",
+            format!("malformed multipart body: {}", e.body_text()),
+        )
+    }
+}
+
+/// The API's answer for an image made and paid for.
+fn answer(valid: &ValidImageRequest, made: &Made, as_url: bool) -> ImagesResponse {
     let encoded = base64::engine::general_purpose::STANDARD.encode(&made.image.png);
     let data = if as_url {
         ImageData {
@@ -203,7 +367,7 @@ pub async fn generations(
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or_default();
-    Ok(Json(ImagesResponse {
+    ImagesResponse {
         created,
         data: vec![data],
         hearth: ImageCost {
@@ -215,5 +379,5 @@ pub async fn generations(
             width: made.image.width,
             height: made.image.height,
         },
-    }))
+    }
 }

@@ -1,6 +1,6 @@
 //! The image listener's OpenAPI document: the spec's `POST /` (4.4), which takes `serviceToken`
-//! in the body, and the OpenAI API's `POST /v1/images/generations`, which takes it as a bearer
-//! token.
+//! in the body, and the OpenAI API's `POST /v1/images/generations` and `/v1/images/edits`, which
+//! take it as a bearer token.
 
 use utoipa::{OpenApi, ToSchema};
 
@@ -11,9 +11,10 @@ use crate::openapi::{BearerAuth, ErrorObject};
     info(
         title = "Hearth image generation service",
         description = "Images from a text prompt with SDXL (spec section 4.4), billed against \
-            the user's balance; and the same through the OpenAI API's image route. `POST /` \
-            takes the service token in the body's `serviceToken` field; \
-            `/v1/images/generations` takes it as `Authorization: Bearer`. Any route that reads \
+            the user's balance, and edits of a given picture (image-to-image and inpainting); \
+            and the same through the OpenAI API's image routes. `POST /` takes the service \
+            token in the body's `serviceToken` field; `/v1/images/generations` and \
+            `/v1/images/edits` take it as `Authorization: Bearer`. Any route that reads \
             a body may also answer 408 (the body came too slowly) or 413 (too large) in its \
             error shape."
     ),
@@ -22,6 +23,7 @@ use crate::openapi::{BearerAuth, ErrorObject};
         super::generate,
         super::ui,
         super::openai::generations,
+        super::openai::edits,
         super::jobs::stream,
         super::jobs::shutdown,
         super::jobs::state,
@@ -29,7 +31,7 @@ use crate::openapi::{BearerAuth, ErrorObject};
     modifiers(&BearerAuth),
     tags(
         (name = "imagine", description = "The spec's image route (4.4) and its jobs (`/stream`, `/jobs/...`): `serviceToken` in the body of the requests that spend."),
-        (name = "openai", description = "The OpenAI API's image route: `Authorization: Bearer <serviceToken>`."),
+        (name = "openai", description = "The OpenAI API's image routes: `Authorization: Bearer <serviceToken>`."),
         (name = "health", description = "Health (spec 2.1, 3.3)."),
         (name = "pages", description = "Web pages."),
     )

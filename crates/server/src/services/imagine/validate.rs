@@ -6,7 +6,9 @@
 //! the first 75 tokens); `negativePrompt` a string of at most 4,000 characters; `seed` an integer
 //! 0..=4294967295, random when absent; `steps` an integer 1..=max_steps (8), default 4; `width`
 //! and `height` multiples of 64 from 256 to 2048, default 1024, with width x height at most
-//! 1,048,576 pixels; `overrideGrossMarginPercent` 0..=99.
+//! 1,048,576 pixels; `overrideGrossMarginPercent` 0..=99. An edit (Hearth's fields beside the
+//! spec's) adds `image` and `mask` (data URLs or base64, at most `[imagine] max_upload_bytes`
+//! each) and `strength` (0 < s <= 1, leaving at least one step), checked and decoded by `edit`.
 
 use hearth_billing::Margin;
 use serde::Deserialize;
@@ -14,7 +16,9 @@ use serde_json::{json, Value};
 use utoipa::ToSchema;
 
 use super::catalog::{Limits, SIZE_MULTIPLE};
+use super::edit::{self, EditBytes};
 use crate::validate::{self as fields, FieldError, MAX_PROMPT_CHARS};
+use hearth_imagine::InitImage;
 
 pub const MAX_SEED: u64 = u32::MAX as u64;
 
@@ -64,6 +68,19 @@ pub struct RawImageRequest {
     /// Not in the spec's request; accepted when it names the served model.
     #[schema(value_type = Option<String>)]
     pub model: Option<Value>,
+    /// Not in the spec's request: a picture to change (image-to-image), PNG, JPEG or WebP as a
+    /// data URL or base64. Without `width`/`height` the output keeps its aspect, scaled into
+    /// the model's bounds.
+    #[schema(value_type = Option<String>)]
+    pub image: Option<Value>,
+    /// Not in the spec's request: with `image`, where to repaint (inpainting): white repaints,
+    /// black keeps; the image's own size.
+    #[schema(value_type = Option<String>)]
+    pub mask: Option<Value>,
+    /// Not in the spec's request: with `image`, how much of the schedule runs (0 < s <= 1;
+    /// 0.75 by default, 1 with a mask); the price counts the steps that run.
+    #[schema(value_type = Option<f64>, minimum = 0.0, maximum = 1.0)]
+    pub strength: Option<Value>,
 }
 
 /// A request every later stage can trust.
@@ -80,11 +97,37 @@ pub struct ValidImageRequest {
     pub margin: Option<Margin>,
     pub developer_id: Option<String>,
     pub application_id: Option<String>,
+    /// An edit's starting picture, at `width` x `height`.
+    pub init: Option<InitImage>,
 }
 
-/// Checks every field against `limits`; `model_id` is the served model's id.
+impl ValidImageRequest {
+    /// The denoising steps that run (an edit runs its strength's share), which the price counts.
+    pub fn steps_to_run(&self) -> usize {
+        self.init.as_ref().map_or(self.steps, |init| {
+            // `validate` checked the strength leaves a step.
+            hearth_imagine::edit::steps_to_run(self.steps, init.strength).unwrap_or(self.steps)
+        })
+    }
+}
+
+/// Checks every field against `limits`; `model_id` is the served model's id; an edit's pictures
+/// are at most `max_upload_bytes` each. Decodes an edit's pictures: CPU work, so call it off the
+/// async threads.
 pub fn validate(
     raw: &RawImageRequest,
+    limits: &Limits,
+    model_id: &str,
+    max_upload_bytes: usize,
+) -> Result<ValidImageRequest, FieldError> {
+    let edit = edit::from_json(&raw.image, &raw.mask, &raw.strength, max_upload_bytes)?;
+    validate_with(raw, edit.as_ref(), limits, model_id)
+}
+
+/// [`validate`] with the edit's pictures already read (a multipart route's files).
+pub fn validate_with(
+    raw: &RawImageRequest,
+    edit: Option<&EditBytes>,
     limits: &Limits,
     model_id: &str,
 ) -> Result<ValidImageRequest, FieldError> {
@@ -117,8 +160,18 @@ pub fn validate(
         }
         Ok(s)
     };
-    let width = size("width", &raw.width)?;
-    let height = size("height", &raw.height)?;
+    let mut width = size("width", &raw.width)?;
+    let mut height = size("height", &raw.height)?;
+    let named = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
+    let init = match edit {
+        None => None,
+        Some(edit) => {
+            let asked = (named(&raw.width) || named(&raw.height)).then_some((width, height));
+            let sized = edit::resolve(edit, asked, steps, limits)?;
+            (width, height) = (sized.width, sized.height);
+            Some(sized.init)
+        }
+    };
     if width * height > limits.max_pixels {
         let field = if raw.height.is_some() {
             "height"
@@ -146,6 +199,7 @@ pub fn validate(
         margin,
         developer_id,
         application_id,
+        init,
     })
 }
 
@@ -169,13 +223,19 @@ mod tests {
     }
 
     fn field_of(v: Value) -> String {
-        let err = validate(&raw(v), &limits(), "xl-lightning").unwrap_err();
+        let err = validate(&raw(v), &limits(), "xl-lightning", 1024).unwrap_err();
         err.field
     }
 
     #[test]
     fn defaults_fill_everything_but_the_prompt() {
-        let v = validate(&raw(json!({"prompt": "a cat"})), &limits(), "xl-lightning").unwrap();
+        let v = validate(
+            &raw(json!({"prompt": "a cat"})),
+            &limits(),
+            "xl-lightning",
+            1024,
+        )
+        .unwrap();
         assert_eq!((v.steps, v.width, v.height, v.seed), (4, 1024, 1024, None));
         assert_eq!(v.negative_prompt, "");
     }
@@ -217,6 +277,7 @@ mod tests {
             &raw(json!({"prompt": "a", "width": 2048, "height": 512, "seed": 7, "steps": 1.0})),
             &limits(),
             "xl-lightning",
+            1024,
         )
         .unwrap();
         assert_eq!(
