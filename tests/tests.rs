@@ -21,6 +21,7 @@ mod imagine;
 mod imagine_browser;
 mod imagine_edits;
 mod imagine_jobs;
+mod imagine_lora;
 mod markdown;
 mod markdown_browser;
 mod markdown_chunks;

@@ -99,6 +99,7 @@ pub struct RawImageModel {
     pub max_queued: Option<usize>,
     pub device: Option<String>,
     pub dtype: Option<String>,
+    pub loras: Option<BTreeMap<String, PathBuf>>,
 }
 
 /// An `[embedding."id"]` or `[rerank."id"]` row (resolved by `completion::encoders`; the keys

@@ -16,6 +16,7 @@ mod openai;
 pub mod openapi;
 mod validate;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, State};
@@ -23,6 +24,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine as _;
+use hearth_imagine::lora::{ActiveLora, Lora};
 use hearth_imagine::{GeneratedImage, ImageParams, ImageWorker, JobSpec, LoadOptions, Provenance};
 use hearth_store::LedgerMeta;
 use rust_decimal::Decimal;
@@ -45,10 +47,12 @@ use hearth_billing::{money, Charge, Margin};
 pub use catalog::{ImageModelEntry, Limits, REFERENCE_PIXELS, REFERENCE_STEPS};
 use validate::{RawImageRequest, ValidImageRequest};
 
-/// A loaded image model: its worker thread and where its weights came from.
+/// A loaded image model: its worker thread, where its weights came from, and its declared
+/// LoRAs, each bound to it or the reason it could not be.
 struct Ready {
     worker: ImageWorker,
     provenance: Provenance,
+    loras: BTreeMap<String, Result<Arc<Lora>, String>>,
 }
 
 impl Served for Arc<Ready> {
@@ -96,6 +100,18 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
             hub_cache: None,
         };
         let loaded = hearth_imagine::load_model(&e.source, &opts).map_err(|e| e.to_string())?;
+        // A LoRA that does not fit is refused by the requests that name it, not by the model.
+        let loras = e
+            .lora_files
+            .iter()
+            .map(|(name, file)| {
+                let bound = Lora::load(file, &loaded.pipeline).map(Arc::new);
+                if let Err(why) = &bound {
+                    warn!(model = %e.id, lora = %name, error = %why, "LoRA not usable");
+                }
+                (name.clone(), bound.map_err(|why| why.to_string()))
+            })
+            .collect();
         let worker = ImageWorker::spawn_observed(loaded.pipeline, e.max_queued, &e.id, on_step)
             .map_err(|e| e.to_string())?;
         if let Provenance::Tiny(dir) = &loaded.provenance {
@@ -107,6 +123,7 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
         Ok(Arc::new(Ready {
             worker,
             provenance: loaded.provenance,
+            loras,
         }))
     });
     let models = Arc::new(models);
@@ -177,6 +194,10 @@ async fn health(State(st): State<ImagineState>) -> Response {
             "weights": weights_kind(&r.provenance),
             "testModel": r.provenance.is_tiny(),
             "queued": r.worker.waiting(),
+            "loras": r.loras.iter().map(|(name, bound)| match bound {
+                Ok(_) => json!({ "name": name, "status": "ready" }),
+                Err(why) => json!({ "name": name, "status": "failed", "error": why }),
+            }).collect::<Vec<_>>(),
         }),
         (Some(Availability::Loading), _) => json!({ "id": id, "status": "loading" }),
         (other, _) => {
@@ -415,6 +436,21 @@ async fn prepare(
         .take(&session.user_id)
         .map_err(ApiError::rate_limited)?;
     let model = st.models.get(&st.entry.id).await?;
+    let loras = valid
+        .loras
+        .iter()
+        .map(|(name, scale)| match model.loras.get(name) {
+            Some(Ok(lora)) => Ok(ActiveLora::new(Arc::clone(lora), *scale)),
+            Some(Err(why)) => Err(ApiError::invalid_request(
+                "loras",
+                format!("loras: {name:?} could not be loaded: {why}"),
+            )),
+            None => Err(ApiError::invalid_request(
+                "loras",
+                format!("loras: {name:?} is not a LoRA of this model"),
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let seed = valid.seed.unwrap_or_else(|| rand::random::<u32>() as u64);
     Span::current().record("seed", seed);
     let meta = LedgerMeta {
@@ -439,7 +475,7 @@ async fn prepare(
         height: valid.height,
         guidance_scale: st.entry.guidance_scale,
         init: valid.init.clone(),
-        loras: Vec::new(),
+        loras,
     };
     Ok(Prepared {
         cost,

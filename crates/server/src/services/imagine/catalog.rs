@@ -9,7 +9,9 @@
 //! `price_per_image` (at 1024x1024 and 4 steps), `guidance_scale` (classifier-free guidance
 //! used when a negative prompt is given, default 2.0), `default_steps` (4), `max_steps` (8),
 //! `default_size` (1024), `min_size` (256), `max_size` (2048), `max_pixels` (1048576),
-//! `max_queued` (4), `device` (default `[defaults] device`), `dtype`.
+//! `max_queued` (4), `device` (default `[defaults] device`), `dtype`,
+//! `loras = { name = "path.safetensors", ... }` (LoRA files a request may name in `loras`; at
+//! most [`MAX_DECLARED_LORAS`], names of letters, digits, `-`, `_` and `.`).
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -24,6 +26,8 @@ pub const SIZE_MULTIPLE: usize = 64;
 /// The size and step count `price_per_image` is quoted for.
 pub const REFERENCE_PIXELS: u64 = 1024 * 1024;
 pub const REFERENCE_STEPS: u64 = 4;
+/// The most LoRA files one model may declare.
+pub const MAX_DECLARED_LORAS: usize = 64;
 
 /// Request bounds and defaults of one image model.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,6 +38,8 @@ pub struct Limits {
     pub max_pixels: usize,
     pub max_steps: usize,
     pub default_steps: usize,
+    /// The LoRA names a request may use (`loras` in the table), sorted.
+    pub loras: Vec<String>,
 }
 
 /// One image model id, resolved.
@@ -49,6 +55,8 @@ pub struct ImageModelEntry {
     pub max_queued: usize,
     pub device: String,
     pub dtype: Option<String>,
+    /// Each declared LoRA's name and file, bound to the model when it loads.
+    pub lora_files: Vec<(String, PathBuf)>,
 }
 
 pub use crate::model_table::TableError as CatalogError;
@@ -91,7 +99,30 @@ pub(crate) fn resolve(
             max_pixels: m.max_pixels.unwrap_or(1024 * 1024),
             max_steps: m.max_steps.unwrap_or(8),
             default_steps: m.default_steps.unwrap_or(4),
+            loras: m.loras.iter().flatten().map(|(k, _)| k.clone()).collect(),
         };
+        let lora_files: Vec<(String, PathBuf)> = m
+            .loras
+            .iter()
+            .flatten()
+            .map(|(name, file)| (name.clone(), rel(file)))
+            .collect();
+        if lora_files.len() > MAX_DECLARED_LORAS {
+            return Err(bad(format!(
+                "loras: at most {MAX_DECLARED_LORAS} may be declared"
+            )));
+        }
+        if let Some((name, _)) = lora_files.iter().find(|(name, _)| {
+            name.is_empty()
+                || name.len() > 64
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        }) {
+            return Err(bad(format!(
+                "loras: the name {name:?} must be 1 to 64 letters, digits, '-', '_' or '.'"
+            )));
+        }
         let l = &limits;
         for (name, v) in [
             ("min_size", l.min_size),
@@ -138,6 +169,7 @@ pub(crate) fn resolve(
                 .or(raw.defaults.device.clone())
                 .unwrap_or_else(|| "cpu".into()),
             dtype: m.dtype.clone(),
+            lora_files,
             id: id.clone(),
         });
     }
@@ -212,6 +244,33 @@ mod tests {
             (entries[0].id.as_str(), entries[0].device.as_str()),
             ("a", "cuda:1")
         );
+    }
+
+    #[test]
+    fn loras_are_declared_by_name_with_their_files_beside_the_table() {
+        let p = Path::new("/srv/hearth/models.toml");
+        let e = &parse(
+            p,
+            "[image.a]\nprice_per_image = \"1\"\nloras = { pixel-art = \"l/pixel.safetensors\", ink = \"/abs/ink.safetensors\" }\n",
+        )
+        .unwrap()[0];
+        assert_eq!(e.limits.loras, ["ink", "pixel-art"]);
+        assert_eq!(
+            e.lora_files,
+            [
+                ("ink".to_string(), PathBuf::from("/abs/ink.safetensors")),
+                (
+                    "pixel-art".to_string(),
+                    PathBuf::from("/srv/hearth/l/pixel.safetensors")
+                ),
+            ]
+        );
+        let err = parse(
+            p,
+            "[image.a]\nprice_per_image = \"1\"\nloras = { \"a b\" = \"x\" }\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("loras"), "{err}");
     }
 
     #[test]

@@ -221,6 +221,7 @@ mod tests {
             max_pixels: 1 << 20,
             max_steps: 8,
             default_steps: 4,
+            loras: Vec::new(),
         }
     }
 

@@ -61,6 +61,9 @@ pub struct ImagesRequest {
     /// Extension: recorded in the ledger.
     #[schema(value_type = Option<String>, max_length = 256)]
     application_id: Option<Value>,
+    /// Extension: LoRAs to apply, `[{name, scale}]` (as `POST /`).
+    #[schema(value_type = Option<Vec<super::validate::LoraChoice>>)]
+    loras: Option<Value>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -205,6 +208,7 @@ fn spec_request(req: ImagesRequest) -> Result<(RawImageRequest, bool), OpenAiErr
         model: req.model,
         developer_id: req.developer_id,
         application_id: req.application_id,
+        loras: req.loras,
         ..RawImageRequest::default()
     };
     Ok((raw, as_url))
@@ -237,6 +241,8 @@ pub struct EditsRequest {
     seed: Option<u32>,
     steps: Option<u32>,
     negative_prompt: Option<String>,
+    /// Extension: LoRAs to apply, as JSON text: `[{"name": "ink", "scale": 0.8}]`.
+    loras: Option<String>,
 }
 
 /// An edit, the OpenAI API's way; made and billed as `POST /` makes and bills them.
@@ -282,13 +288,13 @@ pub async fn edits(
                 let value = field.text().await.map_err(malformed)?;
                 text.insert(name, Value::String(value));
             }
-            "n" | "seed" | "steps" | "strength" => {
-                // Form fields are text: a number stays a number, anything else a string that
-                // the checks name.
+            "n" | "seed" | "steps" | "strength" | "loras" => {
+                // Form fields are text: a number stays a number (and `loras` an array),
+                // anything else a string that the checks name.
                 let value = field.text().await.map_err(malformed)?;
                 let parsed = serde_json::from_str::<Value>(value.trim())
                     .ok()
-                    .filter(Value::is_number)
+                    .filter(|v| v.is_number() || v.is_array())
                     .unwrap_or(Value::String(value));
                 text.insert(name, parsed);
             }

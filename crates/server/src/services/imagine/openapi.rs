@@ -69,6 +69,18 @@ pub struct ImageModelHealth {
     pub test_model: Option<bool>,
     /// Requests waiting for the model (when ready).
     pub queued: Option<u64>,
+    /// The LoRAs `models.toml` declares for it (when ready).
+    pub loras: Option<Vec<LoraHealth>>,
     /// Why it failed (when failed).
+    pub error: Option<String>,
+}
+
+/// A declared LoRA: bound to the model, or why not.
+#[derive(ToSchema)]
+pub struct LoraHealth {
+    pub name: String,
+    /// `ready` or `failed`.
+    pub status: String,
+    /// Why it could not be bound (when failed).
     pub error: Option<String>,
 }

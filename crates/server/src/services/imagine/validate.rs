@@ -18,6 +18,7 @@ use utoipa::ToSchema;
 use super::catalog::{Limits, SIZE_MULTIPLE};
 use super::edit::{self, EditBytes};
 use crate::validate::{self as fields, FieldError, MAX_PROMPT_CHARS};
+use hearth_imagine::lora::{MAX_ACTIVE_LORAS, MAX_LORA_SCALE};
 use hearth_imagine::InitImage;
 
 pub const MAX_SEED: u64 = u32::MAX as u64;
@@ -81,6 +82,20 @@ pub struct RawImageRequest {
     /// 0.75 by default, 1 with a mask); the price counts the steps that run.
     #[schema(value_type = Option<f64>, minimum = 0.0, maximum = 1.0)]
     pub strength: Option<Value>,
+    /// Not in the spec's request: LoRAs to apply, `[{name, scale}]`, at most 8, each a name the
+    /// model declares (`loras` in `models.toml`) and a scale from -10 to 10 (default 1).
+    #[schema(value_type = Option<Vec<LoraChoice>>)]
+    pub loras: Option<Value>,
+}
+
+/// One LoRA of a request.
+#[derive(Debug, ToSchema)]
+#[allow(dead_code)] // The schema of an item of `loras`, read from raw JSON.
+pub struct LoraChoice {
+    /// A name the model declares.
+    name: String,
+    /// The LoRA's weight, -10 to 10; 1 when absent.
+    scale: Option<f64>,
 }
 
 /// A request every later stage can trust.
@@ -99,6 +114,8 @@ pub struct ValidImageRequest {
     pub application_id: Option<String>,
     /// An edit's starting picture, at `width` x `height`.
     pub init: Option<InitImage>,
+    /// LoRA names (declared by the model, each once) and scales, in the request's order.
+    pub loras: Vec<(String, f64)>,
 }
 
 impl ValidImageRequest {
@@ -189,6 +206,7 @@ pub fn validate_with(
         .with("maxPixels", json!(limits.max_pixels)));
     }
     let margin = fields::margin(&raw.override_gross_margin_percent)?;
+    let loras = loras(&raw.loras, &limits.loras)?;
     Ok(ValidImageRequest {
         prompt,
         negative_prompt,
@@ -200,7 +218,59 @@ pub fn validate_with(
         developer_id,
         application_id,
         init,
+        loras,
     })
+}
+
+/// `loras`: an array of at most [`MAX_ACTIVE_LORAS`] objects `{name, scale?}`, each name one of
+/// `declared` and used once, each scale finite within [`MAX_LORA_SCALE`] (default 1).
+fn loras(value: &Option<Value>, declared: &[String]) -> Result<Vec<(String, f64)>, FieldError> {
+    const FIELD: &str = "loras";
+    let items = match value {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(items)) => items,
+        Some(_) => return Err(FieldError::new(FIELD, "must be an array of {name, scale}")),
+    };
+    if items.len() > MAX_ACTIVE_LORAS {
+        return Err(FieldError::new(
+            FIELD,
+            format!(
+                "at most {MAX_ACTIVE_LORAS} LoRAs at once, got {}",
+                items.len()
+            ),
+        )
+        .with("max", json!(MAX_ACTIVE_LORAS)));
+    }
+    let mut out: Vec<(String, f64)> = Vec::with_capacity(items.len());
+    for item in items {
+        let Some(name) = item.get("name").and_then(Value::as_str) else {
+            return Err(FieldError::new(FIELD, "each item needs a string `name`"));
+        };
+        if !declared.iter().any(|d| d == name) {
+            let shown: String = name.chars().take(64).collect();
+            return Err(
+                FieldError::new(FIELD, format!("{shown:?} is not a LoRA of this model"))
+                    .with("allowed", json!(declared)),
+            );
+        }
+        if out.iter().any(|(n, _)| n == name) {
+            return Err(FieldError::new(FIELD, format!("{name:?} is named twice")));
+        }
+        let scale = match item.get("scale") {
+            None | Some(Value::Null) => 1.0,
+            Some(v) => match v.as_f64() {
+                Some(s) if s.is_finite() && s.abs() <= MAX_LORA_SCALE => s,
+                _ => {
+                    return Err(FieldError::new(
+                        FIELD,
+                        format!("the scale of {name:?} must be a number from -{MAX_LORA_SCALE} to {MAX_LORA_SCALE}"),
+                    ))
+                }
+            },
+        };
+        out.push((name.to_string(), scale));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -215,6 +285,7 @@ mod tests {
             max_pixels: 1 << 20,
             max_steps: 8,
             default_steps: 4,
+            loras: vec!["ink".into(), "pixel".into()],
         }
     }
 
@@ -269,6 +340,35 @@ mod tests {
             field_of(json!({"prompt": "a", "overrideGrossMarginPercent": "5"})),
             "overrideGrossMarginPercent"
         );
+    }
+
+    #[test]
+    fn loras_are_declared_names_used_once_at_bounded_scales() {
+        let ok = validate(
+            &raw(
+                json!({"prompt": "a", "loras": [{"name": "ink", "scale": 0.5}, {"name": "pixel"}]}),
+            ),
+            &limits(),
+            "xl-lightning",
+            1024,
+        )
+        .unwrap();
+        assert_eq!(
+            ok.loras,
+            [("ink".to_string(), 0.5), ("pixel".to_string(), 1.0)]
+        );
+        let many: Vec<Value> = (0..100).map(|_| json!({"name": "ink"})).collect();
+        for bad in [
+            json!("ink"),
+            json!([{"scale": 1}]),
+            json!([{"name": "watercolor"}]),
+            json!([{"name": "ink"}, {"name": "ink"}]),
+            json!([{"name": "ink", "scale": 11}]),
+            json!([{"name": "ink", "scale": "1"}]),
+            Value::Array(many),
+        ] {
+            assert_eq!(field_of(json!({"prompt": "a", "loras": bad})), "loras");
+        }
     }
 
     #[test]
