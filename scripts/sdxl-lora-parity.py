@@ -29,7 +29,6 @@ transformers 5, `load_adapter` logs a "LOAD REPORT" calling text_encoder's LoRA 
 (its `CLIPTextModel` has no `text_model.` level any more), yet they hold the file's values.
 """
 
-import hashlib
 import json
 import math
 import sys
@@ -37,14 +36,17 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
-from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
+from diffusers import StableDiffusionXLPipeline
 from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict
 import diffusers
 import peft
 import transformers
 import transformers.integrations.peft as transformers_peft
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sdxl_reference import components as reference_components  # noqa: E402
+from sdxl_reference import file_digest, load_unet, text_encoders, text_to_image  # noqa: E402
 
 # transformers 5.x asks for peft >= 0.22, which PyPI does not have yet; the text encoders' LoRA
 # (add_adapter, load_adapter) works with 0.21, so its version check is lifted for this script.
@@ -58,34 +60,13 @@ KOHYA_SCALE = 1.3
 ATTENTION = ("to_q", "to_k", "to_v", "to_out.0")
 
 
-def strict(loaded, what):
-    model, info = loaded
-    bad = {k: v for k, v in info.items() if v and k != "error_msgs"}
-    if bad or info.get("error_msgs"):
-        sys.exit(f"{what}: weights do not match the reference architecture: {info}")
-    return model.eval()
-
-
 def components(model_dir):
-    te1 = strict(CLIPTextModel.from_pretrained(model_dir / "text_encoder", output_loading_info=True), "te1")
-    te2 = strict(
-        CLIPTextModelWithProjection.from_pretrained(model_dir / "text_encoder_2", output_loading_info=True), "te2"
-    )
-    unet = strict(UNet2DConditionModel.from_pretrained(model_dir / "unet", output_loading_info=True), "unet")
-    return te1, te2, unet
+    te1, te2 = text_encoders(model_dir)
+    return te1, te2, load_unet(model_dir)
 
 
 def pipeline(model_dir):
-    te1, te2, unet = components(model_dir)
-    vae = strict(AutoencoderKL.from_pretrained(model_dir / "vae", output_loading_info=True), "vae")
-    pipe = StableDiffusionXLPipeline(
-        vae=vae, text_encoder=te1, text_encoder_2=te2,
-        tokenizer=CLIPTokenizer.from_pretrained(model_dir / "tokenizer"),
-        tokenizer_2=CLIPTokenizer.from_pretrained(model_dir / "tokenizer_2"),
-        unet=unet, scheduler=EulerDiscreteScheduler.from_pretrained(model_dir / "scheduler"),
-    )
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return text_to_image(reference_components(model_dir))
 
 
 def hub_path(path):
@@ -248,10 +229,6 @@ def rel(a, b):
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
-def digest(path):
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def main():
     model_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
@@ -295,9 +272,9 @@ def main():
     meta = {
         "prompt": PROMPT, "gen_size": str(GEN_SIZE), "gen_steps": str(GEN_STEPS),
         "peft_scale": str(PEFT_SCALE), "kohya_scale": str(KOHYA_SCALE),
-        "unet_sha256": digest(model_dir / "unet/diffusion_pytorch_model.safetensors"),
-        "te1_sha256": digest(model_dir / "text_encoder/model.safetensors"),
-        "te2_sha256": digest(model_dir / "text_encoder_2/model.safetensors"),
+        "unet_sha256": file_digest(model_dir / "unet/diffusion_pytorch_model.safetensors"),
+        "te1_sha256": file_digest(model_dir / "text_encoder/model.safetensors"),
+        "te2_sha256": file_digest(model_dir / "text_encoder_2/model.safetensors"),
         "versions": json.dumps({"torch": torch.__version__, "diffusers": diffusers.__version__,
                                 "transformers": transformers.__version__, "peft": peft.__version__}),
     }

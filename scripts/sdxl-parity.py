@@ -33,7 +33,6 @@ fixed tensors, saved with the rest, which the Rust test passes to Hearth.
 """
 
 import contextlib
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -42,20 +41,15 @@ import numpy as np
 import torch
 from PIL import Image
 from safetensors.torch import save_file
-from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
-from diffusers import (
-    AutoencoderKL,
-    EulerDiscreteScheduler,
-    StableDiffusionXLImg2ImgPipeline,
-    StableDiffusionXLInpaintPipeline,
-    StableDiffusionXLPipeline,
-    UNet2DConditionModel,
-)
+from diffusers import StableDiffusionXLImg2ImgPipeline, StableDiffusionXLInpaintPipeline
 import diffusers
 import diffusers.models.autoencoders.vae as vae_module
 import diffusers.pipelines.stable_diffusion_xl.pipeline_stable_diffusion_xl_img2img as img2img_module
 import diffusers.pipelines.stable_diffusion_xl.pipeline_stable_diffusion_xl_inpaint as inpaint_module
 import transformers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sdxl_reference import components, file_digest, load_unet, text_to_image  # noqa: E402
 
 PROMPT = "a photo of an astronaut riding a horse on the moon"
 NEGATIVE = "blurry, dark, low quality"
@@ -116,39 +110,17 @@ def fixed_draws(*tensors):
     assert not queue, f"{len(queue)} fixed draws unused"
 
 
-def strict(loaded, what):
-    model, info = loaded
-    bad = {k: v for k, v in info.items() if v and k != "error_msgs"}
-    if bad or info.get("error_msgs"):
-        sys.exit(f"{what}: weights do not match the reference architecture: {info}")
-    return model.eval()
-
-
-def file_digest(path):
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def main():
     model_dir, out, inpaint_dir = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
     torch.manual_seed(0)
     torch.set_num_threads(2)
 
-    tok1 = CLIPTokenizer.from_pretrained(model_dir / "tokenizer")
-    tok2 = CLIPTokenizer.from_pretrained(model_dir / "tokenizer_2")
-    te1 = strict(CLIPTextModel.from_pretrained(model_dir / "text_encoder", output_loading_info=True), "text_encoder")
-    te2 = strict(
-        CLIPTextModelWithProjection.from_pretrained(model_dir / "text_encoder_2", output_loading_info=True),
-        "text_encoder_2",
-    )
-    unet = strict(UNet2DConditionModel.from_pretrained(model_dir / "unet", output_loading_info=True), "unet")
-    vae = strict(AutoencoderKL.from_pretrained(model_dir / "vae", output_loading_info=True), "vae")
-    sched = EulerDiscreteScheduler.from_pretrained(model_dir / "scheduler")
+    parts = components(model_dir)
+    tok1, tok2 = parts["tokenizer"], parts["tokenizer_2"]
+    te1, te2 = parts["text_encoder"], parts["text_encoder_2"]
+    unet, vae, sched = parts["unet"], parts["vae"], parts["scheduler"]
     assert sched.config.timestep_spacing == "trailing"
-    pipe = StableDiffusionXLPipeline(
-        vae=vae, text_encoder=te1, text_encoder_2=te2, tokenizer=tok1, tokenizer_2=tok2,
-        unet=unet, scheduler=sched,
-    )
-    pipe.set_progress_bar_config(disable=True)
+    pipe = text_to_image(parts)
     t = {}
     with torch.no_grad():
         ids1 = tok1(PROMPT, padding="max_length", max_length=77, truncation=True, return_tensors="pt").input_ids
@@ -211,8 +183,6 @@ def main():
         posterior = torch.randn(shape, generator=g)
         edit_noise = torch.randn(shape, generator=g)
         t["edit_posterior"], t["edit_noise"] = posterior, edit_noise
-        parts = dict(vae=vae, text_encoder=te1, text_encoder_2=te2, tokenizer=tok1,
-                     tokenizer_2=tok2, unet=unet, scheduler=sched)
         img2img = StableDiffusionXLImg2ImgPipeline(**parts, requires_aesthetics_score=False)
         inpaint = StableDiffusionXLInpaintPipeline(**parts, requires_aesthetics_score=False)
         for p in (img2img, inpaint):
@@ -237,8 +207,7 @@ def main():
             ).images
 
         # The 9-channel inpainting UNet: its own latents, mask and masked-picture input.
-        unet9 = strict(UNet2DConditionModel.from_pretrained(inpaint_dir / "unet", output_loading_info=True),
-                       "inpainting unet")
+        unet9 = load_unet(inpaint_dir)
         assert unet9.config.in_channels == 9
         inpaint9 = StableDiffusionXLInpaintPipeline(**{**parts, "unet": unet9},
                                                     requires_aesthetics_score=False)

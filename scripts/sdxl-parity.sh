@@ -4,16 +4,11 @@
 # Needs PyPI (torch, diffusers, transformers); the venv lives in the git-ignored .venv-sdxl/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=.venv-sdxl
-if [ ! -x "$VENV/bin/python" ]; then
-  python3 -m venv "$VENV"
-fi
-"$VENV/bin/pip" install --quiet --progress-bar off \
-  "torch>=2.4" "diffusers>=0.30" "transformers>=4.44" safetensors numpy
+. scripts/sdxl-venv.sh
 MODEL=$(mktemp -d)
 INPAINT=$(mktemp -d)
 trap 'rm -rf "$MODEL" "$INPAINT"' EXIT
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 cargo run --quiet -p hearth-imagine --example tiny_sdxl -- "$MODEL"
 cargo run --quiet -p hearth-imagine --example tiny_sdxl -- --inpainting "$INPAINT"
-"$VENV/bin/python" scripts/sdxl-parity.py "$MODEL" tests/fixtures/imagine/sdxl-parity.safetensors "$INPAINT"
+"$SDXL_PYTHON" scripts/sdxl-parity.py "$MODEL" tests/fixtures/imagine/sdxl-parity.safetensors "$INPAINT"

@@ -342,12 +342,13 @@ async fn hostile_requests_get_the_apis_error_shape_quickly_and_hold_nothing() {
     app.wait_no_holds("mallory").await;
 }
 
-#[tokio::test]
-async fn the_openai_client_generates_an_image_and_it_is_billed() {
+/// Runs the client's image `case` as `user` against a fresh image server with 10 credits; the
+/// server, and the case's output.
+async fn run_image_case(user: &str, case: &str) -> (crate::imagine::ImagineApp, Value) {
     let img = crate::imagine::ImagineApp::start("10", "").await;
-    let key = img.app.token("painter").await;
+    let key = img.app.token(user).await;
     let base = format!("{}/v1", img.app.url(hearth_server::Service::Imagine));
-    let out = run_client(vec![
+    let mut out = run_client(vec![
         "--base-url".into(),
         base.clone(),
         "--key".into(),
@@ -357,14 +358,26 @@ async fn the_openai_client_generates_an_image_and_it_is_billed() {
         "--model".into(),
         "alpha-3.3".into(),
         "--cases".into(),
-        "images".into(),
+        case.into(),
         "--image-base-url".into(),
         base,
         "--image-model".into(),
         "xl-lightning".into(),
     ])
     .await;
-    let images = &out["images"];
+    (img, out[case].take())
+}
+
+/// The balance is 10 less `cost`, and nothing is held.
+async fn paid(img: &crate::imagine::ImagineApp, user: &str, cost: &str) {
+    let store = &img.app.running().state.store;
+    assert_eq!(store.balance(user).await.unwrap(), dec("10") - dec(cost));
+    assert!(store.holds(user).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn the_openai_client_generates_an_image_and_it_is_billed() {
+    let (img, images) = run_image_case("painter", "images").await;
     assert_eq!(images["count"], 1);
     assert_eq!(
         (images["width"].as_u64(), images["height"].as_u64()),
@@ -375,37 +388,12 @@ async fn the_openai_client_generates_an_image_and_it_is_billed() {
     let hearth = &images["hearth"];
     assert_eq!(hearth["cost"], "0.001250");
     assert_eq!(hearth["seed"], 42);
-    let store = &img.app.running().state.store;
-    assert_eq!(
-        store.balance("painter").await.unwrap(),
-        dec("10") - dec("0.00125")
-    );
-    assert!(store.holds("painter").await.unwrap().is_empty());
+    paid(&img, "painter", "0.00125").await;
 }
 
 #[tokio::test]
 async fn the_openai_client_edits_an_image_with_a_mask_and_it_is_billed_for_the_steps_run() {
-    let img = crate::imagine::ImagineApp::start("10", "").await;
-    let key = img.app.token("retoucher").await;
-    let base = format!("{}/v1", img.app.url(hearth_server::Service::Imagine));
-    let out = run_client(vec![
-        "--base-url".into(),
-        base.clone(),
-        "--key".into(),
-        key.clone(),
-        "--poor-key".into(),
-        key,
-        "--model".into(),
-        "alpha-3.3".into(),
-        "--cases".into(),
-        "image_edits".into(),
-        "--image-base-url".into(),
-        base,
-        "--image-model".into(),
-        "xl-lightning".into(),
-    ])
-    .await;
-    let edits = &out["image_edits"];
+    let (img, edits) = run_image_case("retoucher", "image_edits").await;
     assert_eq!(edits["count"], 1);
     assert_eq!(
         (edits["width"].as_u64(), edits["height"].as_u64()),
@@ -416,10 +404,5 @@ async fn the_openai_client_edits_an_image_with_a_mask_and_it_is_billed_for_the_s
     let hearth = &edits["hearth"];
     assert_eq!(hearth["cost"], "0.001250", "{hearth}");
     assert_eq!(hearth["seed"], 42);
-    let store = &img.app.running().state.store;
-    assert_eq!(
-        store.balance("retoucher").await.unwrap(),
-        dec("10") - dec("0.00125")
-    );
-    assert!(store.holds("retoucher").await.unwrap().is_empty());
+    paid(&img, "retoucher", "0.00125").await;
 }

@@ -11,6 +11,7 @@
 //! binarized at one half, and sampled to the latent grid by nearest neighbour
 //! (`torch.nn.functional.interpolate`'s default), so that the parity tests hold.
 
+use std::borrow::Cow;
 use std::io::Cursor;
 
 use candle_core::{Device, Tensor};
@@ -148,38 +149,35 @@ impl Picture {
     /// RGB at `width` x `height`: the picture itself when it has that size, else resized with
     /// Lanczos (stretched: the caller chose the size). Alpha is dropped.
     pub fn resized(&self, width: usize, height: usize) -> Image {
-        let rgb = if (self.width(), self.height()) == (width, height) {
-            self.image.to_rgb8()
-        } else {
-            self.image
-                .resize_exact(width as u32, height as u32, FilterType::Lanczos3)
-                .to_rgb8()
-        };
         Image {
             width,
             height,
-            rgb: rgb.into_raw(),
+            rgb: self
+                .at(width, height, FilterType::Lanczos3)
+                .to_rgb8()
+                .into_raw(),
+        }
+    }
+
+    /// The picture at `width` x `height`: itself when it has that size, else resized.
+    fn at(&self, width: usize, height: usize, filter: FilterType) -> Cow<'_, DynamicImage> {
+        if (self.width(), self.height()) == (width, height) {
+            Cow::Borrowed(&self.image)
+        } else {
+            Cow::Owned(self.image.resize_exact(width as u32, height as u32, filter))
         }
     }
 
     /// The picture as a mask at `width` x `height` (nearest neighbour: a mask has hard edges).
     pub fn mask(&self, width: usize, height: usize) -> Mask {
-        let rgb = if (self.width(), self.height()) == (width, height) {
-            self.image.to_rgb8()
-        } else {
-            self.image
-                .resize_exact(width as u32, height as u32, FilterType::Nearest)
-                .to_rgb8()
-        };
+        let rgb = self.at(width, height, FilterType::Nearest).to_rgb8();
         Mask {
             width,
             height,
             luma: rgb.pixels().map(|p| pil_luma(p.0)).collect(),
         }
     }
-}
 
-impl Picture {
     /// Whether the picture has an alpha channel.
     pub fn has_alpha(&self) -> bool {
         self.image.color().has_alpha()
@@ -188,13 +186,7 @@ impl Picture {
     /// The picture as a mask by OpenAI's rule for `/v1/images/edits`: fully transparent pixels
     /// (alpha 0) repaint, the rest keep. A picture without alpha keeps everything.
     pub fn transparent_mask(&self, width: usize, height: usize) -> Mask {
-        let rgba = if (self.width(), self.height()) == (width, height) {
-            self.image.to_rgba8()
-        } else {
-            self.image
-                .resize_exact(width as u32, height as u32, FilterType::Nearest)
-                .to_rgba8()
-        };
+        let rgba = self.at(width, height, FilterType::Nearest).to_rgba8();
         Mask {
             width,
             height,

@@ -42,6 +42,22 @@ pub struct Limits {
     pub loras: Vec<String>,
 }
 
+#[cfg(test)]
+impl Limits {
+    /// The defaults of a table row that sets none, with two LoRAs declared (`ink`, `pixel`).
+    pub fn for_tests() -> Limits {
+        Limits {
+            min_size: 256,
+            max_size: 2048,
+            default_size: 1024,
+            max_pixels: 1 << 20,
+            max_steps: 8,
+            default_steps: 4,
+            loras: vec!["ink".into(), "pixel".into()],
+        }
+    }
+}
+
 /// One image model id, resolved.
 #[derive(Debug, Clone)]
 pub struct ImageModelEntry {

@@ -278,15 +278,7 @@ mod tests {
     use super::*;
 
     fn limits() -> Limits {
-        Limits {
-            min_size: 256,
-            max_size: 2048,
-            default_size: 1024,
-            max_pixels: 1 << 20,
-            max_steps: 8,
-            default_steps: 4,
-            loras: vec!["ink".into(), "pixel".into()],
-        }
+        Limits::for_tests()
     }
 
     fn raw(v: Value) -> RawImageRequest {
