@@ -31,6 +31,7 @@ apt_need() {
 # ---- system packages --------------------------------------------------------------------
 apt_need chromium chromium-driver    # browser tests of the /ui pages (tests/browser_*.rs)
 apt_need postgresql                  # the PostgreSQL store's tests (scripts/postgres.sh)
+apt_need systemd                     # systemd-analyze verify of deploy/hearth.service (tests/deploy.rs)
 # OCR in the markdown service (tesseract-ocr pulls in eng and osd), and the fonts
 # scripts/ocr/pages.py draws its test pages with
 apt_need tesseract-ocr tesseract-ocr-fra tesseract-ocr-deu tesseract-ocr-spa tesseract-ocr-ita \

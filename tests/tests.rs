@@ -14,6 +14,7 @@ mod completion;
 mod completion_browser;
 mod completion_refusals;
 mod connections;
+mod deploy;
 mod embeddings;
 mod field_rules;
 mod holds;
