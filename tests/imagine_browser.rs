@@ -60,19 +60,10 @@ async fn sign_in_via_callback_generate_and_see_image_metadata_cost_and_download(
     // The browser decoded it at the requested size.
     assert_eq!(decoded_size(&browser).await, (256, 320));
 
-    assert_eq!(
-        browser.visible_text("#meta dd[data-key='seed']").await,
-        "1234"
-    );
-    assert_eq!(
-        browser.visible_text("#meta dd[data-key='size']").await,
-        "256 × 320"
-    );
+    assert_eq!(meta(&browser, "seed").await, "1234");
+    assert_eq!(meta(&browser, "size").await, "256 × 320");
     // 0.040 x 81920/1048576 x 1/4 = 0.00078125 -> 0.000781
-    assert_eq!(
-        browser.visible_text("#meta dd[data-key='cost']").await,
-        "0.000781"
-    );
+    assert_eq!(meta(&browser, "cost").await, "0.000781");
     assert_eq!(browser.visible_text("#balance").await, "4.999219");
     assert!(browser
         .visible_text("#test-model")
@@ -366,26 +357,14 @@ async fn an_edit_sends_the_picture_and_a_painted_mask_and_pays_the_steps_its_str
     // Nothing painted: image to image, no mask sent, 3 of 4 steps paid.
     assert_eq!(run_job(&browser, 1).await, "done");
     assert_eq!(decoded_size(&browser).await, (256, 256));
+    assert_eq!(meta(&browser, "steps").await, "3 of 4");
     assert_eq!(
-        browser.visible_text("#meta dd[data-key='steps']").await,
-        "3 of 4"
-    );
-    assert_eq!(
-        browser.visible_text("#meta dd[data-key='edit']").await,
+        meta(&browser, "edit").await,
         "image to image, strength 0.75"
     );
     // 0.040 x 65536/1048576 x 3/4 = 0.001875
-    assert_eq!(
-        browser.visible_text("#meta dd[data-key='cost']").await,
-        "0.001875"
-    );
-    let first = browser
-        .find("#image")
-        .await
-        .attr("src")
-        .await
-        .unwrap()
-        .unwrap();
+    assert_eq!(meta(&browser, "cost").await, "0.001875");
+    let first = image_src(&browser).await;
 
     // A stroke across the middle: the strength follows the mask to 1, until set by hand.
     paint_stroke(&browser, MouseActions::new("mouse".into()), 60.0).await;
@@ -400,27 +379,12 @@ async fn an_edit_sends_the_picture_and_a_painted_mask_and_pays_the_steps_its_str
         .await
         .starts_with("2 of 4 steps run"));
     assert_eq!(run_job(&browser, 2).await, "done");
-    assert_eq!(
-        browser.visible_text("#meta dd[data-key='edit']").await,
-        "inpainting, strength 0.5"
-    );
+    assert_eq!(meta(&browser, "edit").await, "inpainting, strength 0.5");
     assert_eq!(decoded_size(&browser).await, (256, 256));
-    assert_eq!(
-        browser.visible_text("#meta dd[data-key='steps']").await,
-        "2 of 4"
-    );
+    assert_eq!(meta(&browser, "steps").await, "2 of 4");
     // 0.040 x 65536/1048576 x 2/4 = 0.00125
-    assert_eq!(
-        browser.visible_text("#meta dd[data-key='cost']").await,
-        "0.001250"
-    );
-    let second = browser
-        .find("#image")
-        .await
-        .attr("src")
-        .await
-        .unwrap()
-        .unwrap();
+    assert_eq!(meta(&browser, "cost").await, "0.001250");
+    let second = image_src(&browser).await;
     assert_ne!(first, second, "the masked edit made another image");
     assert_eq!(browser.visible_text("#balance").await, "4.996875");
     assert_eq!(img.app.balance("edda").await, "4.996875");
@@ -526,15 +490,9 @@ async fn on_a_phone_the_picture_fits_the_screen_and_a_finger_paints_its_mask() {
     browser.fill("#steps", "1").await;
     assert_eq!(run_job(&browser, 1).await, "done");
     assert_eq!(decoded_size(&browser).await, (512, 384));
-    assert_eq!(
-        browser.visible_text("#meta dd[data-key='steps']").await,
-        "1 of 1"
-    );
+    assert_eq!(meta(&browser, "steps").await, "1 of 1");
     // 0.040 x 196608/1048576 x 1/4 = 0.001875
-    assert_eq!(
-        browser.visible_text("#meta dd[data-key='cost']").await,
-        "0.001875"
-    );
+    assert_eq!(meta(&browser, "cost").await, "0.001875");
     let bodies = sent(&browser).await;
     let mask = decode_data_url(&bodies[0]["mask"]).to_luma8();
     assert_eq!(mask.dimensions(), (512, 384));
@@ -589,4 +547,22 @@ async fn a_file_that_is_not_a_picture_and_a_refused_edit_are_shown_and_the_page_
         .contains("InsufficientFunds"));
     assert!(browser.find("#go").await.is_enabled().await.unwrap());
     browser.close().await;
+}
+
+/// The text of the result's metadata row `key`.
+async fn meta(browser: &Browser, key: &str) -> String {
+    browser
+        .visible_text(&format!("#meta dd[data-key='{key}']"))
+        .await
+}
+
+/// The result image's `src`.
+async fn image_src(browser: &Browser) -> String {
+    browser
+        .find("#image")
+        .await
+        .attr("src")
+        .await
+        .unwrap()
+        .unwrap()
 }
