@@ -411,17 +411,17 @@ struct Prepared {
     slot: crate::user_slots::UserSlot,
     model: Arc<Ready>,
     hold: hearth_billing::HeldFunds,
-    params: ImageParams,
     seed: u64,
 }
 
-/// From a validated request to a held price, for every front end: price, the user's slot, the
+/// From a validated request to a held price and the job's parameters (moved, not copied, into the
+/// worker: an edit's picture is megabytes), for every front end: price, the user's slot, the
 /// model, the seed, the hold.
 async fn prepare(
     st: &ImagineState,
     session: &Session,
     valid: &ValidImageRequest,
-) -> Result<Prepared, ApiError> {
+) -> Result<(Prepared, ImageParams), ApiError> {
     let billing = st.app.billing.clone();
     let margin = billing.margin(valid.margin);
     let cost = image_cost(
@@ -477,14 +477,14 @@ async fn prepare(
         init: valid.init.clone(),
         loras,
     };
-    Ok(Prepared {
+    let prepared = Prepared {
         cost,
         slot,
         model,
         hold,
-        params,
         seed,
-    })
+    };
+    Ok((prepared, params))
 }
 
 /// From a validated request on, for the spec's `POST /` and `/v1/images/generations`: the held
@@ -494,14 +494,16 @@ async fn produce(
     session: &Session,
     valid: &ValidImageRequest,
 ) -> Result<Made, ApiError> {
-    let Prepared {
-        cost,
-        slot,
-        model,
-        hold,
+    let (
+        Prepared {
+            cost,
+            slot,
+            model,
+            hold,
+            seed,
+        },
         params,
-        seed,
-    } = prepare(st, session, valid).await?;
+    ) = prepare(st, session, valid).await?;
     let spec = JobSpec {
         user: session.user_id.clone(),
         params,

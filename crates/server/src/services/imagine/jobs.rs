@@ -92,10 +92,10 @@ pub async fn stream(
     let session = st.app.authenticate(token).await?;
     Span::current().record("user", session.user_id.as_str());
     let valid = validated(&st, raw, None).await?;
-    let prepared = prepare(&st, &session, &valid).await?;
+    let (prepared, params) = prepare(&st, &session, &valid).await?;
     let job = prepared.model.worker.submit(JobSpec {
         user: session.user_id.clone(),
-        params: prepared.params.clone(),
+        params,
         preview_every,
     });
     let job = match job {
