@@ -56,6 +56,15 @@ pub enum Error {
     DeviceUnavailable(String),
     #[error("Hugging Face hub: {0}")]
     Hub(String),
+    /// A file could not be pulled from the Hugging Face hub; [`crate::hub::PullFailure`] says
+    /// why (not found, refused, cut off, wrong size, checksum mismatch, ...).
+    #[error("pulling {file} of {repo} from the hub: {failure}")]
+    Pull {
+        repo: String,
+        file: String,
+        #[source]
+        failure: crate::hub::PullFailure,
+    },
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }

@@ -21,7 +21,7 @@ mod fast;
 mod fused;
 mod gemv;
 pub(crate) mod gguf;
-mod hub;
+pub mod hub;
 mod kv;
 mod kv_write;
 mod load;
