@@ -197,6 +197,19 @@ impl ImageWorker {
     pub fn waiting(&self) -> usize {
         self.shared.lock().waiting()
     }
+
+    /// Requests queued or running.
+    pub fn in_flight(&self) -> usize {
+        let queue = self.shared.lock();
+        queue.waiting() + usize::from(queue.running.is_some())
+    }
+
+    /// Tells, once every handle is dropped, whether the thread has ended (and so dropped the
+    /// model's weights).
+    pub fn ended(&self) -> impl Fn() -> bool + Send + 'static {
+        let shared = Arc::clone(&self.shared);
+        move || !shared.alive.load(Ordering::Relaxed)
+    }
 }
 
 /// The next job to run, waiting for one; `None` once every handle is gone and nothing waits.

@@ -207,6 +207,12 @@ impl SchedulerHandle {
         }
     }
 
+    /// Requests waiting for admission or running in the batch.
+    pub fn in_flight(&self) -> usize {
+        let queue = self.inner.shared.lock();
+        queue.waiting.len() + queue.active
+    }
+
     /// Why the engine is unavailable, if it is (the thread died).
     pub fn unavailable(&self) -> Option<String> {
         self.inner.shared.lock().dead.clone()

@@ -93,8 +93,15 @@ impl Engine {
         }
     }
 
-    pub(crate) fn run(mut self) {
+    pub(crate) fn run(self) {
+        // The engine (and with it the model's weights and KV cache) is dropped inside `serve`,
+        // before the guard says the engine stopped: whoever waits for that (an unload) finds the
+        // memory freed.
         let _exit = ExitGuard(Arc::clone(&self.batch.shared));
+        self.serve();
+    }
+
+    fn serve(mut self) {
         let name = self.batch.shared.config.name.clone();
         info!(model = %name, "engine started");
         loop {
