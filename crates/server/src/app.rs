@@ -292,8 +292,18 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     };
 
     let shutdown = CancellationToken::new();
+    let hub = crate::models::Hub::start(
+        crate::models::HubConfig {
+            budget: config.loading.budget.clone(),
+            load_wait: config.loading.load_wait,
+            keep_alive: config.loading.keep_alive,
+            table: config.models.clone(),
+        },
+        shutdown.clone(),
+    );
     let state = AppState {
         model_table: Arc::new(model_table),
+        hub,
         billing: Meter::new(store.clone(), config.billing.default_margin)
             .with_journal(Arc::clone(&journal)),
         config: Arc::new(config),

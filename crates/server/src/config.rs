@@ -81,6 +81,8 @@ pub struct RawConfig {
     #[serde(default)]
     pub imagine: RawImagineConfig,
     #[serde(default)]
+    pub loading: RawLoadingConfig,
+    #[serde(default)]
     pub billing: RawBillingConfig,
     #[serde(default)]
     pub server: crate::serve::RawServerConfig,
@@ -373,6 +375,7 @@ pub struct Config {
     pub completion: CompletionConfig,
     pub markdown: MarkdownConfig,
     pub imagine: ImagineConfig,
+    pub loading: LoadingConfig,
     pub billing: BillingConfig,
     pub server: crate::serve::ServerConfig,
     pub store: StoreConfig,
@@ -477,6 +480,7 @@ impl RawConfig {
             completion: self.completion.resolve()?,
             markdown: self.markdown.resolve()?,
             imagine: self.imagine.resolve()?,
+            loading: self.loading.resolve()?,
             billing: self.billing.resolve()?,
             server: self.server.resolve()?,
             store: self.store.resolve()?,
@@ -488,12 +492,14 @@ mod auth;
 mod billing;
 mod completion;
 mod imagine;
+mod loading;
 mod markdown;
 mod store;
 pub use auth::{AuthConfig, IdpChoice, RawAuthConfig, RawOidcConfig};
 pub use billing::{BillingConfig, RawBillingConfig};
 pub use completion::{CompletionConfig, RawCompletionConfig};
 pub use imagine::{ImagineConfig, RawImagineConfig};
+pub use loading::{LoadingConfig, RawLoadingConfig};
 pub use markdown::{MarkdownConfig, RawMarkdownConfig};
 pub use store::{RawStoreConfig, StoreChoice, StoreConfig};
 

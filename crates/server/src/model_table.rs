@@ -18,6 +18,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use hearth_imagine::HubSource;
+
+use crate::models::KeepAlive;
 use serde::de::value::{MapDeserializer, SeqDeserializer};
 use serde::de::{self, IntoDeserializer, Visitor};
 use serde::Deserialize;
@@ -78,6 +80,8 @@ pub struct RawTextModel {
     pub numerics: Option<String>,
     pub dtype: Option<String>,
     pub prefix_reuse: Option<bool>,
+    pub keep_alive: Option<KeepAlive>,
+    pub pinned: Option<bool>,
 }
 
 /// An `[image."id"]` row (resolved by `imagine::catalog`, which documents each key).
@@ -100,6 +104,8 @@ pub struct RawImageModel {
     pub device: Option<String>,
     pub dtype: Option<String>,
     pub loras: Option<BTreeMap<String, PathBuf>>,
+    pub keep_alive: Option<KeepAlive>,
+    pub pinned: Option<bool>,
 }
 
 /// An `[embedding."id"]` or `[rerank."id"]` row (resolved by `completion::encoders`; the keys
@@ -115,6 +121,8 @@ pub struct RawEncoderModel {
     pub max_inputs: Option<usize>,
     pub max_batch_tokens: Option<usize>,
     pub max_queued: Option<usize>,
+    pub keep_alive: Option<KeepAlive>,
+    pub pinned: Option<bool>,
 }
 
 /// What is wrong with the model table.

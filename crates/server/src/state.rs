@@ -34,6 +34,8 @@ pub struct AppState {
     /// `models.toml`, read once at start when a service that serves models runs (each resolves
     /// its own rows from it); empty otherwise.
     pub model_table: Arc<RawModelTable>,
+    /// Every served model's registry, the memory budget and the admin surface of models.
+    pub hub: crate::models::Hub,
     /// Cancelled when the server shuts down; long-lived tasks watch it.
     pub shutdown: CancellationToken,
 }

@@ -66,9 +66,19 @@ impl From<crate::models::ModelError> for ApiError {
     fn from(e: crate::models::ModelError) -> Self {
         use crate::models::ModelError as E;
         match e {
-            // Requests name validated ids: an id the registry lacks is Hearth's fault.
-            E::Unknown(_) => ApiError::internal(e),
-            E::StillLoading(_) | E::Unavailable { .. } => ApiError::gateway(e.to_string()),
+            // Requests name validated ids: the registry lacks one only when a reload dropped it
+            // between the validation and the engine.
+            E::Unknown(id) => ApiError::invalid_request(
+                "model",
+                format!("no model {id:?}: the model table was just reloaded without it"),
+            ),
+            // Both pass: a load finishes, a busy model goes idle and makes room.
+            E::StillLoading { .. } | E::NoRoom { .. } => {
+                ApiError::overloaded(e.to_string(), crate::models::RETRY_LOAD_AFTER)
+            }
+            E::Unavailable { .. } => ApiError::gateway(e.to_string()),
+            // Only the admin API unloads, and it answers this itself.
+            E::Pinned(_) | E::Local(_) => ApiError::invalid_request("id", e),
         }
     }
 }

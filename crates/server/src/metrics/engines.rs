@@ -18,23 +18,23 @@ use super::Export;
 use crate::models::{Availability, Models};
 
 /// The completion service's engines, as `/metrics` reads them.
-pub struct TextEngines {
-    models: Models<SchedulerHandle>,
+pub struct TextEngines<K> {
+    models: Models<SchedulerHandle, K>,
 }
 
-impl TextEngines {
-    pub fn new(models: Models<SchedulerHandle>) -> Self {
+impl<K> TextEngines<K> {
+    pub fn new(models: Models<SchedulerHandle, K>) -> Self {
         Self { models }
     }
 }
 
-impl fmt::Debug for TextEngines {
+impl<K> fmt::Debug for TextEngines<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TextEngines").finish_non_exhaustive()
     }
 }
 
-impl Export for TextEngines {
+impl<K: PartialEq + Send + Sync + 'static> Export for TextEngines<K> {
     fn export(self, registry: &mut Registry) {
         registry.register_collector(Box::new(self));
     }
@@ -47,7 +47,7 @@ struct Engine {
     kv_budget_bytes: u64,
 }
 
-impl Collector for TextEngines {
+impl<K: PartialEq + Send + Sync + 'static> Collector for TextEngines<K> {
     fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
         let status = self.models.status();
         if !status.is_empty() {

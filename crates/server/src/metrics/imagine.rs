@@ -39,10 +39,13 @@ impl ImageMetrics {
         Self { queue, ..self }
     }
 
-    /// What the worker calls after each denoising step.
-    pub fn step_observer(&self) -> StepObserver {
+    /// Makes what a worker calls after each denoising step (one per load of the model).
+    pub fn step_observers(&self) -> impl Fn() -> StepObserver + Send + Sync + 'static {
         let steps = self.steps.clone();
-        Box::new(move |took| steps.observe(took.as_secs_f64()))
+        move || {
+            let steps = steps.clone();
+            Box::new(move |took| steps.observe(took.as_secs_f64()))
+        }
     }
 }
 

@@ -27,6 +27,7 @@ mod engines;
 mod http;
 mod imagine;
 mod markdown;
+mod models;
 mod money;
 
 use std::borrow::Cow;
@@ -48,6 +49,7 @@ pub use engines::TextEngines;
 pub use http::{record, HttpMetrics, UNMATCHED};
 pub use imagine::{ImageMetrics, QueueDepth};
 pub use markdown::{conversion_outcome, Conversions};
+pub use models::ModelStates;
 
 /// The request series of every service, shared by the middleware that counts and the
 /// `/metrics` route that shows them. Cheap to clone.

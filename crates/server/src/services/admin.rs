@@ -1,4 +1,5 @@
-//! The admin API on the auth listener, used by `hearth users list` and `hearth balance ...`
+//! The admin API on the auth listener, used by `hearth users list`, `hearth balance ...` and
+//! `hearth models ...` (`admin/models.rs`)
 //! while the server runs on the embedded store (sled lets one process open the database; on
 //! PostgreSQL the CLI uses the database directly). Every request carries the
 //! admin key from `<data_dir>/admin.key` in its `adminKey` body field.
@@ -17,11 +18,14 @@ use crate::openapi::ErrorBody;
 use crate::state::AppState;
 use hearth_billing::{money, MONEY_SCALE};
 
+pub mod models;
+
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/admin/users", post(users))
         .route("/admin/balance", post(balance))
         .route("/admin/credit", post(credit))
+        .merge(models::router())
         .with_state(state)
 }
 
@@ -93,7 +97,7 @@ struct CreditRequest {
     debit: bool,
 }
 
-fn check_key(state: &AppState, key: &str) -> Result<(), ApiError> {
+pub(super) fn check_key(state: &AppState, key: &str) -> Result<(), ApiError> {
     if state.admin_key.matches(key.trim()) {
         Ok(())
     } else {

@@ -71,7 +71,11 @@ pub struct CompletionState {
 }
 
 struct Core {
-    catalog: Catalog,
+    /// The `[text."id"]` rows, swapped by a reload.
+    catalog: crate::models::Current<Catalog>,
+    /// `models.toml`, where a reload reads the table again.
+    table_path: std::path::PathBuf,
+    hub: crate::models::Hub,
     /// The `[embedding."id"]` models, each loaded on its first request.
     embeddings: embeddings::Embeddings,
     /// The `[rerank."id"]` models, each loaded on its first request.
@@ -101,11 +105,14 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
         .map_err(|e| ServiceInitError::new(Service::Completion, e))?;
     let engines = engines::Engines::start(
         &catalog,
+        &state.hub,
         state.config.completion.retry_after,
         state.config.kernel,
     );
     let core = Arc::new(Core {
-        catalog,
+        catalog: crate::models::Current::new(catalog),
+        table_path: state.config.models.clone(),
+        hub: state.hub.clone(),
         embeddings,
         rerankers,
         engines,
@@ -118,6 +125,7 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
             .map(|d| d.as_secs())
             .unwrap_or_default(),
     });
+    state.hub.register(Arc::new(TextModels(Arc::clone(&core))));
     peers::announce(&state).await;
     let (token, drain, app) = (state.shutdown.clone(), Arc::clone(&core), state.clone());
     tokio::spawn(async move {
@@ -139,7 +147,10 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
                     &state.app,
                     Service::Completion,
                     (
-                        state.core.engines.metrics(),
+                        (
+                            state.core.engines.metrics(),
+                            crate::metrics::ModelStates::new(state.app.hub.clone(), "text"),
+                        ),
                         crate::metrics::EncoderEngines::new({
                             let core = Arc::clone(&state.core);
                             Arc::new(move || {
@@ -161,6 +172,47 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
             .merge(responses::routes())
             .with_state(state),
     ))
+}
+
+/// The text models as `hearth models` and a reload reach them.
+struct TextModels(Arc<Core>);
+
+impl crate::models::Control for TextModels {
+    fn kind(&self) -> &'static str {
+        "text"
+    }
+    fn rows(&self) -> Vec<crate::models::ModelRow> {
+        self.0.engines.rows()
+    }
+    fn load(
+        &self,
+        id: &str,
+    ) -> Option<futures::future::BoxFuture<'static, Result<(), crate::models::ModelError>>> {
+        self.0.engines.models().load(id)
+    }
+    fn pull(
+        &self,
+        id: &str,
+    ) -> Option<futures::future::BoxFuture<'static, Result<(), crate::models::ModelError>>> {
+        self.0.engines.models().pull(id)
+    }
+    fn unload(&self, id: &str) -> Option<Result<(), crate::models::ModelError>> {
+        self.0.engines.models().unload(id)
+    }
+    fn plan(
+        &self,
+        table: &crate::model_table::RawModelTable,
+    ) -> Result<Box<dyn FnOnce() -> crate::models::Changes + Send>, crate::model_table::TableError>
+    {
+        let catalog = catalog::resolve(table, &self.0.table_path)?;
+        catalog::check_files(&catalog, &self.0.table_path)?;
+        let core = Arc::clone(&self.0);
+        Ok(Box::new(move || {
+            let changes = core.engines.apply(&catalog, &core.hub);
+            core.catalog.replace(catalog);
+            changes
+        }))
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -209,14 +261,17 @@ const CHAT_PAGE: &str = include_str!("completion/chat.html");
     responses((status = 200, description = "The HTML page.", content_type = "text/html", body = String))
 )]
 async fn ui(State(cs): State<CompletionState>) -> Html<String> {
+    let states = cs.core.engines.status();
     let models: Vec<Value> = cs
         .core
         .catalog
+        .now()
         .entries()
         .map(|e| {
             let s = &e.spec;
             json!({
                 "id": s.id,
+                "state": states.get(&s.id),
                 "temperatureMax": s.temperature_max,
                 "defaultTemperature": s.default_temperature,
                 "maxOutputTokens": s.max_output_tokens,

@@ -12,11 +12,11 @@
 mod catalog;
 mod edit;
 mod jobs;
+mod models;
 mod openai;
 pub mod openapi;
 mod validate;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, State};
@@ -24,8 +24,8 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine as _;
-use hearth_imagine::lora::{ActiveLora, Lora};
-use hearth_imagine::{GeneratedImage, ImageParams, ImageWorker, JobSpec, LoadOptions, Provenance};
+use hearth_imagine::lora::ActiveLora;
+use hearth_imagine::{GeneratedImage, ImageParams, JobSpec, Provenance};
 use hearth_store::LedgerMeta;
 use rust_decimal::Decimal;
 use serde::Serialize;
@@ -36,7 +36,7 @@ use utoipa::ToSchema;
 
 use crate::error::{json_fallbacks, ApiError, AppJson};
 use crate::metrics::ImageMetrics;
-use crate::models::{Availability, Models, Served};
+use crate::models::{Availability, Current, Lease, Models};
 use crate::openapi::ErrorBody;
 use crate::pages;
 use crate::service::{Service, ServiceInitError};
@@ -45,29 +45,19 @@ use crate::user_slots::UserSlots;
 use hearth_billing::{money, Charge, Margin};
 
 pub use catalog::{ImageModelEntry, Limits, REFERENCE_PIXELS, REFERENCE_STEPS};
+use models::{ImageKey, Ready};
 use validate::{RawImageRequest, ValidImageRequest};
-
-/// A loaded image model: its worker thread, where its weights came from, and its declared
-/// LoRAs, each bound to it or the reason it could not be.
-struct Ready {
-    worker: ImageWorker,
-    provenance: Provenance,
-    loras: BTreeMap<String, Result<Arc<Lora>, String>>,
-}
-
-impl Served for Arc<Ready> {
-    fn unavailable(&self) -> Option<String> {
-        (!self.worker.is_alive()).then(|| "the image worker stopped".to_string())
-    }
-}
 
 /// The service's own state beside the shared [`AppState`].
 #[derive(Clone)]
 pub struct ImagineState {
     app: AppState,
-    entry: Arc<ImageModelEntry>,
-    /// The served model, under `entry.id`.
-    models: Arc<Models<Arc<Ready>>>,
+    /// The served row (limits, prices, weights), swapped by a reload.
+    entry: Arc<Current<ImageModelEntry>>,
+    /// The served model, under the entry's id.
+    models: Models<Arc<Ready>, ImageKey>,
+    /// Makes each load's step observer (`/metrics`).
+    observers: Arc<dyn Fn() -> hearth_imagine::StepObserver + Send + Sync>,
     /// Each user's queued or running images, against `imagine.max_concurrent_per_user`.
     user_slots: UserSlots,
     /// `[imagine] max_upload_bytes`: the largest picture an edit may send.
@@ -80,66 +70,37 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
     let entries = catalog::resolve(&state.model_table, &state.config.models)
         .map_err(|e| ServiceInitError::new(Service::Imagine, e))?;
     // The spec's image model id; the table may name others, the first is served otherwise.
-    let entry = entries
-        .iter()
-        .find(|e| e.id == "xl-lightning")
-        .or(entries.first())
-        .cloned()
+    let entry = models::chosen(entries)
         .ok_or_else(|| ServiceInitError::new(Service::Imagine, "no image model configured"))?;
-    let entry = Arc::new(entry);
-    let mut models = Models::default();
     // `/metrics`: the step times from the worker, the queue read at scrape time.
     let image_metrics = ImageMetrics::new(&entry.id);
-    let on_step = image_metrics.step_observer();
-    let e = Arc::clone(&entry);
-    models.load(std::slice::from_ref(&entry.id), move || {
-        let opts = LoadOptions {
-            device: e.device.clone(),
-            dtype: e.dtype.clone(),
-            tiny_dir: e.tiny_dir.clone(),
-            hub_cache: None,
-        };
-        let loaded = hearth_imagine::load_model(&e.source, &opts).map_err(|e| e.to_string())?;
-        // A LoRA that does not fit is refused by the requests that name it, not by the model.
-        let loras = e
-            .lora_files
-            .iter()
-            .map(|(name, file)| {
-                let bound = Lora::load(file, &loaded.pipeline).map(Arc::new);
-                if let Err(why) = &bound {
-                    warn!(model = %e.id, lora = %name, error = %why, "LoRA not usable");
-                }
-                (name.clone(), bound.map_err(|why| why.to_string()))
-            })
-            .collect();
-        let worker = ImageWorker::spawn_observed(loaded.pipeline, e.max_queued, &e.id, on_step)
-            .map_err(|e| e.to_string())?;
-        if let Provenance::Tiny(dir) = &loaded.provenance {
-            warn!(
-                model = %e.id, dir = %dir.display(),
-                "serving the tiny SDXL-shaped TEST model: images are noise-like, not real pictures"
-            );
-        }
-        Ok(Arc::new(Ready {
-            worker,
-            provenance: loaded.provenance,
-            loras,
-        }))
-    });
-    let models = Arc::new(models);
-    let (served, id) = (Arc::clone(&models), entry.id.clone());
-    let image_metrics = image_metrics.with_queue(Arc::new(move || {
-        served.loaded(&id).map(|r| r.worker.waiting())
-    }));
-    let metrics = crate::metrics::route(&state, Service::Imagine, image_metrics);
-    let max_upload_bytes = state.config.imagine.max_upload_bytes;
+    let models = Models::new("image", &state.hub);
     let st = ImagineState {
         user_slots: UserSlots::new(state.config.imagine.max_concurrent_per_user),
-        max_upload_bytes,
-        app: state,
-        entry,
+        max_upload_bytes: state.config.imagine.max_upload_bytes,
+        app: state.clone(),
+        entry: Arc::new(Current::new(entry)),
         models,
+        observers: Arc::new(image_metrics.step_observers()),
     };
+    st.apply();
+    state.hub.register(Arc::new(st.clone()));
+    let served = st.clone();
+    let image_metrics = image_metrics.with_queue(Arc::new(move || {
+        served
+            .models
+            .loaded(&served.entry().id)
+            .map(|r| r.worker.waiting())
+    }));
+    let metrics = crate::metrics::route(
+        &state,
+        Service::Imagine,
+        (
+            image_metrics,
+            crate::metrics::ModelStates::new(state.hub.clone(), "image"),
+        ),
+    );
+    let max_upload_bytes = st.max_upload_bytes;
     Ok(json_fallbacks(
         Router::new()
             .route("/", get(health).post(generate))
@@ -185,7 +146,7 @@ async fn health(State(st): State<ImagineState>) -> Response {
         Ok(()) => None,
         Err(e) => Some(format!("database check failed: {e}")),
     };
-    let id = &st.entry.id;
+    let id = &st.entry().id;
     let availability = st.models.status().remove(id);
     let model = match (availability, st.models.loaded(id)) {
         (Some(Availability::Ready), Some(r)) => json!({
@@ -200,6 +161,11 @@ async fn health(State(st): State<ImagineState>) -> Response {
             }).collect::<Vec<_>>(),
         }),
         (Some(Availability::Loading), _) => json!({ "id": id, "status": "loading" }),
+        // Out of memory by choice (keep-alive, by hand, for another model): the next request
+        // loads it again, so the service is healthy.
+        (Some(a @ (Availability::Unloaded | Availability::Unloading)), _) => {
+            json!({ "id": id, "status": a.describe() })
+        }
         (other, _) => {
             let why = match other {
                 Some(Availability::Unavailable(why)) => why,
@@ -233,13 +199,13 @@ const PAGE: &str = include_str!("imagine/imagine.html");
     responses((status = 200, description = "The HTML page.", content_type = "text/html", body = String))
 )]
 async fn ui(State(st): State<ImagineState>) -> Html<String> {
-    let l = &st.entry.limits;
+    let l = &st.entry().limits;
     let config = json!({
-        "model": st.entry.id,
+        "model": st.entry().id,
         "minSize": l.min_size, "maxSize": l.max_size, "defaultSize": l.default_size,
         "maxPixels": l.max_pixels, "maxSteps": l.max_steps, "defaultSteps": l.default_steps,
         "sizeMultiple": catalog::SIZE_MULTIPLE, "maxSeed": validate::MAX_SEED,
-        "pricePerImage": st.entry.price_per_image.amount().to_string(),
+        "pricePerImage": st.entry().price_per_image.amount().to_string(),
     });
     Html(pages::render(
         &st.app,
@@ -349,7 +315,7 @@ async fn validated(
     raw: RawImageRequest,
     files: Option<edit::EditBytes>,
 ) -> Result<ValidImageRequest, crate::validate::FieldError> {
-    let (entry, max_bytes) = (Arc::clone(&st.entry), st.max_upload_bytes);
+    let (entry, max_bytes) = (st.entry(), st.max_upload_bytes);
     tokio::task::spawn_blocking(move || match files {
         None => validate::validate(&raw, &entry.limits, &entry.id, max_bytes),
         Some(files) => validate::validate_with(&raw, Some(&files), &entry.limits, &entry.id),
@@ -387,7 +353,7 @@ fn response(
             negative_prompt: valid.negative_prompt.clone(),
         },
         prompt: valid.prompt.clone(),
-        model: st.entry.id.clone(),
+        model: st.entry().id.clone(),
         usage: ImageUsage {
             kind: "imagine",
             cost: money(charge.cost),
@@ -409,7 +375,7 @@ struct Made {
 struct Prepared {
     cost: Decimal,
     slot: crate::user_slots::UserSlot,
-    model: Arc<Ready>,
+    model: Lease<Arc<Ready>>,
     hold: hearth_billing::HeldFunds,
     seed: u64,
 }
@@ -425,7 +391,7 @@ async fn prepare(
     let billing = st.app.billing.clone();
     let margin = billing.margin(valid.margin);
     let cost = image_cost(
-        &st.entry,
+        &st.entry(),
         valid.width,
         valid.height,
         valid.steps_to_run(),
@@ -435,7 +401,7 @@ async fn prepare(
         .user_slots
         .take(&session.user_id)
         .map_err(ApiError::rate_limited)?;
-    let model = st.models.get(&st.entry.id).await?;
+    let model = st.models.get(&st.entry().id).await?;
     let loras = valid
         .loras
         .iter()
@@ -457,7 +423,7 @@ async fn prepare(
         reason: format!(
             "imagine{} {} {}x{} {} steps",
             if valid.init.is_some() { " edit" } else { "" },
-            st.entry.id,
+            st.entry().id,
             valid.width,
             valid.height,
             valid.steps_to_run()
@@ -473,7 +439,7 @@ async fn prepare(
         steps: valid.steps,
         width: valid.width,
         height: valid.height,
-        guidance_scale: st.entry.guidance_scale,
+        guidance_scale: st.entry().guidance_scale,
         init: valid.init.clone(),
         loras,
     };
@@ -558,6 +524,6 @@ async fn produce(
 
 fn model_is_tiny(st: &ImagineState) -> bool {
     st.models
-        .loaded(&st.entry.id)
+        .loaded(&st.entry().id)
         .is_some_and(|r| r.provenance.is_tiny())
 }

@@ -11,7 +11,8 @@ use crate::services::admin;
     info(
         title = "Hearth authentication service",
         description = "Service tokens for the other Hearth services (spec section 4.1), the \
-            signed-in user's balance, and the admin API that `hearth users` and `hearth balance` \
+            signed-in user's balance, and the admin API that `hearth users`, `hearth balance` and \
+            `hearth models` \
             use. Credentials travel in JSON body fields, never in headers: `serviceToken`, and \
             `adminKey` (`<data_dir>/admin.key`) on the admin routes. Any route that reads a \
             body may also answer 408 (the body came too slowly) or 413 (too large) with the \
@@ -27,6 +28,11 @@ use crate::services::admin;
         admin::users,
         admin::balance,
         admin::credit,
+        admin::models::list,
+        admin::models::load,
+        admin::models::unload,
+        admin::models::pull,
+        admin::models::reload,
     ),
     tags(
         (name = "auth", description = "Service tokens (spec 4.1) and the user's balance."),

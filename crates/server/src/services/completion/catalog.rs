@@ -17,6 +17,8 @@ use hearth_infer::{DeviceSpec, TextModelConfig, WeightSource};
 use hearth_scheduler::SchedulerConfig;
 use rust_decimal::Decimal;
 
+use crate::models::KeepAlive;
+
 /// The spec's limits, the prices and the defaults of one public model id.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TextModelSpec {
@@ -39,6 +41,10 @@ pub struct TextModelEntry {
     pub spec: TextModelSpec,
     pub load: TextModelConfig,
     pub scheduler: SchedulerConfig,
+    /// `keep_alive`; `None`: `[loading] keep_alive`.
+    pub keep_alive: Option<KeepAlive>,
+    /// `pinned`: never unloaded.
+    pub pinned: bool,
 }
 
 /// Every text model id, in id order.
@@ -92,6 +98,29 @@ pub(crate) fn resolve(table: &RawModelTable, path: &Path) -> Result<Catalog, Cat
         entries.push(resolve_row(id, m, &table.defaults, path)?);
     }
     Ok(Catalog::new(entries))
+}
+
+/// That every local file the catalog names is there: a reload refuses a table naming a missing
+/// one, so that a typo never takes a running model's place (at start-up the same row loads,
+/// fails, and health says why).
+pub(crate) fn check_files(catalog: &Catalog, path: &Path) -> Result<(), CatalogError> {
+    for e in catalog.entries() {
+        let weights = match &e.load.source {
+            WeightSource::Local { path } => Some(path),
+            _ => None,
+        };
+        for file in weights.into_iter().chain(&e.load.tokenizer) {
+            if !file.exists() {
+                return Err(CatalogError::Invalid {
+                    path: path.to_path_buf(),
+                    section: "text",
+                    id: e.spec.id.clone(),
+                    message: format!("{} does not exist", file.display()),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A row's price per million tokens, from the decimal string under `key`.
@@ -225,6 +254,8 @@ fn resolve_row(
         spec,
         load,
         scheduler,
+        keep_alive: m.keep_alive,
+        pinned: m.pinned.unwrap_or(false),
     })
 }
 

@@ -1,62 +1,174 @@
-//! One scheduler per distinct set of weights, loaded in the background at start-up through the
-//! shared model registry ([`Models`]). Model ids whose `models.toml` entries load the same weights
-//! the same way (alpha-3.3 and beta-4-mini both serve SmolLM2) share one engine, and so one
-//! batch: on a small CPU box two engines would only fight over the same cores. The shared engine
-//! takes the scheduler limits of the first id in id order.
+//! One scheduler per distinct set of weights, in the service's model registry ([`Models`]):
+//! loaded at start-up when it fits the memory budget, on demand otherwise, and unloaded when idle
+//! past its keep-alive. Model ids whose `models.toml` entries load the same weights the same way
+//! (alpha-3.3 and beta-4-mini both serve SmolLM2) share one engine, and so one batch: on a small
+//! CPU box two engines would only fight over the same cores. The shared engine takes the
+//! scheduler limits of the first id in id order.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use hearth_infer::{KernelPath, TextModel, TextModelConfig};
+use hearth_infer::hub::{HubPull, PullProgress};
+use hearth_infer::{DeviceSpec, KernelPath, TextModel, TextModelConfig, WeightSource};
 use hearth_scheduler::{Scheduler, SchedulerConfig, SchedulerHandle};
 
 use super::catalog::Catalog;
-use crate::models::{ModelError, Models, Served};
+use crate::models::{
+    Changes, FileStamp, Hub, Keep, Lease, ModelError, ModelRow, Models, Need, Place, Progress,
+    Puller, Served, UnitSpec,
+};
 
 impl Served for SchedulerHandle {
     fn unavailable(&self) -> Option<String> {
         SchedulerHandle::unavailable(self)
     }
+    fn in_flight(&self) -> usize {
+        SchedulerHandle::in_flight(self)
+    }
+    async fn stop(self) {
+        // Idle when called: nothing is cut short; resolves once the engine thread has exited
+        // and dropped the model.
+        self.shutdown().await;
+    }
+}
+
+/// What makes two engines the same: how the weights load, the scheduler's limits (its name
+/// aside) and the files as they are on disk now.
+#[derive(Debug, PartialEq)]
+pub struct EngineKey {
+    load: TextModelConfig,
+    scheduler: SchedulerConfig,
+    files: Vec<FileStamp>,
+}
+
+/// A hub source as a download.
+fn hub_source(source: &WeightSource) -> Option<HubPull> {
+    match source {
+        WeightSource::HfHub {
+            repo,
+            file,
+            revision,
+        } => Some(HubPull {
+            repo: repo.clone(),
+            revision: revision.clone(),
+            file: file.clone(),
+        }),
+        _ => None,
+    }
+}
+
+/// Downloads `source` through hf-hub (`HF_ENDPOINT`, `HF_HOME`), resuming a cut download and
+/// checking each file's checksum, reporting to `progress`; its local path.
+fn download(source: &HubPull, progress: &Progress) -> Result<std::path::PathBuf, String> {
+    hearth_infer::hub::pull(source, None, &|p: &PullProgress| {
+        progress.report(&p.file, p.done, p.total)
+    })
+    .map_err(|e| e.to_string())
 }
 
 pub struct Engines {
-    models: Models<SchedulerHandle>,
+    models: Models<SchedulerHandle, EngineKey>,
+    retry_after: Duration,
+    kernel: Option<KernelPath>,
 }
 
 impl Engines {
-    /// Starts loading every model of the catalog on background threads and returns at once.
-    /// Every engine tells refused clients to wait `retry_after` (`[completion] retry_after_secs`);
-    /// the fast backend runs on `kernel` where the CPU has it (the configuration's `kernel`).
-    pub fn start(catalog: &Catalog, retry_after: Duration, kernel: Option<KernelPath>) -> Engines {
-        let mut groups: Vec<(TextModelConfig, SchedulerConfig, Vec<String>)> = Vec::new();
-        for entry in catalog.entries() {
-            match groups.iter_mut().find(|(load, _, _)| *load == entry.load) {
-                Some((_, _, ids)) => ids.push(entry.spec.id.clone()),
-                None => groups.push((
-                    entry.load.clone(),
-                    entry.scheduler.clone(),
-                    vec![entry.spec.id.clone()],
-                )),
-            }
-        }
-        let mut models = Models::default();
-        for (mut load, mut scheduler, ids) in groups {
-            scheduler.retry_after = retry_after;
-            load.kernel = kernel;
-            models.load(&ids, move || {
-                let model = TextModel::load(&load).map_err(|e| e.to_string())?;
-                Scheduler::spawn(model, scheduler).map_err(|e| e.to_string())
-            });
-        }
-        Engines { models }
+    /// A registry on `hub` serving `catalog` (loading what fits now, in the background). Every
+    /// engine tells refused clients to wait `retry_after` (`[completion] retry_after_secs`); the
+    /// fast backend runs on `kernel` where the CPU has it (the configuration's `kernel`).
+    pub fn start(
+        catalog: &Catalog,
+        hub: &Hub,
+        retry_after: Duration,
+        kernel: Option<KernelPath>,
+    ) -> Engines {
+        let engines = Engines {
+            models: Models::new("text", hub),
+            retry_after,
+            kernel,
+        };
+        engines.apply(catalog, hub);
+        engines
     }
 
-    /// The engine of `id`, waiting while it loads.
-    pub async fn get(&self, id: &str) -> Result<SchedulerHandle, ModelError> {
+    /// Routes the catalog's ids to engines, keeping every engine whose key is unchanged.
+    pub fn apply(&self, catalog: &Catalog, hub: &Hub) -> Changes {
+        let mut specs: Vec<UnitSpec<SchedulerHandle, EngineKey>> = Vec::new();
+        for entry in catalog.entries() {
+            let id = entry.spec.id.clone();
+            let mut load = entry.load.clone();
+            load.kernel = self.kernel;
+            let mut scheduler = entry.scheduler.clone();
+            scheduler.retry_after = self.retry_after;
+            let key = EngineKey {
+                files: match &load.source {
+                    WeightSource::Local { path } => FileStamp::of(path),
+                    _ => Vec::new(),
+                },
+                load,
+                scheduler: SchedulerConfig {
+                    name: String::new(),
+                    ..scheduler.clone()
+                },
+            };
+            if let Some(same) = specs.iter_mut().find(|s| s.key.load == key.load) {
+                same.ids.push(id);
+                continue;
+            }
+            let weights: u64 = key.files.iter().map(|f| f.len).sum();
+            let need = Need {
+                place: match key.load.device {
+                    DeviceSpec::Cpu => Place::Host,
+                    DeviceSpec::Cuda(n) => Place::Gpu(n),
+                },
+                bytes: weights + scheduler.kv_budget_bytes,
+            };
+            let load = key.load.clone();
+            let pull = hub_source(&load.source).map(|source| -> Puller {
+                std::sync::Arc::new(move |progress: &Progress| {
+                    download(&source, progress).map(drop)
+                })
+            });
+            specs.push(UnitSpec {
+                ids: vec![id],
+                key,
+                load: std::sync::Arc::new(move |progress: &Progress| {
+                    let mut load = load.clone();
+                    if let Some(source) = hub_source(&load.source) {
+                        load.source = WeightSource::Local {
+                            path: download(&source, progress)?,
+                        };
+                    }
+                    let model = TextModel::load(&load).map_err(|e| e.to_string())?;
+                    Scheduler::spawn(model, scheduler.clone()).map_err(|e| e.to_string())
+                }),
+                pull,
+                need,
+                keep: Keep {
+                    keep_alive: entry.keep_alive.unwrap_or(hub.config().keep_alive),
+                    pinned: entry.pinned,
+                },
+                preload: true,
+            });
+        }
+        self.models.apply(specs)
+    }
+
+    /// The engine of `id`, loading it first if it is not loaded.
+    pub async fn get(&self, id: &str) -> Result<Lease<SchedulerHandle>, ModelError> {
         self.models.get(id).await
     }
 
-    /// `ready`, `loading` or `unavailable: <why>` per model id (reported by the health check).
+    pub fn models(&self) -> &Models<SchedulerHandle, EngineKey> {
+        &self.models
+    }
+
+    pub fn rows(&self) -> Vec<ModelRow> {
+        self.models.rows()
+    }
+
+    /// `ready`, `loading`, `unloaded`, `unloading` or `unavailable: <why>` per model id
+    /// (reported by the health check).
     pub fn status(&self) -> BTreeMap<String, String> {
         self.models
             .status()
@@ -66,19 +178,15 @@ impl Engines {
     }
 
     /// What the listener's `/metrics` reads at scrape time: every engine's scheduler counters,
-    /// engines that finish loading later included.
-    pub fn metrics(&self) -> crate::metrics::TextEngines {
+    /// engines that load later included.
+    pub fn metrics(&self) -> crate::metrics::TextEngines<EngineKey> {
         crate::metrics::TextEngines::new(self.models.clone())
     }
 
-    /// Drains every engine (new requests refused, running ones get their grace period).
+    /// Drains every engine (new requests refused, running ones get their grace period), those
+    /// a reload is replacing included.
     pub async fn shutdown(&self) {
-        let mut handles: Vec<SchedulerHandle> = Vec::new();
-        for (_, handle) in self.models.all_loaded() {
-            if !handles.iter().any(|h| h.name() == handle.name()) {
-                handles.push(handle);
-            }
-        }
+        let handles = self.models.every_loaded_unit();
         futures::future::join_all(handles.iter().map(|h| h.shutdown())).await;
     }
 }

@@ -85,8 +85,9 @@ pub struct CompletionHealth {
     pub env: String,
     /// The chat page's URL.
     pub ui: String,
-    /// Each model id: `ready`, `loading` or `unavailable: <why>`. A model that failed to load
-    /// does not fail the health check: its requests answer `GatewayError`.
+    /// Each model id: `ready`, `loading`, `unloaded` (its next request loads it), `unloading`
+    /// or `unavailable: <why>`. A model that failed to load does not fail the health check: its
+    /// requests answer `GatewayError`.
     pub models: BTreeMap<String, String>,
     /// Why the check failed (only when failing).
     pub error: Option<ErrorObject>,

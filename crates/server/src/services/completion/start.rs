@@ -35,7 +35,7 @@ pub struct Started {
 pub async fn start(cs: &CompletionState, raw: RawCompletionRequest) -> Result<Started, ApiError> {
     let token = crate::validate::service_token_field(&raw.service_token)?;
     let session = authenticate(cs, token).await?;
-    let valid = validate::validate(&raw, &cs.core.catalog)?;
+    let valid = validate::validate(&raw, &cs.core.catalog.now())?;
     Span::current().record("model", valid.model.as_str());
     start_valid(cs, session, valid).await
 }
@@ -47,9 +47,15 @@ pub async fn start_valid(
     session: Session,
     valid: ValidRequest,
 ) -> Result<Started, ApiError> {
-    let spec = cs.core.catalog.get(&valid.model).cloned().ok_or_else(|| {
-        ApiError::internal(format!("validated model {} left the catalog", valid.model))
-    })?;
+    let spec = cs
+        .core
+        .catalog
+        .now()
+        .get(&valid.model)
+        .cloned()
+        .ok_or_else(|| {
+            ApiError::internal(format!("validated model {} left the catalog", valid.model))
+        })?;
     let slot = cs
         .core
         .user_slots

@@ -20,6 +20,8 @@ use hearth_billing::Price;
 use hearth_imagine::ImageModelSource;
 use rust_decimal::Decimal;
 
+use crate::models::KeepAlive;
+
 /// Sizes are multiples of this (the VAE's 8x and the UNet's two 2x downsamplings need 32;
 /// 64 is SDXL's training grid).
 pub const SIZE_MULTIPLE: usize = 64;
@@ -59,7 +61,7 @@ impl Limits {
 }
 
 /// One image model id, resolved.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ImageModelEntry {
     pub id: String,
     pub source: ImageModelSource,
@@ -73,6 +75,35 @@ pub struct ImageModelEntry {
     pub dtype: Option<String>,
     /// Each declared LoRA's name and file, bound to the model when it loads.
     pub lora_files: Vec<(String, PathBuf)>,
+    /// `keep_alive`; `None`: `[loading] keep_alive`.
+    pub keep_alive: Option<KeepAlive>,
+    /// `pinned`: never unloaded.
+    pub pinned: bool,
+}
+
+impl ImageModelEntry {
+    /// The folder its weights load from (the tiny test model's when the row names none that
+    /// exists).
+    pub fn weights_dir(&self) -> PathBuf {
+        match &self.source.weights {
+            Some(dir) if dir.exists() => dir.clone(),
+            _ => self.tiny_dir.clone(),
+        }
+    }
+}
+
+/// That the files a reload would bind exist (the LoRAs): a typo refuses the reload instead of
+/// replacing a running model.
+pub(crate) fn check_files(entry: &ImageModelEntry, path: &Path) -> Result<(), CatalogError> {
+    match entry.lora_files.iter().find(|(_, file)| !file.exists()) {
+        Some((name, file)) => Err(CatalogError::Invalid {
+            path: path.to_path_buf(),
+            section: "image",
+            id: entry.id.clone(),
+            message: format!("loras: {name} = {} does not exist", file.display()),
+        }),
+        None => Ok(()),
+    }
 }
 
 pub use crate::model_table::TableError as CatalogError;
@@ -186,6 +217,8 @@ pub(crate) fn resolve(
                 .unwrap_or_else(|| "cpu".into()),
             dtype: m.dtype.clone(),
             lora_files,
+            keep_alive: m.keep_alive,
+            pinned: m.pinned.unwrap_or(false),
             id: id.clone(),
         });
     }

@@ -244,7 +244,7 @@ pub async fn shutdown(
     let not_found = || {
         ApiError::not_found(format!("no active job {id:?}")).with_details(json!({ "jobId": id }))
     };
-    let model = st.models.loaded(&st.entry.id).ok_or_else(not_found)?;
+    let model = st.models.loaded(&st.entry().id).ok_or_else(not_found)?;
     if !model.worker.cancel(&id) {
         return Err(not_found());
     }
@@ -290,7 +290,7 @@ pub async fn state(
 ) -> Result<Json<Value>, ApiError> {
     let state = st
         .models
-        .loaded(&st.entry.id)
+        .loaded(&st.entry().id)
         .and_then(|m| m.worker.state(&id))
         .ok_or_else(|| {
             ApiError::not_found(format!("no job {id:?}")).with_details(json!({ "jobId": id }))

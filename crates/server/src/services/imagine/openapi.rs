@@ -61,7 +61,8 @@ pub struct ImagineHealth {
 #[serde(rename_all = "camelCase")]
 pub struct ImageModelHealth {
     pub id: String,
-    /// `ready`, `loading` or `failed`.
+    /// `ready`, `loading`, `unloaded` (idle past its keep-alive, unloaded by hand or for another
+    /// model: the next request loads it), `unloading` or `failed`.
     pub status: String,
     /// Where the weights came from (when ready): `tiny-test-model`, `local` or `huggingface`.
     pub weights: Option<String>,

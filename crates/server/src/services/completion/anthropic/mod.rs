@@ -117,7 +117,7 @@ async fn messages(
     AnthropicJson(body): AnthropicJson<MessagesRequest>,
 ) -> Result<Response, AnthropicError> {
     let session = session(&cs, &headers).await?;
-    let checked = request::messages_request(body, &cs.core.catalog)?;
+    let checked = request::messages_request(body, &cs.core.catalog.now())?;
     Span::current().record("model", checked.valid.model.as_str());
     let stops = checked.valid.decode.stop.clone();
     let started = start_valid(&cs, session, checked.valid).await?;
@@ -156,7 +156,7 @@ async fn count_tokens(
     AnthropicJson(body): AnthropicJson<CountRequest>,
 ) -> Result<Json<TokenCount>, AnthropicError> {
     session(&cs, &headers).await?;
-    let valid = request::count_request(body, &cs.core.catalog)?;
+    let valid = request::count_request(body, &cs.core.catalog.now())?;
     Span::current().record("model", valid.model.as_str());
     Ok(Json(TokenCount {
         input_tokens: count_prompt_tokens(&cs, &valid).await?,

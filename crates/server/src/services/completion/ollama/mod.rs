@@ -162,7 +162,7 @@ async fn respond(
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let session = session(cs, headers).await?;
-    let Some(checked) = check(&cs.core.catalog)? else {
+    let Some(checked) = check(&cs.core.catalog.now())? else {
         return load(cs, model.as_deref().unwrap_or_default(), route).await;
     };
     Span::current().record("model", checked.valid.model.as_str());
@@ -287,6 +287,7 @@ fn file_facts(cs: &CompletionState, id: &str) -> (u64, String) {
     let path = cs
         .core
         .catalog
+        .now()
         .entry(id)
         .and_then(|e| match &e.load.source {
             hearth_infer::WeightSource::Local { path } => Some(path.clone()),
@@ -311,6 +312,7 @@ fn format_of(cs: &CompletionState, id: &str) -> &'static str {
     let gguf = cs
         .core
         .catalog
+        .now()
         .entry(id)
         .is_some_and(|e| match &e.load.source {
             hearth_infer::WeightSource::Local { path } => path
@@ -337,6 +339,7 @@ async fn tags(State(cs): State<CompletionState>) -> Json<Value> {
     let mut models: Vec<Value> = cs
         .core
         .catalog
+        .now()
         .ids()
         .iter()
         .map(|id| {
@@ -384,7 +387,8 @@ async fn show(
             "details": details("safetensors"), "model_info": {}, "capabilities": ["embedding"],
         })));
     }
-    let spec = super::front::model(Some(&id), &cs.core.catalog)?;
+    let catalog = cs.core.catalog.now();
+    let spec = super::front::model(Some(&id), &catalog)?;
     let ready = cs
         .core
         .engines
@@ -415,25 +419,36 @@ async fn show(
     })))
 }
 
-/// `GET /api/ps`: the chat models loaded now (they stay loaded).
+/// `GET /api/ps`: the chat models loaded now, each with when its keep-alive lets it go.
 #[utoipa::path(
     get,
     path = "/api/ps",
     tag = "ollama",
     operation_id = "ollamaPs",
-    responses((status = 200, description = "`{models: [{name, model, size, details, expires_at, size_vram}]}`: the chat models loaded now; Hearth keeps them loaded, so `expires_at` is far off."))
+    responses((status = 200, description = "`{models: [{name, model, size, details, expires_at, size_vram}]}`: the chat models loaded now; `expires_at` is when an idle model leaves (far off for a model kept forever or pinned)."))
 )]
 async fn ps(State(cs): State<CompletionState>) -> Json<Value> {
     let models: Vec<Value> = cs
         .core
         .engines
-        .status()
+        .rows()
         .into_iter()
-        .filter(|(_, state)| state == "ready")
-        .map(|(id, _)| {
-            let (size, _) = file_facts(&cs, &id);
-            json!({ "name": id, "model": id, "size": size, "size_vram": 0,
-                    "expires_at": "9999-12-31T23:59:59Z", "details": details(format_of(&cs, &id)) })
+        .filter(|r| r.state == crate::models::Phase::Ready)
+        .map(|r| {
+            let expires = match crate::models::KeepAlive::parse(&r.keep_alive) {
+                Ok(crate::models::KeepAlive::For(d)) if !r.pinned && r.in_flight == 0 => r
+                    .last_used
+                    .as_deref()
+                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                    .and_then(|t| t.checked_add_signed(chrono::Duration::from_std(d).ok()?))
+                    .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+                _ => None,
+            };
+            let gpu = r.device.starts_with("cuda");
+            json!({ "name": r.id, "model": r.id, "size": r.memory_bytes,
+                    "size_vram": if gpu { r.memory_bytes } else { 0 },
+                    "expires_at": expires.unwrap_or_else(|| "9999-12-31T23:59:59Z".into()),
+                    "details": details(format_of(&cs, &r.id)) })
         })
         .collect();
     Json(json!({ "models": models }))

@@ -120,6 +120,7 @@ async fn models(State(cs): State<CompletionState>) -> Json<ModelList> {
     let data = cs
         .core
         .catalog
+        .now()
         .ids()
         .iter()
         .chain(cs.core.embeddings.models.ids())
@@ -148,7 +149,7 @@ async fn model(
     State(cs): State<CompletionState>,
     Path(id): Path<String>,
 ) -> Result<Json<ModelObject>, OpenAiError> {
-    if cs.core.catalog.get(&id).is_some()
+    if cs.core.catalog.now().get(&id).is_some()
         || cs.core.embeddings.models.get(&id).is_some()
         || cs.core.rerankers.get(&id).is_some()
     {
@@ -187,7 +188,7 @@ async fn chat(
     if let Some(end_user) = &body.sampling.user {
         debug!(end_user = %end_user, "request for an end user");
     }
-    let checked = request::chat(body, &cs.core.catalog)?;
+    let checked = request::chat(body, &cs.core.catalog.now())?;
     Span::current().record("model", checked.valid.model.as_str());
     let logprobs = checked.valid.decode.logprobs.is_some();
     let started = start_valid(&cs, session, checked.valid).await?;
@@ -229,7 +230,7 @@ async fn text(
     OpenAiJson(body): OpenAiJson<TextRequest>,
 ) -> Result<Response, OpenAiError> {
     let session = session(&cs, &headers).await?;
-    let checked = request::text(body, &cs.core.catalog)?;
+    let checked = request::text(body, &cs.core.catalog.now())?;
     Span::current().record("model", checked.valid.model.as_str());
     let logprobs = checked.valid.decode.logprobs.is_some();
     let started = start_valid(&cs, session, checked.valid).await?;

@@ -57,7 +57,7 @@ async fn create(
     OpenAiJson(body): OpenAiJson<ResponsesBody>,
 ) -> Result<Response, OpenAiError> {
     let session = super::openai::session(&cs, &headers).await?;
-    let (checked, echo) = request::check(body, &cs.core.catalog)?;
+    let (checked, echo) = request::check(body, &cs.core.catalog.now())?;
     Span::current().record("model", checked.valid.model.as_str());
     let started = start_valid(&cs, session, checked.valid).await?;
     let model = started.model.clone();
