@@ -3,6 +3,7 @@
 //! The only place that reads the process environment.
 
 mod access;
+mod models;
 mod signals;
 
 use clap::{Args, Parser, Subcommand};
@@ -63,6 +64,9 @@ enum Command {
     /// Holds: funds reserved for requests in flight.
     #[command(subcommand)]
     Holds(HoldsCommand),
+    /// The running server's models: list, load, unload, reload models.toml.
+    #[command(subcommand)]
+    Models(models::ModelsCommand),
     /// Create or upgrade the PostgreSQL tables of `[store] url` (every node also does at start).
     #[command(
         after_help = "Example:\n  HEARTH_STORE_URL=postgres://hearth@db/hearth hearth migrate"
@@ -328,6 +332,7 @@ fn load_config(common: &Common, flags: RawConfig) -> Result<Config, CliError> {
 async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Serve(args) => serve(args).await,
+        Command::Models(command) => models::run(command).await,
         Command::Idp(IdpCommand::Mint {
             user,
             ttl,
@@ -538,6 +543,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     let token = running.shutdown_token();
     let grace = running.state.config.server.shutdown_timeout;
     let mut signals = Signals::new();
+    signals::reload_on_hangup(running.state.hub.clone(), token.clone());
     tokio::spawn(async move {
         signals.next().await;
         tracing::info!(

@@ -35,7 +35,7 @@ pub(super) async fn open_store_directly(config: &Config) -> Result<hearth_store:
 pub(super) async fn admin_call<T, F, Fut>(
     config: &Config,
     endpoint: &str,
-    mut body: serde_json::Value,
+    body: serde_json::Value,
     direct: F,
 ) -> Result<T, CliError>
 where
@@ -48,10 +48,20 @@ where
         Err(hearth_store::Error::Locked { .. }) => {}
         Err(e) => return Err(e.into()),
     }
+    server_call(config, endpoint, body).await
+}
+
+/// Calls the running server's admin API (auth listener, key from the data dir): what only a
+/// running server has (its models), or the store a server holds.
+pub(super) async fn server_call<T: DeserializeOwned>(
+    config: &Config,
+    endpoint: &str,
+    mut body: serde_json::Value,
+) -> Result<T, CliError> {
     let key_path = paths::admin_key(&config.data_dir);
     let key = std::fs::read_to_string(&key_path).map_err(|e| {
         CliError::Usage(format!(
-            "the database is in use but {} is unreadable: {e}",
+            "cannot read the admin key {} (is this the server's data dir?): {e}",
             key_path.display()
         ))
     })?;

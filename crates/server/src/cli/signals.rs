@@ -1,4 +1,4 @@
-//! Ctrl-C and SIGTERM for `hearth serve`.
+//! Ctrl-C and SIGTERM (shut down) and SIGHUP (reload the model table) for `hearth serve`.
 
 /// Ctrl-C and SIGTERM, listened to from the start, so that none is missed between two waits.
 pub(super) struct Signals {
@@ -51,4 +51,37 @@ impl Signals {
             let _ = tokio::signal::ctrl_c().await;
         }
     }
+}
+
+/// Reloads the model table on every SIGHUP until `stop` (what `hearth models reload` does; a
+/// table with an error is logged and changes nothing).
+pub(super) fn reload_on_hangup(hub: crate::models::Hub, stop: tokio_util::sync::CancellationToken) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hangups = match signal(SignalKind::hangup()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP: reload with `hearth models reload`");
+                return;
+            }
+        };
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    got = hangups.recv() => if got.is_none() { return },
+                }
+                tracing::info!("SIGHUP: reloading the model table");
+                match hub.reload().await {
+                    Ok(changes) => tracing::info!(?changes, "SIGHUP: model table applied"),
+                    Err(e) => {
+                        tracing::error!(error = %e, "SIGHUP: the model table has an error; every model stays as it was")
+                    }
+                }
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    let _ = (hub, stop);
 }
