@@ -61,6 +61,8 @@ fn the_unit_runs_as_its_own_user_with_its_data_in_var_lib_and_the_system_read_on
         "ExecStart=/usr/local/bin/hearth serve --config /etc/hearth/hearth.toml --data-dir /var/lib/hearth",
         "Restart=on-failure",
         "KillSignal=SIGTERM",
+        // `systemctl reload hearth`: models.toml read again (tests/models_runtime.rs, SIGHUP).
+        "ExecReload=/bin/kill -HUP $MAINPID",
         "NoNewPrivileges=yes",
         "ProtectSystem=strict",
         "ReadWritePaths=/var/lib/hearth",

@@ -29,6 +29,8 @@ mod markdown_chunks;
 mod markdown_hostile;
 mod metrics;
 mod model_table;
+mod models_pull;
+mod models_runtime;
 mod multinode;
 mod ollama;
 mod openai;

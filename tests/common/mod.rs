@@ -3,6 +3,9 @@
 #![allow(dead_code)] // each test module uses a different part
 
 pub mod browser;
+/// The Hugging Face hub stand-in of `hearth-infer`'s own pull tests.
+#[path = "../../crates/infer/tests/support/hub_server.rs"]
+pub mod hub_server;
 pub mod postgres;
 pub mod process;
 
