@@ -49,6 +49,25 @@ pub fn cuda_device(ordinal: usize, _tuning: Tuning) -> candle_core::Result<Devic
     candle_core::bail!("cuda:{ordinal}: this build has no CUDA (the `cuda` feature)")
 }
 
+/// GPU `ordinal`'s memory as the driver reports it (the budget's default for that GPU); `None`
+/// when there is no such GPU or no driver.
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)] // one driver query
+pub fn total_memory(ordinal: usize) -> Option<u64> {
+    use candle_core::cuda_backend::cudarc::driver::result;
+    result::init().ok()?;
+    let dev = result::device::get(i32::try_from(ordinal).ok()?).ok()?;
+    // SAFETY: `dev` is a handle the driver gave for an existing device, after `init`.
+    let bytes = unsafe { result::device::total_mem(dev) }.ok()?;
+    Some(bytes as u64)
+}
+
+/// Without the `cuda` feature there is no GPU.
+#[cfg(not(feature = "cuda"))]
+pub fn total_memory(_ordinal: usize) -> Option<u64> {
+    None
+}
+
 /// Raises the release threshold of the device's default memory pool (where candle's
 /// stream-ordered allocations come from) to its maximum. The pool is the device's, so every
 /// model on the same GPU keeps its memory. A failure is logged and changes nothing else.

@@ -43,6 +43,8 @@ pub use config::{
 pub use constraint::{ConstraintError, TokenConstraint, TokenMask};
 pub use error::Error;
 pub use gguf::{Arch, Hparams, Pooling};
+/// A GPU's memory, for the server's memory budget.
+pub use hearth_gpu::total_memory as gpu_memory;
 pub use hearth_kernels::KernelPath;
 pub use hearth_types::{ChatMessage, Role, SamplingParams, ToolCall};
 pub use model::{ModelInfo, Step, TextModel};

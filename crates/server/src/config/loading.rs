@@ -17,7 +17,7 @@ pub struct RawLoadingConfig {
     pub load_wait_secs: Option<u64>,
     /// Host memory the loaded models may hold, in MiB (default: 90% of the machine's).
     pub ram_budget_mb: Option<u64>,
-    /// Each GPU's memory the loaded models may hold, in MiB (default: not limited).
+    /// Each GPU's memory the loaded models may hold, in MiB (default: 90% of the GPU's).
     pub gpu_budget_mb: Option<u64>,
 }
 

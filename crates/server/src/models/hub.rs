@@ -51,13 +51,14 @@ pub struct Need {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Budget {
     pub host: u64,
-    /// Each GPU's; `None`: not limited.
+    /// Each GPU's; `None`: 90% of what its driver reports (unlimited where it reports nothing).
     pub gpu: Option<u64>,
 }
 
 impl Budget {
     /// `[loading] ram_budget_mb` and `gpu_budget_mb` when set; otherwise 90% of the machine's
-    /// memory (`/proc/meminfo`), and each GPU unlimited.
+    /// memory (`/proc/meminfo`) and of each GPU's (its driver's figure, read when a model is
+    /// first loaded there).
     pub fn from_config(ram_mb: Option<u64>, gpu_mb: Option<u64>) -> Budget {
         let host = match ram_mb {
             Some(mb) => mb << 20,
@@ -72,7 +73,9 @@ impl Budget {
     fn cap(&self, place: Place) -> u64 {
         match place {
             Place::Host => self.host,
-            Place::Gpu(_) => self.gpu.unwrap_or(u64::MAX),
+            Place::Gpu(n) => self
+                .gpu
+                .unwrap_or_else(|| hearth_infer::gpu_memory(n).map_or(u64::MAX, |b| b / 10 * 9)),
         }
     }
 }
@@ -214,7 +217,8 @@ pub struct Changes {
 }
 
 impl Changes {
-    fn extend(&mut self, other: Changes) {
+    /// Adds `other`'s ids (another registry's changes) to these.
+    pub fn extend(&mut self, other: Changes) {
         self.added.extend(other.added);
         self.removed.extend(other.removed);
         self.changed.extend(other.changed);
@@ -232,7 +236,7 @@ pub struct Counters {
 }
 
 /// What [`Counters`] held when read.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct CountersSnapshot {
     /// Requests that waited for a model to load, and their total wait.
     pub load_waits: u64,
