@@ -132,6 +132,19 @@ async fn the_ollama_client_runs_every_kind_of_request() {
         "a loaded model shows its template"
     );
     assert!(m["ps"].as_array().unwrap().contains(&json!("alpha-3.3")));
+    // keep_alive: 0 with nothing to generate unloads it (`ollama stop`); then a load for ten
+    // minutes shows in ps as when it leaves.
+    assert_eq!(m["stop_reason"], "unload");
+    assert!(
+        !m["ps_after_stop"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("alpha-3.3")),
+        "{m}"
+    );
+    assert_eq!(m["load_reason"], "load");
+    let expires_in = m["expires_in"].as_f64().expect("alpha-3.3 is in ps again");
+    assert!((500.0..=600.0).contains(&expires_in), "{expires_in}");
     assert_eq!(m["version"], env!("CARGO_PKG_VERSION"));
 
     // Embeddings: sentence-transformers' vectors (tests/fixtures/embed/minilm.json holds
@@ -224,6 +237,20 @@ async fn hostile_ollama_requests_get_its_error_shape_and_hold_nothing() {
             "/api/chat",
             Some(&key),
             with("options", json!({"num_predict": 0})),
+            400,
+        ),
+        (
+            "bad keep_alive",
+            "/api/chat",
+            Some(&key),
+            with("keep_alive", json!("until Tuesday")),
+            400,
+        ),
+        (
+            "keep_alive of the wrong type",
+            "/api/chat",
+            Some(&key),
+            with("keep_alive", json!({"minutes": 5})),
             400,
         ),
         (

@@ -16,6 +16,7 @@ mod completion_refusals;
 mod connections;
 mod deploy;
 mod embeddings;
+mod embeddings_runtime;
 mod field_rules;
 mod holds;
 mod imagine;

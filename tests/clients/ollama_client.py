@@ -6,8 +6,10 @@ tests/ollama.rs, asserts on it). Every case runs against the real server the tes
         --model alpha-3.3 --embed-model all-minilm-l6-v2 --cases chat,generate,tools,models,embed,errors
 """
 import argparse
+import datetime
 import json
 import sys
+import time
 
 import jsonschema
 import ollama
@@ -124,11 +126,24 @@ def models(client, model):
     tags = client.list()
     shown = client.show(model)
     ps = client.ps()
+    # `ollama stop`: keep_alive 0 and nothing to generate unloads the model.
+    stopped = client.generate(model=model, keep_alive=0)
+    deadline = time.time() + 30
+    while model in [m.model for m in client.ps().models] and time.time() < deadline:
+        time.sleep(0.1)
+    after_stop = [m.model for m in client.ps().models]
+    # Loaded again for ten minutes: ps says when it leaves.
+    loaded = client.generate(model=model, keep_alive="10m")
+    expires = [m.expires_at for m in client.ps().models if m.model == model]
     return {
         "tags": [m.model for m in tags.models],
         "show_capabilities": list(shown.capabilities or []),
         "show_template": bool(shown.template),
         "ps": [m.model for m in ps.models],
+        "stop_reason": stopped.done_reason,
+        "ps_after_stop": after_stop,
+        "load_reason": loaded.done_reason,
+        "expires_in": (expires[0] - datetime.datetime.now(datetime.timezone.utc)).total_seconds() if expires else None,
         "version": client._request_raw("GET", "/api/version").json()["version"],
     }
 

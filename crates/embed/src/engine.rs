@@ -24,7 +24,7 @@ pub trait Encode: Send + Sync + 'static {
 }
 
 /// How the engine batches and queues.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineConfig {
     /// Padded tokens in one forward pass at most (inputs × the longest of them).
     pub max_batch_tokens: usize,
@@ -142,6 +142,13 @@ impl<M: Encode> Engine<M> {
     /// What the engine has done.
     pub fn stats(&self) -> &EngineStats {
         &self.stats
+    }
+
+    /// Tells, once every handle is dropped, whether the engine's thread has let the model go
+    /// (and so freed its weights).
+    pub fn released(&self) -> impl Fn() -> bool + Send + 'static {
+        let model = Arc::downgrade(&self.model);
+        move || model.strong_count() == 0
     }
 
     /// The outputs of `inputs` (each checked by the model), in their order.

@@ -1,5 +1,6 @@
 //! Each served model's state, memory, download progress and load waits (`crate::models`), read at scrape time: the
-//! completion listener shows its text models, the image listener its image model.
+//! completion listener shows its text, embedding and rerank models, the image listener its
+//! image model. One collector per listener, whatever kinds it serves: each family appears once.
 
 use std::fmt;
 
@@ -11,7 +12,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
 use super::Export;
-use crate::models::{Hub, Phase};
+use crate::models::{CountersSnapshot, Hub, Phase};
 
 const PHASES: [(Phase, &str); 5] = [
     (Phase::Unloaded, "unloaded"),
@@ -21,22 +22,32 @@ const PHASES: [(Phase, &str); 5] = [
     (Phase::Failed, "failed"),
 ];
 
-/// One kind of model of the hub, as `/metrics` reads it.
+/// The models of one listener's kinds on the hub, as `/metrics` reads them.
 pub struct ModelStates {
     hub: Hub,
-    kind: &'static str,
+    kinds: Vec<&'static str>,
 }
 
 impl ModelStates {
+    /// The `kind` models (`text`, `image`, ...).
     pub fn new(hub: Hub, kind: &'static str) -> Self {
-        Self { hub, kind }
+        Self {
+            hub,
+            kinds: vec![kind],
+        }
+    }
+
+    /// The `kind` models too, in the same families (their load counters summed).
+    pub fn and(mut self, kind: &'static str) -> Self {
+        self.kinds.push(kind);
+        self
     }
 }
 
 impl fmt::Debug for ModelStates {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ModelStates")
-            .field("kind", &self.kind)
+            .field("kinds", &self.kinds)
             .finish_non_exhaustive()
     }
 }
@@ -53,7 +64,7 @@ impl Collector for ModelStates {
             .hub
             .rows()
             .into_iter()
-            .filter(|r| r.kind == self.kind)
+            .filter(|r| self.kinds.contains(&r.kind))
             .collect();
         if !rows.is_empty() {
             let mut state = encoder.encode_descriptor(
@@ -114,7 +125,16 @@ impl Collector for ModelStates {
                 }
             }
         }
-        let c = self.hub.counters(self.kind).snapshot();
+        let c = self
+            .kinds
+            .iter()
+            .map(|k| self.hub.counters(k).snapshot())
+            .fold(CountersSnapshot::default(), |a, b| CountersSnapshot {
+                load_waits: a.load_waits + b.load_waits,
+                load_wait_seconds: a.load_wait_seconds + b.load_wait_seconds,
+                loads: a.loads + b.loads,
+                unloads: a.unloads + b.unloads,
+            });
         for (name, help, value) in [
             ("hearth_model_loads", "Model loads finished", c.loads),
             (

@@ -473,6 +473,15 @@ impl<T: Served, K: PartialEq + Send + 'static> Models<T, K> {
         }))
     }
 
+    /// Sets how long `id`'s model stays loaded when idle (Ollama's per-request `keep_alive`), until
+    /// a reload sets it back to its row's; a pinned model stays pinned.
+    pub fn set_keep_alive(&self, id: &str, keep_alive: KeepAlive) {
+        if let Some(unit) = self.unit(id) {
+            let pinned = unit.keep().pinned;
+            unit.set_keep(Keep { keep_alive, pinned });
+        }
+    }
+
     /// Unloads `id` now if idle, else once its running requests end (a request arriving before
     /// then keeps it); pinned models are refused. `None` when `id` is not here.
     pub fn unload(&self, id: &str) -> Option<Result<(), ModelError>> {

@@ -11,6 +11,7 @@
 
 mod anthropic;
 mod catalog;
+mod control;
 mod embeddings;
 mod encoders;
 mod engines;
@@ -77,7 +78,7 @@ struct Core {
     table_path: std::path::PathBuf,
     hub: crate::models::Hub,
     /// The `[embedding."id"]` models, each loaded on its first request.
-    embeddings: embeddings::Embeddings,
+    embeddings: encoders::EncoderModels<hearth_embed::EmbeddingModel>,
     /// The `[rerank."id"]` models, each loaded on its first request.
     rerankers: encoders::EncoderModels<hearth_embed::Reranker>,
     engines: engines::Engines,
@@ -99,7 +100,7 @@ struct Core {
 pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
     let catalog = catalog::resolve(&state.model_table, &state.config.models)
         .map_err(|e| ServiceInitError::new(Service::Completion, e))?;
-    let embeddings = embeddings::Embeddings::resolve(&state.model_table, &state.config.models)
+    let embeddings = embeddings::resolve(&state.model_table, &state.config.models)
         .map_err(|e| ServiceInitError::new(Service::Completion, e))?;
     let rerankers = rerank::resolve(&state.model_table, &state.config.models)
         .map_err(|e| ServiceInitError::new(Service::Completion, e))?;
@@ -113,8 +114,8 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
         catalog: crate::models::Current::new(catalog),
         table_path: state.config.models.clone(),
         hub: state.hub.clone(),
-        embeddings,
-        rerankers,
+        embeddings: encoders::EncoderModels::start("embedding", embeddings, &state.hub),
+        rerankers: encoders::EncoderModels::start("rerank", rerankers, &state.hub),
         engines,
         user_slots: UserSlots::new(state.config.completion.max_concurrent_per_user),
         client_stall_timeout: state.config.completion.client_stall_timeout,
@@ -125,7 +126,9 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
             .map(|d| d.as_secs())
             .unwrap_or_default(),
     });
-    state.hub.register(Arc::new(TextModels(Arc::clone(&core))));
+    state
+        .hub
+        .register(Arc::new(control::CompletionModels(Arc::clone(&core))));
     peers::announce(&state).await;
     let (token, drain, app) = (state.shutdown.clone(), Arc::clone(&core), state.clone());
     tokio::spawn(async move {
@@ -149,12 +152,15 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
                     (
                         (
                             state.core.engines.metrics(),
-                            crate::metrics::ModelStates::new(state.app.hub.clone(), "text"),
+                            // One collector for the listener's three kinds: each family once.
+                            crate::metrics::ModelStates::new(state.app.hub.clone(), "text")
+                                .and("embedding")
+                                .and("rerank"),
                         ),
                         crate::metrics::EncoderEngines::new({
                             let core = Arc::clone(&state.core);
                             Arc::new(move || {
-                                let mut stats = core.embeddings.models.stats();
+                                let mut stats = core.embeddings.stats();
                                 stats.extend(core.rerankers.stats());
                                 stats
                             })
@@ -174,51 +180,11 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
     ))
 }
 
-/// The text models as `hearth models` and a reload reach them.
-struct TextModels(Arc<Core>);
-
-impl crate::models::Control for TextModels {
-    fn kind(&self) -> &'static str {
-        "text"
-    }
-    fn rows(&self) -> Vec<crate::models::ModelRow> {
-        self.0.engines.rows()
-    }
-    fn load(
-        &self,
-        id: &str,
-    ) -> Option<futures::future::BoxFuture<'static, Result<(), crate::models::ModelError>>> {
-        self.0.engines.models().load(id)
-    }
-    fn pull(
-        &self,
-        id: &str,
-    ) -> Option<futures::future::BoxFuture<'static, Result<(), crate::models::ModelError>>> {
-        self.0.engines.models().pull(id)
-    }
-    fn unload(&self, id: &str) -> Option<Result<(), crate::models::ModelError>> {
-        self.0.engines.models().unload(id)
-    }
-    fn plan(
-        &self,
-        table: &crate::model_table::RawModelTable,
-    ) -> Result<Box<dyn FnOnce() -> crate::models::Changes + Send>, crate::model_table::TableError>
-    {
-        let catalog = catalog::resolve(table, &self.0.table_path)?;
-        catalog::check_files(&catalog, &self.0.table_path)?;
-        let core = Arc::clone(&self.0);
-        Ok(Box::new(move || {
-            let changes = core.engines.apply(&catalog, &core.hub);
-            core.catalog.replace(catalog);
-            changes
-        }))
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Health and page
 
-/// `{status, env, ui}` plus `models` (each id `ready`, `loading` or `unavailable: <why>`).
+/// `{status, env, ui}` plus `models` (each text, embedding and rerank id `ready`, `loading`,
+/// `unloaded` or `unavailable: <why>`).
 /// 200 when a write-then-read round trip on the store succeeds, 500 with `status: "failing"`
 /// when it does not. A model that failed to load does not fail the health check: requests for
 /// it answer `GatewayError`, and `models` says why.
@@ -237,11 +203,14 @@ async fn health(State(cs): State<CompletionState>) -> Response {
         Err(e) => Some(e.to_string()),
     };
     let (word, status) = Service::Completion.health(failure.is_none());
+    let mut models = cs.core.engines.status();
+    models.extend(cs.core.embeddings.status());
+    models.extend(cs.core.rerankers.status());
     let mut body = json!({
         "status": word,
         "env": cs.app.config.env,
         "ui": cs.app.urls.ui(Service::Completion),
-        "models": cs.core.engines.status(),
+        "models": models,
     });
     if let Some(why) = &failure {
         warn!(error = %why, "health check: the store failed its round trip");

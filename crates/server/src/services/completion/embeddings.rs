@@ -7,15 +7,15 @@
 //! with AVX-512 BF16, f32 elsewhere; or `f32`), `shortens` (the model was trained so that its vectors may be cut short,
 //! as Matryoshka models are: `dimensions` is honoured; default false, and a request naming
 //! `dimensions` is refused), `max_inputs` (inputs per request, default 2048), `max_batch_tokens`
-//! (padded tokens per forward pass, default 1024: on a CPU, passes that stay in cache beat bigger ones) and `max_queued` (inputs waiting, default
-//! 4096).
+//! (padded tokens per forward pass, default 1024: on a CPU, passes that stay in cache beat bigger ones), `max_queued` (inputs waiting, default
+//! 4096), `keep_alive` (how long it stays loaded idle; default `[loading] keep_alive`) and
+//! `pinned` (never unloaded). The model loads on its first request (docs/loading.md).
 //!
 //! A request is authenticated as the other `/v1` routes are, checked, tokenized off the async
 //! workers, priced per input token, held, embedded by the model's engine (which batches clients'
 //! inputs together) and settled at the same price. A client that goes away drops its hold
 //! (released) and its inputs are skipped by the engine.
 
-use std::collections::BTreeSet;
 use std::path::Path;
 
 use axum::extract::State;
@@ -28,38 +28,24 @@ use serde_json::Value;
 use tracing::{instrument, Span};
 use utoipa::ToSchema;
 
-use super::encoders::{charged, object_and_model, refusal, EncoderModels};
+use super::encoders::{charged, object_and_model, refusal, EncoderModels, EncoderRows};
 use super::CompletionState;
 use crate::error::{ApiError, OpenAiError, OpenAiJson};
 use crate::model_table::{RawModelTable, TableError};
 
-/// The `[embedding."id"]` models.
-#[derive(Default)]
-pub struct Embeddings {
-    pub models: EncoderModels<EmbeddingModel>,
-    /// The ids of the models trained so that their vectors may be cut short.
-    shortening: BTreeSet<String>,
-}
-
-impl Embeddings {
-    /// Every `[embedding."id"]` row of the table read from `path`, resolved.
-    pub fn resolve(table: &RawModelTable, path: &Path) -> Result<Embeddings, TableError> {
-        let models = EncoderModels::resolve(
-            &table.embedding,
-            &table.defaults,
-            path,
-            "embedding",
-            EmbeddingModel::load_with,
-            Precision::Bf16,
-        )?;
-        let shortening = table
-            .embedding
-            .iter()
-            .filter(|(_, m)| m.shortens == Some(true))
-            .map(|(id, _)| id.clone())
-            .collect();
-        Ok(Embeddings { models, shortening })
-    }
+/// Every `[embedding."id"]` row of the table read from `path`, resolved.
+pub fn resolve(
+    table: &RawModelTable,
+    path: &Path,
+) -> Result<EncoderRows<EmbeddingModel>, TableError> {
+    EncoderModels::resolve(
+        &table.embedding,
+        &table.defaults,
+        path,
+        "embedding",
+        EmbeddingModel::load_with,
+        Precision::Bf16,
+    )
 }
 
 /// What a request asks to embed: texts, or token ids as they are.
@@ -337,14 +323,12 @@ pub(super) async fn embed(
     request: EmbeddingRequest,
 ) -> Result<Embedded, ApiError> {
     Span::current().record("model", request.model.as_str());
-    let entry =
-        cs.core
-            .embeddings
-            .models
-            .admit(&request.model, request.len(), "input", "inputs")?;
-    let engine = entry.engine().await?.clone();
+    let models = &cs.core.embeddings;
+    let entry = models.admit(&request.model, request.len(), "input", "inputs")?;
+    // Held until the vectors are back: the model stays loaded meanwhile.
+    let engine = models.lease(&entry).await?;
     if let Some(d) = request.dimensions {
-        if !cs.core.embeddings.shortening.contains(&entry.id) {
+        if !entry.shortens {
             return Err(bad(
                 "dimensions",
                 format!("model {} was not trained for shortened vectors", entry.id),
@@ -366,7 +350,7 @@ pub(super) async fn embed(
         .user_slots
         .take(user)
         .map_err(ApiError::rate_limited)?;
-    let (truncate, tokenizing) = (request.truncate, engine.clone());
+    let (truncate, tokenizing) = (request.truncate, (*engine).clone());
     let inputs = tokio::task::spawn_blocking(move || -> Result<Vec<Tokens>, ApiError> {
         let model = tokenizing.model();
         let tokens: hearth_embed::Result<Vec<Tokens>> = match request.inputs {

@@ -6,7 +6,8 @@
 //! (scores to the reference's digits; `bf16` for speed): `weights` (a cross-encoder folder:
 //! `config.json` of a `BertForSequenceClassification` with one label, `model.safetensors`,
 //! `tokenizer.json`; or a GGUF Qwen3 reranker file, scored as llama.cpp scores it; required), `input_price_per_million` (required), `device`, `max_inputs`
-//! (documents per request, default 2048), `max_batch_tokens` and `max_queued`.
+//! (documents per request, default 2048), `max_batch_tokens`, `max_queued`, `keep_alive` and
+//! `pinned`.
 //!
 //! The model reads the query with each document and scores the pair; a pair longer than the
 //! model reads is cut: a cross-encoder's longer text first, as sentence-transformers'
@@ -25,13 +26,13 @@ use serde_json::Value;
 use tracing::{instrument, Span};
 use utoipa::ToSchema;
 
-use super::encoders::{charged, object_and_model, refusal, EncoderModels};
+use super::encoders::{charged, object_and_model, refusal, EncoderModels, EncoderRows};
 use super::CompletionState;
 use crate::error::{ApiError, OpenAiError, OpenAiJson};
 use crate::model_table::{RawModelTable, TableError};
 
 /// Every `[rerank."id"]` row of the table read from `path`, resolved.
-pub fn resolve(table: &RawModelTable, path: &Path) -> Result<EncoderModels<Reranker>, TableError> {
+pub fn resolve(table: &RawModelTable, path: &Path) -> Result<EncoderRows<Reranker>, TableError> {
     if let Some((id, _)) = table.rerank.iter().find(|(_, m)| m.shortens.is_some()) {
         return Err(TableError::Invalid {
             path: path.to_path_buf(),
@@ -221,13 +222,14 @@ pub async fn rerank(
         "documents",
         "documents",
     )?;
-    let engine = entry.engine().await?.clone();
+    // Held until the scores are back: the model stays loaded meanwhile.
+    let engine = cs.core.rerankers.lease(&entry).await?;
     let _slot = cs
         .core
         .user_slots
         .take(&session.user_id)
         .map_err(ApiError::rate_limited)?;
-    let tokenizing = engine.clone();
+    let tokenizing = (*engine).clone();
     let (query, documents) = (request.query, request.documents);
     let (pairs, documents) = tokio::task::spawn_blocking(move || {
         let model = tokenizing.model();

@@ -37,6 +37,7 @@ use super::start::{authenticate, start_valid};
 use super::stream::{spawn_driver, DriverEvent};
 use super::{CompletionState, STREAM_ID_HEADER};
 use crate::error::{ApiError, OllamaError, OllamaJson};
+use crate::models::KeepAlive;
 use crate::validate::bearer_token;
 use request::{ChatBody, GenerateBody};
 use respond::{Ollama, Route};
@@ -116,7 +117,8 @@ async fn chat(
     OllamaJson(body): OllamaJson<ChatBody>,
 ) -> Result<Response, OllamaError> {
     let model = body.model.clone();
-    Ok(respond(&cs, &headers, model, Route::Chat, |c| {
+    let keep = request::keep_alive(body.keep_alive.as_ref())?;
+    Ok(respond(&cs, &headers, model, keep, Route::Chat, |c| {
         request::chat(body, c)
     })
     .await?)
@@ -145,27 +147,36 @@ async fn generate(
     OllamaJson(body): OllamaJson<GenerateBody>,
 ) -> Result<Response, OllamaError> {
     let model = body.model.clone();
-    Ok(respond(&cs, &headers, model, Route::Generate, |c| {
+    let keep = request::keep_alive(body.keep_alive.as_ref())?;
+    Ok(respond(&cs, &headers, model, keep, Route::Generate, |c| {
         request::generate(body, c)
     })
     .await?)
 }
 
 /// A chat or generate request: the caller's session, the request checked (`None`: only its
-/// `model` to load), then the generation started and answered whole or as lines.
+/// `model` to load, or with `keep_alive` 0 to unload), the model's keep-alive set, then the
+/// generation started and answered whole or as lines.
 async fn respond(
     cs: &CompletionState,
     headers: &HeaderMap,
     model: Option<String>,
+    keep: Option<KeepAlive>,
     route: Route,
     check: impl FnOnce(&super::catalog::Catalog) -> Result<Option<Checked>, ApiError>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let session = session(cs, headers).await?;
     let Some(checked) = check(&cs.core.catalog.now())? else {
-        return load(cs, model.as_deref().unwrap_or_default(), route).await;
+        return load(cs, model.as_deref().unwrap_or_default(), keep, route).await;
     };
     Span::current().record("model", checked.valid.model.as_str());
+    if let Some(keep) = keep {
+        cs.core
+            .engines
+            .models()
+            .set_keep_alive(&checked.valid.model, keep);
+    }
     let generation = start_valid(cs, session, checked.valid).await?;
     let model = generation.model.clone();
     let (stream_id, mut events) = spawn_driver(cs, generation)?;
@@ -176,11 +187,27 @@ async fn respond(
     ndjson(stream_id, events, move |e| answer.on_event(e))
 }
 
-/// A request with nothing to generate: the model loaded, and Ollama's answer saying so.
-async fn load(cs: &CompletionState, model: &str, route: Route) -> Result<Response, ApiError> {
+/// A request with nothing to generate: the model loaded (Ollama's answer says `load`), or with
+/// `keep_alive` 0 unloaded once idle (`unload`), as `ollama stop` asks.
+async fn load(
+    cs: &CompletionState,
+    model: &str,
+    keep: Option<KeepAlive>,
+    route: Route,
+) -> Result<Response, ApiError> {
     Span::current().record("model", model);
-    cs.core.engines.get(model).await?;
-    Ok(Json(Ollama::loaded(route, model)).into_response())
+    let models = cs.core.engines.models();
+    if keep == Some(KeepAlive::For(std::time::Duration::ZERO)) {
+        models
+            .unload(model)
+            .unwrap_or_else(|| Err(crate::models::ModelError::Unknown(model.into())))?;
+        return Ok(Json(Ollama::loaded(route, model, "unload")).into_response());
+    }
+    drop(cs.core.engines.get(model).await?);
+    if let Some(keep) = keep {
+        models.set_keep_alive(model, keep);
+    }
+    Ok(Json(Ollama::loaded(route, model, "load")).into_response())
 }
 
 /// The NDJSON answer: each event's objects, one a line. The stream's id goes in
@@ -348,7 +375,7 @@ async fn tags(State(cs): State<CompletionState>) -> Json<Value> {
                     "details": details(format_of(&cs, id)) })
         })
         .collect();
-    models.extend(cs.core.embeddings.models.ids().map(|id| {
+    models.extend(cs.core.embeddings.ids().into_iter().map(|id| {
         json!({ "name": id, "model": id, "modified_at": "1970-01-01T00:00:00Z", "size": 0,
                 "details": details("safetensors") })
     }));
@@ -381,7 +408,7 @@ async fn show(
     OllamaJson(body): OllamaJson<ShowBody>,
 ) -> Result<Json<Value>, OllamaError> {
     let id = body.model.or(body.name).unwrap_or_default();
-    if cs.core.embeddings.models.get(&id).is_some() {
+    if cs.core.embeddings.get(&id).is_some() {
         return Ok(Json(json!({
             "modelfile": "", "parameters": "", "template": "",
             "details": details("safetensors"), "model_info": {}, "capabilities": ["embedding"],

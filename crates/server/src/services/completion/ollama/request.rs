@@ -2,8 +2,8 @@
 //! every front end hands to the start pipeline. `options` that decide the answer are applied
 //! (`temperature`, `top_p`, `top_k`, `seed`, `num_predict`, `stop`, the penalties) or, when set
 //! to something Hearth does not do, refused by name; options that only tune Ollama's own
-//! runtime (`num_ctx`, `num_gpu`, `num_thread`, ...) are accepted and ignored, as is
-//! `keep_alive` (models stay loaded).
+//! runtime (`num_ctx`, `num_gpu`, `num_thread`, ...) are accepted and ignored. `keep_alive`
+//! sets how long the model stays loaded after the request, as Ollama's does ([`keep_alive`]).
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -12,6 +12,7 @@ use utoipa::ToSchema;
 use hearth_types::{ChatMessage, Role, ToolCall};
 
 use crate::error::ApiError;
+use crate::models::KeepAlive;
 use crate::services::completion::catalog::{Catalog, TextModelSpec};
 use crate::services::completion::front::{self, Checked};
 use crate::services::completion::openai::tools::{self, ToolMode};
@@ -75,6 +76,10 @@ pub struct ChatBody {
     pub think: Option<Value>,
     /// Not supported when true.
     pub logprobs: Option<bool>,
+    /// How long the model stays loaded after this request: seconds, or `"5m"`; negative keeps
+    /// it; `0` with no messages unloads it.
+    #[schema(value_type = Option<Object>)]
+    pub keep_alive: Option<Value>,
 }
 
 /// `POST /api/generate`.
@@ -102,6 +107,33 @@ pub struct GenerateBody {
     #[schema(value_type = Option<Object>)]
     pub think: Option<Value>,
     pub logprobs: Option<bool>,
+    /// As `/api/chat`'s; `0` with no prompt unloads the model.
+    #[schema(value_type = Option<Object>)]
+    pub keep_alive: Option<Value>,
+}
+
+/// Ollama's `keep_alive`: a number of seconds or a duration string (`"5m"`, `"1h"`), a negative
+/// one keeping the model loaded.
+pub fn keep_alive(value: Option<&Value>) -> Result<Option<KeepAlive>, ApiError> {
+    let invalid = || {
+        bad(
+            "keep_alive",
+            "must be a number of seconds or a duration such as \"5m\"",
+        )
+    };
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => match n.as_f64() {
+            Some(s) if s < 0.0 => Ok(Some(KeepAlive::Forever)),
+            Some(s) => KeepAlive::parse(&format!("{}ms", (s * 1000.0).round() as u64))
+                .map(Some)
+                .map_err(|_| invalid()),
+            None => Err(invalid()),
+        },
+        Some(Value::String(s)) if s.trim_start().starts_with('-') => Ok(Some(KeepAlive::Forever)),
+        Some(Value::String(s)) => KeepAlive::parse(s).map(Some).map_err(|_| invalid()),
+        Some(_) => Err(invalid()),
+    }
 }
 
 fn bad(field: &str, message: impl std::fmt::Display) -> ApiError {

@@ -53,8 +53,9 @@ impl Ollama {
         }
     }
 
-    /// The answer for a request that only loads its model.
-    pub fn loaded(route: Route, model: &str) -> Value {
+    /// The answer for a request that only loads (`reason` `load`) or unloads (`unload`) its
+    /// model.
+    pub fn loaded(route: Route, model: &str, reason: &str) -> Value {
         let mut line = head(model);
         match route {
             Route::Chat => {
@@ -68,7 +69,7 @@ impl Ollama {
             }
         }
         line.insert("done".into(), json!(true));
-        line.insert("done_reason".into(), json!("load"));
+        line.insert("done_reason".into(), json!(reason));
         Value::Object(line)
     }
 

@@ -123,8 +123,8 @@ async fn models(State(cs): State<CompletionState>) -> Json<ModelList> {
         .now()
         .ids()
         .iter()
-        .chain(cs.core.embeddings.models.ids())
-        .chain(cs.core.rerankers.ids())
+        .chain(&cs.core.embeddings.ids())
+        .chain(&cs.core.rerankers.ids())
         .map(|id| model_object(&cs, id))
         .collect();
     Json(ModelList {
@@ -150,7 +150,7 @@ async fn model(
     Path(id): Path<String>,
 ) -> Result<Json<ModelObject>, OpenAiError> {
     if cs.core.catalog.now().get(&id).is_some()
-        || cs.core.embeddings.models.get(&id).is_some()
+        || cs.core.embeddings.get(&id).is_some()
         || cs.core.rerankers.get(&id).is_some()
     {
         Ok(Json(model_object(&cs, &id)))
