@@ -11,6 +11,19 @@ use rust_decimal::Decimal;
 use crate::common::browser::Browser;
 use crate::common::TestApp;
 
+/// The auth and completion services on the completion tests' table (SmolLM2 as alpha-3.3 and
+/// beta-4-mini, a missing file as gamma-3.5-sonnet); the table's folder lives as long as it.
+async fn spawn() -> (tempfile::TempDir, TestApp) {
+    let models = tempfile::tempdir().unwrap();
+    let table = crate::completion::models_toml(models.path());
+    let app = TestApp::builder()
+        .services(&[Service::Auth, Service::Completion])
+        .configure(|raw| raw.models = Some(table))
+        .spawn()
+        .await;
+    (models, app)
+}
+
 /// Opens the chat page and signs `user` in through the auth page's callback (not signed in, the
 /// page links to the auth page with itself as the callback).
 async fn sign_in(browser: &Browser, app: &TestApp, user: &str) {
@@ -35,13 +48,7 @@ async fn chat_page_signs_in_streams_stops_and_shows_the_balance_drop() {
     let Some(browser) = Browser::start().await else {
         return;
     };
-    let models = tempfile::tempdir().unwrap();
-    let table = crate::completion::models_toml(models.path());
-    let app = TestApp::builder()
-        .services(&[Service::Auth, Service::Completion])
-        .configure(|raw| raw.models = Some(table))
-        .spawn()
-        .await;
+    let (_models, app) = spawn().await;
     let store = &app.running().state.store;
     store.ensure_user("wren", false).await.unwrap();
     store
@@ -136,13 +143,7 @@ async fn chat_page_says_which_models_are_loaded_and_loads_one_on_use() {
     let Some(browser) = Browser::start().await else {
         return;
     };
-    let models = tempfile::tempdir().unwrap();
-    let table = crate::completion::models_toml(models.path());
-    let app = TestApp::builder()
-        .services(&[Service::Auth, Service::Completion])
-        .configure(|raw| raw.models = Some(table))
-        .spawn()
-        .await;
+    let (_models, app) = spawn().await;
     let hub = &app.running().state.hub;
     // alpha-3.3 and beta-4-mini share one engine: loaded, then unloaded by hand.
     hub.load("alpha-3.3").await.unwrap();
@@ -188,11 +189,12 @@ async fn chat_page_says_which_models_are_loaded_and_loads_one_on_use() {
     assert!(meta.contains("output tokens"), "{meta}");
     let reply = browser.visible_text(".msg.assistant").await;
     assert!(!reply.starts_with("loading"), "{reply}");
+    // beta-4-mini says so at its first token; alpha-3.3, which shares its engine, when the page
+    // next asks the health check: when the picker is opened.
+    browser.click("#model").await;
     let loaded = crate::common::eventually(
         std::time::Duration::from_secs(15),
         std::time::Duration::from_millis(200),
-        // beta-4-mini at its first token; alpha-3.3, which shares its engine, at the page's next
-        // look at the health check.
         || async {
             options(&browser).await[..2] == ["alpha-3.3 · loaded", "beta-4-mini · loaded"]
         },

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::common::hub_server::{sha256_hex, FakeHub, HubFile, Quirks};
 use crate::common::process::ServerProcess;
@@ -18,30 +18,6 @@ fn hub_row(id: &str, repo: &str, file: &str) -> String {
     format!(
         "[text.\"{id}\"]\nhf = \"{repo}\"\nfile = \"{file}\"\ninput_price_per_million = \"1\"\noutput_price_per_million = \"2\"\nkv_budget_mb = 32\n\n"
     )
-}
-
-async fn admin(server: &ServerProcess, path: &str, body: Value) -> (u16, Value) {
-    let key = std::fs::read_to_string(server.data_dir().join("admin.key")).unwrap();
-    let mut body = body;
-    body["adminKey"] = json!(key.trim());
-    let r = reqwest::Client::new()
-        .post(format!("{}/admin/{path}", server.url("auth")))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    (r.status().as_u16(), r.json().await.unwrap())
-}
-
-async fn row(server: &ServerProcess, id: &str) -> Value {
-    let (_, all) = admin(server, "models", json!({})).await;
-    all["models"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["id"] == id)
-        .cloned()
-        .unwrap_or(Value::Null)
 }
 
 /// Every file under `dir`, recursively.
@@ -106,10 +82,10 @@ async fn a_hub_model_is_pulled_resumed_after_a_cut_checksummed_and_served() {
     let failed = eventually(
         Duration::from_secs(60),
         Duration::from_millis(100),
-        || async { row(&server, "pulled").await["state"] == "failed" },
+        || async { server.model_row("pulled").await["state"] == "failed" },
     )
     .await;
-    assert!(failed, "{}", row(&server, "pulled").await);
+    assert!(failed, "{}", server.model_row("pulled").await);
     let first = hub.bytes_sent();
     assert!(first >= 20 << 20 && first < gguf.len() as u64, "{first}");
     assert!(
@@ -158,13 +134,15 @@ async fn a_hub_model_is_pulled_resumed_after_a_cut_checksummed_and_served() {
     );
 
     // Loaded from the cache, it serves.
-    let (status, body) = admin(&server, "models/load", json!({ "id": "pulled" })).await;
+    let (status, body) = server.admin("models/load", json!({ "id": "pulled" })).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["model"]["state"], "ready");
 
     // The tampered file is refused and removed, again on a second try.
     for _ in 0..2 {
-        let (status, body) = admin(&server, "models/pull", json!({ "id": "tampered" })).await;
+        let (status, body) = server
+            .admin("models/pull", json!({ "id": "tampered" }))
+            .await;
         assert_eq!(status, 502, "{body}");
         let message = body["error"]["message"].as_str().unwrap_or_default();
         assert!(
@@ -180,6 +158,6 @@ async fn a_hub_model_is_pulled_resumed_after_a_cut_checksummed_and_served() {
             .collect();
         assert!(kept.is_empty(), "nothing of the bad file stays: {kept:?}");
     }
-    let (status, body) = admin(&server, "models/pull", json!({ "id": "nope" })).await;
+    let (status, body) = server.admin("models/pull", json!({ "id": "nope" })).await;
     assert_eq!(status, 404, "{body}");
 }

@@ -60,6 +60,21 @@ fn chat(token: &str, model: &str, content: &str, max: u64) -> Value {
 /// A prompt both models answer at length, greedily.
 const LONG: &str = "Count from 1 to 300, one number after another, separated by commas.";
 
+/// A table of SmolLM2 as alpha-3.3 and Gemma as gamma-3.5-sonnet (extra keys on each row) in a
+/// fresh folder: the folder (kept while it lives) and the table's path.
+fn two_models(alpha: &str, gamma: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("models.toml");
+    write_table(
+        &table,
+        &[
+            row("alpha-3.3", SMOLLM2, alpha),
+            row("gamma-3.5-sonnet", GEMMA, gamma),
+        ],
+    );
+    (dir, table)
+}
+
 /// The auth and completion services on the table at `table`, with `configure`'s settings.
 async fn spawn(
     table: &Path,
@@ -211,15 +226,7 @@ fn output_text(final_event: &Value) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_unload_and_reload_through_the_admin_api_and_the_cli_leave_a_running_stream_untouched()
 {
-    let dir = tempfile::tempdir().unwrap();
-    let table = dir.path().join("models.toml");
-    write_table(
-        &table,
-        &[
-            row("alpha-3.3", SMOLLM2, ""),
-            row("gamma-3.5-sonnet", GEMMA, ""),
-        ],
-    );
+    let (_dir, table) = two_models("", "");
     let app = spawn(&table, |_| {}).await;
     let (http, base) = (app.client.clone(), app.url(Service::Completion));
     let token = app.token("ops").await;
@@ -287,16 +294,8 @@ async fn load_unload_and_reload_through_the_admin_api_and_the_cli_leave_a_runnin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_budget_evicts_the_least_recently_used_idle_model_and_refuses_while_everything_is_busy()
 {
-    let dir = tempfile::tempdir().unwrap();
-    let table = dir.path().join("models.toml");
     // SmolLM2 holds 94 + 32 MiB, Gemma 242 + 32 MiB: one at a time fits in 350 MiB.
-    write_table(
-        &table,
-        &[
-            row("alpha-3.3", SMOLLM2, ""),
-            row("gamma-3.5-sonnet", GEMMA, ""),
-        ],
-    );
+    let (_dir, table) = two_models("", "");
     let app = spawn(&table, |raw| raw.loading.ram_budget_mb = Some(350)).await;
     let (http, base) = (app.client.clone(), app.url(Service::Completion));
     let token = app.token("ops").await;
@@ -406,50 +405,6 @@ async fn a_reload_of_a_broken_table_keeps_every_model_and_answers_the_error() {
     assert_eq!(body["changes"]["unchanged"], json!(["alpha-3.3"]));
 }
 
-/// The admin API of a `hearth serve` process.
-async fn process_admin(server: &ServerProcess, path: &str) -> Value {
-    let key = std::fs::read_to_string(server.data_dir().join("admin.key")).unwrap();
-    let r = reqwest::Client::new()
-        .post(format!("{}/admin/{path}", server.url("auth")))
-        .json(&json!({ "adminKey": key.trim() }))
-        .send()
-        .await
-        .unwrap();
-    r.json().await.unwrap()
-}
-
-async fn process_row(server: &ServerProcess, id: &str) -> Value {
-    let all = process_admin(server, "models").await;
-    all["models"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["id"] == id)
-        .cloned()
-        .unwrap_or(Value::Null)
-}
-
-async fn process_token(server: &ServerProcess, user: &str) -> String {
-    let secret = hearth_auth::load_or_create_secret(&server.data_dir().join("idp.secret")).unwrap();
-    let idp = hearth_auth::SharedSecretIdp::new(secret.as_bytes());
-    let id_token = idp
-        .mint(user, chrono::Duration::minutes(10), false)
-        .unwrap();
-    let r: Value = reqwest::Client::new()
-        .post(format!("{}/token", server.url("auth")))
-        .json(&json!({ "userId": user, "idpToken": id_token, "lifetimeSeconds": 600 }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    r["serviceToken"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{r}"))
-        .to_string()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_switches_a_changed_model_while_its_running_stream_finishes_on_the_old_version() {
     let dir = tempfile::tempdir().unwrap();
@@ -457,12 +412,12 @@ async fn sighup_switches_a_changed_model_while_its_running_stream_finishes_on_th
     write_table(&table, &[row("m", SMOLLM2, "")]);
     let server = ServerProcess::start(&["auth", "completion"], &table, &[]);
     let (http, base) = (reqwest::Client::new(), server.url("completion").to_string());
-    let token = process_token(&server, "ops").await;
+    let token = server.token("ops").await;
     let request = chat(&token, "m", LONG, 400);
     let old = complete(&http, &base, &request).await;
 
     let stream = Stream::start(&http, &base, &request).await;
-    assert!(process_row(&server, "m").await["inFlight"].as_u64() >= Some(1));
+    assert!(server.model_row("m").await["inFlight"].as_u64() >= Some(1));
     // m becomes Gemma, and g names the same Gemma row to compare with.
     write_table(&table, &[row("g", GEMMA, ""), row("m", GEMMA, "")]);
     server.signal("HUP");
@@ -470,12 +425,12 @@ async fn sighup_switches_a_changed_model_while_its_running_stream_finishes_on_th
         Duration::from_secs(60),
         Duration::from_millis(100),
         || async {
-            let m = process_row(&server, "m").await;
+            let m = server.model_row("m").await;
             m["state"] == "ready" && m["next"].is_null() && m["sharesWith"] == json!(["g"])
         },
     )
     .await;
-    assert!(switched, "{}", process_row(&server, "m").await);
+    assert!(switched, "{}", server.model_row("m").await);
     let new = complete(&http, &base, &request).await;
     let gemma = complete(&http, &base, &chat(&token, "g", LONG, 400)).await;
     assert_eq!(new, gemma, "new requests run on the new version");
@@ -491,28 +446,17 @@ async fn sighup_switches_a_changed_model_while_its_running_stream_finishes_on_th
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_alive_expiry_unloads_an_idle_model_and_its_memory_leaves_the_process() {
-    let dir = tempfile::tempdir().unwrap();
-    let table = dir.path().join("models.toml");
-    write_table(
-        &table,
-        &[
-            row("alpha-3.3", SMOLLM2, "pinned = true"),
-            row("gamma-3.5-sonnet", GEMMA, "keep_alive = \"2s\""),
-        ],
-    );
+    let (_dir, table) = two_models("pinned = true", "keep_alive = \"2s\"");
     let server = ServerProcess::start(&["auth", "completion"], &table, &[]);
     let (http, base) = (reqwest::Client::new(), server.url("completion").to_string());
-    let token = process_token(&server, "ops").await;
+    let token = server.token("ops").await;
     complete(&http, &base, &chat(&token, "gamma-3.5-sonnet", "Hello", 16)).await;
-    assert_eq!(
-        process_row(&server, "gamma-3.5-sonnet").await["state"],
-        "ready"
-    );
+    assert_eq!(server.model_row("gamma-3.5-sonnet").await["state"], "ready");
     let loaded_kib = proc_status_kib(server.pid(), "VmRSS:");
     let gone = eventually(
         Duration::from_secs(30),
         Duration::from_millis(200),
-        || async { process_row(&server, "gamma-3.5-sonnet").await["state"] == "unloaded" },
+        || async { server.model_row("gamma-3.5-sonnet").await["state"] == "unloaded" },
     )
     .await;
     assert!(gone, "gamma leaves after 2 s idle");
@@ -523,7 +467,7 @@ async fn keep_alive_expiry_unloads_an_idle_model_and_its_memory_leaves_the_proce
         "RSS {loaded_kib} KiB loaded, {unloaded_kib} KiB after the unload"
     );
     assert_eq!(
-        process_row(&server, "alpha-3.3").await["state"],
+        server.model_row("alpha-3.3").await["state"],
         "ready",
         "pinned stays"
     );

@@ -127,6 +127,54 @@ impl ServerProcess {
         self.urls = urls;
     }
 
+    /// The admin API's answer at `/admin/{path}` (the key from the data dir added to `body`).
+    pub async fn admin(&self, path: &str, mut body: serde_json::Value) -> (u16, serde_json::Value) {
+        let key = std::fs::read_to_string(self.data_dir().join("admin.key")).unwrap();
+        body["adminKey"] = serde_json::json!(key.trim());
+        let r = reqwest::Client::new()
+            .post(format!("{}/admin/{path}", self.url("auth")))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json().await.unwrap())
+    }
+
+    /// Model `id`'s row of `hearth models list` (`Null` when there is none).
+    pub async fn model_row(&self, id: &str) -> serde_json::Value {
+        let (_, all) = self.admin("models", serde_json::json!({})).await;
+        all["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == id)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// A service token for `user`, signed in at `POST /token` with the built-in provider.
+    pub async fn token(&self, user: &str) -> String {
+        let secret =
+            hearth_auth::load_or_create_secret(&self.data_dir().join("idp.secret")).unwrap();
+        let idp = hearth_auth::SharedSecretIdp::new(secret.as_bytes());
+        let id_token = idp
+            .mint(user, chrono::Duration::minutes(10), false)
+            .unwrap();
+        let r: serde_json::Value = reqwest::Client::new()
+            .post(format!("{}/token", self.url("auth")))
+            .json(&serde_json::json!({ "userId": user, "idpToken": id_token, "lifetimeSeconds": 600 }))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        r["serviceToken"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{r}"))
+            .to_string()
+    }
+
     /// The base URL of `service` (`auth`, `completion`, `markdown`, `imagine`).
     pub fn url(&self, service: &str) -> &str {
         &self.urls[service]
