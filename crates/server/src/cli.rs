@@ -537,7 +537,8 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         },
         ..Default::default()
     };
-    let config = load_config(&args.common, flags)?;
+    let mut config = load_config(&args.common, flags)?;
+    config.loading.hub = crate::config::HubVars::from_vars(|k| std::env::var(k).ok());
     tracing::info!(data_dir = %app::absolute(&config.data_dir).display(), env = %config.env, region = %config.region, "starting");
     let running = app::start(config).await?;
     let token = running.shutdown_token();

@@ -499,7 +499,7 @@ pub use auth::{AuthConfig, IdpChoice, RawAuthConfig, RawOidcConfig};
 pub use billing::{BillingConfig, RawBillingConfig};
 pub use completion::{CompletionConfig, RawCompletionConfig};
 pub use imagine::{ImagineConfig, RawImagineConfig};
-pub use loading::{LoadingConfig, RawLoadingConfig};
+pub use loading::{HubVars, LoadingConfig, RawLoadingConfig};
 pub use markdown::{MarkdownConfig, RawMarkdownConfig};
 pub use store::{RawStoreConfig, StoreChoice, StoreConfig};
 

@@ -57,6 +57,7 @@ use session::Session;
 
 /// The variable hf-hub's `ApiBuilder::from_env` reads for the hub's address.
 const HF_ENDPOINT: &str = "HF_ENDPOINT";
+const HF_HOME: &str = "HF_HOME";
 const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 
 /// What to pull: one file of a repository, or a safetensors snapshot.
@@ -181,14 +182,16 @@ impl fmt::Debug for HubClient {
 }
 
 impl HubClient {
-    /// The hub and cache hf-hub's `ApiBuilder::from_env` would use: `HF_ENDPOINT` (default
+    /// The hub and cache hf-hub's `ApiBuilder::from_env` would use, from the variables `var`
+    /// gives (an entry point hands in its process environment): `HF_ENDPOINT` (default
     /// `https://huggingface.co`), the cache under `HF_HOME` (default
-    /// `~/.cache/huggingface/hub`) and the token saved beside it. The variables are read here,
-    /// once, rather than by calling `from_env`, because the probe needs the endpoint and
-    /// hf-hub's builder does not give it back; a unit test checks the two agree.
-    pub fn from_env() -> Self {
-        let cache = Cache::from_env();
-        let endpoint = std::env::var(HF_ENDPOINT).unwrap_or_else(|_| DEFAULT_ENDPOINT.to_string());
+    /// `~/.cache/huggingface/hub`) and the token saved beside it.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Self {
+        let cache = match var(HF_HOME) {
+            Some(home) => Cache::new(PathBuf::from(home).join("hub")),
+            None => Cache::default(),
+        };
+        let endpoint = var(HF_ENDPOINT).unwrap_or_else(|| DEFAULT_ENDPOINT.to_string());
         Self::with_cache(endpoint, cache)
     }
 
@@ -281,20 +284,6 @@ impl HubClient {
     }
 }
 
-/// Pulls `req` with the hub and cache of the environment (`HF_ENDPOINT`, `HF_HOME`, see
-/// [`HubClient::from_env`]), or into `cache_dir` when given. See [`HubClient::pull`].
-pub fn pull(
-    req: &HubPull,
-    cache_dir: Option<&Path>,
-    on_progress: &(dyn Fn(&PullProgress) + Sync),
-) -> Result<PathBuf, Error> {
-    let mut client = HubClient::from_env();
-    if let Some(dir) = cache_dir {
-        client = client.with_cache_dir(dir);
-    }
-    client.pull(req, on_progress)
-}
-
 /// Resolves a hub source to a local path: the `.gguf` file when `file` is given, otherwise the
 /// snapshot folder of a safetensors checkpoint (config.json, tokenizer files, weights).
 pub(crate) fn fetch(
@@ -307,7 +296,10 @@ pub(crate) fn fetch(
         revision: revision.map(String::from),
         file: file.map(String::from),
     };
-    HubClient::from_env().pull(&req, &|_| {})
+    // Loading a model straight from its config (tools and benchmarks) reads no environment of
+    // its own: hf-hub's cache (`HF_HOME`) and the default hub, as before pulls existed. The
+    // server pulls first, with the client its entry point made.
+    HubClient::with_cache(DEFAULT_ENDPOINT.to_string(), Cache::from_env()).pull(&req, &|_| {})
 }
 
 fn status_failure(status: u16) -> PullFailure {
@@ -368,14 +360,16 @@ mod tests {
     }
 
     #[test]
-    fn the_environment_gives_the_endpoint_hf_hubs_from_env_gives() {
-        // Both read HF_ENDPOINT now; no test changes the environment.
-        let ours = HubClient::from_env();
-        let theirs = format!("{:?}", ApiBuilder::from_env());
-        assert!(
-            theirs.contains(&format!("endpoint: {:?}", ours.endpoint())),
-            "hf-hub's from_env and HubClient::from_env disagree on the endpoint"
-        );
-        assert_eq!(ours.cache_dir(), Cache::from_env().path());
+    fn the_variables_give_the_hub_and_the_cache_hf_hub_would_use() {
+        let given = HubClient::from_vars(|k| match k {
+            "HF_ENDPOINT" => Some("http://127.0.0.1:9/".into()),
+            "HF_HOME" => Some("/srv/hf".into()),
+            _ => None,
+        });
+        assert_eq!(given.endpoint(), "http://127.0.0.1:9");
+        assert_eq!(given.cache_dir(), Path::new("/srv/hf/hub"));
+        let defaults = HubClient::from_vars(|_| None);
+        assert_eq!(defaults.endpoint(), DEFAULT_ENDPOINT);
+        assert_eq!(defaults.cache_dir(), Cache::default().path());
     }
 }

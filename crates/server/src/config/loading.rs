@@ -26,6 +26,35 @@ pub struct LoadingConfig {
     pub keep_alive: KeepAlive,
     pub load_wait: Duration,
     pub budget: Budget,
+    /// Where `hf = ...` models are pulled from and to.
+    pub hub: HubVars,
+}
+
+/// `HF_ENDPOINT` and `HF_HOME` as the process's entry read them (`hearth serve`); none: the
+/// hub's defaults (huggingface.co, `~/.cache/huggingface`).
+#[derive(Debug, Clone, Default)]
+pub struct HubVars {
+    pub endpoint: Option<String>,
+    pub home: Option<String>,
+}
+
+impl HubVars {
+    /// The two variables as `var` gives them.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Self {
+        HubVars {
+            endpoint: var("HF_ENDPOINT"),
+            home: var("HF_HOME"),
+        }
+    }
+
+    /// A hub client for them (reads the token beside the cache).
+    pub fn client(&self) -> hearth_infer::hub::HubClient {
+        hearth_infer::hub::HubClient::from_vars(|k| match k {
+            "HF_ENDPOINT" => self.endpoint.clone(),
+            "HF_HOME" => self.home.clone(),
+            _ => None,
+        })
+    }
 }
 
 impl RawLoadingConfig {
@@ -43,6 +72,7 @@ impl RawLoadingConfig {
                 positive("loading.ram_budget_mb", self.ram_budget_mb)?,
                 positive("loading.gpu_budget_mb", self.gpu_budget_mb)?,
             ),
+            hub: HubVars::default(),
         })
     }
 }

@@ -107,8 +107,8 @@ pub async fn router(state: AppState) -> Result<Router, ServiceInitError> {
     let engines = engines::Engines::start(
         &catalog,
         &state.hub,
-        state.config.completion.retry_after,
-        state.config.kernel,
+        (state.config.completion.retry_after, state.config.kernel),
+        state.config.loading.hub.clone(),
     );
     let core = Arc::new(Core {
         catalog: crate::models::Current::new(catalog),

@@ -13,6 +13,7 @@ use hearth_infer::{DeviceSpec, KernelPath, TextModel, TextModelConfig, WeightSou
 use hearth_scheduler::{Scheduler, SchedulerConfig, SchedulerHandle};
 
 use super::catalog::Catalog;
+use crate::config::HubVars;
 use crate::models::{
     Changes, FileStamp, Hub, Keep, Lease, ModelError, ModelRow, Models, Need, Place, Progress,
     Puller, Served, UnitSpec,
@@ -57,35 +58,44 @@ fn hub_source(source: &WeightSource) -> Option<HubPull> {
     }
 }
 
-/// Downloads `source` through hf-hub (`HF_ENDPOINT`, `HF_HOME`), resuming a cut download and
+/// Downloads `source` through hf-hub from the hub `vars` name, resuming a cut download and
 /// checking each file's checksum, reporting to `progress`; its local path.
-fn download(source: &HubPull, progress: &Progress) -> Result<std::path::PathBuf, String> {
-    hearth_infer::hub::pull(source, None, &|p: &PullProgress| {
-        progress.report(&p.file, p.done, p.total)
-    })
-    .map_err(|e| e.to_string())
+fn download(
+    vars: &HubVars,
+    source: &HubPull,
+    progress: &Progress,
+) -> Result<std::path::PathBuf, String> {
+    vars.client()
+        .pull(source, &|p: &PullProgress| {
+            progress.report(&p.file, p.done, p.total)
+        })
+        .map_err(|e| e.to_string())
 }
 
 pub struct Engines {
     models: Models<SchedulerHandle, EngineKey>,
     retry_after: Duration,
     kernel: Option<KernelPath>,
+    /// Where `hf = ...` rows are pulled from.
+    pulls: HubVars,
 }
 
 impl Engines {
     /// A registry on `hub` serving `catalog` (loading what fits now, in the background). Every
     /// engine tells refused clients to wait `retry_after` (`[completion] retry_after_secs`); the
-    /// fast backend runs on `kernel` where the CPU has it (the configuration's `kernel`).
+    /// fast backend runs on `kernel` where the CPU has it (the configuration's `kernel`); hub
+    /// rows are pulled from where `pulls` says.
     pub fn start(
         catalog: &Catalog,
         hub: &Hub,
-        retry_after: Duration,
-        kernel: Option<KernelPath>,
+        (retry_after, kernel): (Duration, Option<KernelPath>),
+        pulls: HubVars,
     ) -> Engines {
         let engines = Engines {
             models: Models::new("text", hub),
             retry_after,
             kernel,
+            pulls,
         };
         engines.apply(catalog, hub);
         engines
@@ -125,10 +135,12 @@ impl Engines {
             };
             let load = key.load.clone();
             let pull = hub_source(&load.source).map(|source| -> Puller {
+                let vars = self.pulls.clone();
                 std::sync::Arc::new(move |progress: &Progress| {
-                    download(&source, progress).map(drop)
+                    download(&vars, &source, progress).map(drop)
                 })
             });
+            let vars = self.pulls.clone();
             specs.push(UnitSpec {
                 ids: vec![id],
                 key,
@@ -136,7 +148,7 @@ impl Engines {
                     let mut load = load.clone();
                     if let Some(source) = hub_source(&load.source) {
                         load.source = WeightSource::Local {
-                            path: download(&source, progress)?,
+                            path: download(&vars, &source, progress)?,
                         };
                     }
                     let model = TextModel::load(&load).map_err(|e| e.to_string())?;
