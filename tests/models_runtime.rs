@@ -151,11 +151,17 @@ async fn complete(http: &reqwest::Client, base: &str, body: &Value) -> String {
     let status = r.status();
     let v: Value = r.json().await.unwrap();
     assert_eq!(status, 200, "{v}");
-    v["output"]["content"]
+    text_of(&v)
+}
+
+/// A completion response's output text.
+fn text_of(response: &Value) -> String {
+    let out = &response["output"];
+    out["content"]
         .as_str()
-        .or(v["output"].as_str())
+        .or(out.as_str())
         .map(str::to_string)
-        .unwrap_or_else(|| v["output"].to_string())
+        .unwrap_or_else(|| out.to_string())
 }
 
 /// A started stream: its tokens so far, and the rest read on.
@@ -212,15 +218,6 @@ impl Stream {
         }
         (self.tokens, last)
     }
-}
-
-fn output_text(final_event: &Value) -> String {
-    let out = &final_event["response"]["output"];
-    out["content"]
-        .as_str()
-        .or(out.as_str())
-        .unwrap_or_default()
-        .to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -282,7 +279,7 @@ async fn load_unload_and_reload_through_the_admin_api_and_the_cli_leave_a_runnin
         text, alone,
         "the running stream is the same, token for token"
     );
-    assert_eq!(output_text(&last), alone);
+    assert_eq!(text_of(&last["response"]), alone);
     // Unknown ids and pinned models are refused, with the admin API's errors.
     let (status, body) = admin(&app, "models/unload", json!({ "id": "nope" })).await;
     assert_eq!(status, 404);

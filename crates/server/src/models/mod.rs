@@ -387,6 +387,15 @@ impl<T: Served, K: PartialEq + Send + 'static> Models<T, K> {
             .collect()
     }
 
+    /// Each id's state in health's words (`ready`, `loading`, `unloaded`, `unloading`,
+    /// `unavailable: <why>`).
+    pub fn health(&self) -> BTreeMap<String, String> {
+        self.status()
+            .into_iter()
+            .map(|(id, a)| (id, a.describe()))
+            .collect()
+    }
+
     /// Every id whose model is loaded, with it (ids that share a model give it once each).
     pub fn all_loaded(&self) -> Vec<(String, T)> {
         let units: Vec<(String, Arc<Unit<T>>)> = {

@@ -181,11 +181,7 @@ impl<M: Encode> EncoderModels<M> {
 
     /// Each id's state as health reports it (`ready`, `unloaded`, ...).
     pub fn status(&self) -> BTreeMap<String, String> {
-        self.models
-            .status()
-            .into_iter()
-            .map(|(id, a)| (id, a.describe()))
-            .collect()
+        self.models.health()
     }
 
     pub fn ids(&self) -> Vec<String> {

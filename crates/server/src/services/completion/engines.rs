@@ -182,11 +182,7 @@ impl Engines {
     /// `ready`, `loading`, `unloaded`, `unloading` or `unavailable: <why>` per model id
     /// (reported by the health check).
     pub fn status(&self) -> BTreeMap<String, String> {
-        self.models
-            .status()
-            .into_iter()
-            .map(|(id, a)| (id, a.describe()))
-            .collect()
+        self.models.health()
     }
 
     /// What the listener's `/metrics` reads at scrape time: every engine's scheduler counters,
