@@ -8,7 +8,8 @@ use serde_json::json;
 use super::access::server_call;
 use super::{load_config, CliError, Common};
 use crate::config::RawConfig;
-use crate::services::admin::models::{ModelResponse, ModelRowOut, ModelsResponse, ReloadResponse};
+use crate::models::ModelRow;
+use crate::services::admin::models::{ModelResponse, ModelsResponse, ReloadResponse};
 
 #[derive(Debug, Subcommand)]
 pub(super) enum ModelsCommand {
@@ -112,16 +113,16 @@ pub(super) async fn run(command: ModelsCommand) -> Result<(), CliError> {
     Ok(())
 }
 
-fn print_rows(rows: &[ModelRowOut]) {
+fn print_rows(rows: &[ModelRow]) {
     println!(
         "{:<24} {:<6} {:<10} {:>10} {:<7} {:>7} {:<8} LAST USED",
         "ID", "KIND", "STATE", "MEMORY", "DEVICE", "RUNNING", "KEEP"
     );
     for r in rows {
-        let mut state = r.state.clone();
-        if let Some(next) = &r.next {
-            state = format!("{state}+{next}");
-        }
+        let state = match r.next {
+            Some(next) => format!("{}+{}", r.state.word(), next.word()),
+            None => r.state.word().to_string(),
+        };
         let keep = if r.pinned {
             "pinned".to_string()
         } else {

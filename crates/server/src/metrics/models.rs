@@ -14,14 +14,6 @@ use prometheus_client::registry::{Registry, Unit};
 use super::Export;
 use crate::models::{CountersSnapshot, Hub, Phase};
 
-const PHASES: [(Phase, &str); 5] = [
-    (Phase::Unloaded, "unloaded"),
-    (Phase::Loading, "loading"),
-    (Phase::Ready, "ready"),
-    (Phase::Unloading, "unloading"),
-    (Phase::Failed, "failed"),
-];
-
 /// The models of one listener's kinds on the hub, as `/metrics` reads them.
 pub struct ModelStates {
     hub: Hub,
@@ -64,7 +56,7 @@ impl Collector for ModelStates {
             .hub
             .rows()
             .into_iter()
-            .filter(|r| self.kinds.contains(&r.kind))
+            .filter(|r| self.kinds.contains(&r.kind.as_str()))
             .collect();
         if !rows.is_empty() {
             let mut state = encoder.encode_descriptor(
@@ -74,9 +66,10 @@ impl Collector for ModelStates {
                 MetricType::Gauge,
             )?;
             for r in &rows {
-                for (phase, word) in PHASES {
+                for phase in Phase::ALL {
                     ConstGauge::new(i64::from(r.state == phase)).encode(
-                        state.encode_family(&[("model", r.id.as_str()), ("state", word)])?,
+                        state
+                            .encode_family(&[("model", r.id.as_str()), ("state", phase.word())])?,
                     )?;
                 }
             }

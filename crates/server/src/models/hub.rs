@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use utoipa::ToSchema;
@@ -29,6 +29,15 @@ const TICK: Duration = Duration::from_millis(200);
 pub enum Place {
     Host,
     Gpu(usize),
+}
+
+impl From<hearth_infer::DeviceSpec> for Place {
+    fn from(device: hearth_infer::DeviceSpec) -> Place {
+        match device {
+            hearth_infer::DeviceSpec::Cpu => Place::Host,
+            hearth_infer::DeviceSpec::Cuda(n) => Place::Gpu(n),
+        }
+    }
 }
 
 impl fmt::Display for Place {
@@ -171,12 +180,13 @@ pub trait Control: Send + Sync {
     ) -> Result<Box<dyn FnOnce() -> Changes + Send>, TableError>;
 }
 
-/// One model id as `hearth models list` shows it.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+/// One model id as `hearth models list` shows it (the admin API's row, read back by the CLI).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ModelRow {
     pub id: String,
-    pub kind: &'static str,
+    /// `text`, `embedding`, `rerank` or `image`.
+    pub kind: String,
     pub state: Phase,
     /// Why it failed to load, when it did.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -196,7 +206,7 @@ pub struct ModelRow {
     /// Asked to unload: it goes when its running requests end.
     pub unload_when_idle: bool,
     /// Other ids served by the same loaded weights.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shares_with: Vec<String>,
     /// A new version loading beside this one after a reload (it takes over once ready).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -207,7 +217,7 @@ pub struct ModelRow {
 }
 
 /// What a reload changed, by id.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Changes {
     pub added: Vec<String>,
     pub removed: Vec<String>,

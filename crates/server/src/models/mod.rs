@@ -41,6 +41,18 @@ pub trait Served: Clone + Send + Sync + 'static {
     fn stop(self) -> impl Future<Output = ()> + Send;
 }
 
+/// For a `Served::stop` whose value lets its memory go on a thread of its own: waits until
+/// `released` says it has, a minute at most (then warns that `what` is still held).
+pub async fn until_released(released: impl Fn() -> bool, what: &str) {
+    for _ in 0..6000 {
+        if released() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tracing::warn!("{what} was still held a minute after it was unloaded");
+}
+
 /// A model's state as health reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Availability {
@@ -431,7 +443,7 @@ impl<T: Served, K: PartialEq + Send + 'static> Models<T, K> {
                 let idle = chrono::Duration::from_std(unit.idle_for()).unwrap_or_default();
                 ModelRow {
                     id: id.clone(),
-                    kind: self.inner.kind,
+                    kind: self.inner.kind.to_string(),
                     state: unit.phase(),
                     error: unit.failure(),
                     memory_bytes: unit.need.bytes,

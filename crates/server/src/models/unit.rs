@@ -7,7 +7,7 @@ use std::ops::Deref;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tracing::{error, info};
 use utoipa::ToSchema;
@@ -23,7 +23,7 @@ pub type Loader<T> = Arc<dyn Fn(&Progress) -> Result<T, String> + Send + Sync>;
 pub type Puller = Arc<dyn Fn(&Progress) -> Result<(), String> + Send + Sync>;
 
 /// A download in progress: the file and its bytes so far.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PullState {
     pub file: String,
@@ -63,7 +63,7 @@ impl Progress {
 }
 
 /// Where a unit stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Phase {
     Unloaded,
@@ -75,6 +75,25 @@ pub enum Phase {
 }
 
 impl Phase {
+    pub const ALL: [Phase; 5] = [
+        Phase::Unloaded,
+        Phase::Loading,
+        Phase::Ready,
+        Phase::Unloading,
+        Phase::Failed,
+    ];
+
+    /// Its name on the wire, in `/metrics` and in `hearth models list`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Phase::Unloaded => "unloaded",
+            Phase::Loading => "loading",
+            Phase::Ready => "ready",
+            Phase::Unloading => "unloading",
+            Phase::Failed => "failed",
+        }
+    }
+
     /// Whether the unit holds (or is about to hold) its memory.
     pub fn holds_memory(self) -> bool {
         matches!(self, Phase::Loading | Phase::Ready | Phase::Unloading)

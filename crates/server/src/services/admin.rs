@@ -68,7 +68,7 @@ pub struct CreditResponse {
 /// The admin key alone.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct KeyOnly {
+pub(crate) struct KeyOnly {
     /// The admin key (`<data_dir>/admin.key`): the credential of the admin routes.
     admin_key: String,
 }

@@ -9,7 +9,7 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::check_key;
+use super::{check_key, KeyOnly};
 use crate::error::{ApiError, AppJson};
 use crate::models::{Changes, ModelError, ModelRow};
 use crate::openapi::ErrorBody;
@@ -24,14 +24,6 @@ pub fn router() -> Router<AppState> {
         .route("/admin/models/reload", post(reload))
 }
 
-/// The admin key alone.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub(crate) struct KeyOnly {
-    /// The admin key (`<data_dir>/admin.key`).
-    admin_key: String,
-}
-
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ModelRequest {
@@ -44,115 +36,27 @@ pub(crate) struct ModelRequest {
 /// Every served model.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ModelsResponse {
-    pub models: Vec<ModelRowOut>,
+    pub models: Vec<ModelRow>,
 }
 
 /// One model after a load or unload.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ModelResponse {
-    pub model: ModelRowOut,
+    pub model: ModelRow,
 }
 
 /// What a reload changed, and every model after it.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ReloadResponse {
-    pub changes: ChangesOut,
-    pub models: Vec<ModelRowOut>,
+    pub changes: Changes,
+    pub models: Vec<ModelRow>,
 }
 
-/// [`ModelRow`] as the CLI reads it back.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ModelRowOut {
-    pub id: String,
-    /// `text` or `image`.
-    pub kind: String,
-    /// `unloaded`, `loading`, `ready`, `unloading` or `failed`.
-    pub state: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    pub memory_bytes: u64,
-    pub device: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_used: Option<String>,
-    pub keep_alive: String,
-    pub pinned: bool,
-    pub in_flight: usize,
-    pub unload_when_idle: bool,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub shares_with: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub next: Option<String>,
-    /// The download in progress (weights from a hub).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pull: Option<PullOut>,
+fn rows(state: &AppState) -> Vec<ModelRow> {
+    state.hub.rows()
 }
 
-/// A download in progress.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PullOut {
-    pub file: String,
-    pub done_bytes: u64,
-    pub total_bytes: u64,
-}
-
-impl From<ModelRow> for ModelRowOut {
-    fn from(r: ModelRow) -> Self {
-        let word = |p: crate::models::Phase| {
-            serde_json::to_value(p)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default()
-        };
-        ModelRowOut {
-            id: r.id,
-            kind: r.kind.to_string(),
-            state: word(r.state),
-            error: r.error,
-            memory_bytes: r.memory_bytes,
-            device: r.device,
-            last_used: r.last_used,
-            keep_alive: r.keep_alive,
-            pinned: r.pinned,
-            in_flight: r.in_flight,
-            unload_when_idle: r.unload_when_idle,
-            shares_with: r.shares_with,
-            next: r.next.map(word),
-            pull: r.pull.map(|p| PullOut {
-                file: p.file,
-                done_bytes: p.done_bytes,
-                total_bytes: p.total_bytes,
-            }),
-        }
-    }
-}
-
-/// [`Changes`] as the CLI reads it back.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
-pub struct ChangesOut {
-    pub added: Vec<String>,
-    pub removed: Vec<String>,
-    pub changed: Vec<String>,
-    pub unchanged: Vec<String>,
-}
-
-impl From<Changes> for ChangesOut {
-    fn from(c: Changes) -> Self {
-        ChangesOut {
-            added: c.added,
-            removed: c.removed,
-            changed: c.changed,
-            unchanged: c.unchanged,
-        }
-    }
-}
-
-fn rows(state: &AppState) -> Vec<ModelRowOut> {
-    state.hub.rows().into_iter().map(Into::into).collect()
-}
-
-fn row(state: &AppState, id: &str) -> Result<ModelRowOut, ApiError> {
+fn row(state: &AppState, id: &str) -> Result<ModelRow, ApiError> {
     rows(state)
         .into_iter()
         .find(|r| r.id == id)
@@ -306,7 +210,7 @@ pub(crate) async fn reload(
         .await
         .map_err(|e| ApiError::invalid_request("models.toml", e))?;
     Ok(Json(ReloadResponse {
-        changes: changes.into(),
+        changes,
         models: rows(&state),
     }))
 }

@@ -110,14 +110,7 @@ pub(crate) fn check_files(catalog: &Catalog, path: &Path) -> Result<(), CatalogE
             _ => None,
         };
         for file in weights.into_iter().chain(&e.load.tokenizer) {
-            if !file.exists() {
-                return Err(CatalogError::Invalid {
-                    path: path.to_path_buf(),
-                    section: "text",
-                    id: e.spec.id.clone(),
-                    message: format!("{} does not exist", file.display()),
-                });
-            }
+            model_table::must_exist(path, "text", &e.spec.id, "", file)?;
         }
     }
     Ok(())

@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use hearth_billing::Price;
 use hearth_embed::{Encode, Engine, EngineConfig, Precision, StatsSnapshot};
@@ -62,13 +61,7 @@ impl<M: Encode> Served for Engine<M> {
         // The engine's thread ends, dropping the model, once its last handle is gone.
         let released = self.released();
         drop(self);
-        for _ in 0..6000 {
-            if released() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        warn!("the encoder engine had not let its model go a minute after it was unloaded");
+        crate::models::until_released(released, "an encoder engine's model").await;
     }
 }
 
@@ -89,15 +82,10 @@ pub struct EncoderRows<M: Encode>(BTreeMap<String, Arc<EncoderEntry<M>>>);
 impl<M: Encode> EncoderRows<M> {
     /// Refuses a row whose weights do not exist (a reload that would only fail on use).
     pub fn check_files(&self, path: &Path, section: &'static str) -> Result<(), TableError> {
-        match self.0.values().find(|e| !e.weights.exists()) {
-            None => Ok(()),
-            Some(e) => Err(TableError::Invalid {
-                path: path.to_path_buf(),
-                section,
-                id: e.id.clone(),
-                message: format!("{} does not exist", e.weights.display()),
-            }),
+        for e in self.0.values() {
+            model_table::must_exist(path, section, &e.id, "", &e.weights)?;
         }
+        Ok(())
     }
 }
 

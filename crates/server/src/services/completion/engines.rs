@@ -9,14 +9,14 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use hearth_infer::hub::{HubPull, PullProgress};
-use hearth_infer::{DeviceSpec, KernelPath, TextModel, TextModelConfig, WeightSource};
+use hearth_infer::{KernelPath, TextModel, TextModelConfig, WeightSource};
 use hearth_scheduler::{Scheduler, SchedulerConfig, SchedulerHandle};
 
 use super::catalog::Catalog;
 use crate::config::HubVars;
 use crate::models::{
-    Changes, FileStamp, Hub, Keep, Lease, ModelError, ModelRow, Models, Need, Place, Progress,
-    Puller, Served, UnitSpec,
+    Changes, FileStamp, Hub, Keep, Lease, ModelError, ModelRow, Models, Need, Progress, Puller,
+    Served, UnitSpec,
 };
 
 impl Served for SchedulerHandle {
@@ -127,10 +127,7 @@ impl Engines {
             }
             let weights: u64 = key.files.iter().map(|f| f.len).sum();
             let need = Need {
-                place: match key.load.device {
-                    DeviceSpec::Cpu => Place::Host,
-                    DeviceSpec::Cuda(n) => Place::Gpu(n),
-                },
+                place: key.load.device.into(),
                 bytes: weights + scheduler.kv_budget_bytes,
             };
             let load = key.load.clone();

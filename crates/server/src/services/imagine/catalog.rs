@@ -95,15 +95,10 @@ impl ImageModelEntry {
 /// That the files a reload would bind exist (the LoRAs): a typo refuses the reload instead of
 /// replacing a running model.
 pub(crate) fn check_files(entry: &ImageModelEntry, path: &Path) -> Result<(), CatalogError> {
-    match entry.lora_files.iter().find(|(_, file)| !file.exists()) {
-        Some((name, file)) => Err(CatalogError::Invalid {
-            path: path.to_path_buf(),
-            section: "image",
-            id: entry.id.clone(),
-            message: format!("loras: {name} = {} does not exist", file.display()),
-        }),
-        None => Ok(()),
+    for (name, file) in &entry.lora_files {
+        model_table::must_exist(path, "image", &entry.id, &format!("loras: {name} = "), file)?;
     }
+    Ok(())
 }
 
 pub use crate::model_table::TableError as CatalogError;

@@ -31,13 +31,7 @@ impl Served for Arc<Ready> {
         // The worker's thread ends, dropping the pipeline, once its last handle is gone.
         let ended = self.worker.ended();
         drop(self);
-        for _ in 0..6000 {
-            if ended() {
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        warn!("the image worker had not ended a minute after its model was unloaded");
+        crate::models::until_released(ended, "an image worker's pipeline").await;
     }
 }
 
@@ -59,10 +53,11 @@ impl ImagineState {
         let entry = self.entry();
         let files = crate::models::FileStamp::of(&entry.weights_dir());
         let need = Need {
-            place: match entry.device.parse() {
-                Ok(hearth_infer::DeviceSpec::Cuda(n)) => Place::Gpu(n),
-                _ => Place::Host,
-            },
+            // A device the loader will refuse holds nothing; counted on the host meanwhile.
+            place: entry
+                .device
+                .parse::<hearth_infer::DeviceSpec>()
+                .map_or(Place::Host, Place::from),
             bytes: files.iter().map(|f| f.len).sum(),
         };
         let (e, observers) = (Arc::clone(&entry), Arc::clone(&self.observers));
