@@ -15,9 +15,10 @@
 #   scripts/bench-gpu.sh check [DIR]  # on the GPU machine: the candle backend on the GPU against
 #                                     # the fast CPU path on every generated model of
 #                                     # tests/fixtures/arch (examples/device_check.rs)
-#   scripts/bench-gpu.sh quick [DIR]  # on the GPU machine, in about a minute: the one-row
-#                                     # kernels on and off on the 1.1B f16 and Q8_0 files, the
-#                                     # Q8_0 file against the CPU path, a prefill's kernels
+#   scripts/bench-gpu.sh quick [DIR]  # on the GPU machine, in about a minute: CUDA graphs and
+#                                     # the one-row kernels on and off on the 1.1B f16 and Q8_0
+#                                     # files, the Q8_0 file against the CPU path, a prefill's
+#                                     # kernels
 #
 # What `run` does, in this order (each step bounded; the whole under 5 minutes on an H100):
 #   1. `hearth serve` on the GPU (scripts/gpu/serve.py): `hearth dev random-model` writes a 1.1B
@@ -26,10 +27,12 @@
 #      HTTP, then the load generator drives SSE `/stream` and `/v1/chat/completions` at 1, 8, 32
 #      and 64 concurrent streams of 128 tokens; SIGTERM last.
 #   2. bench_device on the same shape (random f16 weights made on the GPU): prefill of 128-token
-#      prompts and 64 decode steps at 1, 8, 32 and 64 streams; then at 1 and 32 streams with
-#      cuBLAS for the few-row matrix products (HEARTH_GEMV=off), with the fused kernels off as
-#      well (HEARTH_FUSED=off), and with everything of issue 31 off (HEARTH_CUDA_EVENTS=track
-#      HEARTH_DECODE_ATTENTION=gather: the code before); then on the f16 and Q8_0 files of step 1.
+#      prompts and 64 decode steps at 1, 8, 32 and 64 streams; then the same with every decode
+#      step launched kernel by kernel (HEARTH_CUDA_GRAPHS=off), and from there, at 1 and 32
+#      streams, with cuBLAS for the few-row matrix products (HEARTH_GEMV=off), with the fused
+#      kernels off as well (HEARTH_FUSED=off), and with everything of issue 31 off
+#      (HEARTH_CUDA_EVENTS=track HEARTH_DECODE_ATTENTION=gather: the code before); then on the
+#      f16 and Q8_0 files of step 1, with graphs and without.
 #   3. the GPU against the CPU path (check, f16 activations), with two dense f16 llama files
 #      besides the fixtures (the fused kernels' path).
 #   4. llama.cpp's CUDA llama-bench on the very GGUF files the server served (when unpacked).
@@ -40,7 +43,9 @@
 #      the GPU's own time a step, beside bench_device's wall time; then of a 32-stream prefill's.
 #   8. scripts/gpu/summary.py: one JSON object of the headline figures (docs/gpu/*-summary.json).
 # BENCH_GPU_STEPS="2 3 7" runs only those steps (and the summary): a quick look at a kernel
-# change in a minute of GPU time.
+# change in a minute of GPU time. BENCH_GPU_SHORT=1 keeps each step to its headline figures (no
+# rows with the changes turned off in turn before graphs, no image checks or image variants, no
+# prefill profile), so that the anchors fit one call beside them.
 # The binaries need a CUDA 13 driver and CUDA 13's cuBLAS, cuRAND, NVRTC and cudart, which
 # PyTorch's CUDA 13 wheels carry there. Figures: docs/benchmarks.md, "On a GPU".
 # Not part of scripts/test.sh: it needs a GPU.
@@ -192,7 +197,7 @@ run() {
         ldd "$bin/hearth" | grep -E 'cuda|cublas|curand|nvrtc|not found' || true
         uptime
     } 2>&1
-    local steps=" ${BENCH_GPU_STEPS:-1 2 3 4 5 6 7} "
+    local steps=" ${BENCH_GPU_STEPS:-1 2 3 4 5 6 7} " short="${BENCH_GPU_SHORT:-}"
     step() { [[ "$steps" == *" $1 "* ]]; }
     touch "$out/text.jsonl"
     if step 1; then
@@ -204,6 +209,10 @@ run() {
     echo "== 2. bench_device: now; then without each of this issue's changes in turn"
     local shape=(--vocab 49152 --streams 1,8,32,64)
     timeout 90 "$bin/bench_device" --device cuda "${shape[@]}" 2>&1 | tag hearth | tee -a "$out/text.jsonl"
+    HEARTH_CUDA_GRAPHS=off timeout 60 "$bin/bench_device" --device cuda "${shape[@]}" 2>&1 |
+        tag hearth-no-graphs | tee -a "$out/text.jsonl"
+    export HEARTH_CUDA_GRAPHS=off
+    if [ -z "$short" ]; then
     HEARTH_GEMV=off timeout 60 "$bin/bench_device" --device cuda --vocab 49152 \
         --streams 1,8,32 2>&1 | tag hearth-cublas-rows | tee -a "$out/text.jsonl"
     HEARTH_GEMV=off HEARTH_FUSED=off timeout 60 "$bin/bench_device" --device cuda \
@@ -211,11 +220,15 @@ run() {
     HEARTH_CUDA_EVENTS=track HEARTH_DECODE_ATTENTION=gather HEARTH_FUSED=off HEARTH_GEMV=off \
         timeout 60 "$bin/bench_device" --device cuda --vocab 49152 --streams 1,32 2>&1 |
         tag hearth-before | tee -a "$out/text.jsonl"
-    # f16 against Q8_0, read from the file as a user's model is.
+    fi
+    unset HEARTH_CUDA_GRAPHS
+    # f16 against Q8_0, read from the file as a user's model is, with graphs and without.
     write_models
     for m in llama-1b-f16 llama-1b-q8; do
-        timeout 60 "$bin/bench_device" --device cuda --file "$WORK/$m.gguf" --streams 1,32 2>&1 |
+        timeout 60 "$bin/bench_device" --device cuda --file "$WORK/$m.gguf" --streams 1,8,32 2>&1 |
             tag "hearth-file-$m" | tee -a "$out/text.jsonl"
+        HEARTH_CUDA_GRAPHS=off timeout 60 "$bin/bench_device" --device cuda --file "$WORK/$m.gguf" \
+            --streams 1 2>&1 | tag "hearth-file-$m-no-graphs" | tee -a "$out/text.jsonl"
     done
     fi
     if step 3; then
@@ -236,13 +249,16 @@ run() {
     fi
     if step 6; then
     echo "== 6. images"
+    if [ -z "$short" ]; then
     echo "-- the image layers on the GPU against candle's f32 (Hearth's kernels, then candle's f16)"
     timeout 60 "$bin/image_check" 2>&1 | tee "$out/image-check.jsonl"
     HEARTH_IMAGE_CONV=candle HEARTH_IMAGE_FUSED=off HEARTH_IMAGE_ATTENTION=f32 timeout 60 \
         "$bin/image_check" 2>&1 | tag candle-f16 | tee -a "$out/image-check.jsonl"
+    fi
     echo "-- SDXL's full-size shapes, 1024x1024, 4 steps: now, then without each kernel in turn"
     local img=(--device cuda --dtype f16 --random-full --sizes 1024 --steps 4 --runs 2 --guidance 0)
     timeout 60 "$bin/bench_imagine" "${img[@]}" 2>&1 | tee "$out/image.txt"
+    [ -n "$short" ] ||
     for v in HEARTH_IMAGE_CONV=candle HEARTH_IMAGE_FUSED=off HEARTH_IMAGE_ATTENTION=f32 \
         "HEARTH_IMAGE_CONV=candle HEARTH_IMAGE_FUSED=off HEARTH_IMAGE_ATTENTION=f32"; do
         echo "-- $v"
@@ -266,16 +282,19 @@ run() {
     if step 7; then
         echo "== 7. what the GPU spends on a one-stream decode step (Nsight Compute)"
         profile --launch-skip 3000 --launch-count 400 -- --vocab 49152 --streams 1 --gen 64
+        if [ -z "$short" ]; then
         echo "== 7b. and a prefill of 32 prompts of 128 tokens (the f16 file, no warm-up)"
         write_models
         profile_prefill
+        fi
     fi
     echo "== 8. summary"
     python3 scripts/gpu/summary.py "$out" | tee "$out/summary.json"
 }
 
-# A minute's look at the one-row kernels: the f16 and Q8_0 files with them and without
-# (HEARTH_GEMV=off), the Q8_0 file against the CPU path, and a 32-stream prefill's kernels.
+# A minute's look at the decode path: the f16 and Q8_0 files with CUDA graphs, without
+# (HEARTH_CUDA_GRAPHS=off), and without the one-row kernels too (HEARTH_GEMV=off); the Q8_0 file
+# against the CPU path (graphs against no graphs with it); a 32-stream prefill's kernels.
 quick() {
     local out="${1:-${OUT:-/tmp/bench-gpu}}"
     mkdir -p "$out" "$WORK"
@@ -283,12 +302,16 @@ quick() {
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
     uptime
     write_models
-    echo "== the one-row kernels on, then off, on each file"
+    echo "== decode steps as CUDA graphs, then launch by launch, then without the one-row kernels"
     for m in llama-1b-f16 llama-1b-q8; do
         timeout 40 "$bin/bench_device" --device cuda --file "$WORK/$m.gguf" --streams 1,8 \
             2>&1 | tag "hearth-file-$m" | tee -a "$out/text.jsonl"
-        HEARTH_GEMV=off timeout 40 "$bin/bench_device" --device cuda --file "$WORK/$m.gguf" \
-            --streams 1 2>&1 | tag "hearth-file-$m-cublas-rows" | tee -a "$out/text.jsonl"
+        HEARTH_CUDA_GRAPHS=off timeout 40 "$bin/bench_device" --device cuda \
+            --file "$WORK/$m.gguf" --streams 1,8 2>&1 | tag "hearth-file-$m-no-graphs" |
+            tee -a "$out/text.jsonl"
+        HEARTH_CUDA_GRAPHS=off HEARTH_GEMV=off timeout 40 "$bin/bench_device" --device cuda \
+            --file "$WORK/$m.gguf" --streams 1 2>&1 | tag "hearth-file-$m-cublas-rows" |
+            tee -a "$out/text.jsonl"
     done
     echo "== the Q8_0 file on the GPU against the CPU path"
     timeout 60 "$bin/device_check" --device cuda "$WORK/llama-1b-q8.gguf" 2>&1 |

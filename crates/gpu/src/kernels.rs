@@ -98,6 +98,20 @@ pub fn device_span(
     dtype: candle_core::DType,
     what: &str,
 ) -> candle_core::Result<(u64, usize)> {
+    span(t, dtype, what).map(|(at, len, _)| (at, len))
+}
+
+/// [`device_span`] and the stream of `t`'s device.
+#[cfg(feature = "cuda")]
+fn span(
+    t: &candle_core::Tensor,
+    dtype: candle_core::DType,
+    what: &str,
+) -> candle_core::Result<(
+    u64,
+    usize,
+    std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>,
+)> {
     use candle_core::cuda_backend::cudarc::driver::DevicePtr;
     use candle_core::cuda_backend::CudaStorageSlice as S;
     if t.dtype() != dtype {
@@ -119,5 +133,49 @@ pub fn device_span(
         S::BF16(s) => s.device_ptr(&stream).0,
         _ => candle_core::bail!("{what}: a tensor of an unexpected dtype"),
     };
-    Ok((base + (a * dtype.size_in_bytes()) as u64, b - a))
+    Ok((base + (a * dtype.size_in_bytes()) as u64, b - a, stream))
+}
+
+/// Writes `values` into `t`'s memory in place, on its device's stream (ordered after the work
+/// queued before it): `t` contiguous, on a GPU, of `values`' dtype and length. For inputs that
+/// a captured CUDA graph reads at a fixed address; nothing else may hold `t` at the same time.
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)] // one copy into memory `t` owns
+pub fn write_host<E: candle_core::WithDType>(
+    t: &candle_core::Tensor,
+    values: &[E],
+) -> candle_core::Result<()> {
+    use candle_core::cuda_backend::{cudarc::driver::result, WrapErr};
+    let (at, len, stream) = span(t, E::DTYPE, "writing into a tensor")?;
+    if len != values.len() {
+        candle_core::bail!("writing {} values into a tensor of {len}", values.len())
+    }
+    // SAFETY: `at` addresses `len` elements of `E` that `t` owns (checked above); a copy from
+    // pageable host memory is staged before the call returns, so `values` may go after it.
+    unsafe { result::memcpy_htod_async(at, values, stream.cu_stream()) }.w()
+}
+
+/// Copies `src` into `dst` in place on the GPU (same dtype and element count, both contiguous),
+/// on `dst`'s device's stream: the way into a captured CUDA graph's fixed input.
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)] // one copy between memory the two tensors own
+pub fn copy_into(dst: &candle_core::Tensor, src: &candle_core::Tensor) -> candle_core::Result<()> {
+    use candle_core::cuda_backend::{cudarc::driver::result, WrapErr};
+    let what = "copying between tensors";
+    let (to, n, stream) = span(dst, dst.dtype(), what)?;
+    let (from, m, _) = span(src, dst.dtype(), what)?;
+    if n != m {
+        candle_core::bail!("{what}: {m} elements into {n}")
+    }
+    // SAFETY: both addresses cover `n` elements of the one dtype (checked above), owned by the
+    // tensors, which outlive the call; the copy is ordered on the destination's stream.
+    unsafe {
+        result::memcpy_dtod_async(
+            to,
+            from,
+            n * dst.dtype().size_in_bytes(),
+            stream.cu_stream(),
+        )
+    }
+    .w()
 }

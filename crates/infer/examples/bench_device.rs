@@ -64,8 +64,8 @@ fn run() -> Result<(), String> {
     let spec: DeviceSpec = device.parse()?;
     let t = Instant::now();
     // HEARTH_CUDA_EVENTS=track, HEARTH_CUDA_POOL=trim, HEARTH_DECODE_ATTENTION=gather,
-    // HEARTH_FUSED=off and HEARTH_GEMV=off turn the GPU's fast paths off one by one, to measure
-    // each.
+    // HEARTH_FUSED=off, HEARTH_GEMV=off and HEARTH_CUDA_GRAPHS=off turn the GPU's fast paths off
+    // one by one, to measure each.
     let gpu = GpuTuning::from_vars(|k| std::env::var(k).ok());
     let mut model = match &file {
         Some(path) => {
@@ -88,25 +88,37 @@ fn run() -> Result<(), String> {
         ),
     }
     if warmup {
-        // Kernels loaded, and the cache pool grown to the largest round's size, so that no
-        // round's prefill pays for the pool's growth.
-        let most = streams.iter().copied().max().unwrap_or(1);
-        round(&mut model, most, prompt, 2)?;
+        // Kernels loaded, the cache pool grown to the largest round's size first (so that no
+        // round's prefill pays for the pool's growth), then each round's decode step captured
+        // as a CUDA graph (`HEARTH_CUDA_GRAPHS`), as a server has after its first requests.
+        let mut sizes = streams.clone();
+        sizes.sort_unstable_by(|a, b| b.cmp(a));
+        sizes.dedup();
+        for &b in &sizes {
+            round(&mut model, b, prompt, 2)?;
+        }
     }
     for &b in &streams {
-        let (prefill, decode) = round(&mut model, b, prompt, gen)?;
+        let (prefill, first, decode) = round(&mut model, b, prompt, gen)?;
         println!(
-            "{{\"streams\":{b},\"prompt\":{prompt},\"gen\":{gen},\"prefill_tok_s\":{:.1},\"decode_tok_s\":{:.1},\"decode_step_ms\":{:.3}}}",
+            "{{\"streams\":{b},\"prompt\":{prompt},\"gen\":{gen},\"prefill_tok_s\":{:.1},\"decode_tok_s\":{:.1},\"decode_step_ms\":{:.3},\"first_step_ms\":{:.3}}}",
             (b * prompt) as f64 / prefill,
             (b * gen) as f64 / decode,
-            decode / gen as f64 * 1e3
+            decode / gen as f64 * 1e3,
+            first * 1e3
         );
     }
     Ok(())
 }
 
-/// One round of `b` streams: (prefill seconds, decode seconds).
-fn round(m: &mut TextModel, b: usize, prompt: usize, gen: usize) -> Result<(f64, f64), String> {
+/// One round of `b` streams: (prefill seconds, the first decode step's seconds, all decode
+/// steps' seconds).
+fn round(
+    m: &mut TextModel,
+    b: usize,
+    prompt: usize,
+    gen: usize,
+) -> Result<(f64, f64, f64), String> {
     let vocab = m.info().vocab_size;
     let mut seqs = (0..b)
         .map(|_| m.new_sequence(prompt + gen))
@@ -128,7 +140,8 @@ fn round(m: &mut TextModel, b: usize, prompt: usize, gen: usize) -> Result<(f64,
     let mut next = pick(m.forward(&mut steps).map_err(|e| e.to_string())?, vocab);
     let prefill = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    for _ in 0..gen {
+    let mut first = 0.0;
+    for i in 0..gen {
         let toks: Vec<[u32; 1]> = next.iter().map(|&id| [id]).collect();
         let mut steps: Vec<Step> = seqs
             .iter_mut()
@@ -136,8 +149,11 @@ fn round(m: &mut TextModel, b: usize, prompt: usize, gen: usize) -> Result<(f64,
             .map(|(seq, tok)| Step { seq, tokens: tok })
             .collect();
         next = pick(m.forward(&mut steps).map_err(|e| e.to_string())?, vocab);
+        if i == 0 {
+            first = t.elapsed().as_secs_f64();
+        }
     }
-    Ok((prefill, t.elapsed().as_secs_f64()))
+    Ok((prefill, first, t.elapsed().as_secs_f64()))
 }
 
 /// Each row's greedy token.

@@ -6,7 +6,9 @@
 //! they pick alone wherever that margin holds. Prints one JSON line per file (with the largest
 //! logit difference relative to the row's largest logit, and for each decisive step that
 //! differs: step, CPU margin, the CPU's logits of its token and the device's, the device's
-//! logits of both); exits 1 if any decisive step differs.
+//! logits of both); exits 1 if any decisive step differs. On a GPU the teacher-forced run is
+//! repeated with every decode step launched kernel by kernel (`HEARTH_CUDA_GRAPHS=off`), and the
+//! steps replayed as CUDA graphs must give the same logits bit for bit.
 //!
 //! `device_check [--device cuda] [--dtype auto|f32|f16|bf16] FILE.gguf...`
 
@@ -71,12 +73,14 @@ fn load(
     device: DeviceSpec,
     backend: BackendChoice,
     dtype: Dtype,
+    graphs: bool,
 ) -> Result<TextModel, String> {
     let mut cfg = TextModelConfig::local(path);
     cfg.device = device;
-    // HEARTH_CUDA_EVENTS, HEARTH_CUDA_POOL, HEARTH_DECODE_ATTENTION, HEARTH_FUSED: the GPU's fast
-    // paths turned off, to check the path they replace.
+    // HEARTH_CUDA_EVENTS, HEARTH_CUDA_POOL, HEARTH_DECODE_ATTENTION, HEARTH_FUSED,
+    // HEARTH_CUDA_GRAPHS: the GPU's fast paths turned off, to check the path they replace.
     cfg.gpu = GpuTuning::from_vars(|k| std::env::var(k).ok());
+    cfg.gpu.no_graphs |= !graphs;
     cfg.dtype = dtype;
     cfg.backend = backend;
     cfg.threads = 4;
@@ -106,8 +110,14 @@ fn run(m: &mut TextModel, prompt: &[u32], follow: &[u32]) -> Result<Vec<Vec<f32>
 }
 
 fn check(path: &str, device: DeviceSpec, dtype: Dtype) -> Result<(String, bool), String> {
-    let mut cpu = load(path, DeviceSpec::Cpu, BackendChoice::Fast, Dtype::Auto)?;
-    let mut dev = load(path, device, BackendChoice::Candle, dtype)?;
+    let mut cpu = load(
+        path,
+        DeviceSpec::Cpu,
+        BackendChoice::Fast,
+        Dtype::Auto,
+        false,
+    )?;
+    let mut dev = load(path, device, BackendChoice::Candle, dtype, true)?;
     let vocab = cpu.info().vocab_size;
     let prompt: Vec<u32> = (0..12).map(|i| ((i * 131 + 17) % vocab) as u32).collect();
     // The CPU's greedy path, then the device teacher-forced along it.
@@ -133,6 +143,24 @@ fn check(path: &str, device: DeviceSpec, dtype: Dtype) -> Result<(String, bool),
         }
     }
     let got = run(&mut dev, &prompt, &path_ids[..STEPS - 1])?;
+    // The same steps launched kernel by kernel: replayed graphs must change nothing.
+    let graph_diff = if device == DeviceSpec::Cpu {
+        0f32
+    } else {
+        let mut eager = load(path, device, BackendChoice::Candle, dtype, false)?;
+        let plain = run(&mut eager, &prompt, &path_ids[..STEPS - 1])?;
+        got.iter()
+            .flatten()
+            .zip(plain.iter().flatten())
+            .map(|(a, b)| {
+                if a.to_bits() == b.to_bits() {
+                    0.0
+                } else {
+                    (a - b).abs().max(f32::MIN_POSITIVE)
+                }
+            })
+            .fold(0f32, f32::max)
+    };
     let (mut decisive, mut wrong, mut rel) = (0, 0, 0f32);
     let mut flips = Vec::new();
     for (step, (w, g)) in want.iter().zip(&got).enumerate() {
@@ -218,9 +246,9 @@ fn check(path: &str, device: DeviceSpec, dtype: Dtype) -> Result<(String, bool),
         }
     }
     let line = format!(
-        "{{\"file\":\"{path}\",\"backend\":\"{}\",\"steps\":{STEPS},\"decisive\":{decisive},\"differ\":{wrong},\"max_rel_diff\":{rel:.2e},\"flips\":[{}],\"batched_decisive\":{b_decisive},\"batched_differ\":{b_wrong},\"batched_max_rel_diff\":{worst:.2e}}}",
+        "{{\"file\":\"{path}\",\"backend\":\"{}\",\"steps\":{STEPS},\"decisive\":{decisive},\"differ\":{wrong},\"max_rel_diff\":{rel:.2e},\"flips\":[{}],\"batched_decisive\":{b_decisive},\"batched_differ\":{b_wrong},\"batched_max_rel_diff\":{worst:.2e},\"graph_max_abs_diff\":{graph_diff:.2e}}}",
         dev.info().backend,
         flips.join(",")
     );
-    Ok((line, wrong == 0 && b_wrong == 0))
+    Ok((line, wrong == 0 && b_wrong == 0 && graph_diff == 0.0))
 }

@@ -153,6 +153,9 @@ pub struct GpuTuning {
     /// cuBLAS (or candle's quantized product) for one-row matrix products too, not the one-row
     /// kernels (`HEARTH_GEMV=off`).
     pub cublas_rows: bool,
+    /// Every decode step launched kernel by kernel, none replayed as a CUDA graph
+    /// (`HEARTH_CUDA_GRAPHS=off`).
+    pub no_graphs: bool,
 }
 
 impl GpuTuning {
@@ -166,6 +169,7 @@ impl GpuTuning {
             gathered_attention: is("HEARTH_DECODE_ATTENTION", "gather"),
             unfused: is("HEARTH_FUSED", "off"),
             cublas_rows: is("HEARTH_GEMV", "off"),
+            no_graphs: is("HEARTH_CUDA_GRAPHS", "off"),
         }
     }
 }
@@ -276,6 +280,7 @@ mod tests {
             ("HEARTH_DECODE_ATTENTION", "gather"),
             ("HEARTH_FUSED", "off"),
             ("HEARTH_GEMV", "off"),
+            ("HEARTH_CUDA_GRAPHS", "off"),
         ]));
         assert!(
             all_off.candle_device
@@ -283,11 +288,13 @@ mod tests {
                 && all_off.gathered_attention
                 && all_off.unfused
                 && all_off.cublas_rows
+                && all_off.no_graphs
         );
         let other_values = GpuTuning::from_vars(vars(&[
             ("HEARTH_CUDA_EVENTS", "1"),
             ("HEARTH_FUSED", "no"),
             ("HEARTH_GEMV", "0"),
+            ("HEARTH_CUDA_GRAPHS", "no"),
         ]));
         assert_eq!(other_values, GpuTuning::default());
     }

@@ -110,6 +110,12 @@ impl Pool {
         self.dtype
     }
 
+    #[cfg(feature = "cuda")]
+    /// Blocks in the pool (it only grows, each time into a new allocation).
+    pub(crate) fn blocks(&self) -> usize {
+        self.blocks
+    }
+
     /// Writes `k` and `v` (`[n, kv_dim]`, the pool's dtype) of layer `il` at pool rows `at`
     /// (`[n]` u32).
     pub(crate) fn write(

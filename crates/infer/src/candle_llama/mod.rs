@@ -15,14 +15,18 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 mod attention;
+#[cfg(feature = "cuda")]
+mod graphs;
 mod linear;
+mod plan;
+use plan::fault;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Tensor};
 
 use crate::attn::{RopeScaling, RopeStyle};
 use crate::config::{GpuTuning, KvPrecision};
-use crate::device_kv::SharedPool;
+use crate::device_kv::{Pool, SharedPool};
 use crate::gguf::{Activation, Hparams};
 use crate::model::{Backend, Step};
 use crate::sequence::{Cache, Maker, Sequence};
@@ -177,6 +181,10 @@ pub(crate) struct CandleModel {
     fused: bool,
     /// Stamped on every sequence this model makes.
     maker: Maker,
+    /// Decode steps captured as CUDA graphs (`graphs.rs`): on a GPU with the fused kernels and
+    /// the decode attention kernel, unless [`GpuTuning::no_graphs`].
+    #[cfg(feature = "cuda")]
+    graphs: Option<graphs::Graphs>,
 }
 
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor, Error> {
@@ -211,6 +219,8 @@ impl CandleModel {
             direct_decode: false,
             fused: false,
             maker: Maker::new(),
+            #[cfg(feature = "cuda")]
+            graphs: None,
             device: device.clone(),
             m: parts,
             hp,
@@ -256,6 +266,11 @@ impl CandleModel {
             for l in &mut self.m.layers {
                 l.fuse()?;
             }
+        }
+        #[cfg(feature = "cuda")]
+        {
+            self.graphs =
+                (self.fused && self.direct_decode && !gpu.no_graphs).then(graphs::Graphs::default);
         }
         Ok(())
     }
@@ -308,18 +323,48 @@ impl Backend for CandleModel {
     }
 
     fn forward(&mut self, steps: &mut [Step<'_>], logits: &mut Vec<f32>) -> Result<(), Error> {
-        let hp = &self.hp;
-        let (hd, eps) = (hp.head_dim, hp.rms_eps);
-        let plan = self.plan(steps)?;
-        let mut x = self
+        let host = self.plan(steps)?;
+        #[cfg(feature = "cuda")]
+        if host.decode_only() {
+            if let Some(mut graphs) = self.graphs.take() {
+                let done = graphs.forward(self, host, logits);
+                self.graphs = Some(graphs);
+                return done;
+            }
+        }
+        let plan = host.upload(&self.device)?;
+        let x = self.embed(&plan.ids)?;
+        let out = self.run(x, &plan, &self.pool.lock())?;
+        logits.clear();
+        logits.extend(to_host(&out)?);
+        Ok(())
+    }
+}
+
+impl CandleModel {
+    /// The rows' embeddings, `[rows, hidden]` in the activation dtype.
+    fn embed(&self, ids: &[u32]) -> Result<Tensor, Error> {
+        let x = self
             .m
             .embeddings
-            .lookup(&plan.ids, &self.device)?
+            .lookup(ids, &self.device)?
             .to_dtype(self.act)?;
-        if let Some(s) = self.m.embed_scale {
-            x = (x * s)?;
-        }
-        let pool = self.pool.lock();
+        Ok(match self.m.embed_scale {
+            Some(s) => (x * s)?,
+            None => x,
+        })
+    }
+
+    /// The layers and the output head over `x` (the step's embeddings): each step's logits,
+    /// `[steps, vocab]` in the activation dtype, on the device.
+    fn run(&self, mut x: Tensor, plan: &plan::Plan, pool: &Pool) -> Result<Tensor, Error> {
+        let hp = &self.hp;
+        let (hd, eps) = (hp.head_dim, hp.rms_eps);
+        let rope = plan
+            .rope
+            .iter()
+            .map(|(base, c, s)| Ok((*base, (c.to_dtype(self.act)?, s.to_dtype(self.act)?))))
+            .collect::<Result<Vec<_>, Error>>()?;
         // The residual add and the norm after it, one kernel on a GPU.
         let add_norm = |x: &Tensor, y: &Tensor, w: &Tensor| -> Result<(Tensor, Tensor), Error> {
             if self.fused {
@@ -337,7 +382,12 @@ impl Backend for CandleModel {
                 Some(h) => h,
                 None => rms_norm(&x, &layer.attn_norm, eps)?,
             };
-            let cs = &plan.rope[&layer.rope_theta.to_bits()];
+            let base = layer.rope_theta.to_bits();
+            let cs = &rope
+                .iter()
+                .find(|r| r.0 == base)
+                .ok_or_else(|| fault("a layer's RoPE base is not in the plan"))?
+                .1;
             let q = match &layer.qkv {
                 Qkv::Fused(w) if self.fused && layer.plain_attention_inputs() => {
                     let (pool_k, pool_v) = pool.layer(il);
@@ -354,9 +404,9 @@ impl Backend for CandleModel {
                     }
                     .run(&w.forward(&h)?)?
                 }
-                _ => self.project_rope_write(il, layer, &h, cs, &plan, &pool)?,
+                _ => self.project_rope_write(il, layer, &h, cs, plan, pool)?,
             };
-            let out = self.attention(il, &q, &plan, &pool)?;
+            let out = self.attention(il, &q, plan, pool)?;
             let attn_out = layer.wo.forward(&out)?;
             let attn_out = match &layer.post_attn_norm {
                 Some(w) => rms_norm(&attn_out, w, eps)?,
@@ -389,14 +439,9 @@ impl Backend for CandleModel {
             }
         }
         let last = rms_norm(&x.index_select(&plan.last, 0)?, &self.m.norm, eps)?;
-        let out = self.m.output.forward(&last)?;
-        logits.clear();
-        logits.extend(to_host(&out)?);
-        Ok(())
+        self.m.output.forward(&last)
     }
-}
 
-impl CandleModel {
     /// The general path from a layer's normed input to its rotated Q: the projections, biases,
     /// Q/K norms and RoPE as candle ops, and K and V written into the pool.
     fn project_rope_write(
@@ -405,8 +450,8 @@ impl CandleModel {
         layer: &Layer,
         h: &Tensor,
         cs: &(Tensor, Tensor),
-        plan: &attention::Plan,
-        pool: &crate::device_kv::Pool,
+        plan: &plan::Plan,
+        pool: &Pool,
     ) -> Result<Tensor, Error> {
         let hp = &self.hp;
         let (hd, qd, kvd, eps) = (
