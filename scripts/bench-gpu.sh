@@ -225,10 +225,12 @@ run() {
     # f16 against Q8_0, read from the file as a user's model is, with graphs and without.
     write_models
     for m in llama-1b-f16 llama-1b-q8; do
-        timeout 60 "$bin/bench_device" --device cuda --file "$WORK/$m.gguf" --streams 1,8,32 2>&1 |
-            tag "hearth-file-$m" | tee -a "$out/text.jsonl"
+        # Each graph captured is logged (a line that is not JSON).
+        RUST_LOG=hearth_infer=debug timeout 60 "$bin/bench_device" --device cuda \
+            --file "$WORK/$m.gguf" --streams 1,8,32 2>&1 | tag "hearth-file-$m" |
+            tee -a "$out/text.jsonl"
         HEARTH_CUDA_GRAPHS=off timeout 60 "$bin/bench_device" --device cuda --file "$WORK/$m.gguf" \
-            --streams 1 2>&1 | tag "hearth-file-$m-no-graphs" | tee -a "$out/text.jsonl"
+            --streams 1,32 2>&1 | tag "hearth-file-$m-no-graphs" | tee -a "$out/text.jsonl"
     done
     fi
     if step 3; then

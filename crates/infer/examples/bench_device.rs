@@ -9,11 +9,12 @@
 //!
 //! For each stream count: one prefill call of all the streams' prompts (random ids), then
 //! `--gen` decode steps of one row per stream, each bringing the logits back and picking the
-//! next tokens greedily on the host, as the scheduler does. A warm-up round at the most streams
-//! runs first (kernels loaded, the cache pool grown to its largest; unless
-//! `--warmup 0`, for a profiler that should see the first call's kernels). Prints
-//! one JSON line per stream count: prefill and decode tokens per second, and the time of one
-//! decode step.
+//! next tokens greedily on the host, as the scheduler does. Short warm-up rounds run first, the
+//! most streams first (kernels loaded, the cache pool grown to its largest, each stream count's
+//! decode step captured as a CUDA graph; unless `--warmup 0`, for a profiler that should see the
+//! first call's kernels). Prints one JSON line per stream count: prefill and decode tokens per
+//! second, the time of one decode step and of the first. Logs (`RUST_LOG`, default `warn`) go
+//! to stderr: `RUST_LOG=hearth_infer=debug` shows each graph captured.
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -31,6 +32,13 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<(), String> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let mut shape = LlamaShape::default();
     let (mut device, mut streams, mut prompt, mut gen) =
         ("cuda".to_string(), vec![1, 8, 32, 64], 128usize, 64usize);
@@ -95,11 +103,11 @@ fn run() -> Result<(), String> {
         sizes.sort_unstable_by(|a, b| b.cmp(a));
         sizes.dedup();
         for &b in &sizes {
-            round(&mut model, b, prompt, 2)?;
+            round(&mut model, b, prompt, gen, 2)?;
         }
     }
     for &b in &streams {
-        let (prefill, first, decode) = round(&mut model, b, prompt, gen)?;
+        let (prefill, first, decode) = round(&mut model, b, prompt, gen, gen)?;
         println!(
             "{{\"streams\":{b},\"prompt\":{prompt},\"gen\":{gen},\"prefill_tok_s\":{:.1},\"decode_tok_s\":{:.1},\"decode_step_ms\":{:.3},\"first_step_ms\":{:.3}}}",
             (b * prompt) as f64 / prefill,
@@ -111,13 +119,14 @@ fn run() -> Result<(), String> {
     Ok(())
 }
 
-/// One round of `b` streams: (prefill seconds, the first decode step's seconds, all decode
-/// steps' seconds).
+/// One round of `b` streams made for `prompt + gen` positions, `decode` steps of them:
+/// (prefill seconds, the first decode step's seconds, all decode steps' seconds).
 fn round(
     m: &mut TextModel,
     b: usize,
     prompt: usize,
     gen: usize,
+    decode: usize,
 ) -> Result<(f64, f64, f64), String> {
     let vocab = m.info().vocab_size;
     let mut seqs = (0..b)
@@ -141,7 +150,7 @@ fn round(
     let prefill = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let mut first = 0.0;
-    for i in 0..gen {
+    for i in 0..decode {
         let toks: Vec<[u32; 1]> = next.iter().map(|&id| [id]).collect();
         let mut steps: Vec<Step> = seqs
             .iter_mut()
