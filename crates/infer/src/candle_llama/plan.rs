@@ -400,3 +400,22 @@ impl CandleModel {
 pub(super) fn fault(what: impl Into<String>) -> Error {
     Error::Candle(candle_core::Error::Msg(what.into()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::decode_bucket;
+
+    #[test]
+    fn a_decode_table_is_rounded_up_to_its_bucket_and_never_down() {
+        let got: Vec<usize> = [1, 2, 3, 5, 9, 16, 17, 32, 33, 250]
+            .into_iter()
+            .map(decode_bucket)
+            .collect();
+        assert_eq!(got, [1, 2, 4, 8, 16, 16, 32, 32, 48, 256]);
+        // Every length within a bucket shares its captured step; none is cut short.
+        for nb in 1..600 {
+            let b = decode_bucket(nb);
+            assert!(b >= nb && decode_bucket(b) == b, "{nb} -> {b}");
+        }
+    }
+}
