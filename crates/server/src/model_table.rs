@@ -272,7 +272,6 @@ fn top_level(key: &str, value: &toml::Value) -> (String, String) {
     }
 }
 
-/// `p` as written in the table at `path`: relative paths are relative to the table's folder.
 /// The rule every kind's reload follows for the files its rows name: each must exist, else the
 /// table is refused (`label` says which key named it, as `loras: ink = `). At start such a row
 /// loads and fails, and health says why; on a reload the missing file would replace a running
@@ -295,6 +294,7 @@ pub fn must_exist(
     })
 }
 
+/// `p` as written in the table at `path`: relative paths are relative to the table's folder.
 pub fn relative_to(path: &Path, p: &Path) -> PathBuf {
     if p.is_absolute() {
         p.to_path_buf()

@@ -118,32 +118,22 @@ impl Host {
 }
 
 impl<T> Steps<T> {
+    /// Every tensor of the plan, in [`Steps::map`]'s order.
     #[cfg(feature = "cuda")]
-    /// Every tensor of the plan, in one fixed order.
     fn each(&self) -> Vec<&T> {
-        let mut all = vec![&self.write_at, &self.last];
-        for g in &self.groups {
-            match &g.keys {
-                Keys::Direct { meta } => all.push(meta),
-                Keys::Gathered { blocks, mask } => {
-                    all.push(blocks);
-                    match mask {
-                        Mask::Added { mask, window } => {
-                            all.extend([Some(mask), window.as_ref()].into_iter().flatten())
-                        }
-                        Mask::Visible(v) => all.push(v),
-                    }
-                }
-            }
-        }
-        for (_, c, s) in &self.rope {
-            all.extend([c, s]);
-        }
+        let mut all = Vec::new();
+        let _ = self.map(|t| {
+            all.push(t);
+            Ok(())
+        });
         all
     }
 
-    /// The same plan with every tensor through `f`.
-    fn map<U>(&self, mut f: impl FnMut(&T) -> Result<U, Error>) -> Result<Steps<U>, Error> {
+    /// The same plan with every tensor through `f`, each once, in one fixed order.
+    fn map<'a, U>(
+        &'a self,
+        mut f: impl FnMut(&'a T) -> Result<U, Error>,
+    ) -> Result<Steps<U>, Error> {
         let groups = self
             .groups
             .iter()
@@ -212,7 +202,7 @@ impl HostPlan {
     /// Whether every step is one token attending through the decode attention kernel (what a
     /// captured step runs).
     pub(super) fn decode_only(&self) -> bool {
-        self.groups.len() == 1 && self.layout()[0].2 == 1 && self.layout()[0].4
+        matches!(self.groups.as_slice(), [g] if g.qr == 1 && matches!(g.keys, Keys::Direct { .. }))
     }
 
     #[cfg(feature = "cuda")]
