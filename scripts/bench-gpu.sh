@@ -32,15 +32,19 @@
 #      streams, with cuBLAS for the few-row matrix products (HEARTH_GEMV=off), with the fused
 #      kernels off as well (HEARTH_FUSED=off), and with everything of issue 31 off
 #      (HEARTH_CUDA_EVENTS=track HEARTH_DECODE_ATTENTION=gather: the code before); then on the
-#      f16 and Q8_0 files of step 1, with graphs and without.
-#   3. the GPU against the CPU path (check, f16 activations), with two dense f16 llama files
-#      besides the fixtures (the fused kernels' path).
+#      f16 and Q8_0 files of step 1, with graphs and without. Before the rows without graphs, a
+#      row with the first decode attention and add-norm kernels (HEARTH_STEP_KERNELS=first).
+#   3. the GPU against the CPU path (check, f16 activations), with dense f16 llama files besides
+#      the fixtures (the fused kernels' path): four small ones (each variant of the decode
+#      attention's register kernel), also with a 700-token prompt (a row's positions split), and
+#      the two 1.1B files.
 #   4. llama.cpp's CUDA llama-bench on the very GGUF files the server served (when unpacked).
 #   5. Hugging Face transformers' LlamaForCausalLM, eager attention (scripts/gpu/torch_llama.py).
 #   6. images at 1024x1024, 4 steps without guidance: Hearth on SDXL base's full-size shapes with
 #      random weights, diffusers on the same shapes (scripts/gpu/torch_sdxl.py).
 #   7. Nsight Compute's durations of ~2 one-stream decode steps' kernels (scripts/gpu/step_profile.py):
-#      the GPU's own time a step, beside bench_device's wall time; then of a 32-stream prefill's.
+#      the GPU's own time a step, beside bench_device's wall time; of a 64-stream step's; then of
+#      a 32-stream prefill's.
 #   8. scripts/gpu/summary.py: one JSON object of the headline figures (docs/gpu/*-summary.json).
 # BENCH_GPU_STEPS="2 3 7" runs only those steps (and the summary): a quick look at a kernel
 # change in a minute of GPU time. BENCH_GPU_SHORT=1 keeps each step to its headline figures (no
@@ -142,13 +146,26 @@ check() {
     # Dense f16 llama files take the fused kernels (of the quantized fixtures, the Q8_0 ones and
     # Phi-3's fused projections do): a small one, and the served 1.1B files (f16 and Q8_0) when
     # step 1 or 2 wrote them.
-    local dense="$WORK/small-f16.gguf"
+    # The small ones take each variant of the decode attention's register kernel: heads of 64
+    # and 128, 4 and 8 query heads a KV head (12 / 2 = 6 is the second).
+    local dense="$WORK/small-f16.gguf" shape
     mkdir -p "$WORK"
     "$bin/hearth" dev random-model "$dense" --tokenizer-from "$PACK/tok.gguf" --layers 4 \
         --hidden 512 --heads 8 --kv-heads 2 --ff 1024 >/dev/null
+    local heads=()
+    for shape in 768:12:2 1024:8:2 1024:8:1; do
+        IFS=: read -r h n kv <<<"$shape"
+        "$bin/hearth" dev random-model "$WORK/small-$h-$n-$kv.gguf" --tokenizer-from \
+            "$PACK/tok.gguf" --layers 2 --hidden "$h" --heads "$n" --kv-heads "$kv" --ff 1024 \
+            >/dev/null
+        heads+=("$WORK/small-$h-$n-$kv.gguf")
+    done
     echo "== the candle backend on the GPU against the fast CPU path (f16 activations)"
-    timeout 150 "$bin/device_check" --device cuda tests/fixtures/arch/*.gguf "$dense" \
+    timeout 150 "$bin/device_check" --device cuda tests/fixtures/arch/*.gguf "$dense" "${heads[@]}" \
         $(ls "$WORK"/llama-1b-{f16,q8}.gguf 2>/dev/null) 2>&1 | tee "$out/check.jsonl"
+    echo "-- the small dense files with a prompt of 700 tokens (the attention's rows split)"
+    timeout 90 "$bin/device_check" --device cuda --prompt 700 "$dense" "${heads[@]}" 2>&1 |
+        tee -a "$out/check.jsonl"
 }
 
 # Tags each JSON line of stdin with an engine name.
@@ -209,8 +226,14 @@ run() {
     echo "== 2. bench_device: now; then without each of this issue's changes in turn"
     local shape=(--vocab 49152 --streams 1,8,32,64)
     timeout 90 "$bin/bench_device" --device cuda "${shape[@]}" 2>&1 | tag hearth | tee -a "$out/text.jsonl"
+    HEARTH_STEP_KERNELS=first timeout 60 "$bin/bench_device" --device cuda "${shape[@]}" 2>&1 |
+        tag hearth-first-kernels | tee -a "$out/text.jsonl"
     HEARTH_CUDA_GRAPHS=off timeout 60 "$bin/bench_device" --device cuda "${shape[@]}" 2>&1 |
         tag hearth-no-graphs | tee -a "$out/text.jsonl"
+    # Graphed steps of many rows have been slower than launched ones in this benchmark (not in
+    # the server): with cuBLAS given a fixed workspace, in case its captured products differ.
+    CUBLAS_WORKSPACE_CONFIG=:4096:8 timeout 60 "$bin/bench_device" --device cuda --vocab 49152 \
+        --streams 32,64 2>&1 | tag hearth-cublas-workspace | tee -a "$out/text.jsonl"
     export HEARTH_CUDA_GRAPHS=off
     if [ -z "$short" ]; then
     HEARTH_GEMV=off timeout 60 "$bin/bench_device" --device cuda --vocab 49152 \
@@ -284,6 +307,8 @@ run() {
     if step 7; then
         echo "== 7. what the GPU spends on a one-stream decode step (Nsight Compute)"
         profile --launch-skip 3000 --launch-count 400 -- --vocab 49152 --streams 1 --gen 64
+        echo "== 7a. and a 64-stream decode step"
+        profile --launch-skip 3000 --launch-count 400 -- --vocab 49152 --streams 64 --gen 64
         if [ -z "$short" ]; then
         echo "== 7b. and a prefill of 32 prompts of 128 tokens (the f16 file, no warm-up)"
         write_models

@@ -4,7 +4,7 @@ uses it) with NVRTC itself, here, on a machine without a GPU, so that a kernel
 that does not compile is found before GPU time is spent on it. NVRTC comes from NVIDIA's
 `nvidia-cuda-nvrtc` wheel (fetched into .cache/nvrtc on first use).
 
-    python3 scripts/gpu/nvrtc-check.py crates/infer/src/{decode_attn,fused,kv_write}.rs
+    python3 scripts/gpu/nvrtc-check.py crates/infer/src/{decode_attn/source,fused,gemv,kv_write}.rs
 
 Prints each kernel's register and spill report (ptxas, when the toolkit of scripts/build-cuda.sh
 is there) and exits non-zero on the first failure.

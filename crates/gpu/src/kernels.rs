@@ -1,14 +1,15 @@
 //! What Hearth's own CUDA kernels share, text and image alike: the prelude every kernel source
 //! starts with (loads and stores of f32, f16 and bf16 values as f32, with no headers, so that
 //! NVRTC needs nothing but itself), compiling a source once per process, and reading a tensor's
-//! place in its storage. The kernels: `hearth-infer`'s `decode_attn.rs`, `fused.rs`, `gemv.rs`
+//! place in its storage. The kernels: `hearth-infer`'s `decode_attn/`, `fused.rs`, `gemv.rs`
 //! and `kv_write.rs` (raw copies between the KV pool and a step's tensors); `hearth-imagine`'s
 //! `layers/cuda.rs`.
 
 /// Conversions between the stored dtypes and f32: `C::load(x)` and `C::store(f)` for `C` one of
 /// `F32`, `F16`, `BF16` (whose `C::T` is the stored type), and `C::load8(p, f)` for eight values
-/// from one aligned vector load (16 bytes of f16/bf16, 32 of f32: the caller checks the alignment).
-/// f16 through PTX's `cvt`, bf16 by shifting (stores round to nearest even).
+/// from one aligned vector load (16 bytes of f16/bf16, 32 of f32: the caller checks the alignment),
+/// `C::store8(p, f)` for eight values in one aligned vector store. f16 through PTX's `cvt`, bf16
+/// by shifting (stores round to nearest even).
 #[cfg(feature = "cuda")]
 pub const PRELUDE: &str = r#"
 struct F32 {
@@ -19,6 +20,10 @@ struct F32 {
     static __device__ __forceinline__ void load8(const float *p, float f[8]) {
         const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
         f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+    }
+    static __device__ __forceinline__ void store8(float *p, const float f[8]) {
+        ((float4 *)p)[0] = make_float4(f[0], f[1], f[2], f[3]);
+        ((float4 *)p)[1] = make_float4(f[4], f[5], f[6], f[7]);
     }
 };
 // Eight 16-bit values from one 16-byte aligned load, each through `C::load`.
@@ -32,6 +37,15 @@ __device__ __forceinline__ void load8_u16(const unsigned short *p, float f[8]) {
         f[2 * i + 1] = C::load((unsigned short)(w[i] >> 16));
     }
 }
+// Eight values through `C::store` into one 16-byte aligned store of 16-bit values.
+template <typename C>
+__device__ __forceinline__ void store8_u16(unsigned short *p, const float f[8]) {
+    unsigned int w[4];
+    #pragma unroll
+    for (int i = 0; i < 4; ++i)
+        w[i] = (unsigned int)C::store(f[2 * i]) | ((unsigned int)C::store(f[2 * i + 1]) << 16);
+    *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
+}
 struct F16 {
     typedef unsigned short T;
     static __device__ __forceinline__ float load(unsigned short h) {
@@ -42,6 +56,9 @@ struct F16 {
     }
     static __device__ __forceinline__ void load8(const unsigned short *p, float f[8]) {
         load8_u16<F16>(p, f);
+    }
+    static __device__ __forceinline__ void store8(unsigned short *p, const float f[8]) {
+        store8_u16<F16>(p, f);
     }
 };
 struct BF16 {
@@ -56,6 +73,9 @@ struct BF16 {
     }
     static __device__ __forceinline__ void load8(const unsigned short *p, float f[8]) {
         load8_u16<BF16>(p, f);
+    }
+    static __device__ __forceinline__ void store8(unsigned short *p, const float f[8]) {
+        store8_u16<BF16>(p, f);
     }
 };
 "#;

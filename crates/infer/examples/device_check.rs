@@ -10,7 +10,9 @@
 //! repeated with every decode step launched kernel by kernel (`HEARTH_CUDA_GRAPHS=off`), and the
 //! steps replayed as CUDA graphs must give the same logits bit for bit.
 //!
-//! `device_check [--device cuda] [--dtype auto|f32|f16|bf16] FILE.gguf...`
+//! `device_check [--device cuda] [--dtype auto|f32|f16|bf16] [--prompt N] FILE.gguf...`: the
+//! teacher-forced run's prompt is N tokens (12 unless given; a long one takes the decode
+//! attention's splits of a row, merged by a second kernel).
 
 use std::process::ExitCode;
 
@@ -27,10 +29,18 @@ fn main() -> ExitCode {
     let mut device = "cuda".to_string();
     let mut dtype = Dtype::Auto;
     let mut files = Vec::new();
+    let mut prompt = 12;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--device" => device = args.next().unwrap_or_default(),
+            "--prompt" => match args.next().unwrap_or_default().parse() {
+                Ok(n) if n > 0 => prompt = n,
+                _ => {
+                    eprintln!("device_check: --prompt takes a positive number of tokens");
+                    return ExitCode::from(2);
+                }
+            },
             "--dtype" => match args.next().unwrap_or_default().parse() {
                 Ok(d) => dtype = d,
                 Err(e) => {
@@ -50,7 +60,7 @@ fn main() -> ExitCode {
     };
     let mut ok = true;
     for f in &files {
-        match check(f, spec, dtype) {
+        match check(f, spec, dtype, prompt) {
             Ok((line, good)) => {
                 println!("{line}");
                 ok &= good;
@@ -109,7 +119,12 @@ fn run(m: &mut TextModel, prompt: &[u32], follow: &[u32]) -> Result<Vec<Vec<f32>
     Ok(out)
 }
 
-fn check(path: &str, device: DeviceSpec, dtype: Dtype) -> Result<(String, bool), String> {
+fn check(
+    path: &str,
+    device: DeviceSpec,
+    dtype: Dtype,
+    prompt_len: usize,
+) -> Result<(String, bool), String> {
     let mut cpu = load(
         path,
         DeviceSpec::Cpu,
@@ -119,7 +134,9 @@ fn check(path: &str, device: DeviceSpec, dtype: Dtype) -> Result<(String, bool),
     )?;
     let mut dev = load(path, device, BackendChoice::Candle, dtype, true)?;
     let vocab = cpu.info().vocab_size;
-    let prompt: Vec<u32> = (0..12).map(|i| ((i * 131 + 17) % vocab) as u32).collect();
+    let prompt: Vec<u32> = (0..prompt_len)
+        .map(|i| ((i * 131 + 17) % vocab) as u32)
+        .collect();
     // The CPU's greedy path, then the device teacher-forced along it.
     let mut path_ids = Vec::new();
     let mut want = Vec::new();
@@ -246,7 +263,7 @@ fn check(path: &str, device: DeviceSpec, dtype: Dtype) -> Result<(String, bool),
         }
     }
     let line = format!(
-        "{{\"file\":\"{path}\",\"backend\":\"{}\",\"steps\":{STEPS},\"decisive\":{decisive},\"differ\":{wrong},\"max_rel_diff\":{rel:.2e},\"flips\":[{}],\"batched_decisive\":{b_decisive},\"batched_differ\":{b_wrong},\"batched_max_rel_diff\":{worst:.2e},\"graph_max_abs_diff\":{graph_diff:.2e}}}",
+        "{{\"file\":\"{path}\",\"backend\":\"{}\",\"prompt\":{prompt_len},\"steps\":{STEPS},\"decisive\":{decisive},\"differ\":{wrong},\"max_rel_diff\":{rel:.2e},\"flips\":[{}],\"batched_decisive\":{b_decisive},\"batched_differ\":{b_wrong},\"batched_max_rel_diff\":{worst:.2e},\"graph_max_abs_diff\":{graph_diff:.2e}}}",
         dev.info().backend,
         flips.join(",")
     );

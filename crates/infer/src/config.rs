@@ -156,6 +156,10 @@ pub struct GpuTuning {
     /// Every decode step launched kernel by kernel, none replayed as a CUDA graph
     /// (`HEARTH_CUDA_GRAPHS=off`).
     pub no_graphs: bool,
+    /// The first decode attention kernel (a thread a position, splits merged by a second
+    /// kernel), the scalar add-norm kernel and the one-row product's first loop (each load used
+    /// at once), not their later versions, to compare (`HEARTH_STEP_KERNELS=first`).
+    pub first_kernels: bool,
 }
 
 impl GpuTuning {
@@ -170,6 +174,7 @@ impl GpuTuning {
             unfused: is("HEARTH_FUSED", "off"),
             cublas_rows: is("HEARTH_GEMV", "off"),
             no_graphs: is("HEARTH_CUDA_GRAPHS", "off"),
+            first_kernels: is("HEARTH_STEP_KERNELS", "first"),
         }
     }
 }
@@ -281,6 +286,7 @@ mod tests {
             ("HEARTH_FUSED", "off"),
             ("HEARTH_GEMV", "off"),
             ("HEARTH_CUDA_GRAPHS", "off"),
+            ("HEARTH_STEP_KERNELS", "first"),
         ]));
         assert!(
             all_off.candle_device
@@ -289,12 +295,14 @@ mod tests {
                 && all_off.unfused
                 && all_off.cublas_rows
                 && all_off.no_graphs
+                && all_off.first_kernels
         );
         let other_values = GpuTuning::from_vars(vars(&[
             ("HEARTH_CUDA_EVENTS", "1"),
             ("HEARTH_FUSED", "no"),
             ("HEARTH_GEMV", "0"),
             ("HEARTH_CUDA_GRAPHS", "no"),
+            ("HEARTH_STEP_KERNELS", "tiled"),
         ]));
         assert_eq!(other_values, GpuTuning::default());
     }

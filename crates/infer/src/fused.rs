@@ -59,6 +59,18 @@ impl Glu {
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // read by the CUDA launch
 pub(crate) struct AddNorm {
     pub eps: f32,
+    /// The scalar kernel (a value a thread at a time, the sums read back), not the one that keeps
+    /// a row in registers ([`crate::GpuTuning::first_kernels`], to compare).
+    pub scalar: bool,
+}
+
+/// Threads of the register add-norm kernel for a row of `d`, when it takes the row: `d` a whole
+/// number of 8-value chunks, at most 4 a thread.
+#[cfg(feature = "cuda")]
+fn add_norm_threads(d: usize) -> Option<u32> {
+    let chunks = d / 8;
+    let threads = chunks.next_multiple_of(32).clamp(32, 256);
+    (d.is_multiple_of(8) && chunks > 0 && chunks <= 4 * threads).then_some(threads as u32)
 }
 
 impl AddNorm {
@@ -274,14 +286,22 @@ impl CustomOp3 for AddNorm {
             candle_core::bail!("add-norm: x and y must be [rows, d] and the weight [d]")
         }
         let dev = x.device.clone();
+        // The register kernel where the row fits it and every operand is aligned for vectors.
+        let vector = add_norm_threads(d)
+            .filter(|_| !self.scalar && x0 % 8 == 0 && y0 % 8 == 0 && w0 % 8 == 0);
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
-            block_dim: (256, 1, 1),
+            block_dim: (vector.unwrap_or(256), 1, 1),
             shared_mem_bytes: 0,
         };
         macro_rules! launch {
             ($x:expr, $y:expr, $w:expr, $ty:ty, $kernel:literal) => {{
-                let func = dev.get_or_load_custom_func($kernel, "hearth_fused", ptx()?)?;
+                let name = if vector.is_some() {
+                    concat!($kernel, "_vec")
+                } else {
+                    $kernel
+                };
+                let func = dev.get_or_load_custom_func(name, "hearth_fused", ptx()?)?;
                 // SAFETY: every element of `out` is written by the kernel.
                 let mut out = unsafe { dev.alloc::<$ty>(2 * rows * d)? };
                 let (xs, ys, ws) = ($x.slice(x0..x1), $y.slice(y0..y1), $w.slice(w0..w1));
@@ -372,6 +392,18 @@ __device__ void glu(const typename C::T *x, typename C::T *out, unsigned int n,
     }
 }
 
+// The sum of each thread's `v` over the block, for every thread (blockDim a multiple of 32).
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float part[32];
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+    __syncthreads();
+    v = 0.f;
+    for (unsigned int i = 0; i < blockDim.x / 32; ++i) v += part[i];
+    return v;
+}
+
 // Grid (rows), 256 threads: row r of out[0] = x + y (rounded), of out[1] = its RMSNorm * w.
 template <typename C>
 __device__ void add_norm(const typename C::T *__restrict__ x, const typename C::T *__restrict__ y,
@@ -389,18 +421,56 @@ __device__ void add_norm(const typename C::T *__restrict__ x, const typename C::
         const float f = C::load(s);
         sq += f * f;
     }
-    __shared__ float part[32];
-    #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = sq;
-    __syncthreads();
-    sq = 0.f;
-    for (unsigned int i = 0; i < blockDim.x / 32; ++i) sq += part[i];
-    const float scale = rsqrtf(sq / d + eps);
+    const float scale = rsqrtf(block_sum(sq) / d + eps);
     // Each thread reads back the sums it wrote itself.
     #pragma unroll 8
     for (unsigned int j = threadIdx.x; j < d; j += blockDim.x)
         h[j] = C::store(scale * C::load(sum[j]) * C::load(w[j]));
+}
+
+// The same in registers, for d a multiple of 8 up to 8 * 4 * blockDim: thread t holds the
+// 8-value chunks t, t + blockDim, .. (at most 4) of the row, loaded with its weights in one
+// round of vector loads; the sums are stored, reduced over the block, and the norm written
+// from the registers, where the scalar kernel above has a load, a store and a load back each
+// value. The arithmetic and its rounding are the scalar kernel's.
+template <typename C>
+__device__ void add_norm_vec(const typename C::T *__restrict__ x,
+                             const typename C::T *__restrict__ y,
+                             const typename C::T *__restrict__ w,
+                             typename C::T *__restrict__ out, unsigned int rows, unsigned int d,
+                             float eps) {
+    const size_t r = blockIdx.x;
+    const unsigned int chunks = d / 8;
+    const typename C::T *xr = x + r * d, *yr = y + r * d;
+    typename C::T *sum = out + r * d, *h = out + ((size_t)rows + r) * d;
+    float s[4][8], wf[4][8];
+    float sq = 0.f;
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const unsigned int c = threadIdx.x + blockDim.x * i;
+        if (c < chunks) {
+            float a[8];
+            C::load8(xr + c * 8, a);
+            C::load8(yr + c * 8, s[i]);
+            C::load8(w + c * 8, wf[i]);
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                s[i][j] = C::load(C::store(a[j] + s[i][j]));
+                sq += s[i][j] * s[i][j];
+            }
+            C::store8(sum + c * 8, s[i]);
+        }
+    }
+    const float scale = rsqrtf(block_sum(sq) / d + eps);
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const unsigned int c = threadIdx.x + blockDim.x * i;
+        if (c < chunks) {
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) s[i][j] = scale * s[i][j] * wf[i][j];
+            C::store8(h + c * 8, s[i]);
+        }
+    }
 }
 
 #define ROPE_KV(NAME, C)                                                                      \
@@ -424,6 +494,10 @@ ROPE_KV(rope_kv_bf16, BF16)
 extern "C" __global__ void NAME(const C::T *x, const C::T *y, const C::T *w, C::T *out,      \
                                 unsigned int rows, unsigned int d, float eps) {               \
     add_norm<C>(x, y, w, out, rows, d, eps);                                                  \
+}                                                                                             \
+extern "C" __global__ void NAME##_vec(const C::T *x, const C::T *y, const C::T *w, C::T *out,\
+                                      unsigned int rows, unsigned int d, float eps) {         \
+    add_norm_vec<C>(x, y, w, out, rows, d, eps);                                              \
 }
 GLU(glu_f32, F32)
 GLU(glu_f16, F16)

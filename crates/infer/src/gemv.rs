@@ -29,10 +29,10 @@ fn config(n: usize) -> candle_core::cuda_backend::cudarc::driver::LaunchConfig {
 
 /// Launches one of the kernels below on `$dev` for the input row `$x` (a device slice view)
 /// and the weights `$w` (a slice view, or a device address as a `u64`), allocating and returning the `$n`
-/// outputs of type `$ty`. The caller has checked the shapes and alignments its kernel needs.
+/// outputs of type `$ty`; `$flag` is the kernel's last argument (the dense kernel's rounds). The caller has checked the shapes and alignments its kernel needs.
 #[cfg(feature = "cuda")]
 macro_rules! launch_row {
-    ($dev:expr, $kernel:expr, $ty:ty, $x:expr, $w:expr, $n:expr, $k:expr) => {{
+    ($dev:expr, $kernel:expr, $ty:ty, $x:expr, $w:expr, $n:expr, $k:expr, $flag:expr) => {{
         let func = $dev.get_or_load_custom_func($kernel, "hearth_gemv", ptx()?)?;
         // SAFETY: every element is written by the kernel before it is read.
         let mut out = unsafe { $dev.alloc::<$ty>($n)? };
@@ -44,6 +44,8 @@ macro_rules! launch_row {
         b.arg(&mut out);
         b.arg(&n);
         b.arg(&k);
+        let flag: u32 = $flag;
+        b.arg(&flag);
         // SAFETY: the kernel reads `k` values of x and the `n` rows of w (their storage holds
         // them, as the caller checked) and writes the `n` values of out.
         unsafe { b.launch(config($n)) }.w()?;
@@ -52,7 +54,12 @@ macro_rules! launch_row {
 }
 
 /// `x @ w.T` for `x` `[1, k]` and a dense `w` `[n, k]`.
-pub(crate) struct Gemv;
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // read by the CUDA launch
+pub(crate) struct Gemv {
+    /// A round of loads before their uses (else the first loop: each load used at once, to
+    /// compare; [`crate::GpuTuning::first_kernels`]).
+    pub rounds: bool,
+}
 
 impl Gemv {
     /// Whether the kernel takes `x` against `w`: on a GPU, one dtype (f16, bf16 or f32), one
@@ -71,8 +78,8 @@ impl Gemv {
     }
 
     /// `x @ w.T`, `[1, n]`.
-    pub(crate) fn run(x: &Tensor, w: &Tensor) -> Result<Tensor, Error> {
-        Ok(x.contiguous()?.apply_op2_no_bwd(w, &Gemv)?)
+    pub(crate) fn run(&self, x: &Tensor, w: &Tensor) -> Result<Tensor, Error> {
+        Ok(x.contiguous()?.apply_op2_no_bwd(w, self)?)
     }
 }
 
@@ -121,9 +128,19 @@ impl CustomOp2 for Gemv {
             candle_core::bail!("{what}: shapes or alignment do not fit the kernel")
         }
         let dev = x.device.clone();
+        let rounds = u32::from(self.rounds);
         macro_rules! dense {
             ($x:expr, $w:expr, $ty:ty, $kernel:literal) => {
-                launch_row!(dev, $kernel, $ty, $x.slice(x0..x1), $w.slice(w0..w1), n, k)
+                launch_row!(
+                    dev,
+                    $kernel,
+                    $ty,
+                    $x.slice(x0..x1),
+                    $w.slice(w0..w1),
+                    n,
+                    k,
+                    rounds
+                )
             };
         }
         let out = match (&x.slice, &w.slice) {
@@ -204,7 +221,7 @@ impl CustomOp1 for GemvQ8<'_> {
         let dev = x.device.clone();
         macro_rules! q8 {
             ($x:expr, $ty:ty, $kernel:literal) => {
-                launch_row!(dev, $kernel, $ty, $x.slice(x0..x1), w, n, k)
+                launch_row!(dev, $kernel, $ty, $x.slice(x0..x1), w, n, k, 0)
             };
         }
         let out = match &x.slice {
@@ -220,19 +237,70 @@ impl CustomOp1 for GemvQ8<'_> {
 /// The kernels' source (after [`hearth_gpu::kernels::PRELUDE`]).
 #[cfg(feature = "cuda")]
 const SOURCE: &str = r#"
+// Eight values' bytes (one 16-byte vector of f16/bf16, two of f32), loaded now and converted
+// later: a round's loads are all issued before any of them is waited on.
+struct Raw8 {
+    uint4 a, b;
+};
+template <typename C>
+__device__ __forceinline__ Raw8 raw8(const typename C::T *p) {
+    Raw8 r;
+    r.a = ((const uint4 *)p)[0];
+    r.b = sizeof(typename C::T) == 4 ? ((const uint4 *)p)[1] : make_uint4(0, 0, 0, 0);
+    return r;
+}
+template <typename C>
+__device__ __forceinline__ void cvt8(const Raw8 &r, float f[8]) {
+    const unsigned int w[8] = {r.a.x, r.a.y, r.a.z, r.a.w, r.b.x, r.b.y, r.b.z, r.b.w};
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        if (sizeof(typename C::T) == 4) {
+            f[i] = __uint_as_float(w[i]);
+        } else if (i < 4) {
+            f[2 * i] = C::load((unsigned short)(w[i] & 0xffffu));
+            f[2 * i + 1] = C::load((unsigned short)(w[i] >> 16));
+        }
+    }
+}
+
 // Grid (ceil(n / 4)), 128 threads: warp w of block b computes y[n] = sum_k x[k] * w[n, k] for
-// n = 4 b + w.
+// n = 4 b + w. A lane takes 8 values every 256: rounds of ROUND of them (all of a 2,048-wide
+// row) are loaded into registers first, weights and inputs, and only then multiplied, so that
+// they are in flight together (a load followed at once by its use waits out the memory's
+// latency before the next is issued); a row's tail that is not a whole round goes 8 values at a
+// time. The sum's order is a lane's values in order, whatever the rounds.
+#define ROUND 8u
 template <typename C>
 __device__ void gemv(const typename C::T *__restrict__ x, const typename C::T *__restrict__ w,
-                     typename C::T *__restrict__ y, unsigned int n_out, unsigned int k) {
+                     typename C::T *__restrict__ y, unsigned int n_out, unsigned int k,
+                     unsigned int batched) {
     const unsigned int lane = threadIdx.x % 32;
     const unsigned int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (n >= n_out) return;
     const typename C::T *wrow = w + (size_t)n * k;
     float acc = 0.f;
-    // Unrolled so that 8 loads of 16 bytes a lane are in flight (all of a 2,048-wide row).
-    #pragma unroll 8
-    for (unsigned int k0 = lane * 8; k0 < k; k0 += 256) {
+    // Without `batched` the whole row goes the tail's way (the first kernel's loop, to compare).
+    const unsigned int rounds = batched ? k / (256 * ROUND) : 0;
+    for (unsigned int r = 0; r < rounds; ++r) {
+        const unsigned int base = r * 256 * ROUND + lane * 8;
+        Raw8 wr[ROUND], xr[ROUND];
+        #pragma unroll
+        for (unsigned int u = 0; u < ROUND; ++u) {
+            wr[u] = raw8<C>(wrow + base + u * 256);
+            xr[u] = raw8<C>(x + base + u * 256);
+        }
+        #pragma unroll
+        for (unsigned int u = 0; u < ROUND; ++u) {
+            float wf[8], xf[8];
+            cvt8<C>(wr[u], wf);
+            cvt8<C>(xr[u], xf);
+            float s = 0.f;
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) s += wf[j] * xf[j];
+            acc += s;
+        }
+    }
+    for (unsigned int k0 = rounds * 256 * ROUND + lane * 8; k0 < k; k0 += 256) {
         float wf[8], xf[8];
         C::load8(wrow + k0, wf);
         C::load8(x + k0, xf);
@@ -296,14 +364,18 @@ __device__ void gemv_q8_0(const typename C::T *__restrict__ x,
     if (lane == 0) y[n] = C::store(acc);
 }
 
+// `__launch_bounds__(128, 1)` lets ptxas spend the registers a round's loads need (it otherwise
+// keeps a few in flight and waits on each, to save registers for occupancy).
 #define GEMV(NAME, C)                                                                         \
-extern "C" __global__ void NAME(const C::T *x, const C::T *w, C::T *y, unsigned int n_out,   \
-                                unsigned int k) {                                             \
-    gemv<C>(x, w, y, n_out, k);                                                               \
+extern "C" __global__ void __launch_bounds__(128, 1) NAME(const C::T *x, const C::T *w,      \
+                                                          C::T *y, unsigned int n_out,       \
+                                                          unsigned int k,                    \
+                                                          unsigned int batched) {            \
+    gemv<C>(x, w, y, n_out, k, batched);                                                      \
 }
 #define GEMV_Q8(NAME, C)                                                                      \
 extern "C" __global__ void NAME(const C::T *x, unsigned long long w, C::T *y,                \
-                                unsigned int n_out, unsigned int k) {                         \
+                                unsigned int n_out, unsigned int k, unsigned int) {           \
     gemv_q8_0<C>(x, (const unsigned char *)w, y, n_out, k);                                   \
 }
 GEMV(gemv_f32, F32)

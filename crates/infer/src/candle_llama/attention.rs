@@ -58,6 +58,7 @@ impl CandleModel {
                         head_dim: hd,
                         scale: self.attn_scale,
                         window: self.m.layers[il].window.unwrap_or(0),
+                        tiled: self.first_kernels,
                     };
                     outs.push(op.run(&q.narrow(0, g.first, b)?, k, v)?);
                     continue;

@@ -9,26 +9,52 @@ use crate::Error;
 
 /// A weight matrix: quantized (candle's quantized matmul, which takes f32 rows) or dense in the
 /// model's activation dtype; on a GPU, one row goes through [`crate::gemv`]'s kernels (dense or
-/// Q8_0) unless `cublas_rows`.
+/// Q8_0) unless `rows` says cuBLAS.
 pub(crate) struct Linear {
     pub w: QMatMul,
-    pub(super) cublas_rows: bool,
+    pub(super) rows: RowProduct,
+}
+
+/// What multiplies one row by a matrix on a GPU (set from [`crate::GpuTuning`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum RowProduct {
+    /// The one-row kernels, a round of loads at a time.
+    #[default]
+    Rounds,
+    /// The one-row kernels, with the dense kernel's first loop (a load and its use at a time).
+    FirstLoop,
+    /// cuBLAS, or candle's quantized product.
+    Cublas,
+}
+
+impl RowProduct {
+    pub(super) fn of(gpu: &crate::GpuTuning) -> RowProduct {
+        if gpu.cublas_rows {
+            RowProduct::Cublas
+        } else if gpu.first_kernels {
+            RowProduct::FirstLoop
+        } else {
+            RowProduct::Rounds
+        }
+    }
 }
 
 impl Linear {
     pub(crate) fn new(w: QMatMul) -> Linear {
         Linear {
             w,
-            cublas_rows: false,
+            rows: RowProduct::default(),
         }
     }
 
     pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor, Error> {
+        let kernels = self.rows != RowProduct::Cublas;
         Ok(match &self.w {
-            QMatMul::Tensor(w) if !self.cublas_rows && crate::gemv::Gemv::fits(x, w) => {
-                crate::gemv::Gemv::run(x, w)?
+            QMatMul::Tensor(w) if kernels && crate::gemv::Gemv::fits(x, w) => {
+                let rounds = self.rows == RowProduct::Rounds;
+                crate::gemv::Gemv { rounds }.run(x, w)?
             }
-            QMatMul::QTensor(w) if !self.cublas_rows && crate::gemv::GemvQ8::fits(x, w) => {
+            QMatMul::QTensor(w) if kernels && crate::gemv::GemvQ8::fits(x, w) => {
                 crate::gemv::GemvQ8 { w }.run(x)?
             }
             QMatMul::QTensor(_) if x.dtype() != DType::F32 => self
@@ -39,11 +65,11 @@ impl Linear {
         })
     }
 
-    pub(super) fn convert(&mut self, dtype: DType, cublas_rows: bool) -> Result<(), Error> {
+    pub(super) fn convert(&mut self, dtype: DType, rows: RowProduct) -> Result<(), Error> {
         if let QMatMul::Tensor(w) | QMatMul::TensorF16(w) = &self.w {
             self.w = QMatMul::Tensor(w.to_dtype(dtype)?);
         }
-        self.cublas_rows = cublas_rows;
+        self.rows = rows;
         Ok(())
     }
 }
@@ -155,7 +181,7 @@ pub(super) fn stacked(ls: &[&Linear]) -> Result<Option<Linear>, Error> {
     };
     Ok(Some(Linear {
         w,
-        cublas_rows: ls[0].cublas_rows,
+        rows: ls[0].rows,
     }))
 }
 
@@ -163,6 +189,26 @@ pub(super) fn stacked(ls: &[&Linear]) -> Result<Option<Linear>, Error> {
 mod tests {
     use super::*;
     use candle_core::Device;
+
+    #[test]
+    fn one_row_products_take_the_round_kernel_unless_a_variable_asks_otherwise() {
+        let tuning = |cublas_rows, first_kernels| crate::GpuTuning {
+            cublas_rows,
+            first_kernels,
+            ..Default::default()
+        };
+        assert_eq!(RowProduct::of(&tuning(false, false)), RowProduct::Rounds);
+        assert_eq!(RowProduct::of(&tuning(false, true)), RowProduct::FirstLoop);
+        // cuBLAS wins: the first kernels are Hearth's, and `HEARTH_GEMV=off` turns them all off.
+        assert_eq!(RowProduct::of(&tuning(true, true)), RowProduct::Cublas);
+        assert_eq!(
+            Linear::new(QMatMul::Tensor(
+                Tensor::zeros((2, 8), DType::F32, &Device::Cpu).unwrap()
+            ))
+            .rows,
+            RowProduct::Rounds
+        );
+    }
 
     fn q8(rows: usize, cols: usize, seed: u64) -> Linear {
         let vals: Vec<f32> = (0..rows * cols)

@@ -137,7 +137,7 @@ impl Layer {
         Ok(())
     }
 
-    fn convert(&mut self, dtype: DType, cublas_rows: bool) -> Result<(), Error> {
+    fn convert(&mut self, dtype: DType, rows: linear::RowProduct) -> Result<(), Error> {
         for t in [&mut self.attn_norm, &mut self.ffn_norm]
             .into_iter()
             .chain(self.q_norm.iter_mut())
@@ -153,7 +153,7 @@ impl Layer {
         linears.push(&mut self.wo);
         linears.push(&mut self.down);
         for l in linears {
-            l.convert(dtype, cublas_rows)?;
+            l.convert(dtype, rows)?;
         }
         Ok(())
     }
@@ -171,7 +171,7 @@ pub(crate) struct CandleModel {
     /// The dtype of activations and dense weights: f32 on the CPU, f16 on a GPU.
     act: DType,
     pool: SharedPool,
-    /// Whether one-token rows attend through the decode attention kernel (`decode_attn.rs`): on
+    /// Whether one-token rows attend through the decode attention kernel (`decode_attn/`): on
     /// a GPU, when the cache is in the activations' dtype and the head fits the kernel, unless
     /// [`GpuTuning::gathered_attention`] asks for the general path (to compare the two).
     direct_decode: bool,
@@ -179,6 +179,9 @@ pub(crate) struct CandleModel {
     /// through the fused kernels (`fused.rs`): on a GPU with the cache in the activations' dtype,
     /// unless [`GpuTuning::unfused`].
     fused: bool,
+    /// The first decode attention and add-norm kernels, to compare
+    /// ([`GpuTuning::first_kernels`]).
+    first_kernels: bool,
     /// Stamped on every sequence this model makes.
     maker: Maker,
     /// Decode steps captured as CUDA graphs (`graphs.rs`): on a GPU with the fused kernels and
@@ -218,6 +221,7 @@ impl CandleModel {
             pool,
             direct_decode: false,
             fused: false,
+            first_kernels: false,
             maker: Maker::new(),
             #[cfg(feature = "cuda")]
             graphs: None,
@@ -236,11 +240,12 @@ impl CandleModel {
         act: DType,
         gpu: GpuTuning,
     ) -> Result<(), Error> {
+        let rows = linear::RowProduct::of(&gpu);
         for l in &mut self.m.layers {
-            l.convert(act, gpu.cublas_rows)?;
+            l.convert(act, rows)?;
         }
         self.m.norm = self.m.norm.to_dtype(act)?;
-        self.m.output.convert(act, gpu.cublas_rows)?;
+        self.m.output.convert(act, rows)?;
         if let Embeddings::Dense(t) = &mut self.m.embeddings {
             // Looked up on the device: only ids go there, not rows.
             *t = t.to_device(&self.device)?.to_dtype(act)?;
@@ -262,6 +267,7 @@ impl CandleModel {
             )
             && !gpu.gathered_attention;
         self.fused = on_gpu && !gpu.unfused;
+        self.first_kernels = gpu.first_kernels;
         if self.fused {
             for l in &mut self.m.layers {
                 l.fuse()?;
@@ -368,7 +374,8 @@ impl CandleModel {
         // The residual add and the norm after it, one kernel on a GPU.
         let add_norm = |x: &Tensor, y: &Tensor, w: &Tensor| -> Result<(Tensor, Tensor), Error> {
             if self.fused {
-                crate::fused::AddNorm { eps }.run(x, y, w)
+                let scalar = self.first_kernels;
+                crate::fused::AddNorm { eps, scalar }.run(x, y, w)
             } else {
                 let x = (x + y)?;
                 let h = rms_norm(&x, w, eps)?;
