@@ -4,11 +4,14 @@
 //! mask, the softmax and the casts between them. This is flash decoding: a thread block takes
 //! one (row, KV head, split of the row's positions), so that even one row at a short context
 //! spreads over the GPU's multiprocessors; it reads each K and V row once for all the query
-//! heads that share it, scores positions a thread each (all of a tile's loads in flight at
-//! once, none waiting on another), and keeps a running maximum and sum (the online softmax), so
-//! no score leaves the chip. When a row's positions were split, a second small kernel merges the
-//! splits' partial sums. Compiled by NVRTC at first use, like the KV write kernel. The CPU keeps
-//! the general path.
+//! heads that share it and keeps a running maximum and sum (the online softmax), so no score
+//! leaves the chip. Heads of 64 or 128 values with up to 8 query heads a KV head take the
+//! register kernel: a position's slices go to 8 or 16 lanes, a round of K and V rows is loaded
+//! before any is used, and each thread keeps its positions' softmax in registers; a row of up to
+//! 256 positions is then one block. Other shapes take the first, tiled kernel (a thread scores a
+//! position, a tile's scores in shared memory). When a row's positions were split, a second
+//! small kernel merges the splits' partial sums. Compiled by NVRTC at first use (the source is
+//! `source.rs`), like the KV write kernel. The CPU keeps the general path.
 
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 
