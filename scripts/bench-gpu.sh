@@ -33,7 +33,8 @@
 #      kernels off as well (HEARTH_FUSED=off), and with everything of issue 31 off
 #      (HEARTH_CUDA_EVENTS=track HEARTH_DECODE_ATTENTION=gather: the code before); then on the
 #      f16 and Q8_0 files of step 1, with graphs and without. Before the rows without graphs, a
-#      row with the first decode attention and add-norm kernels (HEARTH_STEP_KERNELS=first).
+#      row with the first decode attention, add-norm and one-row product kernels
+#      (HEARTH_STEP_KERNELS=first).
 #   3. the GPU against the CPU path (check, f16 activations), with dense f16 llama files besides
 #      the fixtures (the fused kernels' path): four small ones (each variant of the decode
 #      attention's register kernel), also with a 700-token prompt (a row's positions split), and
@@ -148,7 +149,7 @@ check() {
     # step 1 or 2 wrote them.
     # The small ones take each variant of the decode attention's register kernel: heads of 64
     # and 128, 4 and 8 query heads a KV head (12 / 2 = 6 is the second).
-    local dense="$WORK/small-f16.gguf" shape
+    local dense="$WORK/small-f16.gguf" shape h n kv
     mkdir -p "$WORK"
     "$bin/hearth" dev random-model "$dense" --tokenizer-from "$PACK/tok.gguf" --layers 4 \
         --hidden 512 --heads 8 --kv-heads 2 --ff 1024 >/dev/null

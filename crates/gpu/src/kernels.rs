@@ -8,29 +8,50 @@
 /// Conversions between the stored dtypes and f32: `C::load(x)` and `C::store(f)` for `C` one of
 /// `F32`, `F16`, `BF16` (whose `C::T` is the stored type), and `C::load8(p, f)` for eight values
 /// from one aligned vector load (16 bytes of f16/bf16, 32 of f32: the caller checks the alignment),
-/// `C::store8(p, f)` for eight values in one aligned vector store. f16 through PTX's `cvt`, bf16
-/// by shifting (stores round to nearest even).
+/// `C::store8(p, f)` for eight values in one aligned vector store. `load8` is `C::raw8(p)` (the
+/// load, as bytes) then `C::cvt8` (the conversion), which a kernel may also call apart, to issue
+/// a round of loads before it waits on any. f16 through PTX's `cvt`, bf16 by shifting (stores
+/// round to nearest even).
 #[cfg(feature = "cuda")]
 pub const PRELUDE: &str = r#"
+// Eight values' bytes as one aligned load brings them: 16 of f16/bf16 in `a`, 32 of f32 in `a`
+// and `b`.
+struct Raw8 {
+    uint4 a, b;
+};
 struct F32 {
     typedef float T;
     static __device__ __forceinline__ float load(float x) { return x; }
     static __device__ __forceinline__ float store(float x) { return x; }
     // Eight values from a 32-byte aligned address.
-    static __device__ __forceinline__ void load8(const float *p, float f[8]) {
-        const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
-        f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+    static __device__ __forceinline__ Raw8 raw8(const float *p) {
+        Raw8 r;
+        r.a = ((const uint4 *)p)[0];
+        r.b = ((const uint4 *)p)[1];
+        return r;
     }
+    static __device__ __forceinline__ void cvt8(const Raw8 &r, float f[8]) {
+        const unsigned int w[8] = {r.a.x, r.a.y, r.a.z, r.a.w, r.b.x, r.b.y, r.b.z, r.b.w};
+        #pragma unroll
+        for (int i = 0; i < 8; ++i) f[i] = __uint_as_float(w[i]);
+    }
+    static __device__ __forceinline__ void load8(const float *p, float f[8]) { cvt8(raw8(p), f); }
     static __device__ __forceinline__ void store8(float *p, const float f[8]) {
         ((float4 *)p)[0] = make_float4(f[0], f[1], f[2], f[3]);
         ((float4 *)p)[1] = make_float4(f[4], f[5], f[6], f[7]);
     }
 };
-// Eight 16-bit values from one 16-byte aligned load, each through `C::load`.
+// Eight 16-bit values from one 16-byte aligned load.
+__device__ __forceinline__ Raw8 raw8_u16(const unsigned short *p) {
+    Raw8 r;
+    r.a = *(const uint4 *)p;
+    r.b = make_uint4(0, 0, 0, 0);
+    return r;
+}
+// Eight 16-bit values, each through `C::load`.
 template <typename C>
-__device__ __forceinline__ void load8_u16(const unsigned short *p, float f[8]) {
-    const uint4 u = *(const uint4 *)p;
-    const unsigned int w[4] = {u.x, u.y, u.z, u.w};
+__device__ __forceinline__ void cvt8_u16(const Raw8 &r, float f[8]) {
+    const unsigned int w[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
     #pragma unroll
     for (int i = 0; i < 4; ++i) {
         f[2 * i] = C::load((unsigned short)(w[i] & 0xffffu));
@@ -54,8 +75,10 @@ struct F16 {
     static __device__ __forceinline__ unsigned short store(float f) {
         unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
     }
+    static __device__ __forceinline__ Raw8 raw8(const unsigned short *p) { return raw8_u16(p); }
+    static __device__ __forceinline__ void cvt8(const Raw8 &r, float f[8]) { cvt8_u16<F16>(r, f); }
     static __device__ __forceinline__ void load8(const unsigned short *p, float f[8]) {
-        load8_u16<F16>(p, f);
+        cvt8(raw8(p), f);
     }
     static __device__ __forceinline__ void store8(unsigned short *p, const float f[8]) {
         store8_u16<F16>(p, f);
@@ -71,8 +94,10 @@ struct BF16 {
         u += 0x7fffu + ((u >> 16) & 1u);
         return (unsigned short)(u >> 16);
     }
+    static __device__ __forceinline__ Raw8 raw8(const unsigned short *p) { return raw8_u16(p); }
+    static __device__ __forceinline__ void cvt8(const Raw8 &r, float f[8]) { cvt8_u16<BF16>(r, f); }
     static __device__ __forceinline__ void load8(const unsigned short *p, float f[8]) {
-        load8_u16<BF16>(p, f);
+        cvt8(raw8(p), f);
     }
     static __device__ __forceinline__ void store8(unsigned short *p, const float f[8]) {
         store8_u16<BF16>(p, f);

@@ -237,35 +237,10 @@ impl CustomOp1 for GemvQ8<'_> {
 /// The kernels' source (after [`hearth_gpu::kernels::PRELUDE`]).
 #[cfg(feature = "cuda")]
 const SOURCE: &str = r#"
-// Eight values' bytes (one 16-byte vector of f16/bf16, two of f32), loaded now and converted
-// later: a round's loads are all issued before any of them is waited on.
-struct Raw8 {
-    uint4 a, b;
-};
-template <typename C>
-__device__ __forceinline__ Raw8 raw8(const typename C::T *p) {
-    Raw8 r;
-    r.a = ((const uint4 *)p)[0];
-    r.b = sizeof(typename C::T) == 4 ? ((const uint4 *)p)[1] : make_uint4(0, 0, 0, 0);
-    return r;
-}
-template <typename C>
-__device__ __forceinline__ void cvt8(const Raw8 &r, float f[8]) {
-    const unsigned int w[8] = {r.a.x, r.a.y, r.a.z, r.a.w, r.b.x, r.b.y, r.b.z, r.b.w};
-    #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        if (sizeof(typename C::T) == 4) {
-            f[i] = __uint_as_float(w[i]);
-        } else if (i < 4) {
-            f[2 * i] = C::load((unsigned short)(w[i] & 0xffffu));
-            f[2 * i + 1] = C::load((unsigned short)(w[i] >> 16));
-        }
-    }
-}
-
 // Grid (ceil(n / 4)), 128 threads: warp w of block b computes y[n] = sum_k x[k] * w[n, k] for
 // n = 4 b + w. A lane takes 8 values every 256: rounds of ROUND of them (all of a 2,048-wide
-// row) are loaded into registers first, weights and inputs, and only then multiplied, so that
+// row) are loaded into registers first (`C::raw8`), weights and inputs, and only then converted
+// and multiplied, so that
 // they are in flight together (a load followed at once by its use waits out the memory's
 // latency before the next is issued); a row's tail that is not a whole round goes 8 values at a
 // time. The sum's order is a lane's values in order, whatever the rounds.
@@ -286,14 +261,14 @@ __device__ void gemv(const typename C::T *__restrict__ x, const typename C::T *_
         Raw8 wr[ROUND], xr[ROUND];
         #pragma unroll
         for (unsigned int u = 0; u < ROUND; ++u) {
-            wr[u] = raw8<C>(wrow + base + u * 256);
-            xr[u] = raw8<C>(x + base + u * 256);
+            wr[u] = C::raw8(wrow + base + u * 256);
+            xr[u] = C::raw8(x + base + u * 256);
         }
         #pragma unroll
         for (unsigned int u = 0; u < ROUND; ++u) {
             float wf[8], xf[8];
-            cvt8<C>(wr[u], wf);
-            cvt8<C>(xr[u], xf);
+            C::cvt8(wr[u], wf);
+            C::cvt8(xr[u], xf);
             float s = 0.f;
             #pragma unroll
             for (int j = 0; j < 8; ++j) s += wf[j] * xf[j];

@@ -20,7 +20,7 @@ use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
 use candle_core::{CudaDevice, DType, Device, Tensor};
 
 use super::plan::{fault, HostPlan, Plan};
-use super::{to_host, CandleModel};
+use super::{read_logits, CandleModel};
 use crate::device_kv::Pool;
 use crate::Error;
 
@@ -99,25 +99,20 @@ impl Graphs {
                 .0
                 .launch()
                 .map_err(|e| fault(format!("replaying a decode step: {e}")))?;
-            logits.clear();
-            logits.extend(to_host(&c.out)?);
-            return Ok(());
+            return read_logits(&c.out, logits);
         }
         let plan = host.upload(&m.device)?;
         let x = m.embed(&plan.ids)?;
-        if self.refused.contains(&shape) {
-            let out = m.run(x, &plan, &pool)?;
-            logits.clear();
-            logits.extend(to_host(&out)?);
+        let refused = self.refused.contains(&shape);
+        // Unless the shape was refused: candle's small host-to-device copies (a strided op's
+        // dims) are kept on the device from here on, so that the capture finds them there.
+        let _kept = (!refused).then(|| dev.enable_cuda_graph_htod_cache());
+        let out = m.run(x.clone(), &plan, &pool)?;
+        read_logits(&out, logits)?;
+        drop(out);
+        if refused {
             return Ok(());
         }
-        // candle's small host-to-device copies (a strided op's dims) are kept on the device
-        // from here on, so that the capture finds them there.
-        let _kept = dev.enable_cuda_graph_htod_cache();
-        let out = m.run(x.clone(), &plan, &pool)?;
-        logits.clear();
-        logits.extend(to_host(&out)?);
-        drop(out);
         let vocab = logits.len() / shape.rows.max(1);
         match capture(m, dev, &pool, plan, x, vocab) {
             Ok(mut c) => {

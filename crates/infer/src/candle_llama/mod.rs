@@ -194,8 +194,11 @@ fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor, Error> {
     Ok(candle_nn::ops::rms_norm(x, w, eps)?)
 }
 
-fn to_host(t: &Tensor) -> Result<Vec<f32>, Error> {
-    Ok(t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?)
+/// A step's logits (`t`, on the device, any dtype) into `logits`, replacing what it held.
+fn read_logits(t: &Tensor, logits: &mut Vec<f32>) -> Result<(), Error> {
+    logits.clear();
+    logits.extend(t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?);
+    Ok(())
 }
 
 /// A model's weights and its family's options, as the loaders build them.
@@ -341,9 +344,7 @@ impl Backend for CandleModel {
         let plan = host.upload(&self.device)?;
         let x = self.embed(&plan.ids)?;
         let out = self.run(x, &plan, &self.pool.lock())?;
-        logits.clear();
-        logits.extend(to_host(&out)?);
-        Ok(())
+        read_logits(&out, logits)
     }
 }
 

@@ -61,6 +61,17 @@ const VEC_MIN_CHUNK: usize = 256;
 #[cfg(feature = "cuda")]
 const VEC_PIECE: usize = 64;
 
+/// The register kernel's variants: lanes a position (8 for heads of 64, 16 for 128), and the
+/// most query heads a KV head whose state a thread keeps (4 or 8).
+#[cfg(feature = "cuda")]
+#[derive(Debug, Clone, Copy)]
+enum Variant {
+    L8G4,
+    L8G8,
+    L16G4,
+    L16G8,
+}
+
 impl DecodeAttention {
     /// Whether the kernel takes this shape (heads read as vectors of 8 values).
     pub(crate) fn fits(n_head: usize, n_head_kv: usize, head_dim: usize) -> bool {
@@ -72,17 +83,16 @@ impl DecodeAttention {
             && n_head / n_head_kv <= MAX_GROUP
     }
 
-    /// The register kernel's name suffix for this shape, if it takes it: a head of 64 or 128
+    /// The register kernel's variant for this shape, if it takes it: a head of 64 or 128
     /// (8 or 16 lanes a position), at most 8 query heads a KV head (4 or 8 kept in registers).
     #[cfg(feature = "cuda")]
-    fn vector_kernel(&self) -> Option<&'static str> {
+    fn vector_kernel(&self) -> Option<Variant> {
         let group = self.n_head / self.n_head_kv.max(1);
         match (self.tiled, self.head_dim, group) {
-            (true, ..) | (_, _, 0) => None,
-            (false, 64, 1..=4) => Some("_vec_l8_g4"),
-            (false, 64, 5..=8) => Some("_vec_l8_g8"),
-            (false, 128, 1..=4) => Some("_vec_l16_g4"),
-            (false, 128, 5..=8) => Some("_vec_l16_g8"),
+            (false, 64, 1..=4) => Some(Variant::L8G4),
+            (false, 64, 5..=8) => Some(Variant::L8G8),
+            (false, 128, 1..=4) => Some(Variant::L16G4),
+            (false, 128, 5..=8) => Some(Variant::L16G8),
             _ => None,
         }
     }
@@ -213,8 +223,14 @@ impl CustomOp3 for DecodeAttention {
         macro_rules! launch {
             ($q:expr, $k:expr, $v:expr, $ty:ty, $kernel:literal) => {{
                 let ptx = ptx()?;
-                let name = format!("{}{}", $kernel, vector.unwrap_or(""));
-                let func = dev.get_or_load_custom_func(&name, "hearth_decode_attention", ptx)?;
+                let name = match vector {
+                    None => $kernel,
+                    Some(Variant::L8G4) => concat!($kernel, "_vec_l8_g4"),
+                    Some(Variant::L8G8) => concat!($kernel, "_vec_l8_g8"),
+                    Some(Variant::L16G4) => concat!($kernel, "_vec_l16_g4"),
+                    Some(Variant::L16G8) => concat!($kernel, "_vec_l16_g8"),
+                };
+                let func = dev.get_or_load_custom_func(name, "hearth_decode_attention", ptx)?;
                 // SAFETY: every element is written by the kernels before it is read.
                 let mut out = unsafe { dev.alloc::<$ty>(n)? };
                 let (qs, ks, vs) = ($q.slice(q0..q1), $k.slice(k0..k1), $v.slice(v0..v1));
