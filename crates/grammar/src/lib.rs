@@ -337,6 +337,14 @@ impl TokenConstraint for Constraint {
     fn is_finished(&self) -> bool {
         self.matcher.is_stopped()
     }
+
+    /// llguidance's own check of a draft, which leaves the parser where it was.
+    fn allows_prefix(&mut self, tokens: &[u32]) -> usize {
+        if self.matcher.is_stopped() {
+            return 0;
+        }
+        self.matcher.validate_tokens(tokens).unwrap_or(0)
+    }
 }
 
 /// Runs llguidance code, turning a panic into an error (its messages quieted).

@@ -147,6 +147,14 @@ pub trait TokenConstraint: Send {
 
     /// True when the output is complete and nothing may follow it.
     fn is_finished(&self) -> bool;
+
+    /// How many of `tokens`, from the first, could be committed in turn from the current state;
+    /// the state does not change. Speculative decoding cuts a draft there. The default takes
+    /// them all: each verified position is sampled under its own mask anyway, so a longer
+    /// draft costs rows, never correctness.
+    fn allows_prefix(&mut self, tokens: &[u32]) -> usize {
+        tokens.len()
+    }
 }
 
 impl fmt::Debug for dyn TokenConstraint {

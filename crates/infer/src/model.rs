@@ -32,11 +32,17 @@ pub struct Step<'a> {
 }
 
 /// A forward implementation. Writes K/V of every step's tokens at positions `seq.len..` (the
-/// caller advances `len` afterwards) and the logits of each step's last token into `logits`
-/// (`steps.len() * vocab_size`, row-major).
+/// caller advances `len` afterwards) and, into `logits`, the logits of the last `outputs[i]`
+/// rows of each step `i` (`outputs[i]` at most its tokens, possibly 0), the steps' in order and
+/// each step's rows in order: `sum(outputs) * vocab_size`, row-major.
 pub(crate) trait Backend: Send {
     fn name(&self) -> &'static str;
-    fn forward(&mut self, steps: &mut [Step<'_>], logits: &mut Vec<f32>) -> Result<(), Error>;
+    fn forward(
+        &mut self,
+        steps: &mut [Step<'_>],
+        outputs: &[usize],
+        logits: &mut Vec<f32>,
+    ) -> Result<(), Error>;
     /// As `forward`, but writes every row's final (normed) hidden state instead of the last
     /// rows' logits: `[rows * n_embd]`, the steps' rows in order. For embedding models.
     fn hidden(&mut self, steps: &mut [Step<'_>], out: &mut Vec<f32>) -> Result<(), Error> {
@@ -199,7 +205,37 @@ impl TextModel {
     /// advances. More rows than the backend takes at once (512 on the CPU) run as several
     /// backend calls (`pieces.rs`).
     pub fn forward(&mut self, steps: &mut [Step<'_>]) -> Result<&[f32], Error> {
+        let ones = vec![1; steps.len()];
+        self.forward_rows(steps, &ones)
+    }
+
+    /// As [`forward`](TextModel::forward), but returns the logits of the last `outputs[i]`
+    /// positions of each step `i` (at least 1, at most its tokens): `sum(outputs)` rows, the
+    /// steps' in order and each step's positions in order. A step that feeds a token and the
+    /// tokens drafted after it gets, in one pass over the weights, what feeding them one step
+    /// at a time would give (speculative decoding's verification).
+    pub fn forward_rows(
+        &mut self,
+        steps: &mut [Step<'_>],
+        outputs: &[usize],
+    ) -> Result<&[f32], Error> {
         self.validate(steps)?;
+        if outputs.len() != steps.len() {
+            return Err(Error::InvalidBatch(format!(
+                "{} output counts for {} steps",
+                outputs.len(),
+                steps.len()
+            )));
+        }
+        if let Some(i) =
+            (0..steps.len()).find(|&i| outputs[i] == 0 || outputs[i] > steps[i].tokens.len())
+        {
+            return Err(Error::InvalidBatch(format!(
+                "step {i} asks for the logits of {} of its {} positions",
+                outputs[i],
+                steps[i].tokens.len()
+            )));
+        }
         if steps.is_empty() {
             self.logits.clear();
             return Ok(&self.logits);
@@ -212,7 +248,9 @@ impl TextModel {
             ..
         } = self;
         let (vocab, max_rows) = (hp.vocab_size, backend.max_rows());
-        pool.install(|| crate::pieces::forward(&mut **backend, steps, logits, vocab, max_rows))?;
+        pool.install(|| {
+            crate::pieces::forward(&mut **backend, steps, outputs, logits, vocab, max_rows)
+        })?;
         Ok(&self.logits)
     }
 

@@ -2,8 +2,8 @@
 //! (llama.cpp's `n_ubatch`): the backends' scratch buffers (activations, the MLP's hidden
 //! rows) grow with the rows of one call, so a 2,048-token prompt fed in one step would otherwise
 //! hold four times the memory of a 512-row call for no gain in speed. The rows of each call are
-//! every step's next tokens in order, as the budget allows; a step's logits are those of the
-//! call that fed its last token.
+//! every step's next tokens in order, as the budget allows; the logits of a step's output rows
+//! are those of the calls that fed them.
 
 use crate::model::{Backend, Step};
 use crate::Error;
@@ -12,25 +12,27 @@ use crate::Error;
 pub(crate) const MAX_ROWS: usize = 512;
 
 /// Runs `steps` through `backend` in calls of at most `max_rows` rows, advancing each
-/// sequence's `len` as its tokens are fed, and leaves each step's last-token logits in `logits`
-/// (`steps.len() * vocab`). On error every sequence is back at the length it had.
+/// sequence's `len` as its tokens are fed, and leaves the logits of each step's last
+/// `outputs[i]` tokens in `logits` (`sum(outputs) * vocab`, the steps' in order). On error every
+/// sequence is back at the length it had.
 pub(crate) fn forward(
     backend: &mut dyn Backend,
     steps: &mut [Step<'_>],
+    outputs: &[usize],
     logits: &mut Vec<f32>,
     vocab: usize,
     max_rows: usize,
 ) -> Result<(), Error> {
     let rows: usize = steps.iter().map(|s| s.tokens.len()).sum();
     if rows <= max_rows {
-        backend.forward(steps, logits)?;
+        backend.forward(steps, outputs, logits)?;
         for st in steps.iter_mut() {
             st.seq.len += st.tokens.len();
         }
         return Ok(());
     }
     let start: Vec<usize> = steps.iter().map(|s| s.seq.len).collect();
-    match in_pieces(backend, steps, vocab, max_rows.max(1)) {
+    match in_pieces(backend, steps, outputs, vocab, max_rows.max(1)) {
         Ok(out) => {
             *logits = out;
             Ok(())
@@ -44,21 +46,36 @@ pub(crate) fn forward(
     }
 }
 
-/// The calls themselves; returns each step's logits, row-major.
+/// The calls themselves; returns the steps' output rows' logits, row-major. A call asks each
+/// member for the logits of its last row at least (backends give every step one), and of all
+/// its rows in the call that are among the step's last `outputs[i]`; those are its last rows
+/// in the call.
 fn in_pieces(
     backend: &mut dyn Backend,
     steps: &mut [Step<'_>],
+    outputs: &[usize],
     vocab: usize,
     max_rows: usize,
 ) -> Result<Vec<f32>, Error> {
     let total: Vec<usize> = steps.iter().map(|s| s.tokens.len()).collect();
+    // Where each step's output rows start in `out`, and how many of them are written.
+    let mut at: Vec<usize> = outputs
+        .iter()
+        .scan(0, |sum, &o| {
+            let here = *sum;
+            *sum += o;
+            Some(here)
+        })
+        .collect();
     let mut fed = vec![0usize; steps.len()];
-    let mut out = vec![0.0f32; steps.len() * vocab];
+    let mut out = vec![0.0f32; outputs.iter().sum::<usize>() * vocab];
     let mut piece_logits = Vec::new();
     loop {
         // The next call: each unfinished step's next tokens, in order, within the row budget.
         let mut budget = max_rows;
         let mut members = Vec::new();
+        let mut wanted = Vec::new();
+        let mut asked = Vec::new();
         let mut piece: Vec<Step<'_>> = Vec::new();
         for (i, st) in steps.iter_mut().enumerate() {
             let left = total[i] - fed[i];
@@ -68,6 +85,9 @@ fn in_pieces(
             let n = left.min(budget);
             budget -= n;
             members.push((i, n));
+            let first_output = total[i] - outputs[i];
+            wanted.push((fed[i] + n).saturating_sub(first_output.max(fed[i])));
+            asked.push(wanted.last().copied().unwrap_or(0).max(1));
             piece.push(Step {
                 seq: &mut *st.seq,
                 tokens: &st.tokens[fed[i]..fed[i] + n],
@@ -76,14 +96,16 @@ fn in_pieces(
         if piece.is_empty() {
             break;
         }
-        backend.forward(&mut piece, &mut piece_logits)?;
-        for (row, (st, &(i, n))) in piece.iter_mut().zip(&members).enumerate() {
+        backend.forward(&mut piece, &asked, &mut piece_logits)?;
+        let mut row = 0;
+        for (((st, &(i, n)), &w), &a) in piece.iter_mut().zip(&members).zip(&wanted).zip(&asked) {
             st.seq.len += n;
             fed[i] += n;
-            if fed[i] == total[i] {
-                out[i * vocab..(i + 1) * vocab]
-                    .copy_from_slice(&piece_logits[row * vocab..(row + 1) * vocab]);
-            }
+            let from = row + a - w;
+            out[at[i] * vocab..(at[i] + w) * vocab]
+                .copy_from_slice(&piece_logits[from * vocab..(from + w) * vocab]);
+            at[i] += w;
+            row += a;
         }
     }
     Ok(out)
@@ -109,7 +131,15 @@ mod tests {
             .map(|(seq, tokens)| Step { seq, tokens })
             .collect();
         let mut logits = Vec::new();
-        forward(&mut *m.backend, &mut steps, &mut logits, vocab, max_rows)?;
+        let ones = vec![1; steps.len()];
+        forward(
+            &mut *m.backend,
+            &mut steps,
+            &ones,
+            &mut logits,
+            vocab,
+            max_rows,
+        )?;
         Ok(logits)
     }
 
@@ -142,6 +172,49 @@ mod tests {
         close(&after, &next);
     }
 
+    #[test]
+    fn output_rows_split_over_calls_are_gathered_in_order() {
+        let mut m = TextModel::tiny_random(5);
+        let vocab = m.hp.vocab_size;
+        let long: Vec<u32> = (10..30).collect();
+        let short: Vec<u32> = vec![7, 8, 9];
+        // The last 6 rows of the long step and all 3 of the short one, in calls of 8 rows: the
+        // long step's outputs fall in its second and third calls.
+        let rows = |m: &mut TextModel, max_rows: usize| {
+            let mut seqs = [m.new_sequence(64).unwrap(), m.new_sequence(64).unwrap()];
+            let [a, b] = &mut seqs;
+            let mut steps = [
+                Step {
+                    seq: a,
+                    tokens: &long,
+                },
+                Step {
+                    seq: b,
+                    tokens: &short,
+                },
+            ];
+            let mut logits = Vec::new();
+            forward(
+                &mut *m.backend,
+                &mut steps,
+                &[6, 3],
+                &mut logits,
+                vocab,
+                max_rows,
+            )
+            .unwrap();
+            logits
+        };
+        let whole = rows(&mut m, usize::MAX);
+        let pieces = rows(&mut m, 8);
+        assert_eq!(whole.len(), 9 * vocab);
+        close(&pieces, &whole);
+        // Each row is that position's: the long step's last row is the plain forward's logits.
+        let mut seq = m.new_sequence(64).unwrap();
+        let last = run(&mut m, std::slice::from_mut(&mut seq), &[&long], usize::MAX).unwrap();
+        close(&whole[5 * vocab..6 * vocab], &last);
+    }
+
     /// The real backend, failing on its `fail_on`-th call.
     struct Failing<'a> {
         inner: &'a mut dyn Backend,
@@ -167,12 +240,17 @@ mod tests {
         fn kv_value_bytes(&self) -> usize {
             self.inner.kv_value_bytes()
         }
-        fn forward(&mut self, steps: &mut [Step<'_>], logits: &mut Vec<f32>) -> Result<(), Error> {
+        fn forward(
+            &mut self,
+            steps: &mut [Step<'_>],
+            outputs: &[usize],
+            logits: &mut Vec<f32>,
+        ) -> Result<(), Error> {
             self.calls += 1;
             if self.calls == self.fail_on {
                 return Err(Error::InvalidBatch("injected failure".into()));
             }
-            self.inner.forward(steps, logits)
+            self.inner.forward(steps, outputs, logits)
         }
     }
 
@@ -192,7 +270,7 @@ mod tests {
             seq: &mut seq,
             tokens: &prompt,
         }];
-        let err = forward(&mut failing, &mut steps, &mut Vec::new(), vocab, 8).unwrap_err();
+        let err = forward(&mut failing, &mut steps, &[1], &mut Vec::new(), vocab, 8).unwrap_err();
         assert!(err.to_string().contains("injected failure"), "{err}");
         assert_eq!(
             seq.len(),

@@ -46,6 +46,70 @@ pub struct SchedulerConfig {
     /// Whether a request starts from a kept KV cache that holds the start of its prompt (the
     /// previous turn of a chat, a shared system prompt) and prefills only the rest.
     pub prefix_reuse: bool,
+    /// How a decoding stream drafts tokens for the model to verify in one step, if at all.
+    pub speculation: Speculation,
+}
+
+/// Speculative decoding: a stream drafts the tokens it expects next, and one step feeds its last
+/// token and the draft together; each position's logits are sampled in turn exactly as plain
+/// decoding would sample them, and the stream keeps the draft up to the first token that differs
+/// (plus the one sampled there). The output is what it would be without speculation, token for
+/// token, with the same seed; only the number of steps changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Speculation {
+    /// One token a step.
+    #[default]
+    Off,
+    /// Prompt lookup: the draft is what followed the latest earlier occurrence of the stream's
+    /// last tokens in its prompt and output.
+    Ngram(Ngram),
+}
+
+/// Most tokens one step may draft for a stream.
+pub const MAX_DRAFT: usize = 64;
+/// Longest run of last tokens prompt lookup may match.
+pub const MAX_MATCH: usize = 16;
+
+/// Prompt-lookup drafting's bounds. The draft length adapts to what the stream accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ngram {
+    /// Most tokens drafted for one step.
+    pub max_draft: usize,
+    /// Shortest run of last tokens that must match earlier to draft.
+    pub min_match: usize,
+    /// Longest run of last tokens looked up (the longest that matches is used).
+    pub max_match: usize,
+}
+
+impl Ngram {
+    /// Whether the bounds make sense: at least one token drafted and matched, at most
+    /// [`MAX_DRAFT`] and [`MAX_MATCH`], `min_match <= max_match`.
+    pub fn check(&self) -> Result<(), String> {
+        if self.max_draft == 0 || self.max_draft > MAX_DRAFT {
+            return Err(format!(
+                "speculation's max_draft must be within 1..={MAX_DRAFT}, got {}",
+                self.max_draft
+            ));
+        }
+        if self.min_match == 0 || self.max_match > MAX_MATCH || self.min_match > self.max_match {
+            return Err(format!(
+                "speculation's min_match and max_match must satisfy 1 <= min_match <= max_match \
+                 <= {MAX_MATCH}, got {} and {}",
+                self.min_match, self.max_match
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Default for Ngram {
+    fn default() -> Self {
+        Ngram {
+            max_draft: 8,
+            min_match: 2,
+            max_match: 4,
+        }
+    }
 }
 
 impl Default for SchedulerConfig {
@@ -64,6 +128,7 @@ impl Default for SchedulerConfig {
             shutdown_grace: Duration::from_secs(10),
             retry_after: Duration::from_secs(1),
             prefix_reuse: true,
+            speculation: Speculation::Off,
         }
     }
 }
@@ -79,6 +144,9 @@ impl SchedulerConfig {
         }
         if self.max_step_tokens == 0 {
             return bad("max_step_tokens");
+        }
+        if let Speculation::Ngram(n) = self.speculation {
+            n.check().map_err(Error::InvalidConfig)?;
         }
         if self.channel_capacity < 2 {
             return Err(Error::InvalidConfig(

@@ -128,6 +128,10 @@ pub struct Metrics {
     /// Prompt tokens not prefilled because a kept KV cache already held them.
     pub prefix_reused_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
+    /// Tokens drafted by speculative decoding and fed for verification.
+    pub drafted_tokens: AtomicU64,
+    /// Drafted tokens the model confirmed (each one a token without a step of its own).
+    pub accepted_tokens: AtomicU64,
     pub steps: AtomicU64,
     pub queue_depth: AtomicU64,
     pub active: AtomicU64,
@@ -152,6 +156,8 @@ pub struct MetricsSnapshot {
     pub prompt_tokens: u64,
     pub prefix_reused_tokens: u64,
     pub generated_tokens: u64,
+    pub drafted_tokens: u64,
+    pub accepted_tokens: u64,
     pub steps: u64,
     pub queue_depth: u64,
     pub active: u64,
@@ -175,6 +181,8 @@ impl Metrics {
             prompt_tokens: self.prompt_tokens.load(Relaxed),
             prefix_reused_tokens: self.prefix_reused_tokens.load(Relaxed),
             generated_tokens: self.generated_tokens.load(Relaxed),
+            drafted_tokens: self.drafted_tokens.load(Relaxed),
+            accepted_tokens: self.accepted_tokens.load(Relaxed),
             steps: self.steps.load(Relaxed),
             queue_depth: self.queue_depth.load(Relaxed),
             active: self.active.load(Relaxed),

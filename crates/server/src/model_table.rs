@@ -80,8 +80,19 @@ pub struct RawTextModel {
     pub numerics: Option<String>,
     pub dtype: Option<String>,
     pub prefix_reuse: Option<bool>,
+    pub speculative: Option<RawSpeculative>,
     pub keep_alive: Option<KeepAlive>,
     pub pinned: Option<bool>,
+}
+
+/// A text row's `speculative = { method = "ngram", ... }` (resolved by `completion::catalog`).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSpeculative {
+    pub method: String,
+    pub max_draft: Option<usize>,
+    pub min_match: Option<usize>,
+    pub max_match: Option<usize>,
 }
 
 /// An `[image."id"]` row (resolved by `imagine::catalog`, which documents each key).

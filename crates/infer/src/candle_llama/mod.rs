@@ -331,8 +331,13 @@ impl Backend for CandleModel {
         }
     }
 
-    fn forward(&mut self, steps: &mut [Step<'_>], logits: &mut Vec<f32>) -> Result<(), Error> {
-        let host = self.plan(steps)?;
+    fn forward(
+        &mut self,
+        steps: &mut [Step<'_>],
+        outputs: &[usize],
+        logits: &mut Vec<f32>,
+    ) -> Result<(), Error> {
+        let host = self.plan(steps, outputs)?;
         #[cfg(feature = "cuda")]
         if host.decode_only() {
             if let Some(mut graphs) = self.graphs.take() {

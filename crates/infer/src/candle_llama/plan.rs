@@ -54,7 +54,8 @@ pub(super) struct Steps<T> {
     pub(super) ids: Vec<u32>,
     /// `[rows]` u32: each row's pool row.
     pub(super) write_at: T,
-    /// Per step, the index (in row order) of its last row.
+    /// The index (in row order) of each output row: each step's last `outputs[i]` rows, the
+    /// steps in order.
     pub(super) last: T,
     pub(super) groups: Vec<Group<T>>,
     /// `(RoPE base as f32 bits, cos, sin)`, `[rows, 1, head_dim / 2]` f32 each (the forward
@@ -242,7 +243,9 @@ fn decode_bucket(nb: usize) -> usize {
 }
 
 impl CandleModel {
-    pub(super) fn plan(&self, steps: &[Step<'_>]) -> Result<HostPlan, Error> {
+    /// The plan of `steps`, whose last `outputs[i]` rows give logits (one where `outputs` has
+    /// no entry).
+    pub(super) fn plan(&self, steps: &[Step<'_>], outputs: &[usize]) -> Result<HostPlan, Error> {
         let blocks_of = |si: usize| -> Result<&[u32], Error> {
             match &steps[si].seq.cache {
                 Cache::Device(d) => Ok(d.blocks()),
@@ -375,9 +378,18 @@ impl CandleModel {
             rope.push((base, Host::f32(cos, &shape), Host::f32(sin, &shape)));
         }
         let n = rows.len();
+        let last: Vec<u32> = last
+            .iter()
+            .enumerate()
+            .flat_map(|(si, &end)| {
+                let wanted = outputs.get(si).copied().unwrap_or(1) as u32;
+                end + 1 - wanted.min(end + 1)..=end
+            })
+            .collect();
+        let outs = last.len();
         Ok(Steps {
             write_at: Host::u32(write_at, &[n]),
-            last: Host::u32(last, &[steps.len()]),
+            last: Host::u32(last, &[outs]),
             rows,
             ids,
             groups,

@@ -131,7 +131,7 @@ impl Kern {
 struct Scratch {
     /// (step index, absolute position) of each row.
     rows: Vec<(usize, usize)>,
-    /// Row index of each step's last token.
+    /// Row index of each output row (each step's last `outputs[i]` tokens), in order.
     last: Vec<usize>,
     x: Vec<f32>,
     h: Vec<f32>,
@@ -288,25 +288,37 @@ impl Backend for FastModel {
                 .is_some_and(|c| c.k.elem() == self.kv || c.k.elem() == KvPrecision::F32)
     }
 
-    fn forward(&mut self, steps: &mut [Step<'_>], logits: &mut Vec<f32>) -> Result<(), Error> {
-        self.run(steps, Out::Logits(logits))
+    fn forward(
+        &mut self,
+        steps: &mut [Step<'_>],
+        outputs: &[usize],
+        logits: &mut Vec<f32>,
+    ) -> Result<(), Error> {
+        self.run(steps, outputs, Out::Logits(logits))
     }
 
     fn hidden(&mut self, steps: &mut [Step<'_>], out: &mut Vec<f32>) -> Result<(), Error> {
-        self.run(steps, Out::Hidden(out))
+        self.run(steps, &[], Out::Hidden(out))
     }
 }
 
 /// What a forward pass gives back.
 enum Out<'a> {
-    /// The logits of each step's last row.
+    /// The logits of each step's last `outputs[i]` rows.
     Logits(&'a mut Vec<f32>),
     /// Every row's final normed hidden state.
     Hidden(&'a mut Vec<f32>),
 }
 
 impl FastModel {
-    fn run(&mut self, steps: &mut [Step<'_>], out: Out<'_>) -> Result<(), Error> {
+    /// Runs `steps`; `outputs` (one per step, for `Out::Logits`) says how many of each step's
+    /// last rows give logits.
+    fn run(
+        &mut self,
+        steps: &mut [Step<'_>],
+        outputs: &[usize],
+        out: Out<'_>,
+    ) -> Result<(), Error> {
         let FastModel {
             hp,
             kern,
@@ -340,7 +352,8 @@ impl FastModel {
             for i in 0..st.tokens.len() {
                 s.rows.push((si, st.seq.len + i));
             }
-            s.last.push(s.rows.len() - 1);
+            let wanted = outputs.get(si).copied().unwrap_or(1);
+            s.last.extend(s.rows.len() - wanted..s.rows.len());
         }
         let n = s.rows.len();
         let x = fit(&mut s.x, n * e);
@@ -572,8 +585,8 @@ impl FastModel {
                 return Ok(());
             }
         };
-        // --- output head, last row of each step only ---
-        let ns = steps.len();
+        // --- output head, each step's output rows only ---
+        let ns = s.last.len();
         let fin = fit(&mut s.fin, ns * e);
         for (j, &r) in s.last.iter().enumerate() {
             ops::rms_norm(

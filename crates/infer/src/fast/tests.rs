@@ -146,6 +146,7 @@ fn run_schedule_on(b: &mut dyn Backend, mut s1: Sequence, mut s2: Sequence) -> V
             seq: &mut s1,
             tokens: &p1,
         }],
+        &[1],
         &mut logits,
     )
     .unwrap();
@@ -170,6 +171,7 @@ fn run_schedule_on(b: &mut dyn Backend, mut s1: Sequence, mut s2: Sequence) -> V
                     tokens: &tok2,
                 },
             ],
+            &[1, 1],
             &mut logits,
         )
         .unwrap();
@@ -322,6 +324,7 @@ fn smollm2_greedy_tokens_equal_the_candle_backend() {
                     seq: &mut seq,
                     tokens: &next,
                 }],
+                &[1],
                 &mut logits,
             )
             .unwrap();
@@ -449,6 +452,7 @@ fn linear_rope_scaling_rotates_by_scaled_positions() {
                     seq: &mut seq,
                     tokens: &[t],
                 }],
+                &[1],
                 &mut logits,
             )
             .unwrap();
@@ -543,6 +547,7 @@ fn a_prompt_prefilled_at_once_leaves_the_cache_one_token_a_step_leaves() {
                 seq: &mut at_once,
                 tokens: &prompt,
             }],
+            &[1],
             &mut logits,
         )
         .unwrap();
@@ -555,6 +560,7 @@ fn a_prompt_prefilled_at_once_leaves_the_cache_one_token_a_step_leaves() {
                     seq: &mut by_token,
                     tokens: std::slice::from_ref(t),
                 }],
+                &[1],
                 &mut logits,
             )
             .unwrap();

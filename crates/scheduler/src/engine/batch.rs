@@ -1,8 +1,10 @@
 //! The batch the engine loop owns: running sequences, admission, reaping, planning a step,
 //! sampling and sending events without ever blocking on a reader.
 
-use super::emit::{logprob_entry, Emitter};
+use super::draft::Drafter;
+use super::emit::Emitter;
 use super::*;
+use crate::config::Speculation;
 
 /// One running sequence: its KV cache, its tokens and its way back to the reader.
 pub(super) struct Active {
@@ -28,8 +30,14 @@ pub(super) struct Active {
     pub(super) paused_since: Option<Instant>,
     pub(super) enqueued: Instant,
     pub(super) last_token: Option<Instant>,
-    /// Tokens this step feeds, chosen by `plan`.
+    /// Tokens this step feeds, chosen by `plan`: positions of `ids`, or with a draft, the
+    /// positions of `draft` as they will be.
     pub(super) planned: Option<(usize, usize)>,
+    /// Prompt lookup's drafter, when the model speculates.
+    pub(super) drafter: Option<Drafter>,
+    /// This step's tokens when it verifies a draft: the last token, then the drafted ones
+    /// (empty otherwise).
+    pub(super) draft: Vec<u32>,
     pub(super) progress: Arc<AtomicUsize>,
     pub(super) span: Span,
 }
@@ -267,6 +275,11 @@ impl Batch {
             enqueued,
             last_token: None,
             planned: None,
+            drafter: match self.shared.config.speculation {
+                Speculation::Off => None,
+                Speculation::Ngram(bounds) => Some(Drafter::new(bounds)),
+            },
+            draft: Vec::new(),
             progress,
             span,
         });
@@ -314,18 +327,21 @@ impl Batch {
     }
 
     /// Chooses what the next step feeds: one token for every stream that is decoding and not
-    /// paused, then whole prefill chunks in arrival order while the step's token budget lasts.
-    /// Returns the number of rows.
+    /// paused, with its draft when it speculates (while the step's token budget lasts), then
+    /// whole prefill chunks in arrival order while the budget lasts. Returns the number of rows.
     pub(super) fn plan(&mut self) -> usize {
         let config = &self.shared.config;
         let mut budget = config.max_step_tokens;
         let mut rows = 0;
         for a in self.active.iter_mut() {
             a.planned = None;
+            a.draft.clear();
             if a.outbox.is_empty() && !a.prefilling() {
-                let fed = a.fed();
-                a.planned = Some((fed, fed + 1));
                 budget = budget.saturating_sub(1);
+                let fed = a.fed();
+                let drafted = a.plan_draft(budget);
+                budget -= drafted;
+                a.planned = Some((fed, fed + 1 + drafted));
                 rows += 1;
             }
         }
@@ -346,86 +362,6 @@ impl Batch {
             rows += 1;
         }
         rows
-    }
-
-    /// Samples the next token of every sequence that caught up with its tokens this step.
-    pub(super) fn after_step(&mut self, rows: &[usize], logits: &[f32]) {
-        let vocab = self.vocab;
-        let mut ended: Vec<(usize, Result<FinishReason, AbortReason>)> = Vec::new();
-        let now = Instant::now();
-        for (row, &i) in rows.iter().enumerate() {
-            let a = &mut self.active[i];
-            if a.fed() < a.ids.len() {
-                continue; // mid-prefill chunk: its logits are not needed
-            }
-            let Some(row_logits) = logits.get(row * vocab..(row + 1) * vocab) else {
-                ended.push((
-                    i,
-                    Err(AbortReason::EngineFailure(
-                        "logits shorter than the batch".into(),
-                    )),
-                ));
-                continue;
-            };
-            // Unconstrained: the sampler reads the logits in place, as it always has.
-            let sampled = match a.constraint.as_mut() {
-                None => Ok(a.sampler.sample(row_logits, &a.ids)),
-                Some(c) => c.allowed().and_then(|mask| {
-                    a.sampler
-                        .sample_masked(row_logits, &a.ids, Some(mask))
-                        .ok_or(ConstraintError::NoTokenAllowed)
-                }),
-            };
-            let id = match sampled {
-                Ok(id) => id,
-                Err(e) => {
-                    a.span
-                        .in_scope(|| warn!(error = %e, "output constraint failed"));
-                    ended.push((i, Err(AbortReason::EngineFailure(e.to_string()))));
-                    continue;
-                }
-            };
-            let metrics = &self.shared.metrics;
-            match a.last_token {
-                None => metrics
-                    .time_to_first_token
-                    .record_duration(now - a.enqueued),
-                Some(last) => metrics.inter_token_latency.record_duration(now - last),
-            }
-            a.last_token = Some(now);
-            if !a.ignore_eos && self.tokenizer.is_stop(id) {
-                ended.push((i, Ok(FinishReason::Stop)));
-                continue;
-            }
-            if let Some(Err(e)) = a.constraint.as_mut().map(|c| c.commit(id)) {
-                a.span
-                    .in_scope(|| warn!(error = %e, "output constraint failed"));
-                ended.push((i, Err(AbortReason::EngineFailure(e.to_string()))));
-                continue;
-            }
-            a.ids.push(id);
-            a.generated += 1;
-            a.progress.store(a.generated, Relaxed);
-            metrics.generated_tokens.fetch_add(1, Relaxed);
-            let logprob = a
-                .sampler
-                .logprobs()
-                .map(|step| logprob_entry(&self.tokenizer, id, step));
-            if let Some(stop) = a.emit.push(id, logprob, &mut a.outbox) {
-                ended.push((i, Ok(FinishReason::StopString(stop))));
-            } else if a.constraint.as_ref().is_some_and(|c| c.is_finished()) {
-                ended.push((i, Ok(FinishReason::Stop))); // the grammar is complete
-            } else if a.generated >= a.max_tokens {
-                ended.push((i, Ok(FinishReason::Length)));
-            } else if a.fed() >= a.capacity {
-                ended.push((i, Ok(FinishReason::ContextFull)));
-            } else if let Flush::Full = flush(&a.tx, &mut a.outbox) {
-                a.paused_since.get_or_insert(now);
-            }
-        }
-        for (i, outcome) in ended.into_iter().rev() {
-            self.end(i, outcome);
-        }
     }
 
     /// Removes sequence `i` from the batch at once (its KV cache is freed here) and queues its

@@ -31,7 +31,9 @@ const IDLE_POLL: Duration = Duration::from_millis(50);
 const FINAL_FLUSH: Duration = Duration::from_millis(500);
 
 mod batch;
+mod draft;
 mod emit;
+mod verify;
 
 use batch::{Active, Batch};
 
@@ -136,23 +138,32 @@ impl Engine {
         let started = Instant::now();
         let batch = &mut self.batch;
         let mut rows = Vec::with_capacity(batch.active.len());
+        let mut outputs = Vec::with_capacity(batch.active.len());
         let mut tokens = 0;
         let mut steps = Vec::with_capacity(batch.active.len());
         for (i, a) in batch.active.iter_mut().enumerate() {
             if let Some((from, to)) = a.planned.take() {
-                let Active { seq, ids, .. } = a;
-                let ids: &Vec<u32> = ids;
+                let Active {
+                    seq, ids, draft, ..
+                } = a;
+                // A draft is verified at every position it feeds.
+                let (tokens_here, outs) = if draft.is_empty() {
+                    (&ids[from..to], 1)
+                } else {
+                    (&draft[..], draft.len())
+                };
                 steps.push(Step {
                     seq,
-                    tokens: &ids[from..to],
+                    tokens: tokens_here,
                 });
                 rows.push(i);
+                outputs.push(outs);
                 tokens += to - from;
             }
         }
         let span = tracing::debug_span!("step", rows = rows.len(), tokens);
         let _enter = span.enter();
-        let result = self.model.forward(&mut steps);
+        let result = self.model.forward_rows(&mut steps, &outputs);
         drop(steps);
         let shared = Arc::clone(&batch.shared);
         let metrics = &shared.metrics;
@@ -160,7 +171,7 @@ impl Engine {
         metrics.batch_rows.record(rows.len() as u64);
         metrics.batch_tokens.record(tokens as u64);
         match result {
-            Ok(logits) => batch.after_step(&rows, logits),
+            Ok(logits) => batch.after_step(&rows, &outputs, logits),
             Err(e) => {
                 error!(error = %e, rows = rows.len(), "forward step failed; aborting its streams");
                 let reason = AbortReason::EngineFailure(e.to_string());

@@ -6,7 +6,10 @@
 //! Keys beyond the shipped file (all optional): `default_temperature`,
 //! `default_max_output_tokens`, `context_length` (caps the model's own), `max_active`,
 //! `max_queued`, `kv_budget_mb`, `queue_timeout_ms`, `prefill_chunk`, `max_step_tokens`,
-//! `gather_window_us`, `shutdown_grace_ms`, `prefix_reuse`, `device`, `threads`, `numerics`.
+//! `gather_window_us`, `shutdown_grace_ms`, `prefix_reuse`, `device`, `threads`, `numerics`,
+//! `speculative` (`{ method = "ngram", max_draft = 8, min_match = 2, max_match = 4 }`: prompt
+//! lookup drafts tokens that one step verifies; `method = "off"` turns it off; see
+//! `hearth_scheduler::Speculation`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,7 +17,7 @@ use std::time::Duration;
 
 use hearth_billing::Price;
 use hearth_infer::{DeviceSpec, TextModelConfig, WeightSource};
-use hearth_scheduler::SchedulerConfig;
+use hearth_scheduler::{Ngram, SchedulerConfig, Speculation};
 use rust_decimal::Decimal;
 
 use crate::models::KeepAlive;
@@ -82,7 +85,7 @@ pub const DEFAULT_MAX_OUTPUT_TOKENS: usize = 512;
 pub const DEFAULT_TEMPERATURE: f32 = 0.7;
 
 pub use crate::model_table::TableError as CatalogError;
-use crate::model_table::{self, RawDefaults, RawModelTable, RawTextModel};
+use crate::model_table::{self, RawDefaults, RawModelTable, RawSpeculative, RawTextModel};
 
 /// Parses model-table text as if read from `base/models.toml`.
 #[cfg(test)]
@@ -241,6 +244,7 @@ fn resolve_row(
             .map(Duration::from_millis)
             .unwrap_or(base_cfg.shutdown_grace),
         prefix_reuse: m.prefix_reuse.unwrap_or(base_cfg.prefix_reuse),
+        speculation: speculation(m.speculative.as_ref()).map_err(invalid)?,
         ..base_cfg
     };
     Ok(TextModelEntry {
@@ -250,6 +254,33 @@ fn resolve_row(
         keep_alive: m.keep_alive,
         pinned: m.pinned.unwrap_or(false),
     })
+}
+
+/// `speculative`: absent or `method = "off"` is no speculation; `"ngram"` is prompt lookup
+/// within its bounds (each left out takes [`Ngram::default`]'s).
+fn speculation(raw: Option<&RawSpeculative>) -> Result<Speculation, String> {
+    let Some(raw) = raw else {
+        return Ok(Speculation::Off);
+    };
+    let bounds_given =
+        raw.max_draft.is_some() || raw.min_match.is_some() || raw.max_match.is_some();
+    match raw.method.trim() {
+        "off" if !bounds_given => Ok(Speculation::Off),
+        "off" => Err("speculative: method \"off\" takes no max_draft, min_match or max_match".into()),
+        "ngram" => {
+            let d = Ngram::default();
+            let n = Ngram {
+                max_draft: raw.max_draft.unwrap_or(d.max_draft),
+                min_match: raw.min_match.unwrap_or(d.min_match),
+                max_match: raw.max_match.unwrap_or(d.max_match.max(raw.min_match.unwrap_or(0))),
+            };
+            n.check()?;
+            Ok(Speculation::Ngram(n))
+        }
+        other => Err(format!(
+            "speculative: unknown method {other:?} (\"ngram\" drafts by prompt lookup, \"off\" does not speculate)"
+        )),
+    }
 }
 
 /// `numerics`: only "fast", the SIMD kernels every build serves with, is accepted (the key is
@@ -344,6 +375,69 @@ mod tests {
         let cfg = &cat.entry("alpha-3.3").unwrap().scheduler;
         assert_eq!(cfg.gather_window, SchedulerConfig::default().gather_window);
         assert_eq!(cfg.gather_window, Duration::from_millis(1));
+    }
+
+    #[test]
+    fn speculative_decoding_is_read_with_defaults_and_bad_bounds_are_named() {
+        let base = Path::new("/models");
+        let spec = |extra: &str| {
+            parse(&table(extra), base).map(|c| c.entry("alpha-3.3").unwrap().scheduler.speculation)
+        };
+        assert_eq!(spec("").unwrap(), Speculation::Off);
+        assert_eq!(
+            spec("speculative = { method = \"off\" }").unwrap(),
+            Speculation::Off
+        );
+        assert_eq!(
+            spec("speculative = { method = \"ngram\" }").unwrap(),
+            Speculation::Ngram(Ngram::default())
+        );
+        assert_eq!(
+            spec("speculative = { method = \"ngram\", max_draft = 16, min_match = 3 }").unwrap(),
+            Speculation::Ngram(Ngram {
+                max_draft: 16,
+                min_match: 3,
+                max_match: 4
+            })
+        );
+        assert_eq!(
+            spec("speculative = { method = \"ngram\", min_match = 6 }").unwrap(),
+            Speculation::Ngram(Ngram {
+                max_draft: 8,
+                min_match: 6,
+                max_match: 6
+            }),
+            "a longer min_match raises the default max_match with it"
+        );
+        for (bad, names) in [
+            ("speculative = { method = \"medusa\" }", "medusa"),
+            (
+                "speculative = { method = \"ngram\", max_draft = 0 }",
+                "max_draft",
+            ),
+            (
+                "speculative = { method = \"ngram\", max_draft = 100000 }",
+                "max_draft",
+            ),
+            (
+                "speculative = { method = \"ngram\", min_match = 5, max_match = 2 }",
+                "min_match",
+            ),
+            ("speculative = { method = \"off\", max_draft = 4 }", "off"),
+        ] {
+            let err = spec(bad).unwrap_err().to_string();
+            assert!(
+                err.contains(names) && err.contains("alpha-3.3"),
+                "{bad}: {err}"
+            );
+        }
+        let err = spec("speculative = { method = \"ngram\", max_drafts = 4 }")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("max_drafts") && err.contains("max_draft"),
+            "{err}"
+        );
     }
 
     #[test]
