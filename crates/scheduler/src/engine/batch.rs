@@ -1,7 +1,7 @@
 //! The batch the engine loop owns: running sequences, admission, reaping, planning a step,
 //! sampling and sending events without ever blocking on a reader.
 
-use super::draft::Drafter;
+use super::draft::{Drafter, StepCost};
 use super::emit::Emitter;
 use super::*;
 use crate::config::Speculation;
@@ -101,6 +101,8 @@ pub(super) struct Batch {
     /// KV caches of ended sequences, for reuse; they count against the budget with the active.
     pub(super) spares: Spares,
     pub(super) vocab: usize,
+    /// What a drafted row costs, learned from the decoding steps.
+    pub(super) cost: StepCost,
 }
 
 impl Batch {
@@ -333,13 +335,14 @@ impl Batch {
         let config = &self.shared.config;
         let mut budget = config.max_step_tokens;
         let mut rows = 0;
+        let share = self.cost.share();
         for a in self.active.iter_mut() {
             a.planned = None;
             a.draft.clear();
             if a.outbox.is_empty() && !a.prefilling() {
                 budget = budget.saturating_sub(1);
                 let fed = a.fed();
-                let drafted = a.plan_draft(budget);
+                let drafted = a.plan_draft(budget, share);
                 budget -= drafted;
                 a.planned = Some((fed, fed + 1 + drafted));
                 rows += 1;

@@ -1,21 +1,38 @@
 //! Drafting for speculative decoding: prompt lookup. A stream whose last tokens occurred earlier
 //! in its prompt or output drafts what followed them there; the draft rides in the stream's next
-//! step after its last token, and `verify.rs` keeps what the model confirms. How long a draft may
-//! be adapts to what the stream accepts, and a stream whose drafts keep missing rests from
-//! drafting for a while, so open-ended text, which rarely repeats its context, pays little.
+//! step after its last token, and `verify.rs` keeps what the model confirms.
+//!
+//! How much to draft is a trade: a drafted row costs the step some time whether or not the model
+//! confirms it. [`StepCost`] learns from the engine's own steps what one more row costs, as a
+//! share of the time a token takes (small for one stream on a CPU, where a step's time is the
+//! reading of the weights; larger in a full batch, where the rows' arithmetic counts); each
+//! stream's [`Drafter`] learns how often its drafted tokens are confirmed, and drafts a token
+//! only while the chance that it and every token before it are confirmed is above that share.
+//! A stream whose drafts keep missing rests from drafting for a while, so open-ended text, which
+//! rarely repeats its context, pays little.
 
 use super::batch::Active;
 use crate::config::Ngram;
 
 /// Longest rest, in steps, after drafts that missed in a row.
 const MAX_REST: u32 = 16;
+/// How much a stream's earlier drafts still weigh at each new one.
+const DRAFT_DECAY: f64 = 0.8;
+/// How much earlier steps still weigh in the cost of a row, at each new step.
+const STEP_DECAY: f64 = 0.97;
+/// Steps seen before their cost is trusted.
+const MIN_STEPS: f64 = 8.0;
+/// The highest share asked of a draft: even a costly row is worth a token confirmed this often.
+const MAX_SHARE: f64 = 0.9;
 
 /// One stream's prompt-lookup drafter and what it learned of its acceptance.
 #[derive(Debug)]
 pub(super) struct Drafter {
     bounds: Ngram,
-    /// Most tokens the next draft may have (1..=max_draft).
-    len: usize,
+    /// Drafted positions the model confirmed, and positions whose fate a verification told
+    /// (the confirmed ones and the first refused one), both decayed per draft.
+    hits: f64,
+    tries: f64,
     /// Steps left before this stream drafts again.
     rest: u32,
     /// Drafts in a row that missed at their first token.
@@ -26,20 +43,45 @@ impl Drafter {
     pub(super) fn new(bounds: Ngram) -> Drafter {
         Drafter {
             bounds,
-            len: bounds.max_draft,
+            hits: 0.0,
+            tries: 0.0,
             rest: 0,
             misses: 0,
         }
     }
 
-    /// Appends to `out` at most `limit` tokens expected after `ids` (none while resting or when
-    /// the last tokens occur nowhere earlier).
-    pub(super) fn propose(&mut self, ids: &[u32], limit: usize, out: &mut Vec<u32>) {
+    /// The chance that a drafted token is confirmed once the tokens before it were: what this
+    /// stream's recent drafts showed, from a prior of one half worth one position (a light one:
+    /// in a full batch a row costs nearly a token's time, and a stream copying its input, whose
+    /// drafts are all confirmed, must be seen to be so).
+    fn acceptance(&self) -> f64 {
+        (self.hits + 0.5) / (self.tries + 1.0)
+    }
+
+    /// How many tokens are worth drafting when a row costs `share` of a token's time: each one
+    /// while the chance that it and all before it are confirmed stays at least `share`; one at
+    /// least, to keep learning.
+    fn worth(&self, share: f64) -> usize {
+        let a = self.acceptance();
+        let (mut chance, mut n) = (1.0, 0);
+        while n < self.bounds.max_draft {
+            chance *= a;
+            if chance < share {
+                break;
+            }
+            n += 1;
+        }
+        n.max(1)
+    }
+
+    /// Appends to `out` at most `limit` tokens expected after `ids`, as many as are worth their
+    /// rows at `share` (none while resting or when the last tokens occur nowhere earlier).
+    pub(super) fn propose(&mut self, ids: &[u32], limit: usize, share: f64, out: &mut Vec<u32>) {
         if self.rest > 0 {
             self.rest -= 1;
             return;
         }
-        let want = self.len.min(limit);
+        let want = self.worth(share).min(limit);
         if want > 0 {
             lookup(ids, self.bounds.min_match, self.bounds.max_match, want, out);
         }
@@ -50,28 +92,68 @@ impl Drafter {
         if drafted == 0 {
             return;
         }
-        let max = self.bounds.max_draft;
-        if accepted == drafted {
-            self.len = (self.len + 2).min(max);
-            self.misses = 0;
-        } else if accepted > 0 {
-            self.len = (accepted + 1).max(self.len / 2).min(max);
+        let told = accepted + usize::from(accepted < drafted);
+        self.hits = self.hits * DRAFT_DECAY + accepted as f64;
+        self.tries = self.tries * DRAFT_DECAY + told as f64;
+        if accepted > 0 {
             self.misses = 0;
         } else {
-            self.len = (self.len / 2).max(1);
             self.misses += 1;
-            // 0, 1, 3, 7, 15, 16 … steps without a draft.
+            // 1, 3, 7, 15, 16 … steps without a draft.
             self.rest = ((1u32 << self.misses.min(5)) - 1).min(MAX_REST);
         }
     }
 }
 
+/// What one more row costs a step, as a share of the time a token takes, learned from the
+/// engine's decoding steps (those without prompt chunks): their time against the rows they fed,
+/// fitted by least squares over recent steps, and the tokens they gave.
+#[derive(Debug, Default)]
+pub(super) struct StepCost {
+    /// Decayed sums: weight, rows, seconds, rows², rows × seconds, tokens given.
+    w: f64,
+    n: f64,
+    t: f64,
+    nn: f64,
+    nt: f64,
+    tokens: f64,
+}
+
+impl StepCost {
+    /// A decoding step fed `rows` rows, took `secs` and gave `tokens` tokens.
+    pub(super) fn record(&mut self, rows: usize, tokens: usize, secs: f64) {
+        let (n, d) = (rows as f64, STEP_DECAY);
+        self.w = self.w * d + 1.0;
+        self.n = self.n * d + n;
+        self.t = self.t * d + secs;
+        self.nn = self.nn * d + n * n;
+        self.nt = self.nt * d + n * secs;
+        self.tokens = self.tokens * d + tokens as f64;
+    }
+
+    /// The share of a token's time one more row costs (0 until the steps tell: draft freely,
+    /// which is how the steps come to differ in rows).
+    pub(super) fn share(&self) -> f64 {
+        if self.w < MIN_STEPS || self.tokens <= 0.0 {
+            return 0.0;
+        }
+        let mean = self.n / self.w;
+        let var = self.nn / self.w - mean * mean;
+        if var < 0.25 {
+            return 0.0; // every step fed about as many rows: nothing to fit
+        }
+        let per_row = (self.nt / self.w - mean * self.t / self.w) / var;
+        let per_token = self.t / self.tokens;
+        (per_row / per_token).clamp(0.0, MAX_SHARE)
+    }
+}
+
 impl Active {
-    /// Drafts what this decoding stream's next step feeds after its last token, at most
-    /// `budget` tokens, within its cache and its `max_tokens` (the step samples one token for
+    /// Drafts what this decoding stream's next step feeds after its last token (as many tokens
+    /// as are worth their rows when a row costs `share` of a token's time), at most `budget`, within its cache and its `max_tokens` (the step samples one token for
     /// certain) and as far as its constraint allows; returns how many. The step's tokens go to
     /// `draft`, the last token first; nothing is drafted without a drafter.
-    pub(super) fn plan_draft(&mut self, budget: usize) -> usize {
+    pub(super) fn plan_draft(&mut self, budget: usize, share: f64) -> usize {
         let after_last = self.fed() + 1;
         let room = self
             .capacity
@@ -83,7 +165,12 @@ impl Active {
         };
         self.draft.clear();
         self.draft.push(last);
-        drafter.propose(&self.ids, budget.min(room).min(left), &mut self.draft);
+        drafter.propose(
+            &self.ids,
+            budget.min(room).min(left),
+            share,
+            &mut self.draft,
+        );
         if let Some(c) = self.constraint.as_mut() {
             let allowed = c.allows_prefix(&self.draft[1..]);
             self.draft.truncate(1 + allowed);
@@ -173,7 +260,7 @@ mod tests {
     }
 
     #[test]
-    fn drafts_grow_while_taken_and_rest_after_misses() {
+    fn drafts_are_as_long_as_their_chance_of_confirmation_makes_them_worth() {
         let bounds = Ngram {
             max_draft: 8,
             min_match: 1,
@@ -182,39 +269,60 @@ mod tests {
         let mut d = Drafter::new(bounds);
         let ids = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 1];
         let mut out = Vec::new();
-        let propose = |d: &mut Drafter, limit: usize, out: &mut Vec<u32>| {
+        let propose = |d: &mut Drafter, limit: usize, share: f64, out: &mut Vec<u32>| {
             out.clear();
-            d.propose(&ids, limit, out);
+            d.propose(&ids, limit, share, out);
+            out.len()
         };
-        propose(&mut d, 100, &mut out);
+        // Free rows: the whole lookup; the caller's limit holds.
+        assert_eq!(propose(&mut d, 100, 0.0, &mut out), 8);
         assert_eq!(out, vec![2, 3, 4, 5, 6, 7, 8, 9]);
-        propose(&mut d, 3, &mut out);
-        assert_eq!(out.len(), 3, "the caller's limit holds");
-        d.record(8, 2);
-        propose(&mut d, 100, &mut out);
-        assert_eq!(
-            out.len(),
-            4,
-            "half the length, at least one past what was taken"
-        );
-        // Misses: each halves the length and rests longer.
+        assert_eq!(propose(&mut d, 3, 0.0, &mut out), 3);
+        // A row at a fifth of a token, confirmation one half so far: 1/2, 1/4 pass, 1/8 not.
+        assert_eq!(propose(&mut d, 100, 0.2, &mut out), 2);
+        // Drafts confirmed whole make the next ones longer at the same cost.
+        for _ in 0..3 {
+            d.record(4, 4);
+        }
+        assert!(propose(&mut d, 100, 0.2, &mut out) >= 6);
+        // Misses: shorter drafts (one at least) and longer rests.
         let mut rested = Vec::new();
         for _ in 0..4 {
-            d.record(out.len().max(1), 0);
+            d.record(out.len(), 0);
             let mut steps = 0;
-            loop {
-                propose(&mut d, 100, &mut out);
-                if !out.is_empty() {
-                    break;
-                }
+            while propose(&mut d, 100, 0.2, &mut out) == 0 {
                 steps += 1;
             }
             rested.push(steps);
         }
         assert_eq!(rested, vec![1, 3, 7, 15]);
-        assert_eq!(out.len(), 1);
+        assert!(out.len() <= 2, "drafts that miss shorten the next ones");
         d.record(1, 1);
-        propose(&mut d, 100, &mut out);
-        assert_eq!(out.len(), 3, "a taken draft grows the next one at once");
+        assert!(propose(&mut d, 100, 0.2, &mut out) >= 1);
+        assert_eq!(d.rest, 0, "a confirmed draft ends the rests");
+    }
+
+    #[test]
+    fn a_rows_cost_is_learned_from_the_steps_as_a_share_of_a_tokens_time() {
+        let mut cost = StepCost::default();
+        // Steps of 5 ms plus 0.5 ms a row, each row a token: at 8 rows a token takes 1.125 ms.
+        for i in 0..40 {
+            let rows = 8 + (i * 7) % 9;
+            cost.record(rows, rows, 0.005 + 0.0005 * rows as f64);
+        }
+        let mean_rows = 12.0;
+        let expected = 0.0005 / ((0.005 + 0.0005 * mean_rows) / mean_rows);
+        let share = cost.share();
+        assert!(
+            (share - expected).abs() < 0.05,
+            "{share} vs about {expected}"
+        );
+        // Steps that all feed the same rows tell nothing: rows are taken as free.
+        let mut flat = StepCost::default();
+        for _ in 0..40 {
+            flat.record(8, 8, 0.01);
+        }
+        assert_eq!(flat.share(), 0.0);
+        assert_eq!(StepCost::default().share(), 0.0, "nothing seen yet");
     }
 }

@@ -15,6 +15,7 @@ use hearth_types::{AbortReason, FinishReason, TokenEvent, Usage};
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tracing::{debug, error, info, info_span, warn, Span};
 
+use crate::config::Speculation;
 use crate::handle::{CancelHandle, Pending, RunState, Shared};
 use crate::spare::{common_prefix, Spares, Taken, WORTH_A_COPY};
 use crate::Error;
@@ -91,6 +92,7 @@ impl Engine {
                 kv_reserved: 0,
                 spares: Spares::default(),
                 vocab,
+                cost: Default::default(),
             },
         }
     }
@@ -138,14 +140,20 @@ impl Engine {
         let started = Instant::now();
         let batch = &mut self.batch;
         let mut rows = Vec::with_capacity(batch.active.len());
+        let mut prefilling = false;
         let mut outputs = Vec::with_capacity(batch.active.len());
         let mut tokens = 0;
         let mut steps = Vec::with_capacity(batch.active.len());
         for (i, a) in batch.active.iter_mut().enumerate() {
             if let Some((from, to)) = a.planned.take() {
                 let Active {
-                    seq, ids, draft, ..
+                    seq,
+                    ids,
+                    draft,
+                    prompt_len,
+                    ..
                 } = a;
+                prefilling |= from < *prompt_len;
                 // A draft is verified at every position it feeds.
                 let (tokens_here, outs) = if draft.is_empty() {
                     (&ids[from..to], 1)
@@ -170,6 +178,8 @@ impl Engine {
         metrics.steps.fetch_add(1, Relaxed);
         metrics.batch_rows.record(rows.len() as u64);
         metrics.batch_tokens.record(tokens as u64);
+        let generated = || metrics.generated_tokens.load(Relaxed);
+        let before = generated();
         match result {
             Ok(logits) => batch.after_step(&rows, &outputs, logits),
             Err(e) => {
@@ -180,6 +190,12 @@ impl Engine {
                 }
             }
         }
-        metrics.step_time.record_duration(started.elapsed());
+        let took = started.elapsed();
+        metrics.step_time.record_duration(took);
+        if !prefilling && batch.shared.config.speculation != Speculation::Off {
+            batch
+                .cost
+                .record(tokens, (generated() - before) as usize, took.as_secs_f64());
+        }
     }
 }
