@@ -42,3 +42,4 @@ mod quickstart;
 mod random_model;
 mod rerank;
 mod responses;
+mod speculative;
