@@ -20,6 +20,15 @@
 #   SmolLM2's vocabulary; scripts/tiny_models_specs.py BENCH_SHAPES), quantized to Q4_K_M by
 #   llama-quantize into .cache/bench-models/ (made once, about a minute each); PROMPTS=128,512 and
 #   DEPTHS=0 unless set.
+#        scripts/bench-text.sh shapes [threads] [reps]
+#   `shapes`: part 1 on llama-layout models with seeded random weights at the widths of Llama 3.2
+#   1B and 3B, Qwen2.5 1.5B, Qwen3 4B, Phi-3 mini and Llama 3.1 8B (SmolLM2's 49,152-token
+#   vocabulary; `hearth dev random-model`), for each of TYPES (default q4_k, also q8_0), written
+#   into .cache/bench-models/ and removed after their run unless KEEP=1; SHAPES picks some
+#   (e.g. SHAPES="llama3.2-1b qwen2.5-1.5b"); PROMPTS=512, DEPTHS=0, GEN=64 unless set. First the
+#   machine's read bandwidth with THREADS threads (scripts/bench/readbw.c); after each model, its
+#   file size and each engine's decode as a share of that bandwidth (a decode step reads every
+#   matrix once; the embedding table, read a row a token, is under 3% of these files).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -48,6 +57,45 @@ if [ "$MODEL" = archs ]; then
         echo
         PROMPTS="${PROMPTS:-128,512}" DEPTHS="${DEPTHS:-0}" SKIP_BUILD=1 SKIP_STREAMS=1 \
             "$0" "$DIR/$name-q4_k_m.gguf" "$THREADS" "$REPS"
+    done
+    exit 0
+fi
+if [ "$MODEL" = shapes ]; then
+    DIR="$ROOT/.cache/bench-models"
+    mkdir -p "$DIR"
+    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
+    # HEARTH_BIN: a `hearth` binary already built (any profile) writes the files.
+    HEARTH_BIN="${HEARTH_BIN:-$CARGO_TARGET_DIR/release/hearth}"
+    [ -n "${SKIP_BUILD:-}" ] || {
+        "$ROOT/scripts/build-llama-cpp.sh" >/dev/null
+        (cd "$ROOT" && cargo build --release -q -p hearth-infer --example bench_text)
+        [ -x "$HEARTH_BIN" ] || (cd "$ROOT" && cargo build --release -q --bin hearth)
+    }
+    [ -f "$ROOT/weights/SmolLM2-135M-Instruct.Q4_1.gguf" ] || "$ROOT/scripts/fetch-weights.sh" smollm2
+    cc -O3 -march=native -pthread "$ROOT/scripts/bench/readbw.c" -o "$DIR/readbw"
+    BW="$("$DIR/readbw" "$THREADS" 2048)"
+    echo "== read bandwidth, $THREADS threads: $BW GB/s (scripts/bench/readbw.c, best of 6 passes over 2 GiB) =="
+    # name: layers hidden heads kv_heads ff (Qwen3 4B's 32 heads of 128 over a 2,560 width has
+    # no llama layout: 20 heads of 128, 4 KV heads).
+    declare -A SHAPE=(
+        [llama3.2-1b]="16 2048 32 8 8192" [qwen2.5-1.5b]="28 1536 12 2 8960"
+        [llama3.2-3b]="28 3072 24 8 8192" [phi3-mini]="32 3072 32 32 8192"
+        [qwen3-4b]="36 2560 20 4 9728" [llama3.1-8b]="32 4096 32 8 14336"
+    )
+    for name in ${SHAPES:-llama3.2-1b qwen2.5-1.5b llama3.2-3b phi3-mini qwen3-4b llama3.1-8b}; do
+        [ -n "${SHAPE[$name]:-}" ] || { echo "unknown shape $name" >&2; exit 2; }
+        read -r layers hidden heads kv ff <<<"${SHAPE[$name]}"
+        for ty in ${TYPES:-q4_k}; do
+            gguf="$DIR/$name-$ty.gguf"
+            [ -f "$gguf" ] || "$HEARTH_BIN" dev random-model "$gguf" \
+                --tokenizer-from "$ROOT/weights/SmolLM2-135M-Instruct.Q4_1.gguf" --weights "$ty" \
+                --layers "$layers" --hidden "$hidden" --heads "$heads" --kv-heads "$kv" --ff "$ff" >/dev/null
+            echo
+            echo "== $name ($layers layers, width $hidden, $heads heads / $kv KV, ff $ff), $ty, $(du -m "$gguf" | cut -f1) MiB =="
+            PROMPTS="${PROMPTS:-512}" DEPTHS="${DEPTHS:-0}" GEN="${GEN:-64}" SKIP_BUILD=1 SKIP_STREAMS=1 \
+                READ_BW="$BW" "$0" "$gguf" "$THREADS" "$REPS"
+            [ -n "${KEEP:-}" ] || rm -f "$gguf"
+        done
     done
     exit 0
 fi
@@ -96,9 +144,9 @@ for i in $(seq 1 "$REPS"); do
     echo "run $i done (load average $(cut -d' ' -f1 /proc/loadavg))"
 done
 
-python3 - "$OUT" "$REPS" <<'EOF'
+python3 - "$OUT" "$REPS" "$MODEL" <<'EOF'
 import json, os, re, statistics, sys
-out, reps = sys.argv[1], int(sys.argv[2])
+out, reps, model = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 gen = os.environ.get("GEN", "128")
 def rss_mib(paths):
     vals = []
@@ -140,6 +188,13 @@ for t in tests:
           + " | ".join(f"{med['hearth'][t] / med[e][t]:.3f}" for e in others) + " |")
 print("| peak RSS MiB | " + " | ".join(f"{rss[e]:.1f}" for e in engines) + " | "
       + " | ".join(f"{rss['hearth'] / rss[e]:.3f}" for e in others) + " |")
+bw = float(os.environ.get("READ_BW") or 0)
+if bw:
+    size = os.path.getsize(model)
+    for t in (t for t in tests if t[0] == "decode"):
+        shares = ", ".join(f"{e} {med[e][t] * size / 1e9 / bw:.0%}" for e in engines)
+        print(f"decode after {t[1]}: the file read once a token at each engine's rate, as a share "
+              f"of {bw:.1f} GB/s: {shares}")
 print("raw:", json.dumps({e: [[{f"{k[0]} {k[1]}": v for k, v in rows.items()}, r] for rows, r in runs[e]]
                           for e in engines}))
 EOF

@@ -36,18 +36,7 @@ fn pair(load: impl Fn() -> TextModel) -> (SchedulerHandle, SchedulerHandle) {
 }
 
 fn gemma3_model() -> TextModel {
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../weights/gemma-3-270m-Q4_K_M.gguf");
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/fetch-weights.sh",
-        path.display()
-    );
-    TextModel::load(&TextModelConfig {
-        threads: 2,
-        ..TextModelConfig::local(&path)
-    })
-    .expect("load Gemma 3")
+    weights_model("gemma-3-270m-Q4_K_M.gguf")
 }
 
 /// What a generation gave: every token id (each reported once with its log-probability), the

@@ -106,8 +106,14 @@ pub async fn read_tokens(generation: &mut Generation, n: usize) -> String {
 
 /// The real SmolLM2-135M-Instruct Q4_1 (fetched by `scripts/fetch-weights.sh`) on 2 threads.
 pub fn smollm2_model() -> TextModel {
+    weights_model("SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+/// The file `name` of `weights/` (fetched by `scripts/fetch-weights.sh`) on 2 threads.
+pub fn weights_model(name: &str) -> TextModel {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../weights/SmolLM2-135M-Instruct.Q4_1.gguf");
+        .join("../../weights")
+        .join(name);
     assert!(
         path.exists(),
         "{} is missing: run scripts/fetch-weights.sh",
@@ -117,5 +123,5 @@ pub fn smollm2_model() -> TextModel {
         threads: 2,
         ..TextModelConfig::local(&path)
     })
-    .expect("load SmolLM2")
+    .unwrap_or_else(|e| panic!("load {name}: {e}"))
 }
