@@ -31,9 +31,15 @@ pub struct Step<'a> {
     pub tokens: &'a [u32],
 }
 
+/// How many of step `i`'s last rows give logits: `outputs[i]`, or one where `outputs` has no
+/// entry (a plain step, [`TextModel::forward`]).
+pub(crate) fn output_rows(outputs: &[usize], i: usize) -> usize {
+    outputs.get(i).copied().unwrap_or(1)
+}
+
 /// A forward implementation. Writes K/V of every step's tokens at positions `seq.len..` (the
 /// caller advances `len` afterwards) and, into `logits`, the logits of the last `outputs[i]`
-/// rows of each step `i` (`outputs[i]` at most its tokens, possibly 0), the steps' in order and
+/// rows of each step `i` ([`output_rows`]: at most its tokens, possibly 0), the steps' in order and
 /// each step's rows in order: `sum(outputs) * vocab_size`, row-major.
 pub(crate) trait Backend: Send {
     fn name(&self) -> &'static str;
@@ -205,8 +211,8 @@ impl TextModel {
     /// advances. More rows than the backend takes at once (512 on the CPU) run as several
     /// backend calls (`pieces.rs`).
     pub fn forward(&mut self, steps: &mut [Step<'_>]) -> Result<&[f32], Error> {
-        let ones = vec![1; steps.len()];
-        self.forward_rows(steps, &ones)
+        self.validate(steps)?;
+        self.run(steps, &[])
     }
 
     /// As [`forward`](TextModel::forward), but returns the logits of the last `outputs[i]`
@@ -236,6 +242,11 @@ impl TextModel {
                 steps[i].tokens.len()
             )));
         }
+        self.run(steps, outputs)
+    }
+
+    /// A validated step's forward; `outputs` as [`output_rows`] reads it.
+    fn run(&mut self, steps: &mut [Step<'_>], outputs: &[usize]) -> Result<&[f32], Error> {
         if steps.is_empty() {
             self.logits.clear();
             return Ok(&self.logits);

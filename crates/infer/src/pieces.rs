@@ -5,7 +5,7 @@
 //! every step's next tokens in order, as the budget allows; the logits of a step's output rows
 //! are those of the calls that fed them.
 
-use crate::model::{Backend, Step};
+use crate::model::{output_rows, Backend, Step};
 use crate::Error;
 
 /// Most rows one backend call computes.
@@ -13,7 +13,7 @@ pub(crate) const MAX_ROWS: usize = 512;
 
 /// Runs `steps` through `backend` in calls of at most `max_rows` rows, advancing each
 /// sequence's `len` as its tokens are fed, and leaves the logits of each step's last
-/// `outputs[i]` tokens in `logits` (`sum(outputs) * vocab`, the steps' in order). On error every
+/// [`output_rows`] tokens in `logits` (their sum times `vocab`, the steps' in order). On error every
 /// sequence is back at the length it had.
 pub(crate) fn forward(
     backend: &mut dyn Backend,
@@ -59,7 +59,8 @@ fn in_pieces(
 ) -> Result<Vec<f32>, Error> {
     let total: Vec<usize> = steps.iter().map(|s| s.tokens.len()).collect();
     // Where each step's output rows start in `out`, and how many of them are written.
-    let mut at: Vec<usize> = outputs
+    let counts: Vec<usize> = (0..steps.len()).map(|i| output_rows(outputs, i)).collect();
+    let mut at: Vec<usize> = counts
         .iter()
         .scan(0, |sum, &o| {
             let here = *sum;
@@ -68,7 +69,7 @@ fn in_pieces(
         })
         .collect();
     let mut fed = vec![0usize; steps.len()];
-    let mut out = vec![0.0f32; outputs.iter().sum::<usize>() * vocab];
+    let mut out = vec![0.0f32; counts.iter().sum::<usize>() * vocab];
     let mut piece_logits = Vec::new();
     loop {
         // The next call: each unfinished step's next tokens, in order, within the row budget.
@@ -85,7 +86,7 @@ fn in_pieces(
             let n = left.min(budget);
             budget -= n;
             members.push((i, n));
-            let first_output = total[i] - outputs[i];
+            let first_output = total[i] - counts[i];
             wanted.push((fed[i] + n).saturating_sub(first_output.max(fed[i])));
             asked.push(wanted.last().copied().unwrap_or(0).max(1));
             piece.push(Step {
@@ -131,11 +132,10 @@ mod tests {
             .map(|(seq, tokens)| Step { seq, tokens })
             .collect();
         let mut logits = Vec::new();
-        let ones = vec![1; steps.len()];
         forward(
             &mut *m.backend,
             &mut steps,
-            &ones,
+            &[],
             &mut logits,
             vocab,
             max_rows,

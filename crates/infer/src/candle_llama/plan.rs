@@ -382,7 +382,7 @@ impl CandleModel {
             .iter()
             .enumerate()
             .flat_map(|(si, &end)| {
-                let wanted = outputs.get(si).copied().unwrap_or(1) as u32;
+                let wanted = crate::model::output_rows(outputs, si) as u32;
                 end + 1 - wanted.min(end + 1)..=end
             })
             .collect();

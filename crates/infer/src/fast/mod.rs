@@ -352,7 +352,7 @@ impl FastModel {
             for i in 0..st.tokens.len() {
                 s.rows.push((si, st.seq.len + i));
             }
-            let wanted = outputs.get(si).copied().unwrap_or(1);
+            let wanted = crate::model::output_rows(outputs, si);
             s.last.extend(s.rows.len() - wanted..s.rows.len());
         }
         let n = s.rows.len();

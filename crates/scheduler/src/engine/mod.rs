@@ -178,9 +178,7 @@ impl Engine {
         metrics.steps.fetch_add(1, Relaxed);
         metrics.batch_rows.record(rows.len() as u64);
         metrics.batch_tokens.record(tokens as u64);
-        let generated = || metrics.generated_tokens.load(Relaxed);
-        let before = generated();
-        match result {
+        let took = match result {
             Ok(logits) => batch.after_step(&rows, &outputs, logits),
             Err(e) => {
                 error!(error = %e, rows = rows.len(), "forward step failed; aborting its streams");
@@ -188,14 +186,13 @@ impl Engine {
                 for &i in rows.iter().rev() {
                     batch.end(i, Err(reason.clone()));
                 }
+                0
             }
-        }
-        let took = started.elapsed();
-        metrics.step_time.record_duration(took);
+        };
+        let elapsed = started.elapsed();
+        metrics.step_time.record_duration(elapsed);
         if !prefilling && batch.shared.config.speculation != Speculation::Off {
-            batch
-                .cost
-                .record(tokens, (generated() - before) as usize, took.as_secs_f64());
+            batch.cost.record(tokens, took, elapsed.as_secs_f64());
         }
     }
 }

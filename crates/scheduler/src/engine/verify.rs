@@ -19,9 +19,15 @@ struct Taken {
 impl Batch {
     /// Samples the next tokens of every sequence that caught up with its tokens this step:
     /// `rows` are the active indices of the step's rows, `outputs` how many logits rows each
-    /// has in `logits` (one, or one more than its draft).
-    pub(super) fn after_step(&mut self, rows: &[usize], outputs: &[usize], logits: &[f32]) {
+    /// has in `logits` (one, or one more than its draft). Returns the tokens the streams took.
+    pub(super) fn after_step(
+        &mut self,
+        rows: &[usize],
+        outputs: &[usize],
+        logits: &[f32],
+    ) -> usize {
         let vocab = self.vocab;
+        let mut took = 0;
         let mut ended: Vec<(usize, Result<FinishReason, AbortReason>)> = Vec::new();
         let now = Instant::now();
         let mut base = 0;
@@ -34,6 +40,7 @@ impl Batch {
             if fed_before < a.ids.len() {
                 continue; // mid-prefill chunk: its logits are not needed
             }
+            let generated = a.generated;
             let mut matched = 0;
             for j in 0..=drafted {
                 let Some(row) = logits.get((first + j) * vocab..(first + j + 1) * vocab) else {
@@ -50,6 +57,7 @@ impl Batch {
                 }
                 break;
             }
+            took += self.active[i].generated - generated;
             if drafted > 0 {
                 let a = &mut self.active[i];
                 // Positions past the last kept token held a rejected draft.
@@ -66,6 +74,7 @@ impl Batch {
         for (i, outcome) in ended.into_iter().rev() {
             self.end(i, outcome);
         }
+        took
     }
 
     /// Samples stream `i`'s next token from `row_logits` and delivers it, noting in `ended`
@@ -78,9 +87,6 @@ impl Batch {
         ended: &mut Vec<(usize, Result<FinishReason, AbortReason>)>,
     ) -> Taken {
         let a = &mut self.active[i];
-        let mut stop = |outcome| {
-            ended.push((i, outcome));
-        };
         // Unconstrained: the sampler reads the logits in place, as it always has.
         let sampled = match a.constraint.as_mut() {
             None => Ok(a.sampler.sample(row_logits, &a.ids)),
@@ -95,7 +101,7 @@ impl Batch {
             Err(e) => {
                 a.span
                     .in_scope(|| warn!(error = %e, "output constraint failed"));
-                stop(Err(AbortReason::EngineFailure(e.to_string())));
+                ended.push((i, Err(AbortReason::EngineFailure(e.to_string()))));
                 return Taken {
                     id: None,
                     goes_on: false,
@@ -143,7 +149,7 @@ impl Batch {
         };
         let goes_on = outcome.is_none();
         if let Some(outcome) = outcome {
-            stop(outcome);
+            ended.push((i, outcome));
         }
         Taken {
             id: Some(id),
