@@ -13,7 +13,8 @@ Two steps, both driven by scripts/tiny-models.sh:
           generator's description: seed, shapes, scales).
   oracle  For each quantized GGUF (<name>-<type>.gguf, made by llama-quantize), runs llama.cpp
           (llama-cpp-python pointed at the libllama scripts/build-llama-cpp.sh built, f32 KV cache,
-          no flash attention, 2 threads) on fixed prompts: the chat prompts are rendered from the
+          no flash attention, 2 threads; a model whose heads are whole blocks of 32 gets a second
+          run with the q8_0 KV cache and flash attention) on fixed prompts: the chat prompts are rendered from the
           GGUF's own template (Jinja2, as reference-tokens.py does; llama.cpp's built-in template
           engine renders them too, for comparison), tokenized by llama.cpp with special tokens
           parsed, then decoded greedily. Along the greedy path each step records the top-8 logits
@@ -340,13 +341,19 @@ def run_case(llm, llama_cpp, ids, window):
 def oracle_model(path, spec, llama_cpp, Llama, Jinja2ChatFormatter):
     base = os.path.basename(path)[:-len(".gguf")]
     runs = []
-    variants = [(n_ctx, spec.sliding_window if spec.swa_emulate else None) for n_ctx in spec.oracle_n_ctx]
+    variants = [(n_ctx, spec.sliding_window if spec.swa_emulate else None, "f32")
+                for n_ctx in spec.oracle_n_ctx]
     if spec.swa_emulate:
-        variants.append((N_CTX, None))
-    for n_ctx, window in variants:
+        variants.append((N_CTX, None, "f32"))
+    # llama.cpp's q8_0 KV cache (with its flash attention, which a quantized V needs) stores
+    # blocks of 32 values: a model whose heads are whole blocks gets a run with it too.
+    if spec.head_dim % 32 == 0:
+        variants.append((variants[0][0], variants[0][1], "q8_0"))
+    kv_types = {"f32": llama_cpp.GGML_TYPE_F32, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
+    for n_ctx, window, kv in variants:
         llm = Llama(model_path=path, n_ctx=n_ctx, n_batch=512, n_threads=N_THREADS,
                     n_threads_batch=N_THREADS, seed=0, verbose=False,
-                    type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32, flash_attn=False)
+                    type_k=kv_types[kv], type_v=kv_types[kv], flash_attn=kv != "f32")
         vocab = llm._model.vocab
         template = llm.metadata["tokenizer.chat_template"]
         bos_id, eos_id = llm.token_bos(), llm.token_eos()
@@ -384,13 +391,13 @@ def oracle_model(path, spec, llama_cpp, Llama, Jinja2ChatFormatter):
                 "top_ids": top_ids, "top_logits": top_logits, "margins": margins,
             })
             cases.append(entry)
-            print(f"tiny-models: {base} n_ctx={n_ctx} window={window} {case['name']}: "
+            print(f"tiny-models: {base} n_ctx={n_ctx} window={window} kv={kv} {case['name']}: "
                   f"{len(ids)} prompt ids, {len(out)} generated, {len(set(out))} distinct, "
                   f"margins >= 1: {sum(m >= 1 for m in margins)}/{len(margins)}", file=sys.stderr)
         eog = [i for i in range(llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, i)]
         run = {
             "llama_cpp_settings": {"n_ctx": n_ctx, "n_batch": 512, "n_threads": N_THREADS,
-                                   "type_k": "f32", "type_v": "f32", "flash_attn": False},
+                                   "type_k": kv, "type_v": kv, "flash_attn": kv != "f32"},
             "sliding_window_emulated": window,
             "prompt_processing": "one token per decode" if window else "one batch",
             "cases": cases,

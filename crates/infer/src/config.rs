@@ -79,16 +79,23 @@ pub enum KvPrecision {
     /// f16 (half the memory per token, which the scheduler's KV budget counts), Q is rounded to
     /// f16 for the Q·K products and the softmax weights to f16 for the sum over V.
     F16,
+    /// Imitates llama.cpp's q8_0 KV cache (`-ctk q8_0 -ctv q8_0`, which needs its flash
+    /// attention): K and V are stored in blocks of 32 values, one f16 scale and 32 signed bytes
+    /// each (34 bytes where f16 takes 64), quantized as llama.cpp quantizes them; Q is quantized
+    /// the same way for integer Q·K products, and V is widened as it is summed. Fast CPU backend
+    /// only, for heads whose size is a multiple of 32.
+    Q8_0,
 }
 
 impl std::str::FromStr for KvPrecision {
     type Err = String;
-    /// Parses `f32` or `f16`.
+    /// Parses `f32`, `f16` or `q8_0`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim() {
             "f32" => Ok(KvPrecision::F32),
             "f16" => Ok(KvPrecision::F16),
-            other => Err(format!("kv_precision {other:?}: expected f32 or f16")),
+            "q8_0" => Ok(KvPrecision::Q8_0),
+            other => Err(format!("kv_precision {other:?}: expected f32, f16 or q8_0")),
         }
     }
 }
@@ -99,11 +106,16 @@ impl KvPrecision {
         self == KvPrecision::F16
     }
 
-    /// Bytes a host KV cache stores per value.
-    pub fn value_bytes(self) -> usize {
+    /// Values of one q8_0 block (one scale each).
+    pub const Q8_BLOCK: usize = 32;
+
+    /// Bytes a host KV cache stores for `values` values (a whole number of blocks for q8_0: a
+    /// block's 32 quants and its f16 scale).
+    pub fn bytes(self, values: usize) -> usize {
         match self {
-            KvPrecision::F32 => 4,
-            KvPrecision::F16 => 2,
+            KvPrecision::F32 => 4 * values,
+            KvPrecision::F16 => 2 * values,
+            KvPrecision::Q8_0 => values.div_ceil(Self::Q8_BLOCK) * (Self::Q8_BLOCK + 2),
         }
     }
 }
@@ -262,7 +274,20 @@ mod tests {
             TextModelConfig::local("m.gguf").kv_precision,
             KvPrecision::F32
         );
+        assert_eq!(" q8_0".parse::<KvPrecision>().unwrap(), KvPrecision::Q8_0);
+        assert!("q8".parse::<KvPrecision>().is_err());
         assert!(KvPrecision::F16.rounds_to_f16() && !KvPrecision::F32.rounds_to_f16());
+        assert!(!KvPrecision::Q8_0.rounds_to_f16());
+        // llama.cpp's sizes: q8_0 is 34 bytes a block of 32, a little over half of f16.
+        let per = |p: KvPrecision| p.bytes(4096);
+        assert_eq!(
+            (
+                per(KvPrecision::F32),
+                per(KvPrecision::F16),
+                per(KvPrecision::Q8_0)
+            ),
+            (16384, 8192, 4352)
+        );
     }
 
     /// Every fast path is on unless its variable asks, with its exact value, for it off: a

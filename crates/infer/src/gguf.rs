@@ -364,11 +364,6 @@ impl Hparams {
         self.n_head_kv * self.head_dim
     }
 
-    /// Bytes of KV cache per token position over all layers (K and V), at `value_bytes` a value.
-    pub fn kv_bytes_per_token(&self, value_bytes: usize) -> usize {
-        2 * self.n_layer * self.kv_dim() * value_bytes
-    }
-
     /// Whether layer `il` attends within the sliding window only: every layer of a file that
     /// declares a window, all but every `sliding_window_pattern`-th in Gemma 3.
     pub fn is_sliding(&self, il: usize) -> bool {

@@ -1,20 +1,40 @@
-//! One sequence's K (or V) cache: a slice of `capacity * kv_dim` values per layer (f32, or f16
-//! for `kv_precision = "f16"`, half the bytes), all in one anonymous memory mapping of its own.
+//! One sequence's K (or V) cache: `capacity * kv_dim` values per layer, all in one anonymous
+//! memory mapping of its own. The values are f32, f16 (`kv_precision = "f16"`, half the bytes)
+//! or q8_0 (`"q8_0"`: every layer's quants, one byte a value, then every layer's f16 scales, one
+//! per block of 32 values; 34 bytes where f16 takes 64).
 //! The operating system hands the mapping's pages out zeroed as they are first written, so a cache is resident only as far as it has filled, and
 //! dropping it returns the memory at once. A `Vec` would not promise either: once the allocator
 //! has recycled a freed cache's memory, a new zeroed one is written through (all of it resident
 //! before its first token) and a freed one may stay with the process.
 
-use std::ops::{Index, IndexMut};
+use hearth_kernels::ops::Q8Values;
 
 use crate::config::KvPrecision;
 use crate::Error;
+
+/// Values of one q8_0 block.
+const BLOCK: usize = KvPrecision::Q8_BLOCK;
 
 pub(crate) struct KvCache {
     map: memmap2::MmapMut,
     layers: usize,
     per_layer: usize,
     elem: KvPrecision,
+}
+
+/// One layer of a cache, to read.
+pub(crate) enum Layer<'a> {
+    F32(&'a [f32]),
+    F16(&'a [half::f16]),
+    Q8(Q8Values<'a>),
+}
+
+/// One layer of a cache, to write.
+pub(crate) enum LayerMut<'a> {
+    F32(&'a mut [f32]),
+    F16(&'a mut [half::f16]),
+    /// Quants, and one scale per block of 32 of them.
+    Q8(&'a mut [i8], &'a mut [half::f16]),
 }
 
 impl KvCache {
@@ -24,19 +44,18 @@ impl KvCache {
         Self::with_elem(layers, per_layer, KvPrecision::F32)
     }
 
-    /// Layers.
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.layers
-    }
-
-    /// `layers` zeroed slices of `per_layer` values of `elem` each.
+    /// `layers` zeroed slices of `per_layer` values of `elem` each (for q8_0, a whole number of
+    /// blocks: the backend refuses heads that are not).
     pub(crate) fn with_elem(
         layers: usize,
         per_layer: usize,
         elem: KvPrecision,
     ) -> Result<KvCache, Error> {
-        let bytes = layers * per_layer * elem.value_bytes();
+        assert!(
+            elem != KvPrecision::Q8_0 || per_layer.is_multiple_of(BLOCK),
+            "a q8_0 cache of {per_layer} values a layer"
+        );
+        let bytes = layers * elem.bytes(per_layer);
         // A mapping cannot be empty: a cache of no positions maps one value (a page).
         let map = memmap2::MmapMut::map_anon(bytes.max(std::mem::size_of::<f32>()))
             .map_err(|source| Error::KvMemory { bytes, source })?;
@@ -52,62 +71,90 @@ impl KvCache {
         self.elem
     }
 
-    /// Layer `layer` of an f16 cache; `None` for an f32 one.
-    pub(crate) fn f16(&self, layer: usize) -> Option<&[half::f16]> {
-        (self.elem == KvPrecision::F16 && layer < self.layers).then(|| {
-            let all: &[half::f16] = bytemuck::cast_slice(&self.map[..]);
-            &all[layer * self.per_layer..(layer + 1) * self.per_layer]
-        })
+    /// Byte ranges of a q8_0 cache's quants and scales for layer `layer`'s values `values`.
+    fn q8_ranges(
+        &self,
+        layer: usize,
+        values: std::ops::Range<usize>,
+    ) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+        let quants = layer * self.per_layer;
+        let scales = self.layers * self.per_layer + 2 * (layer * self.per_layer / BLOCK);
+        (
+            quants + values.start..quants + values.end,
+            scales + 2 * (values.start / BLOCK)..scales + 2 * values.end.div_ceil(BLOCK),
+        )
     }
 
-    /// Layer `layer` of an f16 cache, to write; `None` for an f32 one.
-    pub(crate) fn f16_mut(&mut self, layer: usize) -> Option<&mut [half::f16]> {
+    /// Layer `layer` (< the cache's layers).
+    pub(crate) fn layer(&self, layer: usize) -> Layer<'_> {
+        assert!(layer < self.layers, "layer {layer} of {}", self.layers);
         let per = self.per_layer;
-        (self.elem == KvPrecision::F16 && layer < self.layers).then(|| {
-            let all: &mut [half::f16] = bytemuck::cast_slice_mut(&mut self.map[..]);
-            &mut all[layer * per..(layer + 1) * per]
-        })
-    }
-
-    /// Copies the first `values` values of every layer of `from` (a cache of the same shape and
-    /// element) into this one.
-    pub(crate) fn copy_prefix(&mut self, from: &KvCache, values: usize) {
-        let (size, per) = (self.elem.value_bytes(), self.per_layer);
-        let n = values.min(per) * size;
-        for il in 0..self.layers.min(from.layers) {
-            let (a, b) = (il * per * size, il * from.per_layer * size);
-            self.map[a..a + n].copy_from_slice(&from.map[b..b + n]);
+        match self.elem {
+            KvPrecision::F32 => {
+                // The mapping is page-aligned, so the casts cannot fail on alignment.
+                let all: &[f32] = bytemuck::cast_slice(&self.map[..self.layers * per * 4]);
+                Layer::F32(&all[layer * per..(layer + 1) * per])
+            }
+            KvPrecision::F16 => {
+                let all: &[half::f16] = bytemuck::cast_slice(&self.map[..self.layers * per * 2]);
+                Layer::F16(&all[layer * per..(layer + 1) * per])
+            }
+            KvPrecision::Q8_0 => {
+                let (q, d) = self.q8_ranges(layer, 0..per);
+                Layer::Q8(Q8Values {
+                    q: bytemuck::cast_slice(&self.map[q]),
+                    d: bytemuck::cast_slice(&self.map[d]),
+                })
+            }
         }
     }
 
-    /// The values of an f32 cache. Host backends index only caches they made (`Backend::accepts`);
-    /// an f16 cache has no f32 view, and indexing one is a bug, caught here.
-    fn floats(&self) -> &[f32] {
-        assert_eq!(self.elem, KvPrecision::F32, "an f16 cache read as f32");
-        // The mapping is page-aligned, so the cast cannot fail on alignment.
-        &bytemuck::cast_slice(&self.map[..])[..self.layers * self.per_layer]
-    }
-
-    fn floats_mut(&mut self) -> &mut [f32] {
-        assert_eq!(self.elem, KvPrecision::F32, "an f16 cache written as f32");
-        let n = self.layers * self.per_layer;
-        &mut bytemuck::cast_slice_mut(&mut self.map[..])[..n]
-    }
-}
-
-impl Index<usize> for KvCache {
-    type Output = [f32];
-    fn index(&self, layer: usize) -> &[f32] {
+    /// Layer `layer` (< the cache's layers), to write.
+    pub(crate) fn layer_mut(&mut self, layer: usize) -> LayerMut<'_> {
         assert!(layer < self.layers, "layer {layer} of {}", self.layers);
-        &self.floats()[layer * self.per_layer..(layer + 1) * self.per_layer]
+        let (layers, per) = (self.layers, self.per_layer);
+        match self.elem {
+            KvPrecision::F32 => {
+                let all: &mut [f32] = bytemuck::cast_slice_mut(&mut self.map[..layers * per * 4]);
+                LayerMut::F32(&mut all[layer * per..(layer + 1) * per])
+            }
+            KvPrecision::F16 => {
+                let all: &mut [half::f16] =
+                    bytemuck::cast_slice_mut(&mut self.map[..layers * per * 2]);
+                LayerMut::F16(&mut all[layer * per..(layer + 1) * per])
+            }
+            KvPrecision::Q8_0 => {
+                let (q, d) = self.q8_ranges(layer, 0..per);
+                // The scales come after every layer's quants: two disjoint borrows.
+                let (head, tail) = self.map.split_at_mut(d.start);
+                LayerMut::Q8(
+                    bytemuck::cast_slice_mut(&mut head[q]),
+                    bytemuck::cast_slice_mut(&mut tail[..d.len()]),
+                )
+            }
+        }
     }
-}
 
-impl IndexMut<usize> for KvCache {
-    fn index_mut(&mut self, layer: usize) -> &mut [f32] {
-        assert!(layer < self.layers, "layer {layer} of {}", self.layers);
-        let per = self.per_layer;
-        &mut self.floats_mut()[layer * per..(layer + 1) * per]
+    /// Copies the first `values` values of every layer of `from` (a cache of the same shape and
+    /// element; for q8_0 a whole number of blocks) into this one.
+    pub(crate) fn copy_prefix(&mut self, from: &KvCache, values: usize) {
+        let values = values.min(self.per_layer);
+        for il in 0..self.layers.min(from.layers) {
+            let ranges = match self.elem {
+                KvPrecision::Q8_0 => {
+                    let (a, b) = (self.q8_ranges(il, 0..values), from.q8_ranges(il, 0..values));
+                    vec![(a.0, b.0), (a.1, b.1)]
+                }
+                elem => {
+                    let size = elem.bytes(1);
+                    let (a, b) = (il * self.per_layer * size, il * from.per_layer * size);
+                    vec![(a..a + values * size, b..b + values * size)]
+                }
+            };
+            for (to, src) in ranges {
+                self.map[to].copy_from_slice(&from.map[src]);
+            }
+        }
     }
 }
 
@@ -128,26 +175,84 @@ mod tests {
     #[test]
     fn layers_are_separate_zeroed_slices() {
         let mut c = KvCache::new(3, 10).unwrap();
-        assert_eq!(c.len(), 3);
-        assert!((0..3).all(|l| c[l].len() == 10 && c[l].iter().all(|&x| x == 0.0)));
-        c[1][9] = 2.5;
-        c[2][0] = -1.0;
-        assert_eq!((c[0][9], c[1][9], c[2][0], c[1][0]), (0.0, 2.5, -1.0, 0.0));
+        assert_eq!(c.layers, 3);
+        assert!((0..3).all(|l| f32s(&c, l).len() == 10 && f32s(&c, l).iter().all(|&x| x == 0.0)));
+        f32s_mut(&mut c, 1)[9] = 2.5;
+        f32s_mut(&mut c, 2)[0] = -1.0;
+        let at = |l, i| f32s(&c, l)[i];
+        assert_eq!(
+            (at(0, 9), at(1, 9), at(2, 0), at(1, 0)),
+            (0.0, 2.5, -1.0, 0.0)
+        );
         let empty = KvCache::new(4, 0).unwrap();
-        assert!(empty[3].is_empty());
-        assert!(c.f16(0).is_none());
+        assert!(f32s(&empty, 3).is_empty());
+    }
+
+    fn f32s(c: &KvCache, l: usize) -> &[f32] {
+        match c.layer(l) {
+            Layer::F32(x) => x,
+            _ => panic!("not f32"),
+        }
+    }
+
+    fn f32s_mut(c: &mut KvCache, l: usize) -> &mut [f32] {
+        match c.layer_mut(l) {
+            LayerMut::F32(x) => x,
+            _ => panic!("not f32"),
+        }
     }
 
     #[test]
     fn an_f16_cache_takes_half_the_bytes_and_copies_its_prefix() {
         let mut a = KvCache::with_elem(2, 8, KvPrecision::F16).unwrap();
-        assert!(a.f16(2).is_none());
-        a.f16_mut(1).unwrap()[..3].copy_from_slice(&[half::f16::from_f32(1.5); 3]);
+        let LayerMut::F16(l1) = a.layer_mut(1) else {
+            panic!("not f16")
+        };
+        l1[..3].copy_from_slice(&[half::f16::from_f32(1.5); 3]);
         let mut b = KvCache::with_elem(2, 8, KvPrecision::F16).unwrap();
         b.copy_prefix(&a, 2);
-        let got: Vec<f32> = b.f16(1).unwrap().iter().map(|x| x.to_f32()).collect();
+        let Layer::F16(l1) = b.layer(1) else {
+            panic!("not f16")
+        };
+        let got: Vec<f32> = l1.iter().map(|x| x.to_f32()).collect();
         assert_eq!(got, [1.5, 1.5, 0., 0., 0., 0., 0., 0.]);
         assert_eq!(a.map.len(), 2 * 8 * 2);
+    }
+
+    /// Each layer's quants and scales are its own (writing one layer leaves the others), a
+    /// prefix copy takes both, and the cache is 34 bytes a block.
+    #[test]
+    fn a_q8_cache_keeps_each_layers_quants_and_scales_apart_and_copies_its_prefix() {
+        let (layers, per) = (3, 96);
+        let mut a = KvCache::with_elem(layers, per, KvPrecision::Q8_0).unwrap();
+        assert_eq!(a.map.len(), layers * per / 32 * 34);
+        for il in 0..layers {
+            let LayerMut::Q8(q, d) = a.layer_mut(il) else {
+                panic!("not q8")
+            };
+            assert_eq!((q.len(), d.len()), (per, per / 32));
+            q.iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = (il * 10 + i % 7) as i8);
+            d.iter_mut()
+                .enumerate()
+                .for_each(|(b, x)| *x = half::f16::from_f32((il * 3 + b) as f32));
+        }
+        let mut b = KvCache::with_elem(layers, per, KvPrecision::Q8_0).unwrap();
+        b.copy_prefix(&a, 64);
+        for il in 0..layers {
+            let Layer::Q8(v) = b.layer(il) else {
+                panic!("not q8")
+            };
+            let want_q: Vec<i8> = (0..per)
+                .map(|i| if i < 64 { (il * 10 + i % 7) as i8 } else { 0 })
+                .collect();
+            let want_d: Vec<f32> = (0..per / 32)
+                .map(|b| if b < 2 { (il * 3 + b) as f32 } else { 0.0 })
+                .collect();
+            assert_eq!(v.q, &want_q[..], "layer {il}");
+            assert_eq!(v.d.iter().map(|x| x.to_f32()).collect::<Vec<_>>(), want_d);
+        }
     }
 
     /// Pages of the cache's mapping that are resident (`mincore`), and the page size.
@@ -173,7 +278,7 @@ mod tests {
         for _ in 0..3 {
             let mut c = KvCache::new(4, per_layer).unwrap();
             assert_eq!(resident_pages(&c).0, 0, "an untouched cache is resident");
-            c[1][..1 << 20].fill(1.0); // 4 MiB of the second layer
+            f32s_mut(&mut c, 1)[..1 << 20].fill(1.0); // 4 MiB of the second layer
             let (pages, page) = resident_pages(&c);
             let written = (4 << 20) / page;
             // Transparent huge pages, where the system gives them, round up to 2 MiB.

@@ -68,7 +68,7 @@ fn load_path(
             let kernel = hearth_kernels::KernelPath::chosen(cfg.kernel);
             match crate::fast::from_gguf_on(path, &file.content, hp.clone(), cfg.threads, kernel) {
                 Ok(mut m) => {
-                    m.kv = cfg.kv_precision;
+                    m.set_kv(cfg.kv_precision)?;
                     Some(m)
                 }
                 Err(e) if cfg.backend == BackendChoice::Auto => {

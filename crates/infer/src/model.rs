@@ -69,8 +69,8 @@ pub(crate) trait Backend: Send {
     /// Whether `seq` is one this backend made and can run (checked before every step; a
     /// sequence of another model or backend is refused, however alike in shape).
     fn accepts(&self, seq: &Sequence) -> bool;
-    /// Bytes of one cached value in the caches this backend makes.
-    fn kv_value_bytes(&self) -> usize;
+    /// Bytes `values` cached values take in the caches this backend makes.
+    fn kv_bytes(&self, values: usize) -> usize;
     /// Most rows one call computes; a step of more runs as several calls (`pieces.rs`).
     fn max_rows(&self) -> usize {
         crate::pieces::MAX_ROWS
@@ -141,7 +141,7 @@ impl TextModel {
             .build()
             .map_err(|source| Error::ThreadPool { threads, source })?;
         // What one position of the backend's own cache takes (f16 caches take half).
-        let kv_bytes_per_token = hp.kv_bytes_per_token(backend.kv_value_bytes());
+        let kv_bytes_per_token = 2 * hp.n_layer * backend.kv_bytes(hp.kv_dim());
         let info = ModelInfo {
             architecture: hp.arch_name.clone(),
             context_length: hp.context_length,

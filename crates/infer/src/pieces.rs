@@ -237,8 +237,8 @@ mod tests {
         fn accepts(&self, seq: &Sequence) -> bool {
             self.inner.accepts(seq)
         }
-        fn kv_value_bytes(&self) -> usize {
-            self.inner.kv_value_bytes()
+        fn kv_bytes(&self, values: usize) -> usize {
+            self.inner.kv_bytes(values)
         }
         fn forward(
             &mut self,

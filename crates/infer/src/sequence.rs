@@ -170,10 +170,11 @@ impl Sequence {
     }
     /// Bytes of KV memory this sequence reserved.
     pub fn kv_bytes(&self) -> usize {
-        let value = match &self.cache {
-            Cache::Host(c) => c.k.elem().value_bytes(),
-            Cache::Device(d) => d.dtype().size_in_bytes(),
+        let values = self.capacity * self.kv_dim;
+        let per_layer = match &self.cache {
+            Cache::Host(c) => c.k.elem().bytes(values),
+            Cache::Device(d) => values * d.dtype().size_in_bytes(),
         };
-        2 * self.layers * self.capacity * self.kv_dim * value
+        2 * self.layers * per_layer
     }
 }

@@ -8,13 +8,18 @@
 //! runs on the fast CPU backend (not a fallback to candle), the prompt
 //! tokenizes to llama.cpp's ids, and teacher-forced along llama.cpp's greedy path Hearth picks
 //! llama.cpp's token at every step where llama.cpp's margin is at least 1.0. The RMS difference of
-//! the top-8 logits is printed per architecture, type and backend (`--nocapture`).
+//! the top-8 logits is printed per architecture, type and backend (`--nocapture`). A model
+//! whose heads are whole blocks of 32 (qwen3) also has a run of llama.cpp with its q8_0 KV cache
+//! and flash attention, to which the fast backend with `kv_precision = "q8_0"` is held the same
+//! way.
 
 mod support;
 
 use std::path::{Path, PathBuf};
 
-use hearth_infer::{BackendChoice, ChatMessage, Role, Step, TextModel, TextModelConfig};
+use hearth_infer::{
+    BackendChoice, ChatMessage, KvPrecision, Role, Step, TextModel, TextModelConfig,
+};
 use serde_json::Value;
 use support::{argmax, ids};
 
@@ -53,9 +58,15 @@ struct Tally {
 /// llama.cpp ignores (Mistral's, on the `llama` architecture), the run that emulates the window
 /// in llama.cpp (Hearth applies it as the file says); for LongRoPE files, the run with the short
 /// factors (Hearth serves such files within their original context); else llama.cpp as it runs.
-fn reference_run(fx: &Value) -> &Value {
-    let runs = fx["runs"].as_array().unwrap();
-    let short = |r: &&Value| {
+/// Among the runs with the KV cache `kv` (`"f32"` or `"q8_0"`); `None` if there is none.
+fn reference_run<'a>(fx: &'a Value, kv: &str) -> Option<&'a Value> {
+    let runs: Vec<&Value> = fx["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["llama_cpp_settings"]["type_k"].as_str() == Some(kv))
+        .collect();
+    let short = |r: &&&Value| {
         r["rope_factors_used"]
             .as_str()
             .is_none_or(|f| f == "rope_factors_short")
@@ -63,24 +74,40 @@ fn reference_run(fx: &Value) -> &Value {
     runs.iter()
         .find(|r| r["sliding_window_emulated"].is_u64())
         .or_else(|| runs.iter().find(short))
-        .expect("a run Hearth should match")
+        .copied()
 }
 
-fn check_model(name: &str, ty: &str, backend: BackendChoice, tally: &mut Tally) {
-    let fx: Value = serde_json::from_str(
-        &std::fs::read_to_string(dir().join(format!("{name}-{ty}.json"))).unwrap(),
-    )
-    .unwrap();
-    let run = reference_run(&fx);
+fn fixture(name: &str, ty: &str) -> Value {
+    let path = dir().join(format!("{name}-{ty}.json"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The KV cache type of the llama.cpp run Hearth's `kv` is held to, as the fixture names it,
+/// and whether that run's flash attention was on (llama.cpp's q8_0 cache needs it; the f32
+/// reference has it off).
+fn cache_of(kv: KvPrecision) -> (&'static str, bool) {
+    match kv {
+        KvPrecision::F32 => ("f32", false),
+        KvPrecision::F16 => ("f16", false),
+        KvPrecision::Q8_0 => ("q8_0", true),
+    }
+}
+
+fn check_model(name: &str, ty: &str, backend: BackendChoice, kv: KvPrecision, tally: &mut Tally) {
+    let fx = fixture(name, ty);
+    let (kv_name, flash) = cache_of(kv);
+    let run = reference_run(&fx, kv_name)
+        .unwrap_or_else(|| panic!("{name}-{ty}: no run of llama.cpp with a {kv_name} cache"));
     let s = &run["llama_cpp_settings"];
     assert_eq!(
-        (s["type_k"].as_str(), s["flash_attn"].as_bool()),
-        (Some("f32"), Some(false)),
-        "{name}-{ty}: the fixture was made with an f32 KV cache and no flash attention"
+        (s["type_v"].as_str(), s["flash_attn"].as_bool()),
+        (Some(kv_name), Some(flash)),
+        "{name}-{ty}: the run's V cache and flash attention"
     );
     let mut cfg = TextModelConfig::local(dir().join(format!("{name}-{ty}.gguf")));
     cfg.threads = 2;
     cfg.backend = backend;
+    cfg.kv_precision = kv;
     let mut model = TextModel::load(&cfg)
         .unwrap_or_else(|e| panic!("{name}-{ty} does not load on {backend:?}: {e}"));
     // The backend asked for, never a fallback (the fast path must run every fixture itself).
@@ -158,16 +185,24 @@ fn check_model(name: &str, ty: &str, backend: BackendChoice, tally: &mut Tally) 
 /// Hearth got wrong.
 fn check(name: &str, extra: &[&str]) {
     let mut failures = Vec::new();
-    for (ty, backend) in TYPES
-        .iter()
-        .chain(extra)
-        .flat_map(|&ty| [(ty, BackendChoice::Fast), (ty, BackendChoice::Candle)])
-    {
+    let runs = TYPES.iter().chain(extra).flat_map(|&ty| {
+        // The q8_0 cache where llama.cpp made a run with it (heads of whole blocks), on the
+        // fast backend, the only one that keeps it.
+        let q8 = reference_run(&fixture(name, ty), "q8_0")
+            .map(|_| (ty, BackendChoice::Fast, KvPrecision::Q8_0));
+        [
+            (ty, BackendChoice::Fast, KvPrecision::F32),
+            (ty, BackendChoice::Candle, KvPrecision::F32),
+        ]
+        .into_iter()
+        .chain(q8)
+    });
+    for (ty, backend, kv) in runs {
         let mut t = Tally::default();
-        check_model(name, ty, backend, &mut t);
+        check_model(name, ty, backend, kv, &mut t);
         let rms = (t.sq_diff / t.compared.max(1) as f64).sqrt();
         println!(
-            "{name} {ty} {backend:?}: {} of {} steps agree with llama.cpp, {} decisive; top-8 logit RMS difference {rms:.4}",
+            "{name} {ty} {backend:?} {kv:?} cache: {} of {} steps agree with llama.cpp, {} decisive; top-8 logit RMS difference {rms:.4}",
             t.agree, t.steps, t.decisive
         );
         assert!(
@@ -212,4 +247,38 @@ fn mistral_with_its_sliding_window_picks_llama_cpps_token_at_every_decisive_step
 #[test]
 fn phi3_with_fused_matrices_picks_llama_cpps_token_at_every_decisive_step() {
     check("phi3", &[]);
+}
+
+/// The q8_0 cache is held to llama.cpp's wherever the fixtures have a run of it: on every type
+/// of qwen3, whose heads (64) are whole blocks.
+#[test]
+fn the_fixtures_with_heads_of_whole_blocks_have_a_q8_0_run() {
+    for ty in TYPES.iter().chain(Q5_K_M) {
+        assert!(
+            reference_run(&fixture("qwen3", ty), "q8_0").is_some(),
+            "qwen3-{ty}: no q8_0 run: rerun scripts/tiny-models.sh qwen3"
+        );
+    }
+}
+
+/// A q8_0 cache needs heads of whole blocks of 32, as llama.cpp's does: a model with 16-wide
+/// heads is refused at load, by name, on either backend (candle keeps no q8_0 cache at all).
+#[test]
+fn a_q8_0_cache_for_heads_that_split_a_block_is_refused_by_name() {
+    for backend in [
+        BackendChoice::Fast,
+        BackendChoice::Candle,
+        BackendChoice::Auto,
+    ] {
+        let mut cfg = TextModelConfig::local(dir().join("llama-q8_0.gguf"));
+        cfg.threads = 2;
+        cfg.backend = backend;
+        cfg.kv_precision = KvPrecision::Q8_0;
+        let err = match TextModel::load(&cfg) {
+            Ok(_) => panic!("{backend:?}: a q8_0 cache of 16-wide heads loaded"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("kv_precision"), "{backend:?}: {err}");
+        assert!(err.contains("q8_0"), "{backend:?}: {err}");
+    }
 }

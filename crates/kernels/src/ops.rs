@@ -274,7 +274,9 @@ multiversion! {
 }
 
 mod attend;
-pub use attend::{attend, attend_rows, KvValue, RowRun};
+pub use attend::{
+    attend, attend_q8, attend_rows, attend_rows_q8, KvValue, Q8Values, RowRun, MAX_Q8_HEAD,
+};
 
 multiversion! {
     /// `x[i] = e^x[i]`, vectorized (see `exp_body` for the accuracy: within one f32 ulp of
@@ -313,7 +315,9 @@ multiversion! {
 }
 
 mod quantize;
-pub use quantize::{quantize_row, QuantRow};
+mod rotate;
+pub use quantize::{quantize_q8_0, quantize_row, QuantRow};
+pub use rotate::hadamard;
 
 /// Rounds every element to the nearest f16 value (what an f16 KV cache keeps), ties to even, as
 /// `half::f16::from_f32` does: sixteen at a time through F16C on AVX-512.

@@ -243,6 +243,12 @@ impl CandleModel {
         act: DType,
         gpu: GpuTuning,
     ) -> Result<(), Error> {
+        if kv == KvPrecision::Q8_0 {
+            return Err(Error::InvalidConfig {
+                key: "kv_precision",
+                reason: "q8_0 runs on the fast CPU backend only (backend = \"fast\"); candle keeps f32 or f16".into(),
+            });
+        }
         let rows = linear::RowProduct::of(&gpu);
         for l in &mut self.m.layers {
             l.convert(act, rows)?;
@@ -255,7 +261,7 @@ impl CandleModel {
         }
         let cache = match (act, kv) {
             (DType::F32, KvPrecision::F32) => DType::F32,
-            (DType::F32, KvPrecision::F16) => DType::F16,
+            (DType::F32, KvPrecision::F16 | KvPrecision::Q8_0) => DType::F16,
             (other, _) => other,
         };
         self.pool = SharedPool::new(self.hp.n_layer, self.hp.kv_dim(), cache, &self.device);
@@ -318,8 +324,8 @@ impl Backend for CandleModel {
             && matches!(&seq.cache, Cache::Device(d) if d.pool().same(&self.pool))
     }
 
-    fn kv_value_bytes(&self) -> usize {
-        self.pool.lock().dtype().size_in_bytes()
+    fn kv_bytes(&self, values: usize) -> usize {
+        values * self.pool.lock().dtype().size_in_bytes()
     }
 
     fn max_rows(&self) -> usize {

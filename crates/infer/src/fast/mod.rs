@@ -25,7 +25,6 @@ use std::path::Path;
 
 use candle_core::quantized::gguf_file::{Content, TensorInfo};
 use candle_core::quantized::GgmlDType;
-use half::slice::HalfFloatSliceExt;
 use hearth_kernels::{matmul, ops, GgmlType, KernelPath, QActs, QMatrix, ThreadPool};
 
 use crate::attn::{self, RopeScaling, RopeStyle};
@@ -41,6 +40,9 @@ const HOST_CHECKED: &str = "host caches, checked at the start of the step";
 /// Most rows of a step one attention piece takes (a KV head's keys stay in cache across them).
 const MAX_ROWS_PER_PIECE: usize = 32;
 
+mod attention;
+#[cfg(test)]
+mod kv_tests;
 mod load;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -170,8 +172,8 @@ pub(crate) struct FastModel {
     embed_scale: Option<f32>,
     activation: Activation,
     attn_scale: f32,
-    /// What the attention rounds to f16 (see [`KvPrecision`]).
-    pub(crate) kv: KvPrecision,
+    /// The caches' precision, and so the attention's (see [`KvPrecision`]; [`Self::set_kv`]).
+    kv: KvPrecision,
     /// Stamped on every sequence this model makes.
     pub(crate) maker: Maker,
     s: Scratch,
@@ -208,6 +210,25 @@ impl FastModel {
             b += l.qkv.bytes() + l.wo.bytes() + l.gate_up.bytes() + l.down.bytes();
         }
         b as u64
+    }
+
+    /// Sets the caches' precision for sequences made from now on. q8_0 needs heads of whole
+    /// blocks of 32 (at most `ops::MAX_Q8_HEAD`), as llama.cpp's q8_0 cache does.
+    pub(crate) fn set_kv(&mut self, kv: KvPrecision) -> Result<(), Error> {
+        let hd = self.hp.head_dim;
+        if kv == KvPrecision::Q8_0
+            && (!hd.is_multiple_of(KvPrecision::Q8_BLOCK) || hd > ops::MAX_Q8_HEAD)
+        {
+            return Err(Error::InvalidConfig {
+                key: "kv_precision",
+                reason: format!(
+                    "q8_0 stores blocks of {} values and this model's heads are {hd} wide; use f16 or f32",
+                    KvPrecision::Q8_BLOCK
+                ),
+            });
+        }
+        self.kv = kv;
+        Ok(())
     }
 
     /// Forces a kernel path (tests compare paths); refuses one the CPU lacks.
@@ -275,8 +296,8 @@ impl Backend for FastModel {
         Sequence::on_host(&self.maker, layers, kv_dim, capacity, self.kv)
     }
 
-    fn kv_value_bytes(&self) -> usize {
-        self.kv.value_bytes()
+    fn kv_bytes(&self, values: usize) -> usize {
+        self.kv.bytes(values)
     }
 
     /// Its own host caches, of its precision or f32 (which holds any value; an f16 cache under
@@ -339,11 +360,9 @@ impl FastModel {
         if let Some(step) = steps.iter().position(|st| st.seq.host().is_none()) {
             return Err(Error::ForeignSequence { step });
         }
-        let f16_kv = kv.rounds_to_f16();
         let (e, hd, nh, eps) = (hp.n_embd, hp.head_dim, hp.n_head, hp.rms_eps);
         let (qd, kvd, ff) = (nh * hd, hp.kv_dim(), hp.n_ff);
         let qkv_w = qd + 2 * kvd;
-        let group = nh / hp.n_head_kv;
         let half = hd / 2;
 
         s.rows.clear();
@@ -385,13 +404,22 @@ impl FastModel {
             s.acts.quantize_on(h, n, e, Some(&kern.pool))?;
             let qkv = fit(&mut s.qkv, n * qkv_w);
             layer.qkv.run(kern, &s.acts, qkv, &mut s.tmp)?;
+            let shape = attention::Shape {
+                hd,
+                n_head: nh,
+                n_head_kv: hp.n_head_kv,
+                qkv_w,
+                scale: *attn_scale,
+                window: layer.window,
+                kv: *kv,
+            };
             for (r, &(si, pos)) in s.rows.iter().enumerate() {
                 let row = &mut qkv[r * qkv_w..(r + 1) * qkv_w];
                 if let Some(bias) = &layer.qkv_bias {
                     row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
                 }
-                let (q, kv) = row.split_at_mut(qd);
-                let (k, v) = kv.split_at_mut(kvd);
+                let (q, kvs) = row.split_at_mut(qd);
+                let (k, v) = kvs.split_at_mut(kvd);
                 let mut t = [0f32; 512];
                 if let Some(w) = &layer.q_norm {
                     for qh in q.chunks_exact_mut(hd) {
@@ -412,128 +440,13 @@ impl FastModel {
                 for kh in k.chunks_exact_mut(hd) {
                     rope_head(kh, cs, *rope_style);
                 }
-                if f16_kv {
-                    // An f16 cache keeps K/V at f16 precision, and without flash attention
-                    // llama.cpp converts Q to f16 for the Q·K products (the f16 cache's vec-dot
-                    // type).
-                    ops::round_to_f16(k);
-                    ops::round_to_f16(v);
-                    ops::round_to_f16(q);
-                }
+                attention::prepare_row(&shape, q, k, v);
                 let c = steps[si].seq.host_mut().expect(HOST_CHECKED);
-                let at = pos * kvd..(pos + 1) * kvd;
-                match (c.k.f16_mut(il), c.v.f16_mut(il)) {
-                    (Some(kc), Some(vc)) => {
-                        // Exact: the values were rounded to f16 above.
-                        kc[at.clone()].convert_from_f32_slice(k);
-                        vc[at].convert_from_f32_slice(v);
-                    }
-                    _ => {
-                        c.k[il][at.clone()].copy_from_slice(k);
-                        c.v[il][at].copy_from_slice(v);
-                    }
-                }
+                attention::store(c, il, pos, k, v);
             }
             let att = fit(&mut s.att, n * qd);
-            {
-                let steps_ro: &[Step<'_>] = steps;
-                let rows = &s.rows;
-                let qkv: &[f32] = qkv;
-                let (scale, window) = (*attn_scale, layer.window);
-                // The keys a row at `pos` attends: all before it, or its sliding window's.
-                let keys =
-                    |pos: usize| (window.map_or(0, |w| (pos + 1).saturating_sub(w)), pos + 1);
-                // Query heads `first..first + out.len() / hd` of row `r`, all of one KV head.
-                let attend_heads = |r: usize, first: usize, out: &mut [f32]| {
-                    let (si, pos) = rows[r];
-                    let c = steps_ro[si].seq.host().expect(HOST_CHECKED);
-                    let kvh = first / group;
-                    let (start, end) = keys(pos);
-                    let q = &qkv[r * qkv_w + first * hd..r * qkv_w + first * hd + out.len()];
-                    if let (Some(k), Some(v)) = (c.k.f16(il), c.v.f16(il)) {
-                        let (k, v) = (&k[kvh * hd..], &v[kvh * hd..]);
-                        ops::attend(q, hd, k, v, kvd, start, end, scale, f16_kv, out);
-                        return;
-                    }
-                    ops::attend(
-                        q,
-                        hd,
-                        &c.k[il][kvh * hd..],
-                        &c.v[il][kvh * hd..],
-                        kvd,
-                        start,
-                        end,
-                        scale,
-                        f16_kv,
-                        out,
-                    );
-                };
-                // Rows `first..first + out.len() / qd` (one sequence's, consecutive positions)
-                // for KV head `kvh`: together, so each block of its keys and values is read
-                // once for all of them (bit-identical to row by row).
-                let attend_run = |first: usize, kvh: usize, out: &mut [f32]| {
-                    let count = out.len() / qd;
-                    let c = steps_ro[rows[first].0].seq.host().expect(HOST_CHECKED);
-                    let mut ranges = [(0, 0); MAX_ROWS_PER_PIECE];
-                    for (range, &(_, pos)) in ranges.iter_mut().zip(&rows[first..first + count]) {
-                        *range = keys(pos);
-                    }
-                    let run = ops::RowRun {
-                        q: &qkv[first * qkv_w + kvh * group * hd..],
-                        q_stride: qkv_w,
-                        ranges: &ranges[..count],
-                        heads: group,
-                        hd,
-                        scale,
-                        f16_weights: f16_kv,
-                    };
-                    let out = &mut out[kvh * group * hd..];
-                    let at = kvh * hd..;
-                    if let (Some(k), Some(v)) = (c.k.f16(il), c.v.f16(il)) {
-                        ops::attend_rows(&run, &k[at.clone()], &v[at], kvd, out, qd);
-                    } else {
-                        ops::attend_rows(&run, &c.k[il][at.clone()], &c.v[il][at], kvd, out, qd);
-                    }
-                };
-                let threads = kern.pool.threads();
-                if n * hp.n_head_kv >= 4 * threads {
-                    // Enough rows: one piece per few rows, and inside it one KV head at a time
-                    // over all of them (its query heads together), so that head's keys and
-                    // values, read from memory for the first row, come from the core's cache
-                    // for the rest of a prefill chunk's rows instead of being read again for
-                    // each (the whole cache of a long prompt does not fit; one head's does).
-                    let rows_per_piece = (n / (4 * threads)).clamp(1, MAX_ROWS_PER_PIECE);
-                    kern.pool
-                        .for_each_piece_mut(att, rows_per_piece * qd, &|i, out| {
-                            let first = i * rows_per_piece;
-                            let count = out.len() / qd;
-                            for kvh in 0..hp.n_head_kv {
-                                // Runs of rows of one sequence (a prefill chunk's).
-                                let mut r0 = 0;
-                                while r0 < count {
-                                    let si = rows[first + r0].0;
-                                    let r1 = (r0 + 1..count)
-                                        .find(|&r| rows[first + r].0 != si)
-                                        .unwrap_or(count);
-                                    attend_run(first + r0, kvh, &mut out[r0 * qd..r1 * qd]);
-                                    r0 = r1;
-                                }
-                            }
-                        });
-                } else if n * hp.n_head_kv >= threads {
-                    // Few rows (decode): one piece per row and KV head, its query heads together,
-                    // so the head's keys and values are read from memory once for all of them
-                    // (decode after 2,048 tokens: +12% on SmolLM2, three query heads per KV head).
-                    let nkv = hp.n_head_kv;
-                    kern.pool.for_each_piece_mut(att, group * hd, &|i, out| {
-                        attend_heads(i / nkv, (i % nkv) * group, out)
-                    });
-                } else {
-                    // Fewer KV heads than threads: one piece per query head keeps them all busy.
-                    kern.pool
-                        .for_each_piece_mut(att, hd, &|i, out| attend_heads(i / nh, i % nh, out));
-                }
-            }
+            attention::attend_layer(&shape, steps, &s.rows, qkv, il, &kern.pool, att);
+            attention::finish_rows(&shape, att);
             s.acts.quantize_on(att, n, qd, Some(&kern.pool))?;
             let proj = fit(&mut s.proj, n * e);
             kern.matmul(&layer.wo, &s.acts, proj)?;

@@ -15,10 +15,10 @@ use crate::gguf::GgufFile;
 use crate::Sequence;
 
 pub(crate) struct Spec {
-    arch: &'static str,
-    embd: GgmlDType,
+    pub(crate) arch: &'static str,
+    pub(crate) embd: GgmlDType,
     /// Types of attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down.
-    layer: [GgmlDType; 7],
+    pub(crate) layer: [GgmlDType; 7],
 }
 
 const E: usize = 256;
@@ -27,7 +27,7 @@ const HEADS: usize = 4;
 const KV_HEADS: usize = 2;
 const HD: usize = 64;
 const LAYERS: usize = 2;
-const VOCAB: usize = 300;
+pub(crate) const VOCAB: usize = 300;
 
 /// A small model of `spec`'s block types with seeded random weights, written as a GGUF file
 /// in `dir` (no tokenizer: tests assemble a [`crate::TextModel`] with the tiny one).
@@ -124,7 +124,7 @@ fn write_model_with(
 }
 
 /// A cache of `cap` positions where backend `b` keeps it.
-fn new_seq(b: &dyn Backend, hp: &Hparams, cap: usize) -> Sequence {
+pub(crate) fn new_seq(b: &dyn Backend, hp: &Hparams, cap: usize) -> Sequence {
     b.new_sequence(hp.n_layer, hp.kv_dim(), cap).unwrap()
 }
 
@@ -136,7 +136,11 @@ fn run_schedule(b: &mut dyn Backend, hp: &Hparams) -> Vec<Vec<f32>> {
 }
 
 /// [`run_schedule`] on the given sequences.
-fn run_schedule_on(b: &mut dyn Backend, mut s1: Sequence, mut s2: Sequence) -> Vec<Vec<f32>> {
+pub(crate) fn run_schedule_on(
+    b: &mut dyn Backend,
+    mut s1: Sequence,
+    mut s2: Sequence,
+) -> Vec<Vec<f32>> {
     let p1: Vec<u32> = (0..9).map(|i| (i * 31 + 7) % VOCAB as u32).collect();
     let p2: Vec<u32> = (0..13).map(|i| (i * 17 + 3) % VOCAB as u32).collect();
     let mut out = Vec::new();
@@ -464,131 +468,4 @@ fn linear_rope_scaling_rotates_by_scaled_positions() {
     let (a, b) = (logits(&plain), logits(&scaled));
     assert_eq!(a[0], b[0], "position 0 is not rotated");
     assert_ne!(a[1], b[1], "position 1 is rotated by half the angle");
-}
-
-/// `kv_precision = "f16"` keeps the cache in f16, half the bytes, and gives the logits, bit for
-/// bit, of an f32 cache holding the same f16-rounded values (the attention kernels widen f16
-/// keys and values as they load them, `ops::attend` over f16).
-#[test]
-fn an_f16_cache_gives_the_logits_of_an_f32_cache_with_the_same_values_in_half_the_memory() {
-    for (spec, seed) in [
-        (
-            Spec {
-                arch: "gemma3",
-                embd: GgmlDType::Q8_0,
-                layer: [GgmlDType::Q8_0; 7],
-            },
-            4,
-        ),
-        (
-            Spec {
-                arch: "llama",
-                embd: GgmlDType::Q8_0,
-                layer: [GgmlDType::Q4_1; 7],
-            },
-            5,
-        ),
-    ] {
-        let dir = tempfile::tempdir().unwrap();
-        let path = write_model(dir.path(), &spec, seed);
-        let file = GgufFile::open(&path).unwrap();
-        let hp = Hparams::from_gguf(&file.content).unwrap();
-        let mut m = from_gguf(&path, &file.content, hp.clone(), 2).unwrap();
-        m.kv = KvPrecision::F16;
-        let maker = m.maker.clone();
-        let host = |e| Sequence::on_host(&maker, hp.n_layer, hp.kv_dim(), 64, e).unwrap();
-        let halves = new_seq(&m, &hp, 64);
-        assert_eq!(halves.host().unwrap().k.elem(), KvPrecision::F16);
-        assert_eq!(2 * halves.kv_bytes(), host(KvPrecision::F32).kv_bytes());
-        let want = run_schedule_on(&mut m, host(KvPrecision::F32), host(KvPrecision::F32));
-        let other = new_seq(&m, &hp, 64);
-        let got = run_schedule_on(&mut m, halves, other);
-        for (step, (g, w)) in got.iter().zip(&want).enumerate() {
-            let (g, w): (Vec<u32>, Vec<u32>) = (
-                g.iter().map(|x| x.to_bits()).collect(),
-                w.iter().map(|x| x.to_bits()).collect(),
-            );
-            assert!(
-                g == w,
-                "{} step {step}: the f16 cache changed the logits",
-                spec.arch
-            );
-        }
-        // An f16 cache is refused by a model that keeps f32 values.
-        m.kv = KvPrecision::F32;
-        assert!(!m.accepts(&host(KvPrecision::F16)));
-        assert!(m.accepts(&host(KvPrecision::F32)));
-    }
-}
-
-/// A prompt prefilled in one step (its rows attend together, a tile at a time) leaves exactly
-/// the cache that feeding it one token per step leaves, in every layer: each row's attention
-/// is the same, bit for bit, whether it runs alone or beside the other rows of its chunk. With
-/// an f32 cache and an f16 one.
-#[test]
-fn a_prompt_prefilled_at_once_leaves_the_cache_one_token_a_step_leaves() {
-    let dir = tempfile::tempdir().unwrap();
-    let spec = Spec {
-        arch: "llama",
-        embd: GgmlDType::Q8_0,
-        layer: [GgmlDType::Q4_1; 7],
-    };
-    let path = write_model(dir.path(), &spec, 5);
-    let file = GgufFile::open(&path).unwrap();
-    let hp = Hparams::from_gguf(&file.content).unwrap();
-    let prompt: Vec<u32> = (0..100).map(|i| (i * 29 + 3) % VOCAB as u32).collect();
-    for kv in [KvPrecision::F32, KvPrecision::F16] {
-        let mut fast = from_gguf(&path, &file.content, hp.clone(), 2).unwrap();
-        fast.kv = kv;
-        let mut logits = Vec::new();
-        let mut at_once = new_seq(&fast, &hp, 128);
-        fast.forward(
-            &mut [Step {
-                seq: &mut at_once,
-                tokens: &prompt,
-            }],
-            &[1],
-            &mut logits,
-        )
-        .unwrap();
-        let last_at_once = logits.clone();
-        let mut by_token = new_seq(&fast, &hp, 128);
-        for (i, t) in prompt.iter().enumerate() {
-            by_token.len = i;
-            fast.forward(
-                &mut [Step {
-                    seq: &mut by_token,
-                    tokens: std::slice::from_ref(t),
-                }],
-                &[1],
-                &mut logits,
-            )
-            .unwrap();
-        }
-        let n = prompt.len() * hp.kv_dim();
-        for il in 0..hp.n_layer {
-            let (at_once, by_token) = (at_once.host().unwrap(), by_token.host().unwrap());
-            let (a, b) = match (at_once.k.f16(il), by_token.k.f16(il)) {
-                (Some(a), Some(b)) => (
-                    a[..n].iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
-                    b[..n].iter().map(|x| x.to_f32()).collect(),
-                ),
-                _ => (at_once.k[il][..n].to_vec(), by_token.k[il][..n].to_vec()),
-            };
-            let differ = a
-                .iter()
-                .zip(&b)
-                .position(|(x, y)| x.to_bits() != y.to_bits());
-            assert_eq!(
-                differ, None,
-                "{kv:?}: keys of layer {il} differ at that index"
-            );
-        }
-        let differ =
-            (last_at_once.iter().zip(&logits)).position(|(x, y)| x.to_bits() != y.to_bits());
-        assert_eq!(
-            differ, None,
-            "{kv:?}: the last position's logits differ at that index"
-        );
-    }
 }

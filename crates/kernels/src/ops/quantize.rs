@@ -37,6 +37,51 @@ impl QuantRow<'_> {
     }
 }
 
+/// Quantizes up to 32 values into `qb` as llama.cpp's quantize_row_q8_0/q8_1 (x86) does, and
+/// returns the block's scale `d = amax / 127` unrounded (stored as f16 by every user).
+///
+/// `q = round(x * 127 / amax)` (ties to even). Greedy parity with llama.cpp depends on this
+/// arithmetic: at near-ties its choice follows these roundings (keeping `d` in f32 flipped
+/// SmolLM2's 10th token). The one owner of that rule: activations (`quantize_row`) and a q8_0
+/// KV cache (`quantize_q8_0`) both call it.
+#[inline(always)]
+pub(crate) fn q8_0_block(xb: &[f32], qb: &mut [i8]) -> f32 {
+    // |x| with NaN read as 0 (so it cannot become the scale), then a max tree over the
+    // 32 values (vectorizes; the max of NaN-free values does not depend on the order).
+    let mut mx = [0f32; 32];
+    for (m, v) in mx.iter_mut().zip(xb) {
+        let a = v.abs();
+        *m = if a > 0.0 { a } else { 0.0 };
+    }
+    let mut w = 16;
+    while w > 0 {
+        for l in 0..w {
+            mx[l] = if mx[l + w] > mx[l] { mx[l + w] } else { mx[l] };
+        }
+        w /= 2;
+    }
+    let amax = mx[0];
+    let d = amax / 127.0;
+    let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+    for (o, &v) in qb.iter_mut().zip(xb) {
+        // `as` saturates and maps NaN to 0, so odd inputs cannot poison the integer dot.
+        *o = (v * id).round_ties_even().clamp(-127.0, 127.0) as i8;
+    }
+    d
+}
+
+/// `x` (a whole number of blocks of 32) into q8_0 blocks: quants into `q` (as many), each
+/// block's scale as f16 into `d` (one per 32 values), as llama.cpp writes a q8_0 KV cache.
+pub fn quantize_q8_0(x: &[f32], q: &mut [i8], d: &mut [half::f16]) {
+    for ((xb, qb), db) in x
+        .chunks_exact(32)
+        .zip(q.chunks_exact_mut(32))
+        .zip(d.iter_mut())
+    {
+        *db = half::f16::from_f32(q8_0_block(xb, qb));
+    }
+}
+
 #[inline(always)]
 fn quantize_row_body(x: &[f32], out: QuantRow<'_>) {
     let QuantRow {
@@ -48,34 +93,9 @@ fn quantize_row_body(x: &[f32], out: QuantRow<'_>) {
         half_isum,
     } = out;
     for (b, xb) in x.chunks(32).enumerate() {
-        // |x| with NaN read as 0 (so it cannot become the scale), then a max tree over the
-        // 32 values (vectorizes; the max of NaN-free values does not depend on the order).
-        let mut mx = [0f32; 32];
-        for (m, v) in mx.iter_mut().zip(xb) {
-            let a = v.abs();
-            *m = if a > 0.0 { a } else { 0.0 };
-        }
-        let mut w = 16;
-        while w > 0 {
-            for l in 0..w {
-                mx[l] = if mx[l + w] > mx[l] { mx[l + w] } else { mx[l] };
-            }
-            w /= 2;
-        }
-        let amax = mx[0];
-        // The same arithmetic as llama.cpp's quantize_row_q8_0/q8_1 (x86): `q = round(x * 127 /
-        // amax)` (ties to even), the scale stored as f16, and the block's `d * sum(q)` computed
-        // in f32 and stored as f16. Greedy parity with llama.cpp depends on it: at near-ties its
-        // choice follows these roundings (keeping `d` in f32 flipped SmolLM2's 10th token).
-        let d = amax / 127.0;
-        let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
         let qb = &mut q[32 * b..32 * b + 32];
-        let mut sum = 0i32;
-        for (o, &v) in qb.iter_mut().zip(xb) {
-            // `as` saturates and maps NaN to 0, so odd inputs cannot poison the integer dot.
-            *o = (v * id).round_ties_even().clamp(-127.0, 127.0) as i8;
-            sum += *o as i32;
-        }
+        let d = q8_0_block(xb, qb);
+        let sum: i32 = qb.iter().map(|&v| v as i32).sum();
         let d16 = half::f16::from_f32(d).to_f32();
         // Per-lane sums stay exact for formats whose zero points change every 16 elements
         // (Q6_K); the f16 rounding of the block total goes into the last lane, so a weight

@@ -337,6 +337,10 @@ mod tests {
             hearth_infer::KvPrecision::F16
         );
         assert_eq!(
+            load_with("kv_precision = \"q8_0\"").unwrap().kv_precision,
+            hearth_infer::KvPrecision::Q8_0
+        );
+        assert_eq!(
             load_with("").unwrap().kv_precision,
             hearth_infer::KvPrecision::F32
         );
