@@ -11,8 +11,9 @@
 #
 # Usage: scripts/bench-text.sh [gguf] [threads] [reps]
 #        scripts/bench-text.sh archs [threads] [reps]
-#   env: BACKEND=auto|candle|fast (Hearth backend), KV=f32|f16 (Hearth's KV cache; both llama.cpp
-#        builds keep theirs in f16), SKIP_BUILD=1 (reuse the built binaries),
+#   env: BACKEND=auto|candle|fast (Hearth backend), KV=f32|f16|q8_0 (Hearth's KV cache; both
+#        llama.cpp builds keep theirs in f16, or under KV=q8_0 in q8_0 with the flash attention it
+#        needs: -ctk q8_0 -ctv q8_0 -fa 1), SKIP_BUILD=1 (reuse the built binaries),
 #        PROMPTS=128,512,2048 DEPTHS=0,2048 GEN=128, IK_LLAMA_BIN=.cache/ik_llama.cpp/build/bin,
 #        SKIP_STREAMS=1 (part 1 only; part 2 always uses SmolLM2)
 #   `archs`: part 1 on one generated model of each architecture issue 18 added (llama3, qwen2,
@@ -123,21 +124,24 @@ if [ -n "$IK_BIN" ] && [ ! -x "$IK_BIN/llama-bench" ]; then
 fi
 [ -n "$IK_BIN" ] || echo "ik_llama.cpp: not measured (set IK_LLAMA_BIN to its bin/ folder; scripts/build-ik-llama-cpp.sh)"
 
-echo "== single stream: $(basename "$MODEL"), $THREADS threads, $REPS interleaved runs =="
+# llama.cpp's cache as close to Hearth's as it has: q8_0 for q8_0, else its default f16.
+LLAMA_KV=()
+[ "${KV:-f32}" = q8_0 ] && LLAMA_KV=(-ctk q8_0 -ctv q8_0 -fa 1)
+echo "== single stream: $(basename "$MODEL"), $THREADS threads, $REPS interleaved runs, Hearth's KV cache ${KV:-f32} =="
 echo "prefill of $PROMPTS tokens into an empty cache; decode of $GEN tokens after $DEPTHS tokens"
 echo "machine: $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 for i in $(seq 1 "$REPS"); do
     # llama.cpp: the prefill tests, then the decode tests at each depth (-d applies to every test).
     /usr/bin/time -v "$LLAMA_BIN/llama-bench" -m "$MODEL" -t "$THREADS" -p "$PROMPTS" -n 0 -r 1 -o json \
-        >"$OUT/llama-$i.json" 2>"$OUT/llama-$i.time"
+        "${LLAMA_KV[@]}" >"$OUT/llama-$i.json" 2>"$OUT/llama-$i.time"
     /usr/bin/time -v "$LLAMA_BIN/llama-bench" -m "$MODEL" -t "$THREADS" -p 0 -n "$GEN" -d "$DEPTHS" -r 1 -o json \
-        >"$OUT/llama-$i.dec.json" 2>"$OUT/llama-$i.dec.time"
+        "${LLAMA_KV[@]}" >"$OUT/llama-$i.dec.json" 2>"$OUT/llama-$i.dec.time"
     if [ -n "$IK_BIN" ]; then
         # ik_llama.cpp: -gp D,N decodes N tokens after a D-token prompt, timing the N only.
         GP=()
         for d in ${DEPTHS//,/ }; do [ "$d" = 0 ] || GP+=(-gp "$d,$GEN"); done
         /usr/bin/time -v "$IK_BIN/llama-bench" -m "$MODEL" -t "$THREADS" -p "$PROMPTS" -n "$GEN" "${GP[@]}" -r 1 -o json \
-            >"$OUT/ik-$i.json" 2>"$OUT/ik-$i.time"
+            "${LLAMA_KV[@]}" >"$OUT/ik-$i.json" 2>"$OUT/ik-$i.time"
     fi
     /usr/bin/time -v "$HEARTH" --model "$MODEL" --threads "$THREADS" --prompt "$PROMPTS" --gen "$GEN" \
         --depth "$DEPTHS" --backend "$BACKEND" --kv "${KV:-f32}" >"$OUT/hearth-$i.json" 2>"$OUT/hearth-$i.time"

@@ -8,7 +8,7 @@
 //!
 //! cargo run --release -p hearth-infer --example bench_text -- \
 //!     --model weights/SmolLM2-135M-Instruct.Q4_1.gguf --threads 2 --prompt 128,512 --gen 128 \
-//!     [--depth 0,2048] [--kv f32|f16]
+//!     [--depth 0,2048] [--kv f32|f16|q8_0]
 
 use std::time::Instant;
 

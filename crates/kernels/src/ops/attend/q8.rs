@@ -69,6 +69,7 @@ pub fn attend_q8(
             scores.resize(need, 0.0);
         }
         attend_q8_mv(
+            simd512(),
             q,
             hd,
             k.q,
@@ -105,22 +106,27 @@ pub fn attend_rows_q8(
 }
 
 multiversion! {
-    fn attend_q8_mv(q: &[f32], hd: usize, kq: &[i8], kd: &[half::f16], vq: &[i8], vd: &[half::f16], stride: usize, start: usize, end: usize, scale: f32, scores: &mut [f32], out: &mut [f32]) => attend_q8_body
+    fn attend_q8_mv(wide: bool, q: &[f32], hd: usize, kq: &[i8], kd: &[half::f16], vq: &[i8], vd: &[half::f16], stride: usize, start: usize, end: usize, scale: f32, scores: &mut [f32], out: &mut [f32]) => attend_q8_body
 }
 
-/// The integer dot of two blocks: exact (32 products of at most 127² fit an i32 many times).
+/// Whether this CPU runs the AVX-512 halves ([`key_scores_512`], [`weighted_q8_512`]).
 #[inline(always)]
-fn block_dot(a: &[i8], b: &[i8]) -> i32 {
-    let mut s = 0i32;
-    for (&x, &y) in a[..BLOCK].iter().zip(&b[..BLOCK]) {
-        s += i32::from(i16::from(x) * i16::from(y));
+fn simd512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
     }
-    s
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn attend_q8_body(
+    wide: bool,
     q: &[f32],
     hd: usize,
     kq: &[i8],
@@ -142,6 +148,16 @@ fn attend_q8_body(
     }
     let n = end - start;
     let blocks = hd / BLOCK;
+    // Every key and value read lies within the slices (the kernels below index unchecked).
+    let last = (end - 1) * stride;
+    assert!(
+        last + hd <= kq.len().min(vq.len()),
+        "keys {start}..{end} past the cache"
+    );
+    assert!(
+        last / BLOCK + blocks <= kd.len().min(vd.len()),
+        "scales past the cache"
+    );
     let scores = &mut scores[..heads * n];
     for (qh, w) in q.chunks_exact(hd).zip(scores.chunks_exact_mut(n)) {
         // The query head as the cache's keys are kept: quants and f16-rounded scales.
@@ -152,34 +168,222 @@ fn attend_q8_body(
             let raw = q8_0_block(&qh[at..at + BLOCK], &mut qq[at..at + BLOCK]);
             *d = half::f16::from_f32(raw).to_f32();
         }
-        for (s, j) in w.iter_mut().zip(start..) {
-            let at = j * stride;
-            let (row, ds) = (&kq[at..at + hd], &kd[at / BLOCK..at / BLOCK + blocks]);
-            let mut sum = 0f32;
-            for b in 0..blocks {
-                let isum = block_dot(&qq[b * BLOCK..], &row[b * BLOCK..]);
-                sum += isum as f32 * (ds[b].to_f32() * qd[b]);
-            }
-            *s = sum * scale;
+        let qh = Q8Query {
+            q: &qq[..hd],
+            d: &qd[..blocks],
+        };
+        #[cfg(target_arch = "x86_64")]
+        if wide {
+            // SAFETY: the features were detected; every key read is inside `kq`/`kd` (asserted
+            // above) and the query holds `blocks` whole blocks.
+            unsafe { key_scores_512(&qh, kq, kd, stride, start, scale, w) };
+        } else {
+            key_scores(&qh, kq, kd, stride, start, scale, w);
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        key_scores(&qh, kq, kd, stride, start, scale, w);
         softmax_in_place(w, false);
     }
-    let mut row = [0f32; MAX_Q8_HEAD];
-    for (idx, j) in (start..end).enumerate() {
+    let mut h0 = 0;
+    while h0 < heads {
+        let (ws, o) = (&scores[h0 * n..], &mut out[h0 * hd..]);
+        let v = (vq, vd, stride, start, hd);
+        h0 += match (heads - h0).min(4) {
+            1 => weighted_q8::<1>(wide, ws, n, v, o),
+            2 => weighted_q8::<2>(wide, ws, n, v, o),
+            3 => weighted_q8::<3>(wide, ws, n, v, o),
+            _ => weighted_q8::<4>(wide, ws, n, v, o),
+        };
+    }
+}
+
+/// A query head quantized as the cache's keys are: quants and widened f16 scales.
+struct Q8Query<'a> {
+    q: &'a [i8],
+    d: &'a [f32],
+}
+
+/// Scaled scores of one query head against keys `start..start + w.len()` (each `stride` apart).
+/// Per key, sixteen lanes each take the products of two neighbouring quants a block, times the
+/// product of the two blocks' scales, fused into the lane's sum in block order; the lanes then
+/// meet in `reduce16`'s tree. This is the AVX-512 kernel's arithmetic (one `madd` of the blocks'
+/// 16-bit quants per block), so both give the same bits.
+#[inline(always)]
+fn key_scores(
+    q: &Q8Query<'_>,
+    kq: &[i8],
+    kd: &[half::f16],
+    stride: usize,
+    start: usize,
+    scale: f32,
+    w: &mut [f32],
+) {
+    for (s, j) in w.iter_mut().zip(start..) {
         let at = j * stride;
-        let (quants, ds) = (&vq[at..at + hd], &vd[at / BLOCK..at / BLOCK + blocks]);
-        for (b, d) in ds.iter().enumerate() {
-            let d = d.to_f32();
-            let block = b * BLOCK..(b + 1) * BLOCK;
-            for (x, &qv) in row[block.clone()].iter_mut().zip(&quants[block]) {
+        let mut acc = [0f32; 16];
+        for (b, &dq) in q.d.iter().enumerate() {
+            let d = kd[at / BLOCK + b].to_f32() * dq;
+            let (kb, qb) = (&kq[at + b * BLOCK..][..BLOCK], &q.q[b * BLOCK..][..BLOCK]);
+            for (l, a) in acc.iter_mut().enumerate() {
+                let p = i32::from(kb[2 * l]) * i32::from(qb[2 * l])
+                    + i32::from(kb[2 * l + 1]) * i32::from(qb[2 * l + 1]);
+                *a = (p as f32).mul_add(d, *a);
+            }
+        }
+        *s = super::reduce16(acc) * scale;
+    }
+}
+
+/// [`key_scores`] on AVX-512 (BW for the 16-bit products, F16C for the scales): the same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,fma,f16c")]
+#[allow(unsafe_code)]
+unsafe fn key_scores_512(
+    q: &Q8Query<'_>,
+    kq: &[i8],
+    kd: &[half::f16],
+    stride: usize,
+    start: usize,
+    scale: f32,
+    w: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let blocks = q.d.len();
+    let mut q16 = [_mm512_setzero_si512(); MAX_Q8_HEAD / BLOCK];
+    for (b, q16b) in q16[..blocks].iter_mut().enumerate() {
+        *q16b = _mm512_cvtepi8_epi16(_mm256_loadu_si256(q.q.as_ptr().add(b * BLOCK).cast()));
+    }
+    let (kp, dp) = (kq.as_ptr(), kd.as_ptr().cast::<u16>());
+    let ahead = PREFETCH_KEYS * stride;
+    for (idx, s) in w.iter_mut().enumerate() {
+        let at = (start + idx) * stride;
+        if at + ahead + q.q.len() <= kq.len() {
+            prefetch(kp.add(at + ahead), q.q.len());
+        }
+        let mut acc = _mm512_setzero_ps();
+        for (b, &dq) in q.d.iter().enumerate() {
+            let k16 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(kp.add(at + b * BLOCK).cast()));
+            let p = _mm512_cvtepi32_ps(_mm512_madd_epi16(k16, q16[b]));
+            let d = f16_512(*dp.add(at / BLOCK + b)) * dq;
+            acc = _mm512_fmadd_ps(p, _mm512_set1_ps(d), acc);
+        }
+        // `reduce16`'s tree: lanes l + l+8, then l + l+4, l + l+2, l + l+1.
+        let s8 = _mm256_add_ps(
+            _mm512_castps512_ps256(acc),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc))),
+        );
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2));
+        *s = _mm_cvtss_f32(s1) * scale;
+    }
+}
+
+/// Keys ahead whose quants are fetched into L1 while this one is summed: one head's rows are a
+/// stride apart, and the hardware prefetcher followed them too late (as in `super::prefetch`).
+const PREFETCH_KEYS: usize = 8;
+
+/// Hints the `len` bytes at `p` into L1 (a prefetch never faults).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(unsafe_code)]
+unsafe fn prefetch(p: *const i8, len: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    for line in (0..len).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(p.add(line));
+    }
+}
+
+/// One f16 scale (its bits) widened by F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "f16c")]
+#[inline]
+#[allow(unsafe_code)]
+unsafe fn f16_512(bits: u16) -> f32 {
+    use std::arch::x86_64::*;
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// The values: quants, scales, stride, first key, head width.
+type Q8Rows<'a> = (&'a [i8], &'a [half::f16], usize, usize, usize);
+
+/// The weighted sum of V for `G` heads (head `g`'s weights at `ws[g * n..][..n]`, its output at
+/// `out[g * hd..][..hd]`): each column sums its keys in order, one fused multiply-add each of
+/// the widened value (`q * d`). Returns `G`.
+#[inline(always)]
+fn weighted_q8<const G: usize>(
+    wide: bool,
+    ws: &[f32],
+    n: usize,
+    (vq, vd, stride, start, hd): Q8Rows<'_>,
+    out: &mut [f32],
+) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if wide {
+        // SAFETY: the features were detected; `attend_q8_body` checked every value read is
+        // inside `vq`/`vd`, `ws` holds `G * n` weights and `out` `G * hd` columns.
+        unsafe { weighted_q8_512::<G>(ws, n, vq, vd, stride, start, hd, out) };
+        return G;
+    }
+    let _ = wide;
+    let mut row = [0f32; MAX_Q8_HEAD];
+    for idx in 0..n {
+        let at = (start + idx) * stride;
+        for (b, block) in row[..hd].chunks_exact_mut(BLOCK).enumerate() {
+            let d = vd[at / BLOCK + b].to_f32();
+            for (x, &qv) in block.iter_mut().zip(&vq[at + b * BLOCK..][..BLOCK]) {
                 *x = f32::from(qv) * d;
             }
         }
-        for (g, o) in out.chunks_exact_mut(hd).enumerate() {
-            let wj = scores[g * n + idx];
+        for (g, o) in out[..G * hd].chunks_exact_mut(hd).enumerate() {
+            let wj = ws[g * n + idx];
             for (a, &x) in o.iter_mut().zip(&row[..hd]) {
                 *a = x.mul_add(wj, *a);
             }
+        }
+    }
+    G
+}
+
+/// [`weighted_q8`] on AVX-512, a block of 32 columns at a time for all `G` heads: the same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma,f16c")]
+#[allow(unsafe_code, clippy::too_many_arguments)]
+unsafe fn weighted_q8_512<const G: usize>(
+    ws: &[f32],
+    n: usize,
+    vq: &[i8],
+    vd: &[half::f16],
+    stride: usize,
+    start: usize,
+    hd: usize,
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let (vp, dp) = (vq.as_ptr(), vd.as_ptr().cast::<u16>());
+    for c0 in (0..hd).step_by(BLOCK) {
+        let mut acc = [[_mm512_setzero_ps(); 2]; G];
+        for idx in 0..n {
+            let at = (start + idx) * stride + c0;
+            if at + PREFETCH_KEYS * stride + BLOCK <= vq.len() {
+                prefetch(vp.add(at + PREFETCH_KEYS * stride), BLOCK);
+            }
+            let d = _mm512_set1_ps(f16_512(*dp.add(at / BLOCK)));
+            let widen = |p: *const i8| {
+                let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast()));
+                _mm512_mul_ps(_mm512_cvtepi32_ps(q), d)
+            };
+            let (x0, x1) = (widen(vp.add(at)), widen(vp.add(at + 16)));
+            for (g, acc_g) in acc.iter_mut().enumerate() {
+                let w = _mm512_set1_ps(*ws.get_unchecked(g * n + idx));
+                acc_g[0] = _mm512_fmadd_ps(x0, w, acc_g[0]);
+                acc_g[1] = _mm512_fmadd_ps(x1, w, acc_g[1]);
+            }
+        }
+        for (g, acc_g) in acc.iter().enumerate() {
+            let o = out.as_mut_ptr().add(g * hd + c0);
+            _mm512_storeu_ps(o, acc_g[0]);
+            _mm512_storeu_ps(o.add(16), acc_g[1]);
         }
     }
 }
@@ -247,6 +451,46 @@ mod tests {
                         "hd {hd} keys {start}..{end} [{i}]: {a} vs {b}"
                     );
                 }
+            }
+        }
+    }
+
+    /// The AVX-512 kernels give the portable body's bits (where this CPU has them), for heads
+    /// of one to six blocks and groups of one to six heads.
+    #[test]
+    fn the_avx512_kernels_give_the_portable_bits() {
+        if !simd512() {
+            return;
+        }
+        for hd in [32, 64, 96, 128, 192] {
+            let (keys, stride) = (37, 3 * hd);
+            let (_, kq, kd) = cache(keys * stride, 5);
+            let (_, vq, vd) = cache(keys * stride, 6);
+            for heads in 1..=6 {
+                let q: Vec<f32> = (0..heads * hd).map(|i| (i as f32 * 0.61).cos()).collect();
+                let run = |wide: bool| {
+                    let mut scores = vec![0f32; heads * keys];
+                    let mut out = vec![f32::NAN; heads * hd];
+                    let (k, v) = (&kq[hd..], &vq[hd..]);
+                    let (kd, vd) = (&kd[hd / BLOCK..], &vd[hd / BLOCK..]);
+                    attend_q8_body(
+                        wide,
+                        &q,
+                        hd,
+                        k,
+                        kd,
+                        v,
+                        vd,
+                        stride,
+                        2,
+                        30,
+                        0.2,
+                        &mut scores,
+                        &mut out,
+                    );
+                    out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                };
+                assert_eq!(run(true), run(false), "hd {hd} heads {heads}");
             }
         }
     }
