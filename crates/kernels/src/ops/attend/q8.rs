@@ -159,29 +159,41 @@ fn attend_q8_body(
         "scales past the cache"
     );
     let scores = &mut scores[..heads * n];
-    for (qh, w) in q.chunks_exact(hd).zip(scores.chunks_exact_mut(n)) {
-        // The query head as the cache's keys are kept: quants and f16-rounded scales.
-        let mut qq = [0i8; MAX_Q8_HEAD];
-        let mut qd = [0f32; MAX_Q8_HEAD / BLOCK];
-        for (b, d) in qd[..blocks].iter_mut().enumerate() {
-            let at = b * BLOCK;
-            let raw = q8_0_block(&qh[at..at + BLOCK], &mut qq[at..at + BLOCK]);
-            *d = half::f16::from_f32(raw).to_f32();
+    // Every query head as the cache's keys are kept: quants and f16-rounded scales.
+    let mut qq = [0i8; MAX_GROUP * MAX_Q8_HEAD];
+    let mut qd = [0f32; MAX_GROUP * MAX_Q8_HEAD / BLOCK];
+    let mut h0 = 0;
+    while h0 < heads {
+        let count = (heads - h0).min(MAX_GROUP);
+        for (h, qh) in q[h0 * hd..(h0 + count) * hd].chunks_exact(hd).enumerate() {
+            for b in 0..blocks {
+                let at = b * BLOCK;
+                let raw = q8_0_block(&qh[at..at + BLOCK], &mut qq[h * hd + at..][..BLOCK]);
+                qd[h * blocks + b] = half::f16::from_f32(raw).to_f32();
+            }
         }
-        let qh = Q8Query {
-            q: &qq[..hd],
-            d: &qd[..blocks],
-        };
+        let queries: [Q8Query<'_>; MAX_GROUP] = std::array::from_fn(|h| Q8Query {
+            q: &qq[h * hd..(h + 1) * hd],
+            d: &qd[h * blocks..(h + 1) * blocks],
+        });
+        let w = &mut scores[h0 * n..(h0 + count) * n];
         #[cfg(target_arch = "x86_64")]
         if wide {
             // SAFETY: the features were detected; every key read is inside `kq`/`kd` (asserted
-            // above) and the query holds `blocks` whole blocks.
-            unsafe { key_scores_512(&qh, kq, kd, stride, start, scale, w) };
+            // above), each query holds `blocks` whole blocks, `w` one row of `n` per query.
+            unsafe { key_scores_512(&queries[..count], kq, kd, stride, start, scale, w) };
         } else {
-            key_scores(&qh, kq, kd, stride, start, scale, w);
+            for (qh, w) in queries[..count].iter().zip(w.chunks_exact_mut(n)) {
+                key_scores(qh, kq, kd, stride, start, scale, w);
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
-        key_scores(&qh, kq, kd, stride, start, scale, w);
+        for (qh, w) in queries[..count].iter().zip(w.chunks_exact_mut(n)) {
+            key_scores(qh, kq, kd, stride, start, scale, w);
+        }
+        h0 += count;
+    }
+    for w in scores.chunks_exact_mut(n) {
         softmax_in_place(w, false);
     }
     let mut h0 = 0;
@@ -234,12 +246,22 @@ fn key_scores(
     }
 }
 
-/// [`key_scores`] on AVX-512 (BW for the 16-bit products, F16C for the scales): the same bits.
+/// Query heads scored together: a group's (up to this many) share each transposed key tile.
+const MAX_GROUP: usize = 8;
+
+/// [`key_scores`] for several query heads on AVX-512 (BW for the 16-bit products, F16C for the
+/// scales), sixteen keys at a time: the same bits. A tile's keys are widened to 16-bit quants and
+/// transposed once for all the heads, so that lane `i` of vector `l` of block `b` holds key
+/// `i`'s quants `2l` and `2l + 1`: one `madd` against a broadcast pair of the query's quants
+/// then gives lane `l`'s pair product of block `b` for all sixteen keys, fused into vector `l`
+/// with the keys' scales times the query's, in block order; and the sixteen vectors meet in
+/// `reduce16`'s tree (`l` and `l + 8`, then `+ 4`, `+ 2`, `+ 1`) as whole vectors. That is
+/// [`key_scores`]'s arithmetic lane for lane, without a horizontal sum per key.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,fma,f16c")]
 #[allow(unsafe_code)]
 unsafe fn key_scores_512(
-    q: &Q8Query<'_>,
+    queries: &[Q8Query<'_>],
     kq: &[i8],
     kd: &[half::f16],
     stride: usize,
@@ -248,35 +270,121 @@ unsafe fn key_scores_512(
     w: &mut [f32],
 ) {
     use std::arch::x86_64::*;
-    let blocks = q.d.len();
-    let mut q16 = [_mm512_setzero_si512(); MAX_Q8_HEAD / BLOCK];
-    for (b, q16b) in q16[..blocks].iter_mut().enumerate() {
-        *q16b = _mm512_cvtepi8_epi16(_mm256_loadu_si256(q.q.as_ptr().add(b * BLOCK).cast()));
+    use std::mem::MaybeUninit;
+    let blocks = queries[0].d.len();
+    let n = w.len() / queries.len();
+    // Each query's quants as broadcastable pairs: `pairs[h][16 b + l]` = quants 2l, 2l + 1 of
+    // block b as two 16-bit halves of one i32 (the layout `madd` reads).
+    let mut pairs = [[0i32; MAX_Q8_HEAD / 2]; MAX_GROUP];
+    for (qh, ph) in queries.iter().zip(pairs.iter_mut()) {
+        for (u, p) in ph[..qh.q.len() / 2].iter_mut().enumerate() {
+            let (lo, hi) = (qh.q[2 * u] as i16 as u16, qh.q[2 * u + 1] as i16 as u16);
+            *p = (u32::from(lo) | u32::from(hi) << 16) as i32;
+        }
     }
     let (kp, dp) = (kq.as_ptr(), kd.as_ptr().cast::<u16>());
-    let ahead = PREFETCH_KEYS * stride;
-    for (idx, s) in w.iter_mut().enumerate() {
-        let at = (start + idx) * stride;
-        if at + ahead + q.q.len() <= kq.len() {
-            prefetch(kp.add(at + ahead), q.q.len());
+    let mut tile: [MaybeUninit<__m512i>; MAX_Q8_HEAD / 2] =
+        [MaybeUninit::uninit(); MAX_Q8_HEAD / 2];
+    let mut done = 0;
+    while done < n {
+        let count = (n - done).min(16);
+        let first = start + done;
+        // The tile: per block, sixteen keys' 16-bit quants transposed, and the keys' scales.
+        let mut scales = [_mm512_setzero_ps(); MAX_Q8_HEAD / BLOCK];
+        for b in 0..blocks {
+            let rows: [__m512; 16] = std::array::from_fn(|i| {
+                if i >= count {
+                    return _mm512_setzero_ps();
+                }
+                let at = (first + i) * stride + b * BLOCK;
+                _mm512_castsi512_ps(_mm512_cvtepi8_epi16(_mm256_loadu_si256(kp.add(at).cast())))
+            });
+            for (l, v) in transpose16x16(&rows).into_iter().enumerate() {
+                tile[16 * b + l].write(_mm512_castps_si512(v));
+            }
+            let mut bits = [0u16; 16];
+            for (i, x) in bits[..count].iter_mut().enumerate() {
+                *x = *dp.add((first + i) * stride / BLOCK + b);
+            }
+            scales[b] = _mm512_cvtph_ps(_mm256_loadu_si256(bits.as_ptr().cast()));
         }
-        let mut acc = _mm512_setzero_ps();
-        for (b, &dq) in q.d.iter().enumerate() {
-            let k16 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(kp.add(at + b * BLOCK).cast()));
-            let p = _mm512_cvtepi32_ps(_mm512_madd_epi16(k16, q16[b]));
-            let d = f16_512(*dp.add(at / BLOCK + b)) * dq;
-            acc = _mm512_fmadd_ps(p, _mm512_set1_ps(d), acc);
+        for (h, qh) in queries.iter().enumerate() {
+            let mut acc = [_mm512_setzero_ps(); 16];
+            for (b, &dq) in qh.d.iter().enumerate() {
+                let d = _mm512_mul_ps(scales[b], _mm512_set1_ps(dq));
+                for (l, a) in acc.iter_mut().enumerate() {
+                    let q = _mm512_set1_epi32(pairs[h][16 * b + l]);
+                    let p = _mm512_madd_epi16(tile[16 * b + l].assume_init(), q);
+                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, *a);
+                }
+            }
+            let mut width = 8;
+            while width > 0 {
+                for l in 0..width {
+                    acc[l] = _mm512_add_ps(acc[l], acc[l + width]);
+                }
+                width /= 2;
+            }
+            let out = _mm512_mul_ps(acc[0], _mm512_set1_ps(scale));
+            let mask = if count == 16 {
+                0xFFFF
+            } else {
+                (1u16 << count) - 1
+            };
+            _mm512_mask_storeu_ps(w.as_mut_ptr().add(h * n + done), mask, out);
         }
-        // `reduce16`'s tree: lanes l + l+8, then l + l+4, l + l+2, l + l+1.
-        let s8 = _mm256_add_ps(
-            _mm512_castps512_ps256(acc),
-            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc))),
-        );
-        let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
-        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2));
-        *s = _mm_cvtss_f32(s1) * scale;
+        done += count;
     }
+}
+
+/// Sixteen vectors of sixteen 32-bit lanes transposed: lane `i` of result `c` is lane `c` of
+/// row `i` (bits moved, never computed on).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+#[allow(unsafe_code)]
+unsafe fn transpose16x16(r: &[std::arch::x86_64::__m512; 16]) -> [std::arch::x86_64::__m512; 16] {
+    use std::arch::x86_64::*;
+    // Pairs of rows interleaved, then quads: `u[4 g + j]` holds, in 128-bit lane `k`, element
+    // `4 k + j` of rows `4 g..4 g + 4`.
+    let t: [__m512; 16] = std::array::from_fn(|i| {
+        let (a, b) = (r[i & !1], r[i | 1]);
+        if i % 2 == 0 {
+            _mm512_unpacklo_ps(a, b)
+        } else {
+            _mm512_unpackhi_ps(a, b)
+        }
+    });
+    let u: [__m512; 16] = std::array::from_fn(|i| {
+        let (g, j) = (i / 4, i % 4);
+        let (a, b) = (
+            _mm512_castps_pd(t[4 * g + j / 2]),
+            _mm512_castps_pd(t[4 * g + j / 2 + 2]),
+        );
+        _mm512_castpd_ps(if j % 2 == 0 {
+            _mm512_unpacklo_pd(a, b)
+        } else {
+            _mm512_unpackhi_pd(a, b)
+        })
+    });
+    let v: [__m512; 16] = std::array::from_fn(|i| {
+        let (h, sel, j) = (i / 8, (i / 4) % 2, i % 4);
+        let (a, b) = (u[8 * h + j], u[8 * h + 4 + j]);
+        if sel == 0 {
+            _mm512_shuffle_f32x4::<0x88>(a, b)
+        } else {
+            _mm512_shuffle_f32x4::<0xDD>(a, b)
+        }
+    });
+    std::array::from_fn(|c| {
+        let (hi, s4, j) = (c / 8, (c / 4) % 2, c % 4);
+        let (a, b) = (v[4 * s4 + j], v[8 + 4 * s4 + j]);
+        if hi == 0 {
+            _mm512_shuffle_f32x4::<0x88>(a, b)
+        } else {
+            _mm512_shuffle_f32x4::<0xDD>(a, b)
+        }
+    })
 }
 
 /// Keys ahead whose quants are fetched into L1 while this one is summed: one head's rows are a
