@@ -24,6 +24,7 @@ mod imagine_browser;
 mod imagine_edits;
 mod imagine_jobs;
 mod imagine_lora;
+mod kv_cache;
 mod markdown;
 mod markdown_browser;
 mod markdown_chunks;

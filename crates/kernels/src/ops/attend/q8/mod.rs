@@ -1,0 +1,298 @@
+//! Attention over a q8_0 KV cache (`kv_precision = "q8_0"`), computed as llama.cpp's CPU flash
+//! attention computes it over its q8_0 cache (`-ctk q8_0 -ctv q8_0 -fa`):
+//!
+//! - each query head is quantized to q8_0 blocks, exactly as the cache's keys were
+//!   (`quantize::q8_0_block`), and a key's score is the sum over its blocks of the integer dot
+//!   of the two blocks' quants times the product of their f16 scales (llama.cpp's
+//!   `vec_dot_q8_0_q8_0`, in its reference order), scaled;
+//! - the softmax is the one of [`super::attend`] (maximum subtracted, weights kept in f32, as
+//!   llama.cpp's flash attention keeps them);
+//! - each value row is widened (`q * d`, in f32) and summed into every head of the group with
+//!   one fused multiply-add a column, keys in order.
+//!
+//! Only the order of the softmax differs from llama.cpp's (it normalises once at the end of an
+//! online pass; this normalises the weights first): rounding, not arithmetic.
+
+use super::{softmax_in_place, RowRun, SCORES};
+use crate::ops::quantize::q8_0_block;
+
+#[cfg(target_arch = "x86_64")]
+mod simd;
+#[cfg(test)]
+mod tests;
+#[cfg(target_arch = "x86_64")]
+use simd::{key_scores_512, weighted_q8_512};
+
+/// Values of one q8_0 block.
+const BLOCK: usize = 32;
+
+/// The largest head this path takes (Gemma 3's is 256).
+pub const MAX_Q8_HEAD: usize = 512;
+
+/// One KV head's slice of a q8_0 cache: value `i` is `q[i] * d[i / 32]`. Start it at the head's
+/// offset with [`Q8Values::from`], a multiple of 32.
+#[derive(Clone, Copy, Debug)]
+pub struct Q8Values<'a> {
+    pub q: &'a [i8],
+    pub d: &'a [half::f16],
+}
+
+impl<'a> Q8Values<'a> {
+    /// The values from `at` on (`at` a whole number of blocks).
+    pub fn from(self, at: usize) -> Q8Values<'a> {
+        assert_eq!(at % BLOCK, 0, "a q8_0 slice starts on a block");
+        Q8Values {
+            q: &self.q[at..],
+            d: &self.d[at / BLOCK..],
+        }
+    }
+}
+
+/// [`super::attend`] over a q8_0 cache: for the `q.len() / hd` query heads side by side in `q`
+/// (and in `out`) that share one KV head, `out = softmax(scale * q . K[j]) V[j]` over
+/// `j in start..end`, key `j` being values `j * stride..` of `k` and value `j` likewise of `v`.
+/// `hd` and `stride` are whole numbers of blocks, `hd` at most [`MAX_Q8_HEAD`]. A head's result
+/// does not depend on the heads beside it.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_q8(
+    q: &[f32],
+    hd: usize,
+    k: Q8Values<'_>,
+    v: Q8Values<'_>,
+    stride: usize,
+    start: usize,
+    end: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    assert!(
+        hd > 0 && hd.is_multiple_of(BLOCK) && stride.is_multiple_of(BLOCK) && hd <= MAX_Q8_HEAD,
+        "a q8_0 cache needs heads of whole blocks (head {hd}, stride {stride})"
+    );
+    SCORES.with(|cell| {
+        let mut scores = cell.borrow_mut();
+        let need = end.saturating_sub(start) * (q.len() / hd);
+        if scores.len() < need {
+            scores.resize(need, 0.0);
+        }
+        attend_q8_mv(
+            simd512(),
+            q,
+            hd,
+            k.q,
+            k.d,
+            v.q,
+            v.d,
+            stride,
+            start,
+            end,
+            scale,
+            &mut scores,
+            out,
+        )
+    });
+}
+
+/// [`attend_q8`] for every row of `run` (its `f16_weights` does not apply: the weights stay
+/// f32, as in llama.cpp's flash attention): row `r`'s heads go to
+/// `out[r * out_stride..][..heads * hd]`.
+pub fn attend_rows_q8(
+    run: &RowRun<'_>,
+    k: Q8Values<'_>,
+    v: Q8Values<'_>,
+    stride: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let width = run.heads * run.hd;
+    for (r, &(start, end)) in run.ranges.iter().enumerate() {
+        let q = &run.q[r * run.q_stride..r * run.q_stride + width];
+        let o = &mut out[r * out_stride..r * out_stride + width];
+        attend_q8(q, run.hd, k, v, stride, start, end, run.scale, o);
+    }
+}
+
+multiversion! {
+    fn attend_q8_mv(wide: bool, q: &[f32], hd: usize, kq: &[i8], kd: &[half::f16], vq: &[i8], vd: &[half::f16], stride: usize, start: usize, end: usize, scale: f32, scores: &mut [f32], out: &mut [f32]) => attend_q8_body
+}
+
+/// Whether this CPU runs the AVX-512 halves ([`key_scores_512`], [`weighted_q8_512`]).
+#[inline(always)]
+fn simd512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attend_q8_body(
+    wide: bool,
+    q: &[f32],
+    hd: usize,
+    kq: &[i8],
+    kd: &[half::f16],
+    vq: &[i8],
+    vd: &[half::f16],
+    stride: usize,
+    start: usize,
+    end: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let heads = q.len() / hd;
+    let out = &mut out[..heads * hd];
+    out.fill(0.0);
+    if start >= end {
+        return;
+    }
+    let n = end - start;
+    let blocks = hd / BLOCK;
+    // Every key and value read lies within the slices (the kernels below index unchecked).
+    let last = (end - 1) * stride;
+    assert!(
+        last + hd <= kq.len().min(vq.len()),
+        "keys {start}..{end} past the cache"
+    );
+    assert!(
+        last / BLOCK + blocks <= kd.len().min(vd.len()),
+        "scales past the cache"
+    );
+    let scores = &mut scores[..heads * n];
+    // Every query head as the cache's keys are kept: quants and f16-rounded scales.
+    let mut qq = [0i8; MAX_GROUP * MAX_Q8_HEAD];
+    let mut qd = [0f32; MAX_GROUP * MAX_Q8_HEAD / BLOCK];
+    let mut h0 = 0;
+    while h0 < heads {
+        let count = (heads - h0).min(MAX_GROUP);
+        for (h, qh) in q[h0 * hd..(h0 + count) * hd].chunks_exact(hd).enumerate() {
+            for b in 0..blocks {
+                let at = b * BLOCK;
+                let raw = q8_0_block(&qh[at..at + BLOCK], &mut qq[h * hd + at..][..BLOCK]);
+                qd[h * blocks + b] = half::f16::from_f32(raw).to_f32();
+            }
+        }
+        let queries: [Q8Query<'_>; MAX_GROUP] = std::array::from_fn(|h| Q8Query {
+            q: &qq[h * hd..(h + 1) * hd],
+            d: &qd[h * blocks..(h + 1) * blocks],
+        });
+        let w = &mut scores[h0 * n..(h0 + count) * n];
+        #[cfg(target_arch = "x86_64")]
+        if wide {
+            // SAFETY: the features were detected; every key read is inside `kq`/`kd` (asserted
+            // above), each query holds `blocks` whole blocks, `w` one row of `n` per query.
+            unsafe { key_scores_512(&queries[..count], kq, kd, stride, start, scale, w) };
+        } else {
+            for (qh, w) in queries[..count].iter().zip(w.chunks_exact_mut(n)) {
+                key_scores(qh, kq, kd, stride, start, scale, w);
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        for (qh, w) in queries[..count].iter().zip(w.chunks_exact_mut(n)) {
+            key_scores(qh, kq, kd, stride, start, scale, w);
+        }
+        h0 += count;
+    }
+    for w in scores.chunks_exact_mut(n) {
+        softmax_in_place(w, false);
+    }
+    let mut h0 = 0;
+    while h0 < heads {
+        let (ws, o) = (&scores[h0 * n..], &mut out[h0 * hd..]);
+        let v = (vq, vd, stride, start, hd);
+        h0 += match (heads - h0).min(4) {
+            1 => weighted_q8::<1>(wide, ws, n, v, o),
+            2 => weighted_q8::<2>(wide, ws, n, v, o),
+            3 => weighted_q8::<3>(wide, ws, n, v, o),
+            _ => weighted_q8::<4>(wide, ws, n, v, o),
+        };
+    }
+}
+
+/// A query head quantized as the cache's keys are: quants and widened f16 scales.
+struct Q8Query<'a> {
+    q: &'a [i8],
+    d: &'a [f32],
+}
+
+/// Scaled scores of one query head against keys `start..start + w.len()` (each `stride` apart).
+/// Per key, sixteen lanes each take the products of two neighbouring quants a block, times the
+/// product of the two blocks' scales, fused into the lane's sum in block order; the lanes then
+/// meet in `reduce16`'s tree. This is the AVX-512 kernel's arithmetic (one `madd` of the blocks'
+/// 16-bit quants per block), so both give the same bits.
+#[inline(always)]
+fn key_scores(
+    q: &Q8Query<'_>,
+    kq: &[i8],
+    kd: &[half::f16],
+    stride: usize,
+    start: usize,
+    scale: f32,
+    w: &mut [f32],
+) {
+    for (s, j) in w.iter_mut().zip(start..) {
+        let at = j * stride;
+        let mut acc = [0f32; 16];
+        for (b, &dq) in q.d.iter().enumerate() {
+            let d = kd[at / BLOCK + b].to_f32() * dq;
+            let (kb, qb) = (&kq[at + b * BLOCK..][..BLOCK], &q.q[b * BLOCK..][..BLOCK]);
+            for (l, a) in acc.iter_mut().enumerate() {
+                let p = i32::from(kb[2 * l]) * i32::from(qb[2 * l])
+                    + i32::from(kb[2 * l + 1]) * i32::from(qb[2 * l + 1]);
+                *a = (p as f32).mul_add(d, *a);
+            }
+        }
+        *s = super::reduce16(acc) * scale;
+    }
+}
+
+/// Query heads scored together: a group's (up to this many) share each transposed key tile.
+const MAX_GROUP: usize = 8;
+
+/// The values: quants, scales, stride, first key, head width.
+type Q8Rows<'a> = (&'a [i8], &'a [half::f16], usize, usize, usize);
+
+/// The weighted sum of V for `G` heads (head `g`'s weights at `ws[g * n..][..n]`, its output at
+/// `out[g * hd..][..hd]`): each column sums its keys in order, one fused multiply-add each of
+/// the widened value (`q * d`). Returns `G`.
+#[inline(always)]
+fn weighted_q8<const G: usize>(
+    wide: bool,
+    ws: &[f32],
+    n: usize,
+    (vq, vd, stride, start, hd): Q8Rows<'_>,
+    out: &mut [f32],
+) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if wide {
+        // SAFETY: the features were detected; `attend_q8_body` checked every value read is
+        // inside `vq`/`vd`, `ws` holds `G * n` weights and `out` `G * hd` columns.
+        unsafe { weighted_q8_512::<G>(ws, n, vq, vd, stride, start, hd, out) };
+        return G;
+    }
+    let _ = wide;
+    let mut row = [0f32; MAX_Q8_HEAD];
+    for idx in 0..n {
+        let at = (start + idx) * stride;
+        for (b, block) in row[..hd].chunks_exact_mut(BLOCK).enumerate() {
+            let d = vd[at / BLOCK + b].to_f32();
+            for (x, &qv) in block.iter_mut().zip(&vq[at + b * BLOCK..][..BLOCK]) {
+                *x = f32::from(qv) * d;
+            }
+        }
+        for (g, o) in out[..G * hd].chunks_exact_mut(hd).enumerate() {
+            let wj = ws[g * n + idx];
+            for (a, &x) in o.iter_mut().zip(&row[..hd]) {
+                *a = x.mul_add(wj, *a);
+            }
+        }
+    }
+    G
+}
