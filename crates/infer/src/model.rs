@@ -140,7 +140,7 @@ impl TextModel {
             .thread_name(|i| format!("hearth-infer-{i}"))
             .build()
             .map_err(|source| Error::ThreadPool { threads, source })?;
-        // What one position of the backend's own cache takes (f16 caches take half).
+        // What one position of the backend's own cache takes (f16 caches half, q8_0 17/32).
         let kv_bytes_per_token = 2 * hp.n_layer * backend.kv_bytes(hp.kv_dim());
         let info = ModelInfo {
             architecture: hp.arch_name.clone(),

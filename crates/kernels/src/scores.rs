@@ -205,52 +205,63 @@ pub(crate) unsafe fn transpose16<const F16: bool>(
                 _mm512_loadu_ps(p as *const f32)
             }
         });
-        // Pairs of keys interleaved, then quads: `u[4 * g + j]` holds, in 128-bit lane `l`,
-        // value `4 * l + j` of keys `4 * g..4 * g + 4`.
-        let t: [__m512; 16] = std::array::from_fn(|i| {
-            let (a, b) = (r[i & !1], r[i | 1]);
-            if i % 2 == 0 {
-                _mm512_unpacklo_ps(a, b)
-            } else {
-                _mm512_unpackhi_ps(a, b)
-            }
-        });
-        let u: [__m512; 16] = std::array::from_fn(|i| {
-            let (g, j) = (i / 4, i % 4);
-            let (a, b) = (
-                _mm512_castps_pd(t[4 * g + j / 2]),
-                _mm512_castps_pd(t[4 * g + j / 2 + 2]),
-            );
-            _mm512_castpd_ps(if j % 2 == 0 {
-                _mm512_unpacklo_pd(a, b)
-            } else {
-                _mm512_unpackhi_pd(a, b)
-            })
-        });
-        // Quads of keys paired: `v[8 * h + 4 * s + j]` holds values j + 4s (lanes 0, 2) and
-        // j + 4s + 8 (lanes 1, 3) of keys 8h..8h + 4 (lanes 0, 1) and 8h + 4..8h + 8 (2, 3).
-        let v: [__m512; 16] = std::array::from_fn(|i| {
-            let (h, sel, j) = (i / 8, (i / 4) % 2, i % 4);
-            let (a, b) = (u[8 * h + j], u[8 * h + 4 + j]);
-            if sel == 0 {
-                _mm512_shuffle_f32x4::<0x88>(a, b)
-            } else {
-                _mm512_shuffle_f32x4::<0xDD>(a, b)
-            }
-        });
-        // Value `c` of all sixteen keys: c = j + 4s (+ 8 from the odd lanes).
-        for c in 0..16 {
-            let (hi, s4, j) = (c / 8, (c / 4) % 2, c % 4);
-            let (a, b) = (v[4 * s4 + j], v[8 + 4 * s4 + j]);
-            let col = if hi == 0 {
-                _mm512_shuffle_f32x4::<0x88>(a, b)
-            } else {
-                _mm512_shuffle_f32x4::<0xDD>(a, b)
-            };
+        for (c, col) in transpose16x16(&r).into_iter().enumerate() {
             _mm512_storeu_ps(kt.add((d0 + c) * 16), col);
         }
         d0 += 16;
     }
+}
+
+/// Sixteen vectors of sixteen 32-bit lanes transposed: lane `i` of result `c` is lane `c` of
+/// row `i` (bits moved, never computed on).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+#[allow(unsafe_code)]
+pub(crate) unsafe fn transpose16x16(
+    r: &[std::arch::x86_64::__m512; 16],
+) -> [std::arch::x86_64::__m512; 16] {
+    use std::arch::x86_64::*;
+    // Pairs of rows interleaved, then quads: `u[4 g + j]` holds, in 128-bit lane `k`, element
+    // `4 k + j` of rows `4 g..4 g + 4`.
+    let t: [__m512; 16] = std::array::from_fn(|i| {
+        let (a, b) = (r[i & !1], r[i | 1]);
+        if i % 2 == 0 {
+            _mm512_unpacklo_ps(a, b)
+        } else {
+            _mm512_unpackhi_ps(a, b)
+        }
+    });
+    let u: [__m512; 16] = std::array::from_fn(|i| {
+        let (g, j) = (i / 4, i % 4);
+        let (a, b) = (
+            _mm512_castps_pd(t[4 * g + j / 2]),
+            _mm512_castps_pd(t[4 * g + j / 2 + 2]),
+        );
+        _mm512_castpd_ps(if j % 2 == 0 {
+            _mm512_unpacklo_pd(a, b)
+        } else {
+            _mm512_unpackhi_pd(a, b)
+        })
+    });
+    let v: [__m512; 16] = std::array::from_fn(|i| {
+        let (h, sel, j) = (i / 8, (i / 4) % 2, i % 4);
+        let (a, b) = (u[8 * h + j], u[8 * h + 4 + j]);
+        if sel == 0 {
+            _mm512_shuffle_f32x4::<0x88>(a, b)
+        } else {
+            _mm512_shuffle_f32x4::<0xDD>(a, b)
+        }
+    });
+    std::array::from_fn(|c| {
+        let (hi, s4, j) = (c / 8, (c / 4) % 2, c % 4);
+        let (a, b) = (v[4 * s4 + j], v[8 + 4 * s4 + j]);
+        if hi == 0 {
+            _mm512_shuffle_f32x4::<0x88>(a, b)
+        } else {
+            _mm512_shuffle_f32x4::<0xDD>(a, b)
+        }
+    })
 }
 
 /// Scores of `N` query heads against a transposed block of sixteen keys ([`transpose16`]):

@@ -261,7 +261,7 @@ impl CandleModel {
         }
         let cache = match (act, kv) {
             (DType::F32, KvPrecision::F32) => DType::F32,
-            (DType::F32, KvPrecision::F16 | KvPrecision::Q8_0) => DType::F16,
+            (DType::F32, KvPrecision::F16) => DType::F16,
             (other, _) => other,
         };
         self.pool = SharedPool::new(self.hp.n_layer, self.hp.kv_dim(), cache, &self.device);

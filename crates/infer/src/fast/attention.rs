@@ -103,48 +103,31 @@ fn attend_heads(
     q: &[f32],
     out: &mut [f32],
 ) {
-    let (hd, kvd) = (sh.hd, sh.kvd());
-    let at = first / sh.group() * hd;
-    let (start, end) = sh.keys(pos);
-    let f16w = sh.kv.rounds_to_f16();
+    let at = first / sh.group() * sh.hd;
+    let keys = sh.keys(pos);
     match (c.k.layer(il), c.v.layer(il)) {
-        (Layer::F32(k), Layer::F32(v)) => ops::attend(
-            q,
-            hd,
-            &k[at..],
-            &v[at..],
-            kvd,
-            start,
-            end,
-            sh.scale,
-            f16w,
-            out,
-        ),
-        (Layer::F16(k), Layer::F16(v)) => ops::attend(
-            q,
-            hd,
-            &k[at..],
-            &v[at..],
-            kvd,
-            start,
-            end,
-            sh.scale,
-            f16w,
-            out,
-        ),
-        (Layer::Q8(k), Layer::Q8(v)) => ops::attend_q8(
-            q,
-            hd,
-            k.from(at),
-            v.from(at),
-            kvd,
-            start,
-            end,
-            sh.scale,
-            out,
-        ),
+        (Layer::F32(k), Layer::F32(v)) => attend_plain(sh, q, &k[at..], &v[at..], keys, out),
+        (Layer::F16(k), Layer::F16(v)) => attend_plain(sh, q, &k[at..], &v[at..], keys, out),
+        (Layer::Q8(k), Layer::Q8(v)) => {
+            let (start, end) = keys;
+            let (k, v) = (k.from(at), v.from(at));
+            ops::attend_q8(q, sh.hd, k, v, sh.kvd(), start, end, sh.scale, out)
+        }
         _ => unreachable!("a sequence's K and V caches share one precision"),
     }
+}
+
+/// [`attend_heads`] over an f32 or f16 cache (the slices start at the KV head).
+fn attend_plain<T: ops::KvValue>(
+    sh: &Shape,
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    (start, end): (usize, usize),
+    out: &mut [f32],
+) {
+    let f16w = sh.kv.rounds_to_f16();
+    ops::attend(q, sh.hd, k, v, sh.kvd(), start, end, sh.scale, f16w, out)
 }
 
 /// Rows `first..first + out.len() / qd` (one sequence's, consecutive positions) for KV head

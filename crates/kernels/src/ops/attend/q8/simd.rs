@@ -2,6 +2,7 @@
 //! `mod.rs`, lane for lane (`tests`).
 
 use super::{Q8Query, BLOCK, MAX_GROUP, MAX_Q8_HEAD};
+use crate::scores::transpose16x16;
 
 /// [`super::key_scores`] for several query heads on AVX-512 (BW for the 16-bit products, F16C for the
 /// scales), sixteen keys at a time: the same bits. A tile's keys are widened to 16-bit quants and
@@ -88,55 +89,6 @@ pub(super) unsafe fn key_scores_512(
         }
         done += count;
     }
-}
-
-/// Sixteen vectors of sixteen 32-bit lanes transposed: lane `i` of result `c` is lane `c` of
-/// row `i` (bits moved, never computed on).
-#[target_feature(enable = "avx512f")]
-#[inline]
-#[allow(unsafe_code)]
-unsafe fn transpose16x16(r: &[std::arch::x86_64::__m512; 16]) -> [std::arch::x86_64::__m512; 16] {
-    use std::arch::x86_64::*;
-    // Pairs of rows interleaved, then quads: `u[4 g + j]` holds, in 128-bit lane `k`, element
-    // `4 k + j` of rows `4 g..4 g + 4`.
-    let t: [__m512; 16] = std::array::from_fn(|i| {
-        let (a, b) = (r[i & !1], r[i | 1]);
-        if i % 2 == 0 {
-            _mm512_unpacklo_ps(a, b)
-        } else {
-            _mm512_unpackhi_ps(a, b)
-        }
-    });
-    let u: [__m512; 16] = std::array::from_fn(|i| {
-        let (g, j) = (i / 4, i % 4);
-        let (a, b) = (
-            _mm512_castps_pd(t[4 * g + j / 2]),
-            _mm512_castps_pd(t[4 * g + j / 2 + 2]),
-        );
-        _mm512_castpd_ps(if j % 2 == 0 {
-            _mm512_unpacklo_pd(a, b)
-        } else {
-            _mm512_unpackhi_pd(a, b)
-        })
-    });
-    let v: [__m512; 16] = std::array::from_fn(|i| {
-        let (h, sel, j) = (i / 8, (i / 4) % 2, i % 4);
-        let (a, b) = (u[8 * h + j], u[8 * h + 4 + j]);
-        if sel == 0 {
-            _mm512_shuffle_f32x4::<0x88>(a, b)
-        } else {
-            _mm512_shuffle_f32x4::<0xDD>(a, b)
-        }
-    });
-    std::array::from_fn(|c| {
-        let (hi, s4, j) = (c / 8, (c / 4) % 2, c % 4);
-        let (a, b) = (v[4 * s4 + j], v[8 + 4 * s4 + j]);
-        if hi == 0 {
-            _mm512_shuffle_f32x4::<0x88>(a, b)
-        } else {
-            _mm512_shuffle_f32x4::<0xDD>(a, b)
-        }
-    })
 }
 
 /// Keys ahead whose quants are fetched into L1 while this one is summed: one head's rows are a
