@@ -7,6 +7,8 @@
 //! has recycled a freed cache's memory, a new zeroed one is written through (all of it resident
 //! before its first token) and a freed one may stay with the process.
 
+use std::ops::Range;
+
 use hearth_kernels::ops::Q8Values;
 
 use crate::config::KvPrecision;
@@ -71,64 +73,56 @@ impl KvCache {
         self.elem
     }
 
-    /// Byte ranges of a q8_0 cache's quants and scales for layer `layer`'s values `values`.
-    fn q8_ranges(
-        &self,
-        layer: usize,
-        values: std::ops::Range<usize>,
-    ) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
-        let quants = layer * self.per_layer;
-        let scales = self.layers * self.per_layer + 2 * (layer * self.per_layer / BLOCK);
-        (
-            quants + values.start..quants + values.end,
-            scales + 2 * (values.start / BLOCK)..scales + 2 * values.end.div_ceil(BLOCK),
-        )
+    /// Where layer `layer`'s first `values` values lie in the mapping, in bytes: the values
+    /// themselves, and their block scales (q8_0; empty otherwise). The one owner of the layout:
+    /// every layer's values, then, for q8_0, every layer's scales.
+    fn ranges(&self, layer: usize, values: usize) -> [Range<usize>; 2] {
+        let per = self.per_layer;
+        match self.elem {
+            KvPrecision::Q8_0 => {
+                let quants = layer * per;
+                let scales = self.layers * per + 2 * (layer * per / BLOCK);
+                [
+                    quants..quants + values,
+                    scales..scales + 2 * values.div_ceil(BLOCK),
+                ]
+            }
+            elem => {
+                let size = elem.bytes(1);
+                [layer * per * size..(layer * per + values) * size, 0..0]
+            }
+        }
     }
 
     /// Layer `layer` (< the cache's layers).
     pub(crate) fn layer(&self, layer: usize) -> Layer<'_> {
         assert!(layer < self.layers, "layer {layer} of {}", self.layers);
-        let per = self.per_layer;
+        // The mapping is page-aligned and every range starts on its element's size, so the
+        // casts cannot fail on alignment.
+        let [x, d] = self.ranges(layer, self.per_layer);
+        let x = &self.map[x];
         match self.elem {
-            KvPrecision::F32 => {
-                // The mapping is page-aligned, so the casts cannot fail on alignment.
-                let all: &[f32] = bytemuck::cast_slice(&self.map[..self.layers * per * 4]);
-                Layer::F32(&all[layer * per..(layer + 1) * per])
-            }
-            KvPrecision::F16 => {
-                let all: &[half::f16] = bytemuck::cast_slice(&self.map[..self.layers * per * 2]);
-                Layer::F16(&all[layer * per..(layer + 1) * per])
-            }
-            KvPrecision::Q8_0 => {
-                let (q, d) = self.q8_ranges(layer, 0..per);
-                Layer::Q8(Q8Values {
-                    q: bytemuck::cast_slice(&self.map[q]),
-                    d: bytemuck::cast_slice(&self.map[d]),
-                })
-            }
+            KvPrecision::F32 => Layer::F32(bytemuck::cast_slice(x)),
+            KvPrecision::F16 => Layer::F16(bytemuck::cast_slice(x)),
+            KvPrecision::Q8_0 => Layer::Q8(Q8Values {
+                q: bytemuck::cast_slice(x),
+                d: bytemuck::cast_slice(&self.map[d]),
+            }),
         }
     }
 
     /// Layer `layer` (< the cache's layers), to write.
     pub(crate) fn layer_mut(&mut self, layer: usize) -> LayerMut<'_> {
         assert!(layer < self.layers, "layer {layer} of {}", self.layers);
-        let (layers, per) = (self.layers, self.per_layer);
+        let [x, d] = self.ranges(layer, self.per_layer);
         match self.elem {
-            KvPrecision::F32 => {
-                let all: &mut [f32] = bytemuck::cast_slice_mut(&mut self.map[..layers * per * 4]);
-                LayerMut::F32(&mut all[layer * per..(layer + 1) * per])
-            }
-            KvPrecision::F16 => {
-                let all: &mut [half::f16] =
-                    bytemuck::cast_slice_mut(&mut self.map[..layers * per * 2]);
-                LayerMut::F16(&mut all[layer * per..(layer + 1) * per])
-            }
+            KvPrecision::F32 => LayerMut::F32(bytemuck::cast_slice_mut(&mut self.map[x])),
+            KvPrecision::F16 => LayerMut::F16(bytemuck::cast_slice_mut(&mut self.map[x])),
             KvPrecision::Q8_0 => {
-                let (q, d) = self.q8_ranges(layer, 0..per);
                 // The scales come after every layer's quants: two disjoint borrows.
                 let (head, tail) = self.map.split_at_mut(d.start);
                 LayerMut::Q8(
-                    bytemuck::cast_slice_mut(&mut head[q]),
+                    bytemuck::cast_slice_mut(&mut head[x]),
                     bytemuck::cast_slice_mut(&mut tail[..d.len()]),
                 )
             }
@@ -140,18 +134,11 @@ impl KvCache {
     pub(crate) fn copy_prefix(&mut self, from: &KvCache, values: usize) {
         let values = values.min(self.per_layer);
         for il in 0..self.layers.min(from.layers) {
-            let ranges = match self.elem {
-                KvPrecision::Q8_0 => {
-                    let (a, b) = (self.q8_ranges(il, 0..values), from.q8_ranges(il, 0..values));
-                    vec![(a.0, b.0), (a.1, b.1)]
-                }
-                elem => {
-                    let size = elem.bytes(1);
-                    let (a, b) = (il * self.per_layer * size, il * from.per_layer * size);
-                    vec![(a..a + values * size, b..b + values * size)]
-                }
-            };
-            for (to, src) in ranges {
+            for (to, src) in self
+                .ranges(il, values)
+                .into_iter()
+                .zip(from.ranges(il, values))
+            {
                 self.map[to].copy_from_slice(&from.map[src]);
             }
         }

@@ -70,9 +70,8 @@ pub(crate) fn q8_0_block(xb: &[f32], qb: &mut [i8]) -> f32 {
     d
 }
 
-/// `x` (a whole number of blocks of 32) into q8_0 blocks: quants into `q` (as many), each
-/// block's scale as f16 into `d` (one per 32 values), as llama.cpp writes a q8_0 KV cache.
-pub fn quantize_q8_0(x: &[f32], q: &mut [i8], d: &mut [half::f16]) {
+#[inline(always)]
+fn quantize_q8_0_body(x: &[f32], q: &mut [i8], d: &mut [half::f16]) {
     for ((xb, qb), db) in x
         .chunks_exact(32)
         .zip(q.chunks_exact_mut(32))
@@ -80,6 +79,13 @@ pub fn quantize_q8_0(x: &[f32], q: &mut [i8], d: &mut [half::f16]) {
     {
         *db = half::f16::from_f32(q8_0_block(xb, qb));
     }
+}
+
+multiversion! {
+    /// `x` (a whole number of blocks of 32) into q8_0 blocks: quants into `q` (as many), each
+    /// block's scale as f16 into `d` (one per 32 values), as llama.cpp writes a q8_0 KV cache.
+    /// Compiled per target: on the baseline, rounding ties to even is a library call a value.
+    pub fn quantize_q8_0(x: &[f32], q: &mut [i8], d: &mut [half::f16]) => quantize_q8_0_body
 }
 
 #[inline(always)]

@@ -17,6 +17,15 @@ pub fn hadamard(x: &mut [f32], n: usize) {
         "Hadamard blocks of {n} over {} values",
         x.len()
     );
+    hadamard_mv(x, n)
+}
+
+multiversion! {
+    fn hadamard_mv(x: &mut [f32], n: usize) => hadamard_body
+}
+
+#[inline(always)]
+fn hadamard_body(x: &mut [f32], n: usize) {
     let scale = 1.0 / (n as f32).sqrt();
     for block in x.chunks_exact_mut(n) {
         block.iter_mut().for_each(|v| *v *= scale);

@@ -75,8 +75,12 @@ pub fn attend_q8(
         if scores.len() < need {
             scores.resize(need, 0.0);
         }
+        let mut query = QUERY.with(|c| c.take());
+        query.0.resize(q.len(), 0);
+        query.1.resize(q.len() / BLOCK, 0.0);
         attend_q8_mv(
             simd512(),
+            (&mut query.0, &mut query.1),
             q,
             hd,
             k.q,
@@ -89,9 +93,20 @@ pub fn attend_q8(
             scale,
             &mut scores,
             out,
-        )
+        );
+        QUERY.with(|c| c.set(query));
     });
 }
+
+thread_local! {
+    /// Per-thread scratch for the query heads as quantized (quants, scales): grows to the most
+    /// heads seen, then is reused, so a step neither allocates nor clears it.
+    static QUERY: std::cell::Cell<(Vec<i8>, Vec<f32>)> =
+        const { std::cell::Cell::new((Vec::new(), Vec::new())) };
+}
+
+/// The query heads' quants and scales, as [`attend_q8_body`] writes them.
+type QueryScratch<'a> = (&'a mut [i8], &'a mut [f32]);
 
 /// [`attend_q8`] for every row of `run` (its `f16_weights` does not apply: the weights stay
 /// f32, as in llama.cpp's flash attention): row `r`'s heads go to
@@ -113,7 +128,7 @@ pub fn attend_rows_q8(
 }
 
 multiversion! {
-    fn attend_q8_mv(wide: bool, q: &[f32], hd: usize, kq: &[i8], kd: &[half::f16], vq: &[i8], vd: &[half::f16], stride: usize, start: usize, end: usize, scale: f32, scores: &mut [f32], out: &mut [f32]) => attend_q8_body
+    fn attend_q8_mv(wide: bool, query: QueryScratch<'_>, q: &[f32], hd: usize, kq: &[i8], kd: &[half::f16], vq: &[i8], vd: &[half::f16], stride: usize, start: usize, end: usize, scale: f32, scores: &mut [f32], out: &mut [f32]) => attend_q8_body
 }
 
 /// Whether this CPU runs the AVX-512 halves ([`key_scores_512`], [`weighted_q8_512`]).
@@ -134,6 +149,7 @@ fn simd512() -> bool {
 #[allow(clippy::too_many_arguments)]
 fn attend_q8_body(
     wide: bool,
+    (qq, qd): QueryScratch<'_>,
     q: &[f32],
     hd: usize,
     kq: &[i8],
@@ -167,21 +183,22 @@ fn attend_q8_body(
     );
     let scores = &mut scores[..heads * n];
     // Every query head as the cache's keys are kept: quants and f16-rounded scales.
-    let mut qq = [0i8; MAX_GROUP * MAX_Q8_HEAD];
-    let mut qd = [0f32; MAX_GROUP * MAX_Q8_HEAD / BLOCK];
+    for ((x, qb), d) in q
+        .chunks_exact(BLOCK)
+        .zip(qq.chunks_exact_mut(BLOCK))
+        .zip(qd.iter_mut())
+    {
+        *d = half::f16::from_f32(q8_0_block(x, qb)).to_f32();
+    }
     let mut h0 = 0;
     while h0 < heads {
         let count = (heads - h0).min(MAX_GROUP);
-        for (h, qh) in q[h0 * hd..(h0 + count) * hd].chunks_exact(hd).enumerate() {
-            for b in 0..blocks {
-                let at = b * BLOCK;
-                let raw = q8_0_block(&qh[at..at + BLOCK], &mut qq[h * hd + at..][..BLOCK]);
-                qd[h * blocks + b] = half::f16::from_f32(raw).to_f32();
+        let queries: [Q8Query<'_>; MAX_GROUP] = std::array::from_fn(|h| {
+            let h = (h0 + h).min(heads - 1);
+            Q8Query {
+                q: &qq[h * hd..(h + 1) * hd],
+                d: &qd[h * blocks..(h + 1) * blocks],
             }
-        }
-        let queries: [Q8Query<'_>; MAX_GROUP] = std::array::from_fn(|h| Q8Query {
-            q: &qq[h * hd..(h + 1) * hd],
-            d: &qd[h * blocks..(h + 1) * blocks],
         });
         let w = &mut scores[h0 * n..(h0 + count) * n];
         #[cfg(target_arch = "x86_64")]

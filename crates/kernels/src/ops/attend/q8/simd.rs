@@ -27,13 +27,14 @@ pub(super) unsafe fn key_scores_512(
     use std::mem::MaybeUninit;
     let blocks = queries[0].d.len();
     let n = w.len() / queries.len();
-    // Each query's quants as broadcastable pairs: `pairs[h][16 b + l]` = quants 2l, 2l + 1 of
-    // block b as two 16-bit halves of one i32 (the layout `madd` reads).
-    let mut pairs = [[0i32; MAX_Q8_HEAD / 2]; MAX_GROUP];
-    for (qh, ph) in queries.iter().zip(pairs.iter_mut()) {
-        for (u, p) in ph[..qh.q.len() / 2].iter_mut().enumerate() {
-            let (lo, hi) = (qh.q[2 * u] as i16 as u16, qh.q[2 * u + 1] as i16 as u16);
-            *p = (u32::from(lo) | u32::from(hi) << 16) as i32;
+    // Each query's quants widened to 16 bits: i32 `16 b + l` of query `h` holds quants 2l and
+    // 2l + 1 of block b, the pair `madd` multiplies, to broadcast. Only the written part is read.
+    let mut pairs = MaybeUninit::<[[i32; MAX_Q8_HEAD / 2]; MAX_GROUP]>::uninit();
+    let pairs = pairs.as_mut_ptr().cast::<i32>();
+    for (h, qh) in queries.iter().enumerate() {
+        for b in 0..blocks {
+            let q16 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(qh.q.as_ptr().add(b * BLOCK).cast()));
+            _mm512_storeu_si512(pairs.add(h * MAX_Q8_HEAD / 2 + 16 * b).cast(), q16);
         }
     }
     let (kp, dp) = (kq.as_ptr(), kd.as_ptr().cast::<u16>());
@@ -44,7 +45,7 @@ pub(super) unsafe fn key_scores_512(
         let count = (n - done).min(16);
         let first = start + done;
         // The tile: per block, sixteen keys' 16-bit quants transposed, and the keys' scales.
-        let mut scales = [_mm512_setzero_ps(); MAX_Q8_HEAD / BLOCK];
+        let mut scales = [MaybeUninit::<__m512>::uninit(); MAX_Q8_HEAD / BLOCK];
         for b in 0..blocks {
             let rows: [__m512; 16] = std::array::from_fn(|i| {
                 if i >= count {
@@ -60,14 +61,14 @@ pub(super) unsafe fn key_scores_512(
             for (i, x) in bits[..count].iter_mut().enumerate() {
                 *x = *dp.add((first + i) * stride / BLOCK + b);
             }
-            scales[b] = _mm512_cvtph_ps(_mm256_loadu_si256(bits.as_ptr().cast()));
+            scales[b].write(_mm512_cvtph_ps(_mm256_loadu_si256(bits.as_ptr().cast())));
         }
         for (h, qh) in queries.iter().enumerate() {
             let mut acc = [_mm512_setzero_ps(); 16];
             for (b, &dq) in qh.d.iter().enumerate() {
-                let d = _mm512_mul_ps(scales[b], _mm512_set1_ps(dq));
+                let d = _mm512_mul_ps(scales[b].assume_init(), _mm512_set1_ps(dq));
                 for (l, a) in acc.iter_mut().enumerate() {
-                    let q = _mm512_set1_epi32(pairs[h][16 * b + l]);
+                    let q = _mm512_set1_epi32(*pairs.add(h * MAX_Q8_HEAD / 2 + 16 * b + l));
                     let p = _mm512_madd_epi16(tile[16 * b + l].assume_init(), q);
                     *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, *a);
                 }

@@ -83,8 +83,10 @@ fn the_avx512_kernels_give_the_portable_bits() {
                 let mut out = vec![f32::NAN; heads * hd];
                 let (k, v) = (&kq[hd..], &vq[hd..]);
                 let (kd, vd) = (&kd[hd / BLOCK..], &vd[hd / BLOCK..]);
+                let (mut qq, mut qd) = (vec![0i8; q.len()], vec![0f32; q.len() / BLOCK]);
                 attend_q8_body(
                     wide,
+                    (&mut qq, &mut qd),
                     &q,
                     hd,
                     k,
