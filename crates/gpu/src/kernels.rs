@@ -103,6 +103,11 @@ struct BF16 {
         store8_u16<BF16>(p, f);
     }
 };
+// The gated MLP's activation of a gate value: GELU's tanh form, or SiLU.
+__device__ __forceinline__ float glu_act(float g, bool gelu) {
+    return gelu ? 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)))
+                : g / (1.0f + __expf(-g));
+}
 "#;
 
 /// `PRELUDE` + `source` compiled by NVRTC into `cell` on first use (an error is kept and

@@ -172,6 +172,13 @@ pub struct GpuTuning {
     /// kernel), the scalar add-norm kernel and the one-row product's first loop (each load used
     /// at once), not their later versions, to compare (`HEARTH_STEP_KERNELS=first`).
     pub first_kernels: bool,
+    /// The fewest positions a split of the decode attention's register kernel takes
+    /// (`HEARTH_DECODE_CHUNK=N`, a multiple of 16), to measure the split; 0 = the kernel's
+    /// default.
+    pub decode_chunk: usize,
+    /// The gated MLP's activation as a kernel of its own after a one-row gate/up product, not
+    /// in that product's last step (`HEARTH_GLU=separate`).
+    pub separate_glu: bool,
 }
 
 impl GpuTuning {
@@ -187,6 +194,11 @@ impl GpuTuning {
             cublas_rows: is("HEARTH_GEMV", "off"),
             no_graphs: is("HEARTH_CUDA_GRAPHS", "off"),
             first_kernels: is("HEARTH_STEP_KERNELS", "first"),
+            decode_chunk: var("HEARTH_DECODE_CHUNK")
+                .and_then(|v| v.parse::<usize>().ok())
+                .filter(|n| n.is_multiple_of(16))
+                .unwrap_or(0),
+            separate_glu: is("HEARTH_GLU", "separate"),
         }
     }
 }
@@ -312,6 +324,8 @@ mod tests {
             ("HEARTH_GEMV", "off"),
             ("HEARTH_CUDA_GRAPHS", "off"),
             ("HEARTH_STEP_KERNELS", "first"),
+            ("HEARTH_DECODE_CHUNK", "256"),
+            ("HEARTH_GLU", "separate"),
         ]));
         assert!(
             all_off.candle_device
@@ -321,6 +335,8 @@ mod tests {
                 && all_off.cublas_rows
                 && all_off.no_graphs
                 && all_off.first_kernels
+                && all_off.decode_chunk == 256
+                && all_off.separate_glu
         );
         let other_values = GpuTuning::from_vars(vars(&[
             ("HEARTH_CUDA_EVENTS", "1"),
@@ -328,6 +344,8 @@ mod tests {
             ("HEARTH_GEMV", "0"),
             ("HEARTH_CUDA_GRAPHS", "no"),
             ("HEARTH_STEP_KERNELS", "tiled"),
+            ("HEARTH_DECODE_CHUNK", "100"),
+            ("HEARTH_GLU", "fused"),
         ]));
         assert_eq!(other_values, GpuTuning::default());
     }

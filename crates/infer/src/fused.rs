@@ -385,10 +385,7 @@ __device__ void glu(const typename C::T *x, typename C::T *out, unsigned int n,
          s += blockDim.x * gridDim.x) {
         const size_t r = s / ff, j = s % ff;
         const float g = C::load(x[r * 2 * ff + j]), u = C::load(x[r * 2 * ff + ff + j]);
-        const float act = gelu
-            ? 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)))
-            : g / (1.0f + __expf(-g));
-        out[s] = C::store(act * u);
+        out[s] = C::store(glu_act(g, gelu) * u);
     }
 }
 

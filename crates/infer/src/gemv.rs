@@ -3,13 +3,15 @@
 //! by memory. A warp takes one output column: its lanes stream the weight row in 16-byte loads,
 //! all in flight at once for a row of 2,048, multiply them by the input row (read through the
 //! cache, where it stays), and reduce across the warp. Q8_0 weights are read as the GGUF stores
-//! them (half the bytes of f16; a warp first stages 32 of its row's 34-byte blocks in shared
+//! them (half the bytes of f16; a warp first stages 64 of its row's 34-byte blocks in shared
 //! memory, since a block is only 2-byte aligned), with no cast of the input to f32 and back as
 //! candle's quantized product needs. Two or more rows go to cuBLAS (dense) or candle's quantized
 //! product: measured on an H200, this kernel at 8 rows was half cuBLAS's speed (the input rows'
 //! reads through the cache outgrow the weights'), and at one row it is as fast as cuBLAS's own
-//! kernels and spares the host cuBLAS's per-call work. Compiled by NVRTC at first use, like the
-//! other kernels of `hearth_gpu::kernels`. The CPU keeps candle's matmul.
+//! kernels and spares the host cuBLAS's per-call work. The fused `[gate; up]` product can end in
+//! the gated MLP's activation ([`GluAct`]): the warps of a gate row and its up row meet in
+//! shared memory, and the activation kernel's launch is saved. Compiled by NVRTC at first use,
+//! like the other kernels of `hearth_gpu::kernels`. The CPU keeps candle's matmul.
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
@@ -27,15 +29,35 @@ fn config(n: usize) -> candle_core::cuda_backend::cudarc::driver::LaunchConfig {
     }
 }
 
+/// The gated MLP's activation, applied in a one-row product's last step when its matrix is the
+/// fused `[gate; up]` (the kernels' `glu` argument): the output is `act(gate) * up`, half as
+/// wide, as [`crate::fused::Glu`] makes it from the product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GluAct {
+    Silu = 1,
+    Gelu = 2,
+}
+
+/// The outputs of a product of `n` weight rows, with the activation `glu` or none.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // read by the CUDA launch
+fn outputs(n: usize, glu: Option<GluAct>) -> usize {
+    if glu.is_some() {
+        n / 2
+    } else {
+        n
+    }
+}
+
 /// Launches one of the kernels below on `$dev` for the input row `$x` (a device slice view)
-/// and the weights `$w` (a slice view, or a device address as a `u64`), allocating and returning the `$n`
-/// outputs of type `$ty`; `$flag` is the kernel's last argument (the dense kernel's rounds). The caller has checked the shapes and alignments its kernel needs.
+/// and the weights `$w` (a slice view, or a device address as a `u64`) of `$n` rows, allocating
+/// and returning the outputs of type `$ty` ([`outputs`]); `$flag` is the dense kernel's rounds,
+/// `$glu` the activation. The caller has checked the shapes and alignments its kernel needs.
 #[cfg(feature = "cuda")]
 macro_rules! launch_row {
-    ($dev:expr, $kernel:expr, $ty:ty, $x:expr, $w:expr, $n:expr, $k:expr, $flag:expr) => {{
+    ($dev:expr, $kernel:expr, $ty:ty, $x:expr, $w:expr, $n:expr, $k:expr, $flag:expr, $glu:expr) => {{
         let func = $dev.get_or_load_custom_func($kernel, "hearth_gemv", ptx()?)?;
         // SAFETY: every element is written by the kernel before it is read.
-        let mut out = unsafe { $dev.alloc::<$ty>($n)? };
+        let mut out = unsafe { $dev.alloc::<$ty>(outputs($n, $glu))? };
         let (n, k) = ($n as u32, $k as u32);
         let (x_arg, w_arg) = ($x, $w);
         let mut b = func.builder();
@@ -46,8 +68,10 @@ macro_rules! launch_row {
         b.arg(&k);
         let flag: u32 = $flag;
         b.arg(&flag);
+        let glu: u32 = $glu.map_or(0, |a: GluAct| a as u32);
+        b.arg(&glu);
         // SAFETY: the kernel reads `k` values of x and the `n` rows of w (their storage holds
-        // them, as the caller checked) and writes the `n` values of out.
+        // them, as the caller checked) and writes the `outputs(n, glu)` values of out.
         unsafe { b.launch(config($n)) }.w()?;
         candle_core::CudaStorage::wrap_cuda_slice(out, $dev.clone())
     }};
@@ -59,6 +83,8 @@ pub(crate) struct Gemv {
     /// A round of loads before their uses (else the first loop: each load used at once, to
     /// compare; [`crate::GpuTuning::first_kernels`]).
     pub rounds: bool,
+    /// `w` is `[gate; up]` and the output `act(gate) * up`.
+    pub glu: Option<GluAct>,
 }
 
 impl Gemv {
@@ -77,7 +103,7 @@ impl Gemv {
             && k.is_multiple_of(8)
     }
 
-    /// `x @ w.T`, `[1, n]`.
+    /// `x @ w.T`, `[1, n]` (`[1, n / 2]` with `glu`).
     pub(crate) fn run(&self, x: &Tensor, w: &Tensor) -> Result<Tensor, Error> {
         Ok(x.contiguous()?.apply_op2_no_bwd(w, self)?)
     }
@@ -124,6 +150,7 @@ impl CustomOp2 for Gemv {
             || w1 - w0 != n * k
             || x0 % 8 != 0
             || w0 % 8 != 0
+            || (self.glu.is_some() && !n.is_multiple_of(2))
         {
             candle_core::bail!("{what}: shapes or alignment do not fit the kernel")
         }
@@ -139,7 +166,8 @@ impl CustomOp2 for Gemv {
                     $w.slice(w0..w1),
                     n,
                     k,
-                    rounds
+                    rounds,
+                    self.glu
                 )
             };
         }
@@ -149,7 +177,7 @@ impl CustomOp2 for Gemv {
             (S::BF16(x), S::BF16(w)) => dense!(x, w, half::bf16, "gemv_bf16"),
             _ => candle_core::bail!("{what}: x and w of one dtype"),
         };
-        Ok((out, Shape::from((1, n))))
+        Ok((out, Shape::from((1, outputs(n, self.glu)))))
     }
 }
 
@@ -158,6 +186,8 @@ impl CustomOp2 for Gemv {
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // read by the CUDA launch
 pub(crate) struct GemvQ8<'a> {
     pub w: &'a QTensor,
+    /// `w` is `[gate; up]` and the output `act(gate) * up`.
+    pub glu: Option<GluAct>,
 }
 
 impl GemvQ8<'_> {
@@ -177,7 +207,7 @@ impl GemvQ8<'_> {
             && k.is_multiple_of(256)
     }
 
-    /// `x @ w.T`, `[1, n]` in `x`'s dtype.
+    /// `x @ w.T`, `[1, n]` (`[1, n / 2]` with `glu`) in `x`'s dtype.
     pub(crate) fn run(&self, x: &Tensor) -> Result<Tensor, Error> {
         Ok(x.contiguous()?.apply_op1_no_bwd(self)?)
     }
@@ -213,6 +243,7 @@ impl CustomOp1 for GemvQ8<'_> {
             || x0 % 8 != 0
             || self.w.dtype() != GgmlDType::Q8_0
             || self.w.storage_size_in_bytes() < n * k / 32 * 34
+            || (self.glu.is_some() && !n.is_multiple_of(2))
         {
             candle_core::bail!("{what}: shapes or alignment do not fit the kernel")
         }
@@ -221,7 +252,7 @@ impl CustomOp1 for GemvQ8<'_> {
         let dev = x.device.clone();
         macro_rules! q8 {
             ($x:expr, $ty:ty, $kernel:literal) => {
-                launch_row!(dev, $kernel, $ty, $x.slice(x0..x1), w, n, k, 0)
+                launch_row!(dev, $kernel, $ty, $x.slice(x0..x1), w, n, k, 0, self.glu)
             };
         }
         let out = match &x.slice {
@@ -230,113 +261,172 @@ impl CustomOp1 for GemvQ8<'_> {
             S::BF16(x) => q8!(x, half::bf16, "gemv_q8_0_bf16"),
             _ => candle_core::bail!("{what}: x of f32, f16 or bf16"),
         };
-        Ok((out, Shape::from((1, n))))
+        Ok((out, Shape::from((1, outputs(n, self.glu)))))
     }
 }
 
 /// The kernels' source (after [`hearth_gpu::kernels::PRELUDE`]).
 #[cfg(feature = "cuda")]
 const SOURCE: &str = r#"
-// Grid (ceil(n / 4)), 128 threads: warp w of block b computes y[n] = sum_k x[k] * w[n, k] for
-// n = 4 b + w. A lane takes 8 values every 256: rounds of ROUND of them (all of a 2,048-wide
-// row) are loaded into registers first (`C::raw8`), weights and inputs, and only then converted
-// and multiplied, so that
-// they are in flight together (a load followed at once by its use waits out the memory's
+// The row a warp takes, and the end of a product. Plainly (`glu` 0), warp w of block b takes row
+// 4 b + w and writes y[row]. With `glu` (1 SiLU, 2 GELU), w is the gated MLP's [gate; up]
+// (n_out = 2 ff rows): warps 2 i and 2 i + 1 of block b take gate row j = 2 b + i and up row
+// ff + j, and y[j] = act(gate) * up, ff wide, each product rounded to T first, as the separate
+// activation kernel reads them (`hearth-glu`), so the two paths give the same values.
+struct RowOf {
+    unsigned int n, j;
+    bool valid;
+};
+__device__ __forceinline__ RowOf row_of(unsigned int n_out, unsigned int glu) {
+    const unsigned int warp = threadIdx.x / 32;
+    RowOf r;
+    if (glu) {
+        r.j = blockIdx.x * 2 + warp / 2;
+        r.n = r.j + (warp % 2) * (n_out / 2);
+        r.valid = r.j < n_out / 2;
+    } else {
+        r.n = r.j = blockIdx.x * (blockDim.x / 32) + warp;
+        r.valid = r.n < n_out;
+    }
+    return r;
+}
+// `acc` is the lane's part of row `at`'s sum; every thread of the block calls this (it may
+// synchronise the block).
+template <typename C>
+__device__ __forceinline__ void row_end(float acc, typename C::T *__restrict__ y, RowOf at,
+                                        unsigned int glu) {
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    const unsigned int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (!glu) {
+        if (lane == 0 && at.valid) y[at.n] = C::store(acc);
+        return;
+    }
+    __shared__ float pair[4];
+    if (lane == 0) pair[warp] = C::load(C::store(acc));
+    __syncthreads();
+    if (lane == 0 && warp % 2 == 0 && at.valid)
+        y[at.j] = C::store(glu_act(pair[warp], glu == 2) * pair[warp + 1]);
+}
+
+// Grid (ceil(n / 4)), 128 threads, a warp a row (`row_of`): y[n] = sum_k x[k] * w[n, k]. A lane
+// takes 8 values every 256: rounds of ROUND of them (all of a 2,048-wide row) are loaded into
+// registers first (`C::raw8`), weights and inputs, and only then converted and multiplied, so
+// that they are in flight together (a load followed at once by its use waits out the memory's
 // latency before the next is issued); a row's tail that is not a whole round goes 8 values at a
 // time. The sum's order is a lane's values in order, whatever the rounds.
 #define ROUND 8u
 template <typename C>
 __device__ void gemv(const typename C::T *__restrict__ x, const typename C::T *__restrict__ w,
                      typename C::T *__restrict__ y, unsigned int n_out, unsigned int k,
-                     unsigned int batched) {
+                     unsigned int batched, unsigned int glu) {
     const unsigned int lane = threadIdx.x % 32;
-    const unsigned int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (n >= n_out) return;
-    const typename C::T *wrow = w + (size_t)n * k;
+    const RowOf at = row_of(n_out, glu);
     float acc = 0.f;
-    // Without `batched` the whole row goes the tail's way (the first kernel's loop, to compare).
-    const unsigned int rounds = batched ? k / (256 * ROUND) : 0;
-    for (unsigned int r = 0; r < rounds; ++r) {
-        const unsigned int base = r * 256 * ROUND + lane * 8;
-        Raw8 wr[ROUND], xr[ROUND];
-        #pragma unroll
-        for (unsigned int u = 0; u < ROUND; ++u) {
-            wr[u] = C::raw8(wrow + base + u * 256);
-            xr[u] = C::raw8(x + base + u * 256);
+    if (at.valid) {
+        const typename C::T *wrow = w + (size_t)at.n * k;
+        // Without `batched` the whole row goes the tail's way (the first kernel's loop, to
+        // compare).
+        const unsigned int rounds = batched ? k / (256 * ROUND) : 0;
+        for (unsigned int r = 0; r < rounds; ++r) {
+            const unsigned int base = r * 256 * ROUND + lane * 8;
+            Raw8 wr[ROUND], xr[ROUND];
+            #pragma unroll
+            for (unsigned int u = 0; u < ROUND; ++u) {
+                wr[u] = C::raw8(wrow + base + u * 256);
+                xr[u] = C::raw8(x + base + u * 256);
+            }
+            #pragma unroll
+            for (unsigned int u = 0; u < ROUND; ++u) {
+                float wf[8], xf[8];
+                C::cvt8(wr[u], wf);
+                C::cvt8(xr[u], xf);
+                float s = 0.f;
+                #pragma unroll
+                for (int j = 0; j < 8; ++j) s += wf[j] * xf[j];
+                acc += s;
+            }
         }
-        #pragma unroll
-        for (unsigned int u = 0; u < ROUND; ++u) {
+        for (unsigned int k0 = rounds * 256 * ROUND + lane * 8; k0 < k; k0 += 256) {
             float wf[8], xf[8];
-            C::cvt8(wr[u], wf);
-            C::cvt8(xr[u], xf);
+            C::load8(wrow + k0, wf);
+            C::load8(x + k0, xf);
             float s = 0.f;
             #pragma unroll
             for (int j = 0; j < 8; ++j) s += wf[j] * xf[j];
             acc += s;
         }
     }
-    for (unsigned int k0 = rounds * 256 * ROUND + lane * 8; k0 < k; k0 += 256) {
-        float wf[8], xf[8];
-        C::load8(wrow + k0, wf);
-        C::load8(x + k0, xf);
-        float s = 0.f;
-        #pragma unroll
-        for (int j = 0; j < 8; ++j) s += wf[j] * xf[j];
-        acc += s;
-    }
-    #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) y[n] = C::store(acc);
+    row_end<C>(acc, y, at, glu);
 }
 
-// The same for Q8_0 weights (blocks of 34 bytes: an f16 scale, then 32 int8). A warp copies 32
-// blocks of its row (1,088 bytes) into shared memory in coalesced 16-byte loads, then each lane
-// takes one block from there. Needs k % 256 == 0 (16-byte aligned rows, whole loads).
+// The same for Q8_0 weights (blocks of 34 bytes: an f16 scale, then 32 int8). A warp copies
+// STAGE blocks of its row (2,176 bytes) into shared memory in coalesced 16-byte loads, then each
+// lane takes blocks lane and lane + 32 from there; the inputs those blocks meet are loaded with
+// the weights, before the copy waits, so that one round trip to memory serves a stage (a row of
+// 2,048 is one stage). A lane's sum takes its blocks in order, as with stages of 32. Needs
+// k % 256 == 0 (16-byte aligned rows, whole loads).
+#define STAGE 64u
+#define STAGE_WORDS (STAGE * 34u / 16u)
 template <typename C>
 __device__ void gemv_q8_0(const typename C::T *__restrict__ x,
                           const unsigned char *__restrict__ w, typename C::T *__restrict__ y,
-                          unsigned int n_out, unsigned int k) {
-    __shared__ uint4 stage[4][68];
+                          unsigned int n_out, unsigned int k, unsigned int glu) {
+    __shared__ uint4 stage[4][STAGE_WORDS];
     const unsigned int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const unsigned int n = blockIdx.x * 4 + warp;
-    if (n >= n_out) return;
-    const unsigned int nblk = k / 32;
-    const uint4 *row = (const uint4 *)(w + (size_t)n * nblk * 34);
-    const unsigned short *blk =
-        (const unsigned short *)((const unsigned char *)stage[warp] + lane * 34);
+    const RowOf at = row_of(n_out, glu);
     float acc = 0.f;
-    for (unsigned int c0 = 0; c0 < nblk; c0 += 32) {
-        const unsigned int nb = min(32u, nblk - c0);
-        const unsigned int words = nb * 34 / 16;
-        const uint4 *src = row + (size_t)c0 * 34 / 16;
-        #pragma unroll
-        for (unsigned int i = 0; i < 3; ++i) {
-            const unsigned int wd = lane + 32 * i;
-            if (wd < words) stage[warp][wd] = src[wd];
-        }
-        __syncwarp();
-        if (lane < nb) {
-            const float d = F16::load(blk[0]);
-            const typename C::T *xb = x + (c0 + lane) * 32;
-            float s = 0.f;
+    if (at.valid) {
+        const unsigned int nblk = k / 32;
+        const uint4 *row = (const uint4 *)(w + (size_t)at.n * nblk * 34);
+        for (unsigned int c0 = 0; c0 < nblk; c0 += STAGE) {
+            const unsigned int nb = min(STAGE, nblk - c0);
+            const unsigned int words = nb * 34 / 16;
+            const uint4 *src = row + (size_t)c0 * 34 / 16;
+            uint4 wv[(STAGE_WORDS + 31) / 32];
             #pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                float xf[8];
-                C::load8(xb + c * 8, xf);
-                #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const unsigned short u = blk[1 + c * 4 + i];
-                    s += (float)(signed char)(u & 0xffu) * xf[2 * i];
-                    s += (float)(signed char)(u >> 8) * xf[2 * i + 1];
-                }
+            for (unsigned int i = 0; i < (STAGE_WORDS + 31) / 32; ++i) {
+                const unsigned int wd = lane + 32 * i;
+                if (wd < words) wv[i] = src[wd];
             }
-            acc += d * s;
+            Raw8 xr[2][4];
+            #pragma unroll
+            for (unsigned int h = 0; h < 2; ++h)
+                if (lane + 32 * h < nb) {
+                    #pragma unroll
+                    for (int c = 0; c < 4; ++c)
+                        xr[h][c] = C::raw8(x + (c0 + lane + 32 * h) * 32 + c * 8);
+                }
+            #pragma unroll
+            for (unsigned int i = 0; i < (STAGE_WORDS + 31) / 32; ++i) {
+                const unsigned int wd = lane + 32 * i;
+                if (wd < words) stage[warp][wd] = wv[i];
+            }
+            __syncwarp();
+            #pragma unroll
+            for (unsigned int h = 0; h < 2; ++h)
+                if (lane + 32 * h < nb) {
+                    const unsigned short *blk = (const unsigned short *)(
+                        (const unsigned char *)stage[warp] + (lane + 32 * h) * 34);
+                    const float d = F16::load(blk[0]);
+                    float s = 0.f;
+                    #pragma unroll
+                    for (int c = 0; c < 4; ++c) {
+                        float xf[8];
+                        C::cvt8(xr[h][c], xf);
+                        #pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            const unsigned short u = blk[1 + c * 4 + i];
+                            s += (float)(signed char)(u & 0xffu) * xf[2 * i];
+                            s += (float)(signed char)(u >> 8) * xf[2 * i + 1];
+                        }
+                    }
+                    acc += d * s;
+                }
+            __syncwarp();
         }
-        __syncwarp();
     }
-    #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) y[n] = C::store(acc);
+    row_end<C>(acc, y, at, glu);
 }
 
 // `__launch_bounds__(128, 1)` lets ptxas spend the registers a round's loads need (it otherwise
@@ -345,13 +435,15 @@ __device__ void gemv_q8_0(const typename C::T *__restrict__ x,
 extern "C" __global__ void __launch_bounds__(128, 1) NAME(const C::T *x, const C::T *w,      \
                                                           C::T *y, unsigned int n_out,       \
                                                           unsigned int k,                    \
-                                                          unsigned int batched) {            \
-    gemv<C>(x, w, y, n_out, k, batched);                                                      \
+                                                          unsigned int batched,              \
+                                                          unsigned int glu) {                \
+    gemv<C>(x, w, y, n_out, k, batched, glu);                                                 \
 }
 #define GEMV_Q8(NAME, C)                                                                      \
-extern "C" __global__ void NAME(const C::T *x, unsigned long long w, C::T *y,                \
-                                unsigned int n_out, unsigned int k, unsigned int) {           \
-    gemv_q8_0<C>(x, (const unsigned char *)w, y, n_out, k);                                   \
+extern "C" __global__ void __launch_bounds__(128, 1) NAME(const C::T *x, unsigned long long w,\
+                                C::T *y, unsigned int n_out, unsigned int k, unsigned int,    \
+                                unsigned int glu) {                                           \
+    gemv_q8_0<C>(x, (const unsigned char *)w, y, n_out, k, glu);                              \
 }
 GEMV(gemv_f32, F32)
 GEMV(gemv_f16, F16)

@@ -59,6 +59,7 @@ impl CandleModel {
                         scale: self.attn_scale,
                         window: self.m.layers[il].window.unwrap_or(0),
                         tiled: self.first_kernels,
+                        min_chunk: self.decode_chunk,
                     };
                     outs.push(op.run(&q.narrow(0, g.first, b)?, k, v)?);
                     continue;

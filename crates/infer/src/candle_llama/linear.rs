@@ -5,6 +5,7 @@
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Module, Tensor};
 
+use crate::gemv::{Gemv, GemvQ8, GluAct};
 use crate::Error;
 
 /// A weight matrix: quantized (candle's quantized matmul, which takes f32 rows) or dense in the
@@ -50,18 +51,35 @@ impl Linear {
     pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor, Error> {
         let kernels = self.rows != RowProduct::Cublas;
         Ok(match &self.w {
-            QMatMul::Tensor(w) if kernels && crate::gemv::Gemv::fits(x, w) => {
+            QMatMul::Tensor(w) if kernels && Gemv::fits(x, w) => {
                 let rounds = self.rows == RowProduct::Rounds;
-                crate::gemv::Gemv { rounds }.run(x, w)?
+                Gemv { rounds, glu: None }.run(x, w)?
             }
-            QMatMul::QTensor(w) if kernels && crate::gemv::GemvQ8::fits(x, w) => {
-                crate::gemv::GemvQ8 { w }.run(x)?
+            QMatMul::QTensor(w) if kernels && GemvQ8::fits(x, w) => {
+                GemvQ8 { w, glu: None }.run(x)?
             }
             QMatMul::QTensor(_) if x.dtype() != DType::F32 => self
                 .w
                 .forward(&x.to_dtype(DType::F32)?)?
                 .to_dtype(x.dtype())?,
             w => w.forward(x)?,
+        })
+    }
+
+    /// `act(gate) * up` of `x`'s one row through this fused `[gate; up]` matrix, in the one-row
+    /// kernel's last step, where that kernel takes `x`; `None` where it does not.
+    pub(super) fn forward_glu(&self, x: &Tensor, act: GluAct) -> Result<Option<Tensor>, Error> {
+        if self.rows == RowProduct::Cublas {
+            return Ok(None);
+        }
+        let glu = Some(act);
+        Ok(match &self.w {
+            QMatMul::Tensor(w) if Gemv::fits(x, w) => {
+                let rounds = self.rows == RowProduct::Rounds;
+                Some(Gemv { rounds, glu }.run(x, w)?)
+            }
+            QMatMul::QTensor(w) if GemvQ8::fits(x, w) => Some(GemvQ8 { w, glu }.run(x)?),
+            _ => None,
         })
     }
 

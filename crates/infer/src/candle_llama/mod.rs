@@ -27,6 +27,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::attn::{RopeScaling, RopeStyle};
 use crate::config::{GpuTuning, KvPrecision};
 use crate::device_kv::{Pool, SharedPool};
+use crate::gemv::GluAct;
 use crate::gguf::{Activation, Hparams};
 use crate::model::{Backend, Step};
 use crate::sequence::{Cache, Maker, Sequence};
@@ -182,6 +183,11 @@ pub(crate) struct CandleModel {
     /// The first decode attention and add-norm kernels, to compare
     /// ([`GpuTuning::first_kernels`]).
     first_kernels: bool,
+    /// The decode attention's fewest positions a split ([`GpuTuning::decode_chunk`]).
+    decode_chunk: usize,
+    /// The gated MLP's activation in the one-row gate/up product's last step, unless
+    /// [`GpuTuning::separate_glu`].
+    glu_in_product: bool,
     /// Stamped on every sequence this model makes.
     maker: Maker,
     /// Decode steps captured as CUDA graphs (`graphs.rs`): on a GPU with the fused kernels and
@@ -225,6 +231,8 @@ impl CandleModel {
             direct_decode: false,
             fused: false,
             first_kernels: false,
+            decode_chunk: 0,
+            glu_in_product: false,
             maker: Maker::new(),
             #[cfg(feature = "cuda")]
             graphs: None,
@@ -277,6 +285,8 @@ impl CandleModel {
             && !gpu.gathered_attention;
         self.fused = on_gpu && !gpu.unfused;
         self.first_kernels = gpu.first_kernels;
+        self.decode_chunk = gpu.decode_chunk;
+        self.glu_in_product = !gpu.separate_glu && !gpu.first_kernels;
         if self.fused {
             for l in &mut self.m.layers {
                 l.fuse()?;
@@ -436,7 +446,16 @@ impl CandleModel {
             let gelu = matches!(self.m.activation, Activation::GeluTanh);
             let act = match &layer.gate_up {
                 GateUp::Fused(w) if self.fused => {
-                    crate::fused::Glu { gelu }.run(&w.forward(&h)?)?
+                    let act = if gelu { GluAct::Gelu } else { GluAct::Silu };
+                    let in_product = if self.glu_in_product {
+                        w.forward_glu(&h, act)?
+                    } else {
+                        None
+                    };
+                    match in_product {
+                        Some(act) => act,
+                        None => crate::fused::Glu { gelu }.run(&w.forward(&h)?)?,
+                    }
                 }
                 _ => {
                     let (gate, up) = layer.gate_up.forward(&h)?;

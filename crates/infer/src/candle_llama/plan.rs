@@ -7,6 +7,7 @@
 use candle_core::{Device, Tensor};
 
 use super::CandleModel;
+use crate::decode_attn::DecodeAttention;
 use crate::device_kv::{self, BLOCK};
 use crate::model::Step;
 use crate::sequence::Cache;
@@ -319,8 +320,11 @@ impl CandleModel {
                 let b = members.len();
                 let keys = if direct {
                     blocks.extend(lens);
+                    // The kernel's split tickets, at 0 (its merging blocks leave them so).
+                    let len = DecodeAttention::meta_len(b, nb, self.hp.n_head_kv);
+                    blocks.resize(len, 0);
                     Keys::Direct {
-                        meta: Host::u32(blocks, &[b * (nb + 1)]),
+                        meta: Host::u32(blocks, &[len]),
                     }
                 } else {
                     let shape = [b, 1, 1, qr, t];

@@ -8,10 +8,12 @@
 //! leaves the chip. Heads of 64 or 128 values with up to 8 query heads a KV head take the
 //! register kernel: a position's slices go to 8 or 16 lanes, a round of K and V rows is loaded
 //! before any is used, and each thread keeps its positions' softmax in registers; a row of up to
-//! 256 positions is then one block. Other shapes take the first, tiled kernel (a thread scores a
-//! position, a tile's scores in shared memory). When a row's positions were split, a second
-//! small kernel merges the splits' partial sums. Compiled by NVRTC at first use (the source is
-//! `source.rs`), like the KV write kernel. The CPU keeps the general path.
+//! `chunk` positions go to a block, and the last block of a row's splits to finish merges their
+//! partial sums (a ticket counted in the table's tail), so a short row spreads over many
+//! multiprocessors with no second kernel. Other shapes take the first, tiled kernel (a thread
+//! scores a position, a tile's scores in shared memory), whose splits a second small kernel
+//! merges. Compiled by NVRTC at first use (the source is `source.rs`), like the KV write kernel.
+//! The CPU keeps the general path.
 
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 
@@ -24,7 +26,8 @@ mod source;
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // read by the CUDA launch
 pub(crate) struct DecodeAttention {
     /// u32 on the device: each row's `nb` block ids (row-major), then each row's length
-    /// (positions to attend, the new one included).
+    /// (positions to attend, the new one included), then `n_head_kv` zeros a row: the register
+    /// kernel's split tickets, which the merging block puts back to 0 ([`Self::meta_len`]).
     pub meta: Tensor,
     pub rows: usize,
     /// Blocks per row in `meta`.
@@ -38,6 +41,9 @@ pub(crate) struct DecodeAttention {
     /// The tiled kernel (a thread a position, splits merged by a second kernel) even where the
     /// register kernel takes the shape ([`crate::GpuTuning::first_kernels`], to compare).
     pub tiled: bool,
+    /// The fewest positions a split of the register kernel takes
+    /// ([`crate::GpuTuning::decode_chunk`]); 0 = [`VEC_MIN_CHUNK`].
+    pub min_chunk: usize,
 }
 
 /// The widest head the kernel takes (a thread keeps `group * head_dim / THREADS` outputs).
@@ -53,10 +59,10 @@ const TILE: usize = 128;
 /// about twice, so a short context is split into more pieces rather than leaving most idle.
 #[cfg(feature = "cuda")]
 const TARGET_BLOCKS: usize = 264;
-/// The fewest positions a split of the register kernel takes: a row this long or shorter is
-/// one split, with no merge kernel after it.
-#[cfg(feature = "cuda")]
-const VEC_MIN_CHUNK: usize = 256;
+/// The fewest positions a split of the register kernel takes by default: a row of 192
+/// positions (a bucket of 256) is 4 splits, each one round of a block's loads.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // read by the CUDA launch
+pub(crate) const VEC_MIN_CHUNK: usize = 64;
 /// Blocks of the table the register kernel stages in shared memory at a time (its `VEC_PIECE`).
 #[cfg(feature = "cuda")]
 const VEC_PIECE: usize = 64;
@@ -73,6 +79,12 @@ enum Variant {
 }
 
 impl DecodeAttention {
+    /// The table's length for `rows` rows of `nb` blocks over `n_head_kv` KV heads: block ids,
+    /// lengths, split tickets.
+    pub(crate) fn meta_len(rows: usize, nb: usize, n_head_kv: usize) -> usize {
+        rows * (nb + 1 + n_head_kv)
+    }
+
     /// Whether the kernel takes this shape (heads read as vectors of 8 values).
     pub(crate) fn fits(n_head: usize, n_head_kv: usize, head_dim: usize) -> bool {
         head_dim > 0
@@ -169,7 +181,7 @@ impl CustomOp3 for DecodeAttention {
         let pool_rows = ((k1 - k0) / kv_dim) as u32;
         let (meta, meta_len) =
             hearth_gpu::kernels::device_span(&self.meta, candle_core::DType::U32, what)?;
-        if meta_len != self.rows * (self.nb + 1) {
+        if meta_len != Self::meta_len(self.rows, self.nb, self.n_head_kv) {
             candle_core::bail!("decode attention: the block table has the wrong length")
         }
         if k0 % 8 != 0 || v0 % 8 != 0 {
@@ -179,7 +191,12 @@ impl CustomOp3 for DecodeAttention {
         let group = self.n_head / self.n_head_kv;
         // The register kernel where it takes the shape and Q is aligned for vector loads.
         let vector = self.vector_kernel().filter(|_| q0 % 8 == 0);
-        let (splits, chunk) = self.splits(if vector.is_some() { VEC_MIN_CHUNK } else { 0 });
+        let min_chunk = match (vector, self.min_chunk) {
+            (None, _) => 0,
+            (Some(_), 0) => VEC_MIN_CHUNK,
+            (Some(_), n) => n,
+        };
+        let (splits, chunk) = self.splits(min_chunk);
         let shared = match vector {
             // Each warp's merged state (max, sum and the head's outputs for every query head of
             // the group), then a piece of the block table.
@@ -249,9 +266,10 @@ impl CustomOp3 for DecodeAttention {
                 // SAFETY: the kernel reads `rows * n_head * head_dim` values of q, pool rows
                 // below `pool_rows` (block ids are checked against it) and `rows * (nb + 1)`
                 // table entries; it writes `n` values of `out` (one split) or the
-                // `rows * n_head * splits` partial sums (several).
+                // `rows * n_head * splits` partial sums (several), and the register kernel the
+                // `rows * n_head_kv` tickets after them, then `out`.
                 unsafe { b.launch(cfg) }.w()?;
-                if splits > 1 {
+                if splits > 1 && vector.is_none() {
                     let merge = dev.get_or_load_custom_func(
                         concat!($kernel, "_combine"),
                         "hearth_decode_attention",

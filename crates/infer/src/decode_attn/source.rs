@@ -188,11 +188,12 @@ __device__ void decode_attn_combine(const float *__restrict__ part_o,
 // dot products summed by shuffles; each thread keeps the online softmax of its own positions
 // (maximum, sum and 8 outputs for every query head) in registers; at the end the positions of a
 // warp merge by shuffles and the warps through shared memory, and the block writes `out` (one
-// split) or its partial sums for `decode_attn_combine` (several). The block table is staged in
+// split) or its partial sums (several), which the last of the row's splits to finish merges into
+// `out` itself (no second kernel). The block table is staged in
 // shared memory, VEC_PIECE blocks at a time, so that a round waits on one load, not two.
 template <typename C, unsigned int L, unsigned int GMAX, unsigned int R>
 __device__ void decode_attn_vec(const typename C::T *q, const typename C::T *k,
-                                const typename C::T *v, const unsigned int *meta,
+                                const typename C::T *v, unsigned int *meta,
                                 typename C::T *out, float *part_o, float *part_ml,
                                 unsigned int nb, unsigned int n_head, unsigned int group,
                                 unsigned int kv_dim, unsigned int pool_rows,
@@ -363,11 +364,42 @@ __device__ void decode_attn_vec(const typename C::T *q, const typename C::T *k,
             }
         }
     }
+    if (splits == 1) return;
+    // The last of the (row, KV head)'s splits to finish merges them all, in split order
+    // (whichever block that is, the sums are the same). Its ticket is the row's counter after
+    // the block table and the lengths; it puts the counter back to 0 for the next call.
+    __shared__ unsigned int last;
+    __threadfence();  // this block's partial sums are visible before its ticket is taken
+    __syncthreads();
+    unsigned int *count = meta + (size_t)rows * (nb + 1) + (size_t)r * gridDim.x + kvh;
+    if (tid == 0) last = atomicAdd(count, 1u) == splits - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (unsigned int j = tid; j < group * hd; j += blockDim.x) {
+        const size_t head = head0 + j / hd;
+        const unsigned int d = j % hd;
+        const float *ml = part_ml + head * splits * 2;
+        float mx = neg_inf;
+        for (unsigned int t = 0; t < splits; ++t)
+            if (__ldcg(ml + 2 * t + 1) > 0.f) mx = fmaxf(mx, __ldcg(ml + 2 * t));
+        float total = 0.f, acc = 0.f;
+        for (unsigned int t = 0; t < splits; ++t) {
+            const float lt = __ldcg(ml + 2 * t + 1);
+            if (lt > 0.f) {
+                const float c = __expf(__ldcg(ml + 2 * t) - mx);
+                total += lt * c;
+                acc += __ldcg(part_o + (head * splits + t) * hd + d) * c;
+            }
+        }
+        out[head * hd + d] = C::store(total > 0.f ? acc / total : 0.f);
+    }
+    if (tid == 0) *count = 0u;
 }
 
 #define DECODE_ATTN_VEC(NAME, C, L, G, R)                                                     \
 extern "C" __global__ void __launch_bounds__(256) NAME(const C::T *q, const C::T *k,         \
-    const C::T *v, const unsigned int *meta, C::T *out, float *part_o, float *part_ml,        \
+    const C::T *v, unsigned int *meta, C::T *out, float *part_o, float *part_ml,              \
     unsigned int nb, unsigned int n_head, unsigned int group, unsigned int hd,                \
     unsigned int kv_dim, unsigned int pool_rows, unsigned int window, unsigned int chunk,     \
     float scale) {                                                                            \
