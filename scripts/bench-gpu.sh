@@ -28,9 +28,9 @@
 #      and 64 concurrent streams of 128 tokens; SIGTERM last.
 #   2. bench_device on the same shape (random f16 weights made on the GPU): prefill of 128-token
 #      prompts and 64 decode steps at 1, 8, 32 and 64 streams; then with the decode attention as
-#      one split a row up to 256 positions and the gated activation a kernel of its own
-#      (HEARTH_DECODE_CHUNK=256 HEARTH_GLU=separate), the activation alone, and splits of 32
-#      and 128 positions; then (not SHORT) the first kernels and cuBLAS with a fixed workspace;
+#      one split a row up to 256 positions and the products' epilogues (gated activation, RoPE
+#      and KV write) kernels of their own (HEARTH_DECODE_CHUNK=256 HEARTH_EPILOGUES=off), the
+#      epilogues alone, and splits of 32 and 128 positions; then (not SHORT) the first kernels and cuBLAS with a fixed workspace;
 #      then the same with every decode
 #      step launched kernel by kernel (HEARTH_CUDA_GRAPHS=off), and from there, at 1 and 32
 #      streams, with cuBLAS for the few-row matrix products (HEARTH_GEMV=off), with the fused
@@ -231,13 +231,13 @@ run() {
     echo "== 2. bench_device: now; then without each of this issue's changes in turn"
     local shape=(--vocab 49152 --streams 1,8,32,64)
     timeout 90 "$bin/bench_device" --device cuda "${shape[@]}" 2>&1 | tag hearth | tee -a "$out/text.jsonl"
-    # The decode attention's splits merged in the kernel and the gated activation in the
-    # gate/up product's last step, off together (a row of up to 256 positions one block, as
-    # before them) and the activation alone; then other split sizes.
-    HEARTH_DECODE_CHUNK=256 HEARTH_GLU=separate timeout 60 "$bin/bench_device" --device cuda \
+    # The decode attention's splits merged in the kernel and the products' epilogues (the
+    # gated activation, RoPE with the KV write), off together (a row of up to 256 positions one
+    # block, as before them) and the epilogues alone; then other split sizes.
+    HEARTH_DECODE_CHUNK=256 HEARTH_EPILOGUES=off timeout 60 "$bin/bench_device" --device cuda \
         --vocab 49152 --streams 1,8,32 2>&1 | tag hearth-one-split | tee -a "$out/text.jsonl"
-    HEARTH_GLU=separate timeout 60 "$bin/bench_device" --device cuda --vocab 49152 --streams 1 \
-        2>&1 | tag hearth-separate-glu | tee -a "$out/text.jsonl"
+    HEARTH_EPILOGUES=off timeout 60 "$bin/bench_device" --device cuda --vocab 49152 --streams 1 \
+        2>&1 | tag hearth-separate-epilogues | tee -a "$out/text.jsonl"
     for c in 32 128; do
         HEARTH_DECODE_CHUNK=$c timeout 60 "$bin/bench_device" --device cuda --vocab 49152 \
             --streams 1,32 2>&1 | tag "hearth-chunk-$c" | tee -a "$out/text.jsonl"

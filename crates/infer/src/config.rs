@@ -176,9 +176,10 @@ pub struct GpuTuning {
     /// (`HEARTH_DECODE_CHUNK=N`, a multiple of 16), to measure the split; 0 = the kernel's
     /// default.
     pub decode_chunk: usize,
-    /// The gated MLP's activation as a kernel of its own after a one-row gate/up product, not
-    /// in that product's last step (`HEARTH_GLU=separate`).
-    pub separate_glu: bool,
+    /// The gated MLP's activation, and RoPE with the KV write, as kernels of their own after the
+    /// one-row gate/up and Q/K/V products, not in those products' last step
+    /// (`HEARTH_EPILOGUES=off`).
+    pub separate_epilogues: bool,
 }
 
 impl GpuTuning {
@@ -198,7 +199,7 @@ impl GpuTuning {
                 .and_then(|v| v.parse::<usize>().ok())
                 .filter(|n| n.is_multiple_of(16))
                 .unwrap_or(0),
-            separate_glu: is("HEARTH_GLU", "separate"),
+            separate_epilogues: is("HEARTH_EPILOGUES", "off"),
         }
     }
 }
@@ -325,7 +326,7 @@ mod tests {
             ("HEARTH_CUDA_GRAPHS", "off"),
             ("HEARTH_STEP_KERNELS", "first"),
             ("HEARTH_DECODE_CHUNK", "256"),
-            ("HEARTH_GLU", "separate"),
+            ("HEARTH_EPILOGUES", "off"),
         ]));
         assert!(
             all_off.candle_device
@@ -336,7 +337,7 @@ mod tests {
                 && all_off.no_graphs
                 && all_off.first_kernels
                 && all_off.decode_chunk == 256
-                && all_off.separate_glu
+                && all_off.separate_epilogues
         );
         let other_values = GpuTuning::from_vars(vars(&[
             ("HEARTH_CUDA_EVENTS", "1"),
@@ -345,7 +346,7 @@ mod tests {
             ("HEARTH_CUDA_GRAPHS", "no"),
             ("HEARTH_STEP_KERNELS", "tiled"),
             ("HEARTH_DECODE_CHUNK", "100"),
-            ("HEARTH_GLU", "fused"),
+            ("HEARTH_EPILOGUES", "separate"),
         ]));
         assert_eq!(other_values, GpuTuning::default());
     }

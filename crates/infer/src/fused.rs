@@ -38,6 +38,49 @@ impl RopeKv<'_> {
     pub(crate) fn run(&self, qkv: &Tensor) -> Result<Tensor, Error> {
         Ok(qkv.contiguous()?.apply_op1_no_bwd(self)?)
     }
+
+    /// For a kernel that does this for `rows` rows: the addresses of cos, sin, the pool rows and
+    /// the K and V pools, and the shape arguments (rows, n_head, n_kv, head_dim, pool rows,
+    /// interleaved), the tensors checked against `rows`. The other tensors go in as addresses.
+    /// The pools are written through them: the model holds the pool's lock for the whole step,
+    /// and nothing reads a pool but this stream's later launches.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn launch_args(&self, rows: usize) -> candle_core::Result<([u64; 5], [u32; 6])> {
+        use candle_core::DType;
+        let act = self.cos.dtype();
+        let mut ptrs = [0u64; 5];
+        let mut lens = [0usize; 5];
+        for (i, (t, dtype)) in [
+            (self.cos, act),
+            (self.sin, act),
+            (self.write_at, DType::U32),
+            (self.pool_k, act),
+            (self.pool_v, act),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            (ptrs[i], lens[i]) = hearth_gpu::kernels::device_span(t, dtype, "rope-kv")?;
+        }
+        let (hd, kvd) = (self.head_dim, self.n_kv * self.head_dim);
+        if lens[0] != rows * hd / 2
+            || lens[1] != rows * hd / 2
+            || lens[2] != rows
+            || !lens[3].is_multiple_of(kvd)
+            || lens[3] != lens[4]
+        {
+            candle_core::bail!("rope-kv: shapes do not match")
+        }
+        let args = [
+            rows as u32,
+            self.n_head as u32,
+            self.n_kv as u32,
+            hd as u32,
+            (lens[3] / kvd) as u32,
+            self.interleaved as u32,
+        ];
+        Ok((ptrs, args))
+    }
 }
 
 /// `act(gate) * up` of `[rows, 2 ff]` (`gate` the first half of each row): `[rows, ff]`.
@@ -119,44 +162,10 @@ impl CustomOp1 for RopeKv<'_> {
         }
         let rows = (x1 - x0) / width;
         let dev = qkv.device.clone();
-        // The other tensors go in as addresses. The pools are written through them: the model
-        // holds the pool's lock for the whole step, and nothing reads a pool but this stream's
-        // later launches.
         let act = self.cos.dtype();
-        let mut ptrs = [0u64; 5];
-        let mut lens = [0usize; 5];
-        for (i, (t, dtype)) in [
-            (self.cos, act),
-            (self.sin, act),
-            (self.write_at, DType::U32),
-            (self.pool_k, act),
-            (self.pool_v, act),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            (ptrs[i], lens[i]) = hearth_gpu::kernels::device_span(t, dtype, what)?;
-        }
-        let kvd = nkv * hd;
-        if lens[0] != rows * hd / 2
-            || lens[1] != rows * hd / 2
-            || lens[2] != rows
-            || !lens[3].is_multiple_of(kvd)
-            || lens[3] != lens[4]
-        {
-            candle_core::bail!("rope-kv: shapes do not match")
-        }
-        let pool_rows = (lens[3] / kvd) as u32;
+        let (ptrs, args) = self.launch_args(rows)?;
         let slots = rows * (nh + 2 * nkv) * hd / 2;
         let cfg = LaunchConfig::for_num_elems(slots.max(1) as u32);
-        let args = [
-            rows as u32,
-            nh as u32,
-            nkv as u32,
-            hd as u32,
-            pool_rows,
-            self.interleaved as u32,
-        ];
         let n = rows * nh * hd;
         macro_rules! launch {
             ($x:expr, $ty:ty, $kernel:literal) => {{

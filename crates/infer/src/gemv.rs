@@ -3,7 +3,7 @@
 //! by memory. A warp takes one output column: its lanes stream the weight row in 16-byte loads,
 //! all in flight at once for a row of 2,048, multiply them by the input row (read through the
 //! cache, where it stays), and reduce across the warp. Q8_0 weights are read as the GGUF stores
-//! them (half the bytes of f16; a warp first stages 64 of its row's 34-byte blocks in shared
+//! them (half the bytes of f16; a warp first stages 32 of its row's 34-byte blocks in shared
 //! memory, since a block is only 2-byte aligned), with no cast of the input to f32 and back as
 //! candle's quantized product needs. Two or more rows go to cuBLAS (dense) or candle's quantized
 //! product: measured on an H200, this kernel at 8 rows was half cuBLAS's speed (the input rows'
@@ -20,7 +20,7 @@ use crate::Error;
 
 /// A warp per output column, 4 warps a block (the Q8_0 kernel's shared staging assumes 4).
 #[cfg(feature = "cuda")]
-fn config(n: usize) -> candle_core::cuda_backend::cudarc::driver::LaunchConfig {
+pub(crate) fn config(n: usize) -> candle_core::cuda_backend::cudarc::driver::LaunchConfig {
     let warps = 4u32;
     candle_core::cuda_backend::cudarc::driver::LaunchConfig {
         grid_dim: ((n as u32).div_ceil(warps), 1, 1),
@@ -316,113 +316,152 @@ __device__ __forceinline__ void row_end(float acc, typename C::T *__restrict__ y
 // latency before the next is issued); a row's tail that is not a whole round goes 8 values at a
 // time. The sum's order is a lane's values in order, whatever the rounds.
 #define ROUND 8u
+// A lane's part of the sum of row `wrow` against x (k values).
 template <typename C>
-__device__ void gemv(const typename C::T *__restrict__ x, const typename C::T *__restrict__ w,
-                     typename C::T *__restrict__ y, unsigned int n_out, unsigned int k,
-                     unsigned int batched, unsigned int glu) {
+__device__ __forceinline__ float gemv_sum(const typename C::T *__restrict__ x,
+                                          const typename C::T *__restrict__ wrow,
+                                          unsigned int k, unsigned int batched) {
     const unsigned int lane = threadIdx.x % 32;
-    const RowOf at = row_of(n_out, glu);
     float acc = 0.f;
-    if (at.valid) {
-        const typename C::T *wrow = w + (size_t)at.n * k;
-        // Without `batched` the whole row goes the tail's way (the first kernel's loop, to
-        // compare).
-        const unsigned int rounds = batched ? k / (256 * ROUND) : 0;
-        for (unsigned int r = 0; r < rounds; ++r) {
-            const unsigned int base = r * 256 * ROUND + lane * 8;
-            Raw8 wr[ROUND], xr[ROUND];
-            #pragma unroll
-            for (unsigned int u = 0; u < ROUND; ++u) {
-                wr[u] = C::raw8(wrow + base + u * 256);
-                xr[u] = C::raw8(x + base + u * 256);
-            }
-            #pragma unroll
-            for (unsigned int u = 0; u < ROUND; ++u) {
-                float wf[8], xf[8];
-                C::cvt8(wr[u], wf);
-                C::cvt8(xr[u], xf);
-                float s = 0.f;
-                #pragma unroll
-                for (int j = 0; j < 8; ++j) s += wf[j] * xf[j];
-                acc += s;
-            }
+    // Without `batched` the whole row goes the tail's way (the first kernel's loop, to
+    // compare).
+    const unsigned int rounds = batched ? k / (256 * ROUND) : 0;
+    for (unsigned int r = 0; r < rounds; ++r) {
+        const unsigned int base = r * 256 * ROUND + lane * 8;
+        Raw8 wr[ROUND], xr[ROUND];
+        #pragma unroll
+        for (unsigned int u = 0; u < ROUND; ++u) {
+            wr[u] = C::raw8(wrow + base + u * 256);
+            xr[u] = C::raw8(x + base + u * 256);
         }
-        for (unsigned int k0 = rounds * 256 * ROUND + lane * 8; k0 < k; k0 += 256) {
+        #pragma unroll
+        for (unsigned int u = 0; u < ROUND; ++u) {
             float wf[8], xf[8];
-            C::load8(wrow + k0, wf);
-            C::load8(x + k0, xf);
+            C::cvt8(wr[u], wf);
+            C::cvt8(xr[u], xf);
             float s = 0.f;
             #pragma unroll
             for (int j = 0; j < 8; ++j) s += wf[j] * xf[j];
             acc += s;
         }
     }
+    for (unsigned int k0 = rounds * 256 * ROUND + lane * 8; k0 < k; k0 += 256) {
+        float wf[8], xf[8];
+        C::load8(wrow + k0, wf);
+        C::load8(x + k0, xf);
+        float s = 0.f;
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) s += wf[j] * xf[j];
+        acc += s;
+    }
+    return acc;
+}
+
+template <typename C>
+__device__ void gemv(const typename C::T *__restrict__ x, const typename C::T *__restrict__ w,
+                     typename C::T *__restrict__ y, unsigned int n_out, unsigned int k,
+                     unsigned int batched, unsigned int glu) {
+    const RowOf at = row_of(n_out, glu);
+    const float acc = at.valid ? gemv_sum<C>(x, w + (size_t)at.n * k, k, batched) : 0.f;
     row_end<C>(acc, y, at, glu);
 }
 
-// The same for Q8_0 weights (blocks of 34 bytes: an f16 scale, then 32 int8). A warp copies
-// STAGE blocks of its row (2,176 bytes) into shared memory in coalesced 16-byte loads, then each
-// lane takes blocks lane and lane + 32 from there; the inputs those blocks meet are loaded with
-// the weights, before the copy waits, so that one round trip to memory serves a stage (a row of
-// 2,048 is one stage). A lane's sum takes its blocks in order, as with stages of 32. Needs
-// k % 256 == 0 (16-byte aligned rows, whole loads).
-#define STAGE 64u
-#define STAGE_WORDS (STAGE * 34u / 16u)
+// The fused [q; k; v] product of one row with RoPE and the KV write as its last step (what
+// `hearth-rope-kv` does after the product, a launch saved): warps 2 i and 2 i + 1 of block b
+// take the two rows of rotated pair P = 2 b + i (head h = P / (hd / 2); rows 2 p and 2 p + 1 of
+// the head interleaved, p and p + hd / 2 otherwise), each product rounded to T first, as that
+// kernel reads them. Q goes to `q` (n_head * hd), K rotated and V as it is to pool row `at[0]`
+// (left out where that row is outside the pool).
+template <typename C>
+__device__ void gemv_rope(const typename C::T *__restrict__ x,
+                          const typename C::T *__restrict__ w, typename C::T *__restrict__ q,
+                          unsigned int k, unsigned int batched, const typename C::T *cos_,
+                          const typename C::T *sin_, const unsigned int *at,
+                          typename C::T *pool_k, typename C::T *pool_v, unsigned int n_head,
+                          unsigned int n_kv, unsigned int hd, unsigned int pool_rows,
+                          unsigned int interleaved) {
+    const unsigned int lane = threadIdx.x % 32, warp = threadIdx.x / 32, half = hd / 2;
+    const unsigned int pair = blockIdx.x * 2 + warp / 2;
+    const unsigned int h = pair / half, i = pair % half;
+    const unsigned int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+    const bool valid = pair < (n_head + 2 * n_kv) * half;
+    float acc = 0.f;
+    if (valid) acc = gemv_sum<C>(x, w + ((size_t)h * hd + (warp % 2 ? b : a)) * k, k, batched);
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    __shared__ float two[4];
+    if (lane == 0) two[warp] = C::load(C::store(acc));
+    __syncthreads();
+    if (lane != 0 || warp % 2 != 0 || !valid) return;
+    const float x0 = two[warp], x1 = two[warp + 1];
+    const size_t kvd = (size_t)n_kv * hd;
+    const unsigned int row = at[0];
+    if (h >= n_head + n_kv) {
+        if (row < pool_rows) {
+            typename C::T *o = pool_v + row * kvd + (size_t)(h - n_head - n_kv) * hd;
+            o[a] = C::store(x0);
+            o[b] = C::store(x1);
+        }
+        return;
+    }
+    const float c = C::load(cos_[i]), sn = C::load(sin_[i]);
+    const float y0 = x0 * c - x1 * sn, y1 = x1 * c + x0 * sn;
+    typename C::T *o;
+    if (h < n_head) {
+        o = q + (size_t)h * hd;
+    } else {
+        if (row >= pool_rows) return;
+        o = pool_k + row * kvd + (size_t)(h - n_head) * hd;
+    }
+    o[a] = C::store(y0);
+    o[b] = C::store(y1);
+}
+
+// The same for Q8_0 weights (blocks of 34 bytes: an f16 scale, then 32 int8). A warp copies 32
+// blocks of its row (1,088 bytes) into shared memory in coalesced 16-byte loads, then each lane
+// takes one block from there. Needs k % 256 == 0 (16-byte aligned rows, whole loads). (Stages of
+// 64 blocks with the inputs loaded beside the weights, under `__launch_bounds__(128, 1)`, were
+// slower on an H200: 733 tok/s against 794 at one stream on the 1.1B Q8_0 file.)
 template <typename C>
 __device__ void gemv_q8_0(const typename C::T *__restrict__ x,
                           const unsigned char *__restrict__ w, typename C::T *__restrict__ y,
                           unsigned int n_out, unsigned int k, unsigned int glu) {
-    __shared__ uint4 stage[4][STAGE_WORDS];
+    __shared__ uint4 stage[4][68];
     const unsigned int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const RowOf at = row_of(n_out, glu);
     float acc = 0.f;
     if (at.valid) {
         const unsigned int nblk = k / 32;
         const uint4 *row = (const uint4 *)(w + (size_t)at.n * nblk * 34);
-        for (unsigned int c0 = 0; c0 < nblk; c0 += STAGE) {
-            const unsigned int nb = min(STAGE, nblk - c0);
+        const unsigned short *blk =
+            (const unsigned short *)((const unsigned char *)stage[warp] + lane * 34);
+        for (unsigned int c0 = 0; c0 < nblk; c0 += 32) {
+            const unsigned int nb = min(32u, nblk - c0);
             const unsigned int words = nb * 34 / 16;
             const uint4 *src = row + (size_t)c0 * 34 / 16;
-            uint4 wv[(STAGE_WORDS + 31) / 32];
             #pragma unroll
-            for (unsigned int i = 0; i < (STAGE_WORDS + 31) / 32; ++i) {
+            for (unsigned int i = 0; i < 3; ++i) {
                 const unsigned int wd = lane + 32 * i;
-                if (wd < words) wv[i] = src[wd];
-            }
-            Raw8 xr[2][4];
-            #pragma unroll
-            for (unsigned int h = 0; h < 2; ++h)
-                if (lane + 32 * h < nb) {
-                    #pragma unroll
-                    for (int c = 0; c < 4; ++c)
-                        xr[h][c] = C::raw8(x + (c0 + lane + 32 * h) * 32 + c * 8);
-                }
-            #pragma unroll
-            for (unsigned int i = 0; i < (STAGE_WORDS + 31) / 32; ++i) {
-                const unsigned int wd = lane + 32 * i;
-                if (wd < words) stage[warp][wd] = wv[i];
+                if (wd < words) stage[warp][wd] = src[wd];
             }
             __syncwarp();
-            #pragma unroll
-            for (unsigned int h = 0; h < 2; ++h)
-                if (lane + 32 * h < nb) {
-                    const unsigned short *blk = (const unsigned short *)(
-                        (const unsigned char *)stage[warp] + (lane + 32 * h) * 34);
-                    const float d = F16::load(blk[0]);
-                    float s = 0.f;
+            if (lane < nb) {
+                const float d = F16::load(blk[0]);
+                const typename C::T *xb = x + (c0 + lane) * 32;
+                float s = 0.f;
+                #pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    float xf[8];
+                    C::load8(xb + c * 8, xf);
                     #pragma unroll
-                    for (int c = 0; c < 4; ++c) {
-                        float xf[8];
-                        C::cvt8(xr[h][c], xf);
-                        #pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            const unsigned short u = blk[1 + c * 4 + i];
-                            s += (float)(signed char)(u & 0xffu) * xf[2 * i];
-                            s += (float)(signed char)(u >> 8) * xf[2 * i + 1];
-                        }
+                    for (int i = 0; i < 4; ++i) {
+                        const unsigned short u = blk[1 + c * 4 + i];
+                        s += (float)(signed char)(u & 0xffu) * xf[2 * i];
+                        s += (float)(signed char)(u >> 8) * xf[2 * i + 1];
                     }
-                    acc += d * s;
                 }
+                acc += d * s;
+            }
             __syncwarp();
         }
     }
@@ -440,11 +479,24 @@ extern "C" __global__ void __launch_bounds__(128, 1) NAME(const C::T *x, const C
     gemv<C>(x, w, y, n_out, k, batched, glu);                                                 \
 }
 #define GEMV_Q8(NAME, C)                                                                      \
-extern "C" __global__ void __launch_bounds__(128, 1) NAME(const C::T *x, unsigned long long w,\
-                                C::T *y, unsigned int n_out, unsigned int k, unsigned int,    \
+extern "C" __global__ void NAME(const C::T *x, unsigned long long w, C::T *y,                \
+                                unsigned int n_out, unsigned int k, unsigned int,             \
                                 unsigned int glu) {                                           \
     gemv_q8_0<C>(x, (const unsigned char *)w, y, n_out, k, glu);                              \
 }
+#define GEMV_ROPE(NAME, C)                                                                    \
+extern "C" __global__ void __launch_bounds__(128, 1) NAME(const C::T *x, const C::T *w,      \
+    C::T *q, unsigned int k, unsigned int batched, unsigned long long cos_,                   \
+    unsigned long long sin_, unsigned long long at, unsigned long long pool_k,               \
+    unsigned long long pool_v, unsigned int rows, unsigned int n_head, unsigned int n_kv,    \
+    unsigned int hd, unsigned int pool_rows, unsigned int interleaved) {                     \
+    gemv_rope<C>(x, w, q, k, batched, (const C::T *)cos_, (const C::T *)sin_,                \
+                 (const unsigned int *)at, (C::T *)pool_k, (C::T *)pool_v, n_head, n_kv, hd,  \
+                 pool_rows, interleaved);                                                     \
+}
+GEMV_ROPE(gemv_rope_f32, F32)
+GEMV_ROPE(gemv_rope_f16, F16)
+GEMV_ROPE(gemv_rope_bf16, BF16)
 GEMV(gemv_f32, F32)
 GEMV(gemv_f16, F16)
 GEMV(gemv_bf16, BF16)
@@ -455,7 +507,7 @@ GEMV_Q8(gemv_q8_0_bf16, BF16)
 
 /// The kernels' PTX, compiled once per process.
 #[cfg(feature = "cuda")]
-fn ptx() -> candle_core::Result<&'static str> {
+pub(crate) fn ptx() -> candle_core::Result<&'static str> {
     static PTX: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
     hearth_gpu::kernels::compile(&PTX, "one-row matrix", SOURCE)
 }

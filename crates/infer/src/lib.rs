@@ -20,6 +20,7 @@ mod embed;
 mod fast;
 mod fused;
 mod gemv;
+mod gemv_rope;
 pub(crate) mod gguf;
 pub mod hub;
 mod kv;

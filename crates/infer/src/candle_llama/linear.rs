@@ -83,6 +83,25 @@ impl Linear {
         })
     }
 
+    /// Rotated Q of `x`'s one row through this fused dense `[q; k; v]` matrix, with `rope`'s
+    /// rotation and KV write in the one-row kernel's last step, where that kernel takes `x`;
+    /// `None` where it does not.
+    pub(super) fn forward_rope(
+        &self,
+        x: &Tensor,
+        rope: &crate::fused::RopeKv<'_>,
+    ) -> Result<Option<Tensor>, Error> {
+        let rounds = match self.rows {
+            RowProduct::Cublas => return Ok(None),
+            rows => rows == RowProduct::Rounds,
+        };
+        let op = crate::gemv_rope::GemvRope { rounds, rope };
+        Ok(match &self.w {
+            QMatMul::Tensor(w) if op.fits(x, w) => Some(op.run(x, w)?),
+            _ => None,
+        })
+    }
+
     pub(super) fn convert(&mut self, dtype: DType, rows: RowProduct) -> Result<(), Error> {
         if let QMatMul::Tensor(w) | QMatMul::TensorF16(w) = &self.w {
             self.w = QMatMul::Tensor(w.to_dtype(dtype)?);

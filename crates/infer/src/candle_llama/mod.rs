@@ -185,9 +185,9 @@ pub(crate) struct CandleModel {
     first_kernels: bool,
     /// The decode attention's fewest positions a split ([`GpuTuning::decode_chunk`]).
     decode_chunk: usize,
-    /// The gated MLP's activation in the one-row gate/up product's last step, unless
-    /// [`GpuTuning::separate_glu`].
-    glu_in_product: bool,
+    /// The gated MLP's activation, and RoPE with the KV write, in the last step of the one-row
+    /// gate/up and Q/K/V products, unless [`GpuTuning::separate_epilogues`].
+    epilogues: bool,
     /// Stamped on every sequence this model makes.
     maker: Maker,
     /// Decode steps captured as CUDA graphs (`graphs.rs`): on a GPU with the fused kernels and
@@ -232,7 +232,7 @@ impl CandleModel {
             fused: false,
             first_kernels: false,
             decode_chunk: 0,
-            glu_in_product: false,
+            epilogues: false,
             maker: Maker::new(),
             #[cfg(feature = "cuda")]
             graphs: None,
@@ -286,7 +286,7 @@ impl CandleModel {
         self.fused = on_gpu && !gpu.unfused;
         self.first_kernels = gpu.first_kernels;
         self.decode_chunk = gpu.decode_chunk;
-        self.glu_in_product = !gpu.separate_glu && !gpu.first_kernels;
+        self.epilogues = !gpu.separate_epilogues && !gpu.first_kernels;
         if self.fused {
             for l in &mut self.m.layers {
                 l.fuse()?;
@@ -420,7 +420,7 @@ impl CandleModel {
             let q = match &layer.qkv {
                 Qkv::Fused(w) if self.fused && layer.plain_attention_inputs() => {
                     let (pool_k, pool_v) = pool.layer(il);
-                    crate::fused::RopeKv {
+                    let rope = crate::fused::RopeKv {
                         cos: &cs.0,
                         sin: &cs.1,
                         write_at: &plan.write_at,
@@ -430,8 +430,16 @@ impl CandleModel {
                         n_kv: hp.n_head_kv,
                         head_dim: hd,
                         interleaved: matches!(self.m.rope, RopeStyle::Interleaved),
+                    };
+                    let in_product = if self.epilogues {
+                        w.forward_rope(&h, &rope)?
+                    } else {
+                        None
+                    };
+                    match in_product {
+                        Some(q) => q,
+                        None => rope.run(&w.forward(&h)?)?,
                     }
-                    .run(&w.forward(&h)?)?
                 }
                 _ => self.project_rope_write(il, layer, &h, cs, plan, pool)?,
             };
@@ -447,7 +455,7 @@ impl CandleModel {
             let act = match &layer.gate_up {
                 GateUp::Fused(w) if self.fused => {
                     let act = if gelu { GluAct::Gelu } else { GluAct::Silu };
-                    let in_product = if self.glu_in_product {
+                    let in_product = if self.epilogues {
                         w.forward_glu(&h, act)?
                     } else {
                         None

@@ -228,11 +228,21 @@ __device__ void decode_attn_vec(const typename C::T *q, const typename C::T *k,
             for (int j = 0; j < 8; ++j) qf[g][j] *= scale;
         }
     }
+    // The split's first piece of the table is staged while the row's length is still on its
+    // way (the split starts at a whole block, whatever the length), so that the K and V loads
+    // wait on one round trip, not two. A window that starts later stages again.
+    unsigned int staged = s * chunk / 16;
+    for (unsigned int i = tid; i < VEC_PIECE && staged + i < nb; i += blockDim.x)
+        ids[i] = blocks[staged + i];
+    __syncthreads();
     for (unsigned int pb = lo / 16; pb * 16 < hi; pb += VEC_PIECE) {
-        __syncthreads();  // the previous piece's readers are done
-        for (unsigned int i = tid; i < VEC_PIECE && pb + i < nb; i += blockDim.x)
-            ids[i] = blocks[pb + i];
-        __syncthreads();
+        if (pb != staged) {
+            __syncthreads();  // the previous piece's readers are done
+            for (unsigned int i = tid; i < VEC_PIECE && pb + i < nb; i += blockDim.x)
+                ids[i] = blocks[pb + i];
+            __syncthreads();
+            staged = pb;
+        }
         const unsigned int plo = max(lo, pb * 16), phi = min(hi, (pb + VEC_PIECE) * 16);
         for (unsigned int p0 = plo; p0 < phi; p0 += R * per_pass) {
             float kf[R][8], vf[R][8];
@@ -376,20 +386,37 @@ __device__ void decode_attn_vec(const typename C::T *q, const typename C::T *k,
     __syncthreads();
     if (!last) return;
     __threadfence();
+    // A thread per (head, dimension): the splits' maxima, sums and partial outputs are loaded 8
+    // splits at a time, all in flight together (one round trip for up to 8 splits), and merged
+    // in split order with a running maximum.
     for (unsigned int j = tid; j < group * hd; j += blockDim.x) {
         const size_t head = head0 + j / hd;
         const unsigned int d = j % hd;
         const float *ml = part_ml + head * splits * 2;
-        float mx = neg_inf;
-        for (unsigned int t = 0; t < splits; ++t)
-            if (__ldcg(ml + 2 * t + 1) > 0.f) mx = fmaxf(mx, __ldcg(ml + 2 * t));
-        float total = 0.f, acc = 0.f;
-        for (unsigned int t = 0; t < splits; ++t) {
-            const float lt = __ldcg(ml + 2 * t + 1);
-            if (lt > 0.f) {
-                const float c = __expf(__ldcg(ml + 2 * t) - mx);
-                total += lt * c;
-                acc += __ldcg(part_o + (head * splits + t) * hd + d) * c;
+        const float *po = part_o + head * splits * hd + d;
+        float mx = neg_inf, total = 0.f, acc = 0.f;
+        for (unsigned int t0 = 0; t0 < splits; t0 += 8) {
+            float mv[8], lv[8], pv[8];
+            #pragma unroll
+            for (unsigned int u = 0; u < 8; ++u) {
+                lv[u] = 0.f;
+                if (t0 + u < splits) {
+                    mv[u] = __ldcg(ml + 2 * (t0 + u));
+                    lv[u] = __ldcg(ml + 2 * (t0 + u) + 1);
+                    pv[u] = __ldcg(po + (size_t)(t0 + u) * hd);
+                }
+            }
+            #pragma unroll
+            for (unsigned int u = 0; u < 8; ++u) {
+                // An empty split (sum 0) is skipped.
+                if (lv[u] > 0.f) {
+                    const float mn = fmaxf(mx, mv[u]);
+                    const float ca = mx == neg_inf ? 0.f : __expf(mx - mn);
+                    const float cb = __expf(mv[u] - mn);
+                    total = total * ca + lv[u] * cb;
+                    acc = acc * ca + pv[u] * cb;
+                    mx = mn;
+                }
             }
         }
         out[head * hd + d] = C::store(total > 0.f ? acc / total : 0.f);
