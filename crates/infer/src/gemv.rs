@@ -77,6 +77,34 @@ macro_rules! launch_row {
     }};
 }
 
+/// The element ranges of `x` `[1, k]` and a dense `w` `[n, k]` for the dense one-row kernels,
+/// checked (contiguous, one row, widths of whole 8-value vectors aligned for 16-byte loads):
+/// `(x0, x1, w0, w1, n, k)`.
+#[cfg(feature = "cuda")]
+pub(crate) fn dense_spans(
+    l_x: &Layout,
+    l_w: &Layout,
+    what: &str,
+) -> candle_core::Result<(usize, usize, usize, usize, usize, usize)> {
+    let ((x0, x1), (w0, w1)) = (
+        hearth_gpu::kernels::contiguous(l_x, what)?,
+        hearth_gpu::kernels::contiguous(l_w, what)?,
+    );
+    let (rows, k) = l_x.shape().dims2()?;
+    let (n, wk) = l_w.shape().dims2()?;
+    if wk != k
+        || !k.is_multiple_of(8)
+        || rows != 1
+        || x1 - x0 != k
+        || w1 - w0 != n * k
+        || x0 % 8 != 0
+        || w0 % 8 != 0
+    {
+        candle_core::bail!("{what}: shapes or alignment do not fit the kernel")
+    }
+    Ok((x0, x1, w0, w1, n, k))
+}
+
 /// `x @ w.T` for `x` `[1, k]` and a dense `w` `[n, k]`.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // read by the CUDA launch
 pub(crate) struct Gemv {
@@ -137,22 +165,9 @@ impl CustomOp2 for Gemv {
         use candle_core::cuda_backend::{CudaStorageSlice as S, WrapErr};
 
         let what = "one-row matrix product";
-        let ((x0, x1), (w0, w1)) = (
-            hearth_gpu::kernels::contiguous(l_x, what)?,
-            hearth_gpu::kernels::contiguous(l_w, what)?,
-        );
-        let (rows, k) = l_x.shape().dims2()?;
-        let (n, wk) = l_w.shape().dims2()?;
-        if wk != k
-            || !k.is_multiple_of(8)
-            || rows != 1
-            || x1 - x0 != k
-            || w1 - w0 != n * k
-            || x0 % 8 != 0
-            || w0 % 8 != 0
-            || (self.glu.is_some() && !n.is_multiple_of(2))
-        {
-            candle_core::bail!("{what}: shapes or alignment do not fit the kernel")
+        let (x0, x1, w0, w1, n, k) = dense_spans(l_x, l_w, what)?;
+        if self.glu.is_some() && !n.is_multiple_of(2) {
+            candle_core::bail!("{what}: [gate; up] has an odd number of rows")
         }
         let dev = x.device.clone();
         let rounds = u32::from(self.rounds);

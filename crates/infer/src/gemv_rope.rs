@@ -64,24 +64,10 @@ impl CustomOp2 for GemvRope<'_> {
         use candle_core::cuda_backend::{CudaStorageSlice as S, WrapErr};
 
         let what = "one-row Q/K/V product with RoPE";
-        let ((x0, x1), (w0, w1)) = (
-            hearth_gpu::kernels::contiguous(l_x, what)?,
-            hearth_gpu::kernels::contiguous(l_w, what)?,
-        );
-        let (rows, k) = l_x.shape().dims2()?;
-        let (n, wk) = l_w.shape().dims2()?;
+        let (x0, x1, w0, w1, n, k) = crate::gemv::dense_spans(l_x, l_w, what)?;
         let (nh, nkv, hd) = (self.rope.n_head, self.rope.n_kv, self.rope.head_dim);
-        if wk != k
-            || !k.is_multiple_of(8)
-            || rows != 1
-            || x1 - x0 != k
-            || w1 - w0 != n * k
-            || x0 % 8 != 0
-            || w0 % 8 != 0
-            || n != (nh + 2 * nkv) * hd
-            || !hd.is_multiple_of(2)
-        {
-            candle_core::bail!("{what}: shapes or alignment do not fit the kernel")
+        if n != (nh + 2 * nkv) * hd || !hd.is_multiple_of(2) {
+            candle_core::bail!("{what}: the matrix is not the heads' fused [q; k; v]")
         }
         let (ptrs, args) = self.rope.launch_args(1)?;
         let dev = x.device.clone();

@@ -49,15 +49,10 @@ impl Linear {
     }
 
     pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor, Error> {
-        let kernels = self.rows != RowProduct::Cublas;
+        if let Some(y) = self.one_row(x, None)? {
+            return Ok(y);
+        }
         Ok(match &self.w {
-            QMatMul::Tensor(w) if kernels && Gemv::fits(x, w) => {
-                let rounds = self.rows == RowProduct::Rounds;
-                Gemv { rounds, glu: None }.run(x, w)?
-            }
-            QMatMul::QTensor(w) if kernels && GemvQ8::fits(x, w) => {
-                GemvQ8 { w, glu: None }.run(x)?
-            }
             QMatMul::QTensor(_) if x.dtype() != DType::F32 => self
                 .w
                 .forward(&x.to_dtype(DType::F32)?)?
@@ -69,15 +64,18 @@ impl Linear {
     /// `act(gate) * up` of `x`'s one row through this fused `[gate; up]` matrix, in the one-row
     /// kernel's last step, where that kernel takes `x`; `None` where it does not.
     pub(super) fn forward_glu(&self, x: &Tensor, act: GluAct) -> Result<Option<Tensor>, Error> {
-        if self.rows == RowProduct::Cublas {
-            return Ok(None);
-        }
-        let glu = Some(act);
+        self.one_row(x, Some(act))
+    }
+
+    /// `x @ w.T` (ending in the activation `glu`) through the one-row kernels, dense or Q8_0,
+    /// where they take `x` and `rows` does not say cuBLAS; `None` otherwise.
+    fn one_row(&self, x: &Tensor, glu: Option<GluAct>) -> Result<Option<Tensor>, Error> {
+        let rounds = match self.rows {
+            RowProduct::Cublas => return Ok(None),
+            rows => rows == RowProduct::Rounds,
+        };
         Ok(match &self.w {
-            QMatMul::Tensor(w) if Gemv::fits(x, w) => {
-                let rounds = self.rows == RowProduct::Rounds;
-                Some(Gemv { rounds, glu }.run(x, w)?)
-            }
+            QMatMul::Tensor(w) if Gemv::fits(x, w) => Some(Gemv { rounds, glu }.run(x, w)?),
             QMatMul::QTensor(w) if GemvQ8::fits(x, w) => Some(GemvQ8 { w, glu }.run(x)?),
             _ => None,
         })

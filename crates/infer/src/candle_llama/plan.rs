@@ -112,10 +112,11 @@ impl Host {
                 t.dims()
             )));
         }
-        Ok(match &self.values {
+        match &self.values {
             Values::U32(v) => hearth_gpu::kernels::write_host(t, v)?,
             Values::F32(v) => hearth_gpu::kernels::write_host(t, v)?,
-        })
+        }
+        Ok(())
     }
 }
 
