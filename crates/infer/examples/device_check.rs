@@ -12,7 +12,7 @@
 //!
 //! `device_check [--device cuda] [--dtype auto|f32|f16|bf16] [--prompt N] FILE.gguf...`: the
 //! teacher-forced run's prompt is N tokens (12 unless given; a long one takes the decode
-//! attention's splits of a row, merged by a second kernel).
+//! attention's splits of a row, merged by the last of their blocks).
 
 use std::process::ExitCode;
 

@@ -7,10 +7,10 @@
 //! heads that share it and keeps a running maximum and sum (the online softmax), so no score
 //! leaves the chip. Heads of 64 or 128 values with up to 8 query heads a KV head take the
 //! register kernel: a position's slices go to 8 or 16 lanes, a round of K and V rows is loaded
-//! before any is used, and each thread keeps its positions' softmax in registers; a row of up to
-//! `chunk` positions go to a block, and the last block of a row's splits to finish merges their
-//! partial sums (a ticket counted in the table's tail), so a short row spreads over many
-//! multiprocessors with no second kernel. Other shapes take the first, tiled kernel (a thread
+//! before any is used, and each thread keeps its positions' softmax in registers; a row's
+//! positions go to blocks `chunk` at a time, and the last block of a row's splits to finish
+//! merges their partial sums (a ticket counted in the table's tail), so a short row spreads over
+//! many multiprocessors with no second kernel. Other shapes take the first, tiled kernel (a thread
 //! scores a position, a tile's scores in shared memory), whose splits a second small kernel
 //! merges. Compiled by NVRTC at first use (the source is `source.rs`), like the KV write kernel.
 //! The CPU keeps the general path.

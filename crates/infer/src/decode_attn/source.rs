@@ -189,8 +189,8 @@ __device__ void decode_attn_combine(const float *__restrict__ part_o,
 // (maximum, sum and 8 outputs for every query head) in registers; at the end the positions of a
 // warp merge by shuffles and the warps through shared memory, and the block writes `out` (one
 // split) or its partial sums (several), which the last of the row's splits to finish merges into
-// `out` itself (no second kernel). The block table is staged in
-// shared memory, VEC_PIECE blocks at a time, so that a round waits on one load, not two.
+// `out` itself (no second kernel). The block table is staged in shared memory, VEC_PIECE blocks
+// at a time, so that a round waits on one load, not two.
 template <typename C, unsigned int L, unsigned int GMAX, unsigned int R>
 __device__ void decode_attn_vec(const typename C::T *q, const typename C::T *k,
                                 const typename C::T *v, unsigned int *meta,
