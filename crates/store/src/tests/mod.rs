@@ -69,14 +69,24 @@ impl TestDb {
         self.open_as(initial, "node-a").await
     }
 
-    /// Opens the store as node `node_id`.
+    /// Opens the store as node `node_id`. A sled folder whose last handle this test just
+    /// dropped can stay locked for a moment (sled's background writes still hold its files), so
+    /// a reopen waits up to two seconds for the lock.
     pub(crate) async fn open_as(&self, initial: &str, node_id: &str) -> Store {
         let options = StoreOptions {
             initial_balance: d(initial),
             node_id: node_id.into(),
             ..StoreOptions::default()
         };
-        Store::open_at(&self.location, options).await.unwrap()
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            match Store::open_at(&self.location, options.clone()).await {
+                Err(Error::Locked { .. }) if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await
+                }
+                opened => return opened.unwrap(),
+            }
+        }
     }
 
     /// `n` handles on the data: one shared handle for sled (one process), `n` connections as
