@@ -3,7 +3,8 @@
 //! NVRTC needs nothing but itself), compiling a source once per process, and reading a tensor's
 //! place in its storage. The kernels: `hearth-infer`'s `decode_attn/`, `fused.rs`, `gemv.rs`
 //! and `kv_write.rs` (raw copies between the KV pool and a step's tensors); `hearth-imagine`'s
-//! `layers/cuda.rs`.
+//! `layers/cuda.rs`. The prelude also owns the rules two kernels of a step share: the gated
+//! MLP's activation (`glu_act`) and RoPE's pairs and where they go (`rope_dims`, `rope_place`).
 
 /// Conversions between the stored dtypes and f32: `C::load(x)` and `C::store(f)` for `C` one of
 /// `F32`, `F16`, `BF16` (whose `C::T` is the stored type), and `C::load8(p, f)` for eight values
@@ -107,6 +108,54 @@ struct BF16 {
 __device__ __forceinline__ float glu_act(float g, bool gelu) {
     return gelu ? 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)))
                 : g / (1.0f + __expf(-g));
+}
+// The dimensions of a head that RoPE's pair i rotates together: 2 i and 2 i + 1 (GGUF's llama
+// layout, `interleaved`), else i and i + hd / 2.
+struct RopeDims {
+    unsigned int a, b;
+};
+__device__ __forceinline__ RopeDims rope_dims(unsigned int i, unsigned int hd,
+                                              unsigned int interleaved) {
+    RopeDims d;
+    d.a = interleaved ? 2 * i : i;
+    d.b = interleaved ? 2 * i + 1 : i + hd / 2;
+    return d;
+}
+// RoPE's last step for one pair of head h of the fused [q; k; v] projection (`xa`, `xb` its
+// values at dimensions `d`): Q heads rotated by the pair's angle (`cs`, `sn`: its cos and sin)
+// into `q_row`, K heads rotated and V heads as they are into pool row `*row` (left out where
+// that row is outside the pool's `pool_rows`).
+template <typename C>
+__device__ __forceinline__ void rope_place(typename C::T xa, typename C::T xb, RopeDims d,
+                                           const typename C::T *cs, const typename C::T *sn,
+                                           unsigned int h, typename C::T *q_row,
+                                           typename C::T *pool_k, typename C::T *pool_v,
+                                           const unsigned int *row, unsigned int n_head,
+                                           unsigned int n_kv, unsigned int hd,
+                                           unsigned int pool_rows) {
+    const unsigned int kvd = n_kv * hd;
+    if (h >= n_head + n_kv) {
+        const unsigned int r = *row;
+        if (r < pool_rows) {
+            typename C::T *o = pool_v + (size_t)r * kvd + (size_t)(h - n_head - n_kv) * hd;
+            o[d.a] = xa;
+            o[d.b] = xb;
+        }
+        return;
+    }
+    const float x0 = C::load(xa), x1 = C::load(xb);
+    const float c = C::load(*cs), s = C::load(*sn);
+    const float y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
+    typename C::T *o;
+    if (h < n_head) {
+        o = q_row + (size_t)h * hd;
+    } else {
+        const unsigned int r = *row;
+        if (r >= pool_rows) return;
+        o = pool_k + (size_t)r * kvd + (size_t)(h - n_head) * hd;
+    }
+    o[d.a] = C::store(y0);
+    o[d.b] = C::store(y1);
 }
 "#;
 

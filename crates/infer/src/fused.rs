@@ -83,11 +83,19 @@ impl RopeKv<'_> {
     }
 }
 
+/// The gated MLP's activation of its gate (the prelude's `glu_act`); as a kernel argument, its
+/// value (the one-row products' `glu`, where 0 is none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GluAct {
+    Silu = 1,
+    /// GELU's tanh approximation.
+    Gelu = 2,
+}
+
 /// `act(gate) * up` of `[rows, 2 ff]` (`gate` the first half of each row): `[rows, ff]`.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // read by the CUDA launch
 pub(crate) struct Glu {
-    /// GELU (tanh approximation) rather than SiLU.
-    pub gelu: bool,
+    pub act: GluAct,
 }
 
 impl Glu {
@@ -227,7 +235,7 @@ impl CustomOp1 for Glu {
         let n = rows * ff;
         let dev = x.device.clone();
         let cfg = LaunchConfig::for_num_elems(n.max(1) as u32);
-        let (n32, ff32, gelu) = (n as u32, ff as u32, self.gelu as u32);
+        let (n32, ff32, gelu) = (n as u32, ff as u32, u32::from(self.act == GluAct::Gelu));
         macro_rules! launch {
             ($x:expr, $ty:ty, $kernel:literal) => {{
                 let func = dev.get_or_load_custom_func($kernel, "hearth_fused", ptx()?)?;
@@ -351,7 +359,7 @@ __device__ void rope_kv(const typename C::T *x, const typename C::T *cos_,
                         typename C::T *pool_k, typename C::T *pool_v, typename C::T *q,
                         unsigned int rows, unsigned int n_head, unsigned int n_kv,
                         unsigned int hd, unsigned int pool_rows, unsigned int interleaved) {
-    const unsigned int half = hd / 2, heads = n_head + 2 * n_kv, kvd = n_kv * hd;
+    const unsigned int half = hd / 2, heads = n_head + 2 * n_kv;
     const size_t width = (size_t)heads * hd;
     const size_t total = (size_t)rows * heads * half;
     for (size_t s = blockIdx.x * (size_t)blockDim.x + threadIdx.x; s < total;
@@ -361,29 +369,10 @@ __device__ void rope_kv(const typename C::T *x, const typename C::T *cos_,
         const unsigned int h = t % heads;
         const unsigned int r = t / heads;
         const typename C::T *xh = x + r * width + (size_t)h * hd;
-        const unsigned int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
-        if (h >= n_head + n_kv) {
-            const unsigned int row = at[r];
-            if (row < pool_rows) {
-                typename C::T *o = pool_v + (size_t)row * kvd + (size_t)(h - n_head - n_kv) * hd;
-                o[a] = xh[a];
-                o[b] = xh[b];
-            }
-            continue;
-        }
-        const float x0 = C::load(xh[a]), x1 = C::load(xh[b]);
-        const float c = C::load(cos_[(size_t)r * half + i]), sn = C::load(sin_[(size_t)r * half + i]);
-        const float y0 = x0 * c - x1 * sn, y1 = x1 * c + x0 * sn;
-        typename C::T *o;
-        if (h < n_head) {
-            o = q + ((size_t)r * n_head + h) * hd;
-        } else {
-            const unsigned int row = at[r];
-            if (row >= pool_rows) continue;
-            o = pool_k + (size_t)row * kvd + (size_t)(h - n_head) * hd;
-        }
-        o[a] = C::store(y0);
-        o[b] = C::store(y1);
+        const RopeDims d = rope_dims(i, hd, interleaved);
+        rope_place<C>(xh[d.a], xh[d.b], d, cos_ + (size_t)r * half + i,
+                      sin_ + (size_t)r * half + i, h, q + (size_t)r * n_head * hd, pool_k,
+                      pool_v, at + r, n_head, n_kv, hd, pool_rows);
     }
 }
 

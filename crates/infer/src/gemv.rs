@@ -16,6 +16,7 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 
+use crate::fused::GluAct;
 use crate::Error;
 
 /// A warp per output column, 4 warps a block (the Q8_0 kernel's shared staging assumes 4).
@@ -27,15 +28,6 @@ pub(crate) fn config(n: usize) -> candle_core::cuda_backend::cudarc::driver::Lau
         block_dim: (32 * warps, 1, 1),
         shared_mem_bytes: 0,
     }
-}
-
-/// The gated MLP's activation, applied in a one-row product's last step when its matrix is the
-/// fused `[gate; up]` (the kernels' `glu` argument): the output is `act(gate) * up`, half as
-/// wide, as [`crate::fused::Glu`] makes it from the product.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum GluAct {
-    Silu = 1,
-    Gelu = 2,
 }
 
 /// The outputs of a product of `n` weight rows, with the activation `glu` or none.
@@ -111,7 +103,8 @@ pub(crate) struct Gemv {
     /// A round of loads before their uses (else the first loop: each load used at once, to
     /// compare; [`crate::GpuTuning::first_kernels`]).
     pub rounds: bool,
-    /// `w` is `[gate; up]` and the output `act(gate) * up`.
+    /// `w` is `[gate; up]` and the output `act(gate) * up`, half as wide, as
+    /// [`crate::fused::Glu`] makes it from the product.
     pub glu: Option<GluAct>,
 }
 
@@ -305,23 +298,36 @@ __device__ __forceinline__ RowOf row_of(unsigned int n_out, unsigned int glu) {
     }
     return r;
 }
+// A warp's sum of its lanes' parts, in every lane.
+__device__ __forceinline__ float warp_sum(float acc) {
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    return acc;
+}
+// The block's four warp sums as a product stores them (rounded to T), in shared memory, where
+// the two warps of a pair (2 i, 2 i + 1) meet. Every thread of the block calls it (it
+// synchronises the block) with its warp's sum.
+template <typename C>
+__device__ __forceinline__ const typename C::T *pair_sums(float sum) {
+    __shared__ typename C::T sums[4];
+    if (threadIdx.x % 32 == 0) sums[threadIdx.x / 32] = C::store(sum);
+    __syncthreads();
+    return sums;
+}
 // `acc` is the lane's part of row `at`'s sum; every thread of the block calls this (it may
 // synchronise the block).
 template <typename C>
 __device__ __forceinline__ void row_end(float acc, typename C::T *__restrict__ y, RowOf at,
                                         unsigned int glu) {
-    #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    acc = warp_sum(acc);
     const unsigned int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     if (!glu) {
         if (lane == 0 && at.valid) y[at.n] = C::store(acc);
         return;
     }
-    __shared__ float pair[4];
-    if (lane == 0) pair[warp] = C::load(C::store(acc));
-    __syncthreads();
+    const typename C::T *two = pair_sums<C>(acc);
     if (lane == 0 && warp % 2 == 0 && at.valid)
-        y[at.j] = C::store(glu_act(pair[warp], glu == 2) * pair[warp + 1]);
+        y[at.j] = C::store(glu_act(C::load(two[warp]), glu == 2) * C::load(two[warp + 1]));
 }
 
 // Grid (ceil(n / 4)), 128 threads, a warp a row (`row_of`): y[n] = sum_k x[k] * w[n, k]. A lane
@@ -395,41 +401,18 @@ __device__ void gemv_rope(const typename C::T *__restrict__ x,
                           typename C::T *pool_k, typename C::T *pool_v, unsigned int n_head,
                           unsigned int n_kv, unsigned int hd, unsigned int pool_rows,
                           unsigned int interleaved) {
-    const unsigned int lane = threadIdx.x % 32, warp = threadIdx.x / 32, half = hd / 2;
+    const unsigned int warp = threadIdx.x / 32, half = hd / 2;
     const unsigned int pair = blockIdx.x * 2 + warp / 2;
     const unsigned int h = pair / half, i = pair % half;
-    const unsigned int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+    const RopeDims d = rope_dims(i, hd, interleaved);
     const bool valid = pair < (n_head + 2 * n_kv) * half;
     float acc = 0.f;
-    if (valid) acc = gemv_sum<C>(x, w + ((size_t)h * hd + (warp % 2 ? b : a)) * k, k, batched);
-    #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    __shared__ float two[4];
-    if (lane == 0) two[warp] = C::load(C::store(acc));
-    __syncthreads();
-    if (lane != 0 || warp % 2 != 0 || !valid) return;
-    const float x0 = two[warp], x1 = two[warp + 1];
-    const size_t kvd = (size_t)n_kv * hd;
-    const unsigned int row = at[0];
-    if (h >= n_head + n_kv) {
-        if (row < pool_rows) {
-            typename C::T *o = pool_v + row * kvd + (size_t)(h - n_head - n_kv) * hd;
-            o[a] = C::store(x0);
-            o[b] = C::store(x1);
-        }
-        return;
-    }
-    const float c = C::load(cos_[i]), sn = C::load(sin_[i]);
-    const float y0 = x0 * c - x1 * sn, y1 = x1 * c + x0 * sn;
-    typename C::T *o;
-    if (h < n_head) {
-        o = q + (size_t)h * hd;
-    } else {
-        if (row >= pool_rows) return;
-        o = pool_k + row * kvd + (size_t)(h - n_head) * hd;
-    }
-    o[a] = C::store(y0);
-    o[b] = C::store(y1);
+    if (valid)
+        acc = gemv_sum<C>(x, w + ((size_t)h * hd + (warp % 2 ? d.b : d.a)) * k, k, batched);
+    const typename C::T *two = pair_sums<C>(warp_sum(acc));
+    if (threadIdx.x % 32 != 0 || warp % 2 != 0 || !valid) return;
+    rope_place<C>(two[warp], two[warp + 1], d, cos_ + i, sin_ + i, h, q, pool_k, pool_v, at,
+                  n_head, n_kv, hd, pool_rows);
 }
 
 // The same for Q8_0 weights (blocks of 34 bytes: an f16 scale, then 32 int8). A warp copies 32

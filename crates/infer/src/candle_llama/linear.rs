@@ -5,7 +5,9 @@
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Module, Tensor};
 
-use crate::gemv::{Gemv, GemvQ8, GluAct};
+use crate::fused::{Glu, GluAct, RopeKv};
+use crate::gemv::{Gemv, GemvQ8};
+use crate::gemv_rope::GemvRope;
 use crate::Error;
 
 /// A weight matrix: quantized (candle's quantized matmul, which takes f32 rows) or dense in the
@@ -61,10 +63,21 @@ impl Linear {
         })
     }
 
-    /// `act(gate) * up` of `x`'s one row through this fused `[gate; up]` matrix, in the one-row
-    /// kernel's last step, where that kernel takes `x`; `None` where it does not.
-    pub(super) fn forward_glu(&self, x: &Tensor, act: GluAct) -> Result<Option<Tensor>, Error> {
-        self.one_row(x, Some(act))
+    /// `act(gate) * up` of `x` through this fused `[gate; up]` matrix: in the one-row kernel's
+    /// last step where that kernel takes `x` and `in_product` allows, else the product and then
+    /// [`Glu`]'s kernel.
+    pub(super) fn forward_glu(
+        &self,
+        x: &Tensor,
+        act: GluAct,
+        in_product: bool,
+    ) -> Result<Tensor, Error> {
+        if in_product {
+            if let Some(y) = self.one_row(x, Some(act))? {
+                return Ok(y);
+            }
+        }
+        Glu { act }.run(&self.forward(x)?)
     }
 
     /// `x @ w.T` (ending in the activation `glu`) through the one-row kernels, dense or Q8_0,
@@ -81,23 +94,25 @@ impl Linear {
         })
     }
 
-    /// Rotated Q of `x`'s one row through this fused dense `[q; k; v]` matrix, with `rope`'s
-    /// rotation and KV write in the one-row kernel's last step, where that kernel takes `x`;
-    /// `None` where it does not.
+    /// Rotated Q of `x` through this fused `[q; k; v]` matrix, with `rope`'s rotation and KV
+    /// write: in the one-row kernel's last step where that kernel takes `x` and `in_product`
+    /// allows, else the product and then [`RopeKv`]'s kernel.
     pub(super) fn forward_rope(
         &self,
         x: &Tensor,
-        rope: &crate::fused::RopeKv<'_>,
-    ) -> Result<Option<Tensor>, Error> {
-        let rounds = match self.rows {
-            RowProduct::Cublas => return Ok(None),
-            rows => rows == RowProduct::Rounds,
-        };
-        let op = crate::gemv_rope::GemvRope { rounds, rope };
-        Ok(match &self.w {
-            QMatMul::Tensor(w) if op.fits(x, w) => Some(op.run(x, w)?),
-            _ => None,
-        })
+        rope: &RopeKv<'_>,
+        in_product: bool,
+    ) -> Result<Tensor, Error> {
+        let rounds = self.rows == RowProduct::Rounds;
+        let op = GemvRope { rounds, rope };
+        match &self.w {
+            QMatMul::Tensor(w)
+                if in_product && self.rows != RowProduct::Cublas && op.fits(x, w) =>
+            {
+                op.run(x, w)
+            }
+            _ => rope.run(&self.forward(x)?),
+        }
     }
 
     pub(super) fn convert(&mut self, dtype: DType, rows: RowProduct) -> Result<(), Error> {

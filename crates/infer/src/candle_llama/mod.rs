@@ -27,7 +27,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::attn::{RopeScaling, RopeStyle};
 use crate::config::{GpuTuning, KvPrecision};
 use crate::device_kv::{Pool, SharedPool};
-use crate::gemv::GluAct;
+use crate::fused::GluAct;
 use crate::gguf::{Activation, Hparams};
 use crate::model::{Backend, Step};
 use crate::sequence::{Cache, Maker, Sequence};
@@ -431,15 +431,7 @@ impl CandleModel {
                         head_dim: hd,
                         interleaved: matches!(self.m.rope, RopeStyle::Interleaved),
                     };
-                    let in_product = if self.epilogues {
-                        w.forward_rope(&h, &rope)?
-                    } else {
-                        None
-                    };
-                    match in_product {
-                        Some(q) => q,
-                        None => rope.run(&w.forward(&h)?)?,
-                    }
+                    w.forward_rope(&h, &rope, self.epilogues)?
                 }
                 _ => self.project_rope_write(il, layer, &h, cs, plan, pool)?,
             };
@@ -455,15 +447,7 @@ impl CandleModel {
             let act = match &layer.gate_up {
                 GateUp::Fused(w) if self.fused => {
                     let act = if gelu { GluAct::Gelu } else { GluAct::Silu };
-                    let in_product = if self.epilogues {
-                        w.forward_glu(&h, act)?
-                    } else {
-                        None
-                    };
-                    match in_product {
-                        Some(act) => act,
-                        None => crate::fused::Glu { gelu }.run(&w.forward(&h)?)?,
-                    }
+                    w.forward_glu(&h, act, self.epilogues)?
                 }
                 _ => {
                     let (gate, up) = layer.gate_up.forward(&h)?;

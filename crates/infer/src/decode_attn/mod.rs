@@ -62,7 +62,7 @@ const TARGET_BLOCKS: usize = 264;
 /// The fewest positions a split of the register kernel takes by default: a row of 192
 /// positions (a bucket of 256) is 4 splits, each one round of a block's loads.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // read by the CUDA launch
-pub(crate) const VEC_MIN_CHUNK: usize = 64;
+const VEC_MIN_CHUNK: usize = 64;
 /// Blocks of the table the register kernel stages in shared memory at a time (its `VEC_PIECE`).
 #[cfg(feature = "cuda")]
 const VEC_PIECE: usize = 64;
