@@ -19,10 +19,10 @@ use crate::scores::{score_transposed, transpose16};
 
 /// Rows whose scores are held at once: their scratch (rows x heads x keys) stays in L2 next to
 /// the KV head's keys and values, and each key block is reused by rows x heads query heads.
-const ROW_TILE: usize = 16;
+pub(super) const ROW_TILE: usize = 16;
 
 /// Bytes of value rows summed as one block (L1-sized).
-const VALUE_BLOCK_BYTES: usize = 16 << 10;
+pub(super) const VALUE_BLOCK_BYTES: usize = 16 << 10;
 
 thread_local! {
     /// Per-thread scratch: the tile's scores, one widened key block and one value block.
@@ -211,39 +211,80 @@ unsafe fn tiles512<T: KvValue>(
             }
         }
         // The sum over V, a block of value rows at a time into every row's accumulators.
+        let sums = TileSums {
+            ranges: tile,
+            scores: scores.as_ptr(),
+            nmax,
+            heads,
+            hd,
+            out: outp.add(t0 * out_stride),
+            out_stride,
+        };
         let mut vb = lo;
         while vb < hi {
             let count = (hi - vb).min(value_keys);
-            let (base, vstride, first) = match T::as_f32(v) {
-                Some(v32) => (v32.as_ptr(), stride, 0),
+            match T::as_f32(v) {
+                Some(v32) => add_value_block(&sums, v32.as_ptr(), stride, 0, vb, count),
                 None => {
                     T::widen_rows(v, vb, count, stride, hd, vbuf);
-                    (vbuf.as_ptr(), hd, vb)
-                }
-            };
-            for (r, &(s, e)) in tile.iter().enumerate() {
-                let (a, b) = (vb.max(s), (vb + count).min(e));
-                if a >= b {
-                    continue;
-                }
-                let row_out = outp.add((t0 + r) * out_stride);
-                let weights = scores.as_ptr().add(r * heads * nmax + (a - s));
-                for c0 in (0..hd).step_by(64) {
-                    let values = base.add((a - first) * vstride + c0);
-                    let mut g0 = 0;
-                    while g0 < heads {
-                        let w = weights.add(g0 * nmax);
-                        let o = row_out.add(g0 * hd + c0);
-                        g0 += match heads - g0 {
-                            1 => sum_values::<1>(w, nmax, values, vstride, b - a, o, hd),
-                            2 => sum_values::<2>(w, nmax, values, vstride, b - a, o, hd),
-                            3 => sum_values::<3>(w, nmax, values, vstride, b - a, o, hd),
-                            _ => sum_values::<4>(w, nmax, values, vstride, b - a, o, hd),
-                        };
-                    }
+                    add_value_block(&sums, vbuf.as_ptr(), hd, vb, vb, count);
                 }
             }
             vb += count;
+        }
+    }
+}
+
+/// A tile of rows' softmax weights and outputs, as [`add_value_block`] reads and writes them.
+#[cfg(target_arch = "x86_64")]
+pub(super) struct TileSums<'a> {
+    /// The tile's rows' key ranges.
+    pub ranges: &'a [(usize, usize)],
+    /// Row `r`'s head `g`'s weight of key `j` at `scores[(r * heads + g) * nmax + j - start]`.
+    pub scores: *const f32,
+    pub nmax: usize,
+    pub heads: usize,
+    pub hd: usize,
+    /// Row `r`'s heads side by side at `out + r * out_stride`.
+    pub out: *mut f32,
+    pub out_stride: usize,
+}
+
+/// Adds to each row of the tile its weighted sum over value rows `vb..vb + count` that it
+/// attends (value row `j` at `base + (j - first) * vstride`, f32), 64 columns and up to four
+/// heads at a time: each column's keys in order, one fused multiply-add each, as [`attend`]
+/// sums them. `hd` is a multiple of 64; the caller checked every pointer's reach.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+pub(super) unsafe fn add_value_block(
+    t: &TileSums<'_>,
+    base: *const f32,
+    vstride: usize,
+    first: usize,
+    vb: usize,
+    count: usize,
+) {
+    let (heads, hd, nmax) = (t.heads, t.hd, t.nmax);
+    for (r, &(s, e)) in t.ranges.iter().enumerate() {
+        let (a, b) = (vb.max(s), (vb + count).min(e));
+        if a >= b {
+            continue;
+        }
+        let row_out = t.out.add(r * t.out_stride);
+        let weights = t.scores.add(r * heads * nmax + (a - s));
+        for c0 in (0..hd).step_by(64) {
+            let values = base.add((a - first) * vstride + c0);
+            let mut g0 = 0;
+            while g0 < heads {
+                let w = weights.add(g0 * nmax);
+                let o = row_out.add(g0 * hd + c0);
+                g0 += match heads - g0 {
+                    1 => sum_values::<1>(w, nmax, values, vstride, b - a, o, hd),
+                    2 => sum_values::<2>(w, nmax, values, vstride, b - a, o, hd),
+                    3 => sum_values::<3>(w, nmax, values, vstride, b - a, o, hd),
+                    _ => sum_values::<4>(w, nmax, values, vstride, b - a, o, hd),
+                };
+            }
         }
     }
 }

@@ -4,7 +4,8 @@
 //! - each query head is quantized to q8_0 blocks, exactly as the cache's keys were
 //!   (`quantize::q8_0_block`), and a key's score is the sum over its blocks of the integer dot
 //!   of the two blocks' quants times the product of their f16 scales (llama.cpp's
-//!   `vec_dot_q8_0_q8_0`, in its reference order), scaled;
+//!   `vec_dot_q8_0_q8_0`, in its reference order: the dot exact, one fused multiply-add a
+//!   block), scaled;
 //! - the softmax is the one of [`super::attend`] (maximum subtracted, weights kept in f32, as
 //!   llama.cpp's flash attention keeps them);
 //! - each value row is widened (`q * d`, in f32) and summed into every head of the group with
@@ -16,6 +17,8 @@
 use super::{softmax_in_place, RowRun, SCORES};
 use crate::ops::quantize::q8_0_block;
 
+#[cfg(target_arch = "x86_64")]
+mod rows;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 #[cfg(test)]
@@ -110,7 +113,8 @@ type QueryScratch<'a> = (&'a mut [i8], &'a mut [f32]);
 
 /// [`attend_q8`] for every row of `run` (its `f16_weights` does not apply: the weights stay
 /// f32, as in llama.cpp's flash attention): row `r`'s heads go to
-/// `out[r * out_stride..][..heads * hd]`.
+/// `out[r * out_stride..][..heads * hd]`. Rows are taken a tile at a time where this CPU has
+/// the kernels (`rows`), with each row's bits as alone.
 pub fn attend_rows_q8(
     run: &RowRun<'_>,
     k: Q8Values<'_>,
@@ -119,6 +123,10 @@ pub fn attend_rows_q8(
     out: &mut [f32],
     out_stride: usize,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if rows::takes(run, k, v, stride, out_stride) {
+        return rows::tiles_q8(run, k, v, stride, out, out_stride);
+    }
     let width = run.heads * run.hd;
     for (r, &(start, end)) in run.ranges.iter().enumerate() {
         let q = &run.q[r * run.q_stride..r * run.q_stride + width];
@@ -239,11 +247,11 @@ struct Q8Query<'a> {
     d: &'a [f32],
 }
 
-/// Scaled scores of one query head against keys `start..start + w.len()` (each `stride` apart).
-/// Per key, sixteen lanes each take the products of two neighbouring quants a block, times the
-/// product of the two blocks' scales, fused into the lane's sum in block order; the lanes then
-/// meet in `reduce16`'s tree. This is the AVX-512 kernel's arithmetic (one `madd` of the blocks'
-/// 16-bit quants per block), so both give the same bits.
+/// Scaled scores of one query head against keys `start..start + w.len()` (each `stride` apart):
+/// per key, each block's integer dot of the two blocks' quants (exact in i32, and in f32: at
+/// most 32 * 127² in size), times the product of the two blocks' scales, fused into the key's
+/// sum in block order; then scaled. llama.cpp's reference `vec_dot_q8_0_q8_0` order; the
+/// AVX-512 kernel ([`simd::KeyTile::score`]) gives the same bits.
 #[inline(always)]
 fn key_scores(
     q: &Q8Query<'_>,
@@ -256,17 +264,18 @@ fn key_scores(
 ) {
     for (s, j) in w.iter_mut().zip(start..) {
         let at = j * stride;
-        let mut acc = [0f32; 16];
+        let mut sum = 0f32;
         for (b, &dq) in q.d.iter().enumerate() {
             let d = kd[at / BLOCK + b].to_f32() * dq;
             let (kb, qb) = (&kq[at + b * BLOCK..][..BLOCK], &q.q[b * BLOCK..][..BLOCK]);
-            for (l, a) in acc.iter_mut().enumerate() {
-                let p = i32::from(kb[2 * l]) * i32::from(qb[2 * l])
-                    + i32::from(kb[2 * l + 1]) * i32::from(qb[2 * l + 1]);
-                *a = (p as f32).mul_add(d, *a);
-            }
+            let dot: i32 = kb
+                .iter()
+                .zip(qb)
+                .map(|(&x, &y)| i32::from(x) * i32::from(y))
+                .sum();
+            sum = (dot as f32).mul_add(d, sum);
         }
-        *s = super::reduce16(acc) * scale;
+        *s = sum * scale;
     }
 }
 

@@ -4,14 +4,9 @@
 use super::{Q8Query, BLOCK, MAX_GROUP, MAX_Q8_HEAD};
 use crate::scores::transpose16x16;
 
-/// [`super::key_scores`] for several query heads on AVX-512 (BW for the 16-bit products, F16C for the
-/// scales), sixteen keys at a time: the same bits. A tile's keys are widened to 16-bit quants and
-/// transposed once for all the heads, so that lane `i` of vector `l` of block `b` holds key
-/// `i`'s quants `2l` and `2l + 1`: one `madd` against a broadcast pair of the query's quants
-/// then gives lane `l`'s pair product of block `b` for all sixteen keys, fused into vector `l`
-/// with the keys' scales times the query's, in block order; and the sixteen vectors meet in
-/// `reduce16`'s tree (`l` and `l + 8`, then `+ 4`, `+ 2`, `+ 1`) as whole vectors. That is
-/// [`super::key_scores`]'s arithmetic lane for lane, without a horizontal sum per key.
+/// [`super::key_scores`] for several query heads on AVX-512 (BW for the 16-bit products, F16C
+/// for the scales), sixteen keys at a time, one key a lane: the same bits. Each tile of keys
+/// is built once ([`KeyTile`]) for all the heads.
 #[target_feature(enable = "avx512f,avx512bw,fma,f16c")]
 #[allow(unsafe_code)]
 pub(super) unsafe fn key_scores_512(
@@ -24,28 +19,77 @@ pub(super) unsafe fn key_scores_512(
     w: &mut [f32],
 ) {
     use std::arch::x86_64::*;
-    use std::mem::MaybeUninit;
     let blocks = queries[0].d.len();
     let n = w.len() / queries.len();
-    // Each query's quants widened to 16 bits: i32 `16 b + l` of query `h` holds quants 2l and
-    // 2l + 1 of block b, the pair `madd` multiplies, to broadcast. Only the written part is read.
-    let mut pairs = MaybeUninit::<[[i32; MAX_Q8_HEAD / 2]; MAX_GROUP]>::uninit();
-    let pairs = pairs.as_mut_ptr().cast::<i32>();
+    let mut pairs = [0i32; MAX_GROUP * MAX_Q8_HEAD / 2];
     for (h, qh) in queries.iter().enumerate() {
-        for b in 0..blocks {
-            let q16 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(qh.q.as_ptr().add(b * BLOCK).cast()));
-            _mm512_storeu_si512(pairs.add(h * MAX_Q8_HEAD / 2 + 16 * b).cast(), q16);
-        }
+        query_pairs(qh.q, &mut pairs[h * MAX_Q8_HEAD / 2..][..blocks * 16]);
     }
-    let (kp, dp) = (kq.as_ptr(), kd.as_ptr().cast::<u16>());
-    let mut tile: [MaybeUninit<__m512i>; MAX_Q8_HEAD / 2] =
-        [MaybeUninit::uninit(); MAX_Q8_HEAD / 2];
+    let mut tile = KeyTile::new();
     let mut done = 0;
     while done < n {
         let count = (n - done).min(16);
-        let first = start + done;
-        // The tile: per block, sixteen keys' 16-bit quants transposed, and the keys' scales.
-        let mut scales = [MaybeUninit::<__m512>::uninit(); MAX_Q8_HEAD / BLOCK];
+        tile.load(kq, kd, stride, start + done, count, blocks);
+        let mask = if count == 16 {
+            0xFFFF
+        } else {
+            (1u16 << count) - 1
+        };
+        for (h, qh) in queries.iter().enumerate() {
+            let out = tile.score(&pairs[h * MAX_Q8_HEAD / 2..], qh.d, scale);
+            _mm512_mask_storeu_ps(w.as_mut_ptr().add(h * n + done), mask, out);
+        }
+        done += count;
+    }
+}
+
+/// A query head's quants (whole blocks) widened to 16 bits, as [`KeyTile::score`] broadcasts
+/// them: i32 `16 b + l` holds quants `2l` and `2l + 1` of block `b`, the pair one `madd`
+/// multiplies. `pairs` holds 16 per block.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[allow(unsafe_code)]
+pub(super) unsafe fn query_pairs(q: &[i8], pairs: &mut [i32]) {
+    use std::arch::x86_64::*;
+    for (qb, pb) in q.chunks_exact(BLOCK).zip(pairs.chunks_exact_mut(16)) {
+        let q16 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(qb.as_ptr().cast()));
+        _mm512_storeu_si512(pb.as_mut_ptr().cast(), q16);
+    }
+}
+
+/// Sixteen keys as [`KeyTile::score`] reads them: per block, their quants widened to 16 bits
+/// and transposed (lane `i` of vector `l` holds key `i`'s quants `2l` and `2l + 1`), and their
+/// scales. Built once, then scored against any number of query heads.
+pub(super) struct KeyTile {
+    quants: [std::arch::x86_64::__m512i; MAX_Q8_HEAD / 2],
+    scales: [std::arch::x86_64::__m512; MAX_Q8_HEAD / BLOCK],
+}
+
+impl KeyTile {
+    #[target_feature(enable = "avx512f")]
+    #[allow(unsafe_code)]
+    pub(super) unsafe fn new() -> Self {
+        use std::arch::x86_64::*;
+        KeyTile {
+            quants: [_mm512_setzero_si512(); MAX_Q8_HEAD / 2],
+            scales: [_mm512_setzero_ps(); MAX_Q8_HEAD / BLOCK],
+        }
+    }
+
+    /// Keys `first..first + count` (`count` at most 16; the lanes past it zero), each of
+    /// `blocks` blocks, `stride` values apart. The caller checked every read lies in `kq`/`kd`.
+    #[target_feature(enable = "avx512f,avx512bw,f16c")]
+    #[allow(unsafe_code)]
+    pub(super) unsafe fn load(
+        &mut self,
+        kq: &[i8],
+        kd: &[half::f16],
+        stride: usize,
+        first: usize,
+        count: usize,
+        blocks: usize,
+    ) {
+        use std::arch::x86_64::*;
+        let (kp, dp) = (kq.as_ptr(), kd.as_ptr().cast::<u16>());
         for b in 0..blocks {
             let rows: [__m512; 16] = std::array::from_fn(|i| {
                 if i >= count {
@@ -55,41 +99,57 @@ pub(super) unsafe fn key_scores_512(
                 _mm512_castsi512_ps(_mm512_cvtepi8_epi16(_mm256_loadu_si256(kp.add(at).cast())))
             });
             for (l, v) in transpose16x16(&rows).into_iter().enumerate() {
-                tile[16 * b + l].write(_mm512_castps_si512(v));
+                self.quants[16 * b + l] = _mm512_castps_si512(v);
             }
             let mut bits = [0u16; 16];
             for (i, x) in bits[..count].iter_mut().enumerate() {
                 *x = *dp.add((first + i) * stride / BLOCK + b);
             }
-            scales[b].write(_mm512_cvtph_ps(_mm256_loadu_si256(bits.as_ptr().cast())));
+            self.scales[b] = _mm512_cvtph_ps(_mm256_loadu_si256(bits.as_ptr().cast()));
         }
-        for (h, qh) in queries.iter().enumerate() {
-            let mut acc = [_mm512_setzero_ps(); 16];
-            for (b, &dq) in qh.d.iter().enumerate() {
-                let d = _mm512_mul_ps(scales[b].assume_init(), _mm512_set1_ps(dq));
-                for (l, a) in acc.iter_mut().enumerate() {
-                    let q = _mm512_set1_epi32(*pairs.add(h * MAX_Q8_HEAD / 2 + 16 * b + l));
-                    let p = _mm512_madd_epi16(tile[16 * b + l].assume_init(), q);
-                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, *a);
-                }
-            }
-            let mut width = 8;
-            while width > 0 {
-                for l in 0..width {
-                    acc[l] = _mm512_add_ps(acc[l], acc[l + width]);
-                }
-                width /= 2;
-            }
-            let out = _mm512_mul_ps(acc[0], _mm512_set1_ps(scale));
-            let mask = if count == 16 {
-                0xFFFF
-            } else {
-                (1u16 << count) - 1
-            };
-            _mm512_mask_storeu_ps(w.as_mut_ptr().add(h * n + done), mask, out);
-        }
-        done += count;
     }
+
+    /// The sixteen keys' scaled scores against one query head (its [`query_pairs`] and widened
+    /// scales, one a block): [`super::key_scores`]'s arithmetic lane for lane.
+    #[target_feature(enable = "avx512f,avx512bw,fma")]
+    #[inline]
+    #[allow(unsafe_code)]
+    pub(super) unsafe fn score(
+        &self,
+        pairs: &[i32],
+        d: &[f32],
+        scale: f32,
+    ) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        let mut sum = _mm512_setzero_ps();
+        for (b, &dq) in d.iter().enumerate() {
+            let d = _mm512_mul_ps(self.scales[b], _mm512_set1_ps(dq));
+            // The block's integer dot for all sixteen keys: exact, so in any order (two
+            // chains, to keep the multiply unit busy).
+            let mut dot = [_mm512_setzero_si512(); 2];
+            for l in 0..16 {
+                let q = _mm512_set1_epi32(*pairs.get_unchecked(16 * b + l));
+                let p = _mm512_madd_epi16(self.quants[16 * b + l], q);
+                dot[l % 2] = _mm512_add_epi32(dot[l % 2], p);
+            }
+            let dot = _mm512_add_epi32(dot[0], dot[1]);
+            sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), d, sum);
+        }
+        _mm512_mul_ps(sum, _mm512_set1_ps(scale))
+    }
+}
+
+/// Sixteen values widened: `q[i] * d` in f32, the one rounding the portable bodies make.
+#[target_feature(enable = "avx512f")]
+#[inline]
+#[allow(unsafe_code)]
+pub(super) unsafe fn widen16(
+    p: *const i8,
+    d: std::arch::x86_64::__m512,
+) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast()));
+    _mm512_mul_ps(_mm512_cvtepi32_ps(q), d)
 }
 
 /// Keys ahead whose quants are fetched into L1 while this one is summed: one head's rows are a
@@ -110,7 +170,7 @@ unsafe fn prefetch(p: *const i8, len: usize) {
 #[target_feature(enable = "f16c")]
 #[inline]
 #[allow(unsafe_code)]
-unsafe fn f16_512(bits: u16) -> f32 {
+pub(super) unsafe fn f16_512(bits: u16) -> f32 {
     use std::arch::x86_64::*;
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
@@ -138,11 +198,7 @@ pub(super) unsafe fn weighted_q8_512<const G: usize>(
                 prefetch(vp.add(at + PREFETCH_KEYS * stride), BLOCK);
             }
             let d = _mm512_set1_ps(f16_512(*dp.add(at / BLOCK)));
-            let widen = |p: *const i8| {
-                let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast()));
-                _mm512_mul_ps(_mm512_cvtepi32_ps(q), d)
-            };
-            let (x0, x1) = (widen(vp.add(at)), widen(vp.add(at + 16)));
+            let (x0, x1) = (widen16(vp.add(at), d), widen16(vp.add(at + 16), d));
             for (g, acc_g) in acc.iter_mut().enumerate() {
                 let w = _mm512_set1_ps(*ws.get_unchecked(g * n + idx));
                 acc_g[0] = _mm512_fmadd_ps(x0, w, acc_g[0]);

@@ -107,37 +107,96 @@ fn the_avx512_kernels_give_the_portable_bits() {
     }
 }
 
-#[test]
-fn rows_together_give_each_row_alone_and_empty_ranges_give_zero() {
-    let (hd, keys, heads) = (64, 40, 2);
-    let stride = hd;
+/// `attend_rows_q8` against `attend_q8` row by row, bit for bit, for one shape; past each
+/// row's heads its output is untouched.
+fn rows_check(hd: usize, heads: usize, ranges: &[(usize, usize)]) {
+    let stride = 2 * hd;
+    let keys = ranges.iter().map(|r| r.1).max().unwrap_or(0).max(1);
     let (_, kq, kd) = cache(keys * stride, 3);
     let (_, vq, vd) = cache(keys * stride, 4);
+    // The second KV head, so offsets into the cache are exercised.
     let (k, v) = (Q8Values { q: &kq, d: &kd }, Q8Values { q: &vq, d: &vd });
-    let q: Vec<f32> = (0..3 * heads * hd)
+    let (k, v) = (k.from(hd), v.from(hd));
+    let width = heads * hd;
+    let (q_stride, out_stride) = (width + 32, width + 8);
+    let q: Vec<f32> = (0..ranges.len() * q_stride)
         .map(|i| (i as f32 * 0.37).sin())
         .collect();
-    let ranges = [(0, 10), (3, 3), (0, keys)];
     let run = RowRun {
         q: &q,
-        q_stride: heads * hd,
-        ranges: &ranges,
+        q_stride,
+        ranges,
         heads,
         hd,
         scale: 0.125,
         f16_weights: true,
     };
-    let mut together = vec![f32::NAN; 3 * heads * hd];
-    attend_rows_q8(&run, k, v, stride, &mut together, heads * hd);
+    let mut together = vec![f32::NAN; ranges.len() * out_stride];
+    attend_rows_q8(&run, k, v, stride, &mut together, out_stride);
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     for (r, &(start, end)) in ranges.iter().enumerate() {
-        let mut alone = vec![f32::NAN; heads * hd];
-        let qr = &q[r * heads * hd..(r + 1) * heads * hd];
-        attend_q8(qr, hd, k, v, stride, start, end, 0.125, &mut alone);
-        assert_eq!(&together[r * heads * hd..(r + 1) * heads * hd], &alone[..]);
+        let mut alone = vec![f32::NAN; width];
+        attend_q8(
+            &q[r * q_stride..][..width],
+            hd,
+            k,
+            v,
+            stride,
+            start,
+            end,
+            0.125,
+            &mut alone,
+        );
+        let got = &together[r * out_stride..][..out_stride];
+        assert_eq!(
+            bits(&got[..width]),
+            bits(&alone),
+            "hd {hd} heads {heads} row {r} of {ranges:?}"
+        );
+        assert!(
+            got[width..].iter().all(|x| x.is_nan()),
+            "wrote past row {r}"
+        );
+        if start >= end {
+            assert!(got[..width].iter().all(|&x| x == 0.0));
+        }
     }
-    assert!(together[heads * hd..2 * heads * hd]
-        .iter()
-        .all(|&x| x == 0.0));
+}
+
+#[test]
+fn rows_together_give_each_row_alone_bit_for_bit() {
+    // A causal prefill chunk continuing a cache, across several row tiles.
+    let causal: Vec<(usize, usize)> = (40..75).map(|p| (0, p + 1)).collect();
+    // A sliding window of 24 keys (Gemma 3's local layers), and rows with nothing to attend.
+    let window: Vec<(usize, usize)> = (30..45).map(|p| (p + 1 - 24, p + 1)).collect();
+    let ragged = [(5, 5), (0, 1), (3, 40), (0, 0), (17, 18), (0, 70)];
+    for hd in [64, 128, 256, 32, 96] {
+        for heads in 1..=5 {
+            for ranges in [&causal[..], &window[..], &ragged[..], &causal[..2]] {
+                rows_check(hd, heads, ranges);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_run_whose_keys_pass_the_cache_is_refused() {
+    let (q, d) = (vec![1i8; 64 * 4], vec![half::f16::ONE; 2 * 4]);
+    let kv = Q8Values { q: &q, d: &d };
+    let run = RowRun {
+        q: &[0.1; 128],
+        q_stride: 64,
+        ranges: &[(0, 4), (0, 5)],
+        heads: 1,
+        hd: 64,
+        scale: 1.0,
+        f16_weights: false,
+    };
+    let mut out = vec![0.0; 128];
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        attend_rows_q8(&run, kv, kv, 64, &mut out, 64)
+    }));
+    assert!(caught.is_err(), "read a key past the cache");
 }
 
 #[test]
