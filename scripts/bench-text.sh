@@ -11,9 +11,10 @@
 #
 # Usage: scripts/bench-text.sh [gguf] [threads] [reps]
 #        scripts/bench-text.sh archs [threads] [reps]
-#   env: BACKEND=auto|candle|fast (Hearth backend), KV=f32|f16|q8_0 (Hearth's KV cache; both
-#        llama.cpp builds keep theirs in f16, or under KV=q8_0 in q8_0 with the flash attention it
-#        needs: -ctk q8_0 -ctv q8_0 -fa 1), SKIP_BUILD=1 (reuse the built binaries),
+#   env: BACKEND=auto|candle|fast (Hearth backend), KV=f32|f16|q8_0|q4_0 (Hearth's KV cache;
+#        both llama.cpp builds keep theirs in f16, or under KV=q8_0 or q4_0 in that type with the
+#        flash attention it needs: -ctk q8_0 -ctv q8_0 -fa 1), SKIP_BUILD=1 (reuse the built
+#        binaries),
 #        PROMPTS=128,512,2048 DEPTHS=0,2048 GEN=128, IK_LLAMA_BIN=.cache/ik_llama.cpp/build/bin,
 #        SKIP_STREAMS=1 (part 1 only; part 2 always uses SmolLM2)
 #   `archs`: part 1 on one generated model of each architecture issue 18 added (llama3, qwen2,
@@ -126,7 +127,7 @@ fi
 
 # llama.cpp's cache as close to Hearth's as it has: q8_0 for q8_0, else its default f16.
 LLAMA_KV=()
-[ "${KV:-f32}" = q8_0 ] && LLAMA_KV=(-ctk q8_0 -ctv q8_0 -fa 1)
+case "${KV:-f32}" in q8_0 | q4_0) LLAMA_KV=(-ctk "$KV" -ctv "$KV" -fa 1) ;; esac
 echo "== single stream: $(basename "$MODEL"), $THREADS threads, $REPS interleaved runs, Hearth's KV cache ${KV:-f32} =="
 echo "prefill of $PROMPTS tokens into an empty cache; decode of $GEN tokens after $DEPTHS tokens"
 echo "machine: $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)"

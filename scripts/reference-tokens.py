@@ -48,7 +48,8 @@ MODELS = {
 
 # The reference configuration (see scripts/parity/README.md for why: of llama.cpp's settings,
 # it is the one whose choices agree with an exact f64 forward at every near-tie met).
-KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
+KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32, "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+            "q4_0": llama_cpp.GGML_TYPE_Q4_0}
 DEFAULT_KV = "f32"
 DEFAULT_FLASH_ATTN = False
 

@@ -13,8 +13,8 @@ Two steps, both driven by scripts/tiny-models.sh:
           generator's description: seed, shapes, scales).
   oracle  For each quantized GGUF (<name>-<type>.gguf, made by llama-quantize), runs llama.cpp
           (llama-cpp-python pointed at the libllama scripts/build-llama-cpp.sh built, f32 KV cache,
-          no flash attention, 2 threads; a model whose heads are whole blocks of 32 gets a second
-          run with the q8_0 KV cache and flash attention) on fixed prompts: the chat prompts are rendered from the
+          no flash attention, 2 threads; a model whose heads are whole blocks of 32 gets two more
+          runs, with the q8_0 and the q4_0 KV cache and flash attention) on fixed prompts: the chat prompts are rendered from the
           GGUF's own template (Jinja2, as reference-tokens.py does; llama.cpp's built-in template
           engine renders them too, for comparison), tokenized by llama.cpp with special tokens
           parsed, then decoded greedily. Along the greedy path each step records the top-8 logits
@@ -345,11 +345,13 @@ def oracle_model(path, spec, llama_cpp, Llama, Jinja2ChatFormatter):
                 for n_ctx in spec.oracle_n_ctx]
     if spec.swa_emulate:
         variants.append((N_CTX, None, "f32"))
-    # llama.cpp's q8_0 KV cache (with its flash attention, which a quantized V needs) stores
-    # blocks of 32 values: a model whose heads are whole blocks gets a run with it too.
+    # llama.cpp's q8_0 and q4_0 KV caches (with its flash attention, which a quantized V needs)
+    # store blocks of 32 values: a model whose heads are whole blocks gets a run with each too.
     if spec.head_dim % 32 == 0:
         variants.append((variants[0][0], variants[0][1], "q8_0"))
-    kv_types = {"f32": llama_cpp.GGML_TYPE_F32, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
+        variants.append((variants[0][0], variants[0][1], "q4_0"))
+    kv_types = {"f32": llama_cpp.GGML_TYPE_F32, "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+                "q4_0": llama_cpp.GGML_TYPE_Q4_0}
     for n_ctx, window, kv in variants:
         llm = Llama(model_path=path, n_ctx=n_ctx, n_batch=512, n_threads=N_THREADS,
                     n_threads_batch=N_THREADS, seed=0, verbose=False,

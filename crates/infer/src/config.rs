@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use hearth_kernels::ops::QuantKind;
 use hearth_kernels::KernelPath;
 
 /// Where the weights come from.
@@ -85,17 +86,25 @@ pub enum KvPrecision {
     /// the same way for integer Q·K products, and V is widened as it is summed. Fast CPU backend
     /// only, for heads whose size is a multiple of 32.
     Q8_0,
+    /// Imitates llama.cpp's q4_0 KV cache (`-ctk q4_0 -ctv q4_0 -fa`): as [`KvPrecision::Q8_0`],
+    /// but each block of 32 values is 16 bytes of 4-bit quants and one f16 scale (18 bytes where
+    /// f16 takes 64), quantized as llama.cpp's `quantize_row_q4_0_ref` does; Q is still
+    /// quantized to q8_0 for the integer Q·K products, as llama.cpp's `vec_dot_q4_0_q8_0` takes it.
+    Q4_0,
 }
 
 impl std::str::FromStr for KvPrecision {
     type Err = String;
-    /// Parses `f32`, `f16` or `q8_0`.
+    /// Parses `f32`, `f16`, `q8_0` or `q4_0`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim() {
             "f32" => Ok(KvPrecision::F32),
             "f16" => Ok(KvPrecision::F16),
             "q8_0" => Ok(KvPrecision::Q8_0),
-            other => Err(format!("kv_precision {other:?}: expected f32, f16 or q8_0")),
+            "q4_0" => Ok(KvPrecision::Q4_0),
+            other => Err(format!(
+                "kv_precision {other:?}: expected f32, f16, q8_0 or q4_0"
+            )),
         }
     }
 }
@@ -106,16 +115,38 @@ impl KvPrecision {
         self == KvPrecision::F16
     }
 
-    /// Values of one q8_0 block (one scale each).
-    pub const Q8_BLOCK: usize = 32;
+    /// Values of one quantized block (one scale each).
+    pub const QUANT_BLOCK: usize = 32;
 
-    /// Bytes a host KV cache stores for `values` values (a whole number of blocks for q8_0: a
-    /// block's 32 quants and its f16 scale).
+    /// The kind of block a quantized cache keeps (`None` for f32 and f16).
+    pub fn quant(self) -> Option<QuantKind> {
+        match self {
+            KvPrecision::F32 | KvPrecision::F16 => None,
+            KvPrecision::Q8_0 => Some(QuantKind::Q8_0),
+            KvPrecision::Q4_0 => Some(QuantKind::Q4_0),
+        }
+    }
+
+    /// The name `kv_precision` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvPrecision::F32 => "f32",
+            KvPrecision::F16 => "f16",
+            KvPrecision::Q8_0 => "q8_0",
+            KvPrecision::Q4_0 => "q4_0",
+        }
+    }
+
+    /// Bytes a host KV cache stores for `values` values (for a quantized cache, whole blocks:
+    /// a block's quants and its f16 scale).
     pub fn bytes(self, values: usize) -> usize {
         match self {
             KvPrecision::F32 => 4 * values,
             KvPrecision::F16 => 2 * values,
-            KvPrecision::Q8_0 => values.div_ceil(Self::Q8_BLOCK) * (Self::Q8_BLOCK + 2),
+            KvPrecision::Q8_0 | KvPrecision::Q4_0 => {
+                let kind = self.quant().expect("a quantized cache");
+                values.div_ceil(Self::QUANT_BLOCK) * (kind.block_bytes() + 2)
+            }
         }
     }
 }
@@ -288,18 +319,29 @@ mod tests {
             KvPrecision::F32
         );
         assert_eq!(" q8_0".parse::<KvPrecision>().unwrap(), KvPrecision::Q8_0);
+        assert_eq!("q4_0".parse::<KvPrecision>().unwrap(), KvPrecision::Q4_0);
+        for p in [
+            KvPrecision::F32,
+            KvPrecision::F16,
+            KvPrecision::Q8_0,
+            KvPrecision::Q4_0,
+        ] {
+            assert_eq!(p.name().parse::<KvPrecision>().unwrap(), p);
+        }
         assert!("q8".parse::<KvPrecision>().is_err());
         assert!(KvPrecision::F16.rounds_to_f16() && !KvPrecision::F32.rounds_to_f16());
         assert!(!KvPrecision::Q8_0.rounds_to_f16());
-        // llama.cpp's sizes: q8_0 is 34 bytes a block of 32, a little over half of f16.
+        // llama.cpp's sizes: q8_0 is 34 bytes a block of 32, a little over half of f16; q4_0
+        // 18 bytes, a little over a quarter.
         let per = |p: KvPrecision| p.bytes(4096);
         assert_eq!(
             (
                 per(KvPrecision::F32),
                 per(KvPrecision::F16),
-                per(KvPrecision::Q8_0)
+                per(KvPrecision::Q8_0),
+                per(KvPrecision::Q4_0)
             ),
-            (16384, 8192, 4352)
+            (16384, 8192, 4352, 2304)
         );
     }
 

@@ -1,7 +1,7 @@
 //! One sequence's K (or V) cache: `capacity * kv_dim` values per layer, all in one anonymous
-//! memory mapping of its own. The values are f32, f16 (`kv_precision = "f16"`, half the bytes)
-//! or q8_0 (`"q8_0"`: every layer's quants, one byte a value, then every layer's f16 scales, one
-//! per block of 32 values; 34 bytes where f16 takes 64).
+//! memory mapping of its own. The values are f32, f16 (`kv_precision = "f16"`, half the bytes),
+//! or quantized: every layer's quants, then every layer's f16 scales, one per block of 32
+//! values (`"q8_0"`, a byte a value: 34 bytes where f16 takes 64; `"q4_0"`, half a byte: 18).
 //! The operating system hands the mapping's pages out zeroed as they are first written, so a cache is resident only as far as it has filled, and
 //! dropping it returns the memory at once. A `Vec` would not promise either: once the allocator
 //! has recycled a freed cache's memory, a new zeroed one is written through (all of it resident
@@ -9,13 +9,13 @@
 
 use std::ops::Range;
 
-use hearth_kernels::ops::Q8Values;
+use hearth_kernels::ops::{QuantKind, QuantValues};
 
 use crate::config::KvPrecision;
 use crate::Error;
 
-/// Values of one q8_0 block.
-const BLOCK: usize = KvPrecision::Q8_BLOCK;
+/// Values of one quantized block.
+const BLOCK: usize = KvPrecision::QUANT_BLOCK;
 
 pub(crate) struct KvCache {
     map: memmap2::MmapMut,
@@ -28,15 +28,15 @@ pub(crate) struct KvCache {
 pub(crate) enum Layer<'a> {
     F32(&'a [f32]),
     F16(&'a [half::f16]),
-    Q8(Q8Values<'a>),
+    Quant(QuantValues<'a>),
 }
 
 /// One layer of a cache, to write.
 pub(crate) enum LayerMut<'a> {
     F32(&'a mut [f32]),
     F16(&'a mut [half::f16]),
-    /// Quants, and one scale per block of 32 of them.
-    Q8(&'a mut [i8], &'a mut [half::f16]),
+    /// The blocks' quants ([`QuantKind::block_bytes`] each) and one scale per block.
+    Quant(QuantKind, &'a mut [u8], &'a mut [half::f16]),
 }
 
 impl KvCache {
@@ -46,16 +46,17 @@ impl KvCache {
         Self::with_elem(layers, per_layer, KvPrecision::F32)
     }
 
-    /// `layers` zeroed slices of `per_layer` values of `elem` each (for q8_0, a whole number of
-    /// blocks: the backend refuses heads that are not).
+    /// `layers` zeroed slices of `per_layer` values of `elem` each (quantized, a whole number
+    /// of blocks: the backend refuses heads that are not).
     pub(crate) fn with_elem(
         layers: usize,
         per_layer: usize,
         elem: KvPrecision,
     ) -> Result<KvCache, Error> {
         assert!(
-            elem != KvPrecision::Q8_0 || per_layer.is_multiple_of(BLOCK),
-            "a q8_0 cache of {per_layer} values a layer"
+            elem.quant().is_none() || per_layer.is_multiple_of(BLOCK),
+            "a {} cache of {per_layer} values a layer",
+            elem.name()
         );
         let bytes = layers * elem.bytes(per_layer);
         // A mapping cannot be empty: a cache of no positions maps one value (a page).
@@ -74,21 +75,22 @@ impl KvCache {
     }
 
     /// Where layer `layer`'s first `values` values lie in the mapping, in bytes: the values
-    /// themselves, and their block scales (q8_0; empty otherwise). The one owner of the layout:
-    /// every layer's values, then, for q8_0, every layer's scales.
+    /// themselves, and their block scales (quantized; empty otherwise). The one owner of the
+    /// layout: every layer's values, then, quantized, every layer's scales.
     fn ranges(&self, layer: usize, values: usize) -> [Range<usize>; 2] {
         let per = self.per_layer;
-        match self.elem {
-            KvPrecision::Q8_0 => {
-                let quants = layer * per;
-                let scales = self.layers * per + 2 * (layer * per / BLOCK);
+        match self.elem.quant() {
+            Some(kind) => {
+                let bytes = |values: usize| kind.quant_bytes(values.div_ceil(BLOCK) * BLOCK);
+                let quants = bytes(layer * per);
+                let scales = self.layers * bytes(per) + 2 * (layer * per / BLOCK);
                 [
-                    quants..quants + values,
+                    quants..quants + bytes(values),
                     scales..scales + 2 * values.div_ceil(BLOCK),
                 ]
             }
-            elem => {
-                let size = elem.bytes(1);
+            None => {
+                let size = self.elem.bytes(1);
                 [layer * per * size..(layer * per + values) * size, 0..0]
             }
         }
@@ -101,13 +103,14 @@ impl KvCache {
         // casts cannot fail on alignment.
         let [x, d] = self.ranges(layer, self.per_layer);
         let x = &self.map[x];
-        match self.elem {
-            KvPrecision::F32 => Layer::F32(bytemuck::cast_slice(x)),
-            KvPrecision::F16 => Layer::F16(bytemuck::cast_slice(x)),
-            KvPrecision::Q8_0 => Layer::Q8(Q8Values {
-                q: bytemuck::cast_slice(x),
+        match self.elem.quant() {
+            Some(kind) => Layer::Quant(QuantValues {
+                kind,
+                q: x,
                 d: bytemuck::cast_slice(&self.map[d]),
             }),
+            None if self.elem == KvPrecision::F16 => Layer::F16(bytemuck::cast_slice(x)),
+            None => Layer::F32(bytemuck::cast_slice(x)),
         }
     }
 
@@ -115,22 +118,25 @@ impl KvCache {
     pub(crate) fn layer_mut(&mut self, layer: usize) -> LayerMut<'_> {
         assert!(layer < self.layers, "layer {layer} of {}", self.layers);
         let [x, d] = self.ranges(layer, self.per_layer);
-        match self.elem {
-            KvPrecision::F32 => LayerMut::F32(bytemuck::cast_slice_mut(&mut self.map[x])),
-            KvPrecision::F16 => LayerMut::F16(bytemuck::cast_slice_mut(&mut self.map[x])),
-            KvPrecision::Q8_0 => {
+        match self.elem.quant() {
+            Some(kind) => {
                 // The scales come after every layer's quants: two disjoint borrows.
                 let (head, tail) = self.map.split_at_mut(d.start);
-                LayerMut::Q8(
-                    bytemuck::cast_slice_mut(&mut head[x]),
+                LayerMut::Quant(
+                    kind,
+                    &mut head[x],
                     bytemuck::cast_slice_mut(&mut tail[..d.len()]),
                 )
             }
+            None if self.elem == KvPrecision::F16 => {
+                LayerMut::F16(bytemuck::cast_slice_mut(&mut self.map[x]))
+            }
+            None => LayerMut::F32(bytemuck::cast_slice_mut(&mut self.map[x])),
         }
     }
 
     /// Copies the first `values` values of every layer of `from` (a cache of the same shape and
-    /// element; for q8_0 a whole number of blocks) into this one.
+    /// element; quantized, a whole number of blocks) into this one.
     pub(crate) fn copy_prefix(&mut self, from: &KvCache, values: usize) {
         let values = values.min(self.per_layer);
         for il in 0..self.layers.min(from.layers) {
@@ -207,38 +213,47 @@ mod tests {
     }
 
     /// Each layer's quants and scales are its own (writing one layer leaves the others), a
-    /// prefix copy takes both, and the cache is 34 bytes a block.
+    /// prefix copy takes both, and the cache is 34 bytes a block in q8_0, 18 in q4_0.
     #[test]
-    fn a_q8_cache_keeps_each_layers_quants_and_scales_apart_and_copies_its_prefix() {
-        let (layers, per) = (3, 96);
-        let mut a = KvCache::with_elem(layers, per, KvPrecision::Q8_0).unwrap();
-        assert_eq!(a.map.len(), layers * per / 32 * 34);
-        for il in 0..layers {
-            let LayerMut::Q8(q, d) = a.layer_mut(il) else {
-                panic!("not q8")
-            };
-            assert_eq!((q.len(), d.len()), (per, per / 32));
-            q.iter_mut()
-                .enumerate()
-                .for_each(|(i, x)| *x = (il * 10 + i % 7) as i8);
-            d.iter_mut()
-                .enumerate()
-                .for_each(|(b, x)| *x = half::f16::from_f32((il * 3 + b) as f32));
-        }
-        let mut b = KvCache::with_elem(layers, per, KvPrecision::Q8_0).unwrap();
-        b.copy_prefix(&a, 64);
-        for il in 0..layers {
-            let Layer::Q8(v) = b.layer(il) else {
-                panic!("not q8")
-            };
-            let want_q: Vec<i8> = (0..per)
-                .map(|i| if i < 64 { (il * 10 + i % 7) as i8 } else { 0 })
-                .collect();
-            let want_d: Vec<f32> = (0..per / 32)
-                .map(|b| if b < 2 { (il * 3 + b) as f32 } else { 0.0 })
-                .collect();
-            assert_eq!(v.q, &want_q[..], "layer {il}");
-            assert_eq!(v.d.iter().map(|x| x.to_f32()).collect::<Vec<_>>(), want_d);
+    fn a_quantized_cache_keeps_each_layers_quants_and_scales_apart_and_copies_its_prefix() {
+        for (elem, block) in [(KvPrecision::Q8_0, 32), (KvPrecision::Q4_0, 16)] {
+            let (layers, per) = (3, 96);
+            let mut a = KvCache::with_elem(layers, per, elem).unwrap();
+            assert_eq!(a.map.len(), layers * per / 32 * (block + 2));
+            for il in 0..layers {
+                let LayerMut::Quant(_, q, d) = a.layer_mut(il) else {
+                    panic!("not quantized")
+                };
+                assert_eq!((q.len(), d.len()), (per / 32 * block, per / 32));
+                q.iter_mut()
+                    .enumerate()
+                    .for_each(|(i, x)| *x = (il * 10 + i % 7) as u8);
+                d.iter_mut()
+                    .enumerate()
+                    .for_each(|(b, x)| *x = half::f16::from_f32((il * 3 + b) as f32));
+            }
+            let mut b = KvCache::with_elem(layers, per, elem).unwrap();
+            b.copy_prefix(&a, 64);
+            for il in 0..layers {
+                let Layer::Quant(v) = b.layer(il) else {
+                    panic!("not quantized")
+                };
+                assert_eq!(v.kind, elem.quant().unwrap());
+                let want_q: Vec<u8> = (0..per / 32 * block)
+                    .map(|i| {
+                        if i < 2 * block {
+                            (il * 10 + i % 7) as u8
+                        } else {
+                            0
+                        }
+                    })
+                    .collect();
+                let want_d: Vec<f32> = (0..per / 32)
+                    .map(|b| if b < 2 { (il * 3 + b) as f32 } else { 0.0 })
+                    .collect();
+                assert_eq!(v.q, &want_q[..], "{elem:?} layer {il}");
+                assert_eq!(v.d.iter().map(|x| x.to_f32()).collect::<Vec<_>>(), want_d);
+            }
         }
     }
 

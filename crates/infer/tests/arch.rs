@@ -9,9 +9,9 @@
 //! tokenizes to llama.cpp's ids, and teacher-forced along llama.cpp's greedy path Hearth picks
 //! llama.cpp's token at every step where llama.cpp's margin is at least 1.0. The RMS difference of
 //! the top-8 logits is printed per architecture, type and backend (`--nocapture`). A model
-//! whose heads are whole blocks of 32 (qwen3) also has a run of llama.cpp with its q8_0 KV cache
-//! and flash attention, to which the fast backend with `kv_precision = "q8_0"` is held the same
-//! way.
+//! whose heads are whole blocks of 32 (qwen3) also has runs of llama.cpp with its q8_0 and its
+//! q4_0 KV cache and flash attention, to which the fast backend with `kv_precision = "q8_0"` and
+//! `"q4_0"` is held the same way.
 
 mod support;
 
@@ -58,7 +58,8 @@ struct Tally {
 /// llama.cpp ignores (Mistral's, on the `llama` architecture), the run that emulates the window
 /// in llama.cpp (Hearth applies it as the file says); for LongRoPE files, the run with the short
 /// factors (Hearth serves such files within their original context); else llama.cpp as it runs.
-/// Among the runs with the KV cache `kv` (`"f32"` or `"q8_0"`); `None` if there is none.
+/// Among the runs with the KV cache `kv` (`"f32"`, `"q8_0"` or `"q4_0"`); `None` if there is
+/// none.
 fn reference_run<'a>(fx: &'a Value, kv: &str) -> Option<&'a Value> {
     let runs: Vec<&Value> = fx["runs"]
         .as_array()
@@ -83,14 +84,10 @@ fn fixture(name: &str, ty: &str) -> Value {
 }
 
 /// The KV cache type of the llama.cpp run Hearth's `kv` is held to, as the fixture names it,
-/// and whether that run's flash attention was on (llama.cpp's q8_0 cache needs it; the f32
+/// and whether that run's flash attention was on (llama.cpp's quantized caches need it; the f32
 /// reference has it off).
 fn cache_of(kv: KvPrecision) -> (&'static str, bool) {
-    match kv {
-        KvPrecision::F32 => ("f32", false),
-        KvPrecision::F16 => ("f16", false),
-        KvPrecision::Q8_0 => ("q8_0", true),
-    }
+    (kv.name(), kv.quant().is_some())
 }
 
 fn check_model(name: &str, ty: &str, backend: BackendChoice, kv: KvPrecision, tally: &mut Tally) {
@@ -186,16 +183,19 @@ fn check_model(name: &str, ty: &str, backend: BackendChoice, kv: KvPrecision, ta
 fn check(name: &str, extra: &[&str]) {
     let mut failures = Vec::new();
     let runs = TYPES.iter().chain(extra).flat_map(|&ty| {
-        // The q8_0 cache where llama.cpp made a run with it (heads of whole blocks), on the
-        // fast backend, the only one that keeps it.
-        let q8 = reference_run(&fixture(name, ty), "q8_0")
-            .map(|_| (ty, BackendChoice::Fast, KvPrecision::Q8_0));
+        // The quantized caches where llama.cpp made a run with them (heads of whole blocks), on
+        // the fast backend, the only one that keeps them.
+        let fx = fixture(name, ty);
+        let quantized = [KvPrecision::Q8_0, KvPrecision::Q4_0]
+            .into_iter()
+            .filter(move |kv| reference_run(&fx, kv.name()).is_some())
+            .map(move |kv| (ty, BackendChoice::Fast, kv));
         [
             (ty, BackendChoice::Fast, KvPrecision::F32),
             (ty, BackendChoice::Candle, KvPrecision::F32),
         ]
         .into_iter()
-        .chain(q8)
+        .chain(quantized)
     });
     for (ty, backend, kv) in runs {
         let mut t = Tally::default();
@@ -249,36 +249,41 @@ fn phi3_with_fused_matrices_picks_llama_cpps_token_at_every_decisive_step() {
     check("phi3", &[]);
 }
 
-/// The q8_0 cache is held to llama.cpp's wherever the fixtures have a run of it: on every type
-/// of qwen3, whose heads (64) are whole blocks.
+/// The quantized caches are held to llama.cpp's wherever the fixtures have a run of them: on
+/// every type of qwen3, whose heads (64) are whole blocks.
 #[test]
-fn the_fixtures_with_heads_of_whole_blocks_have_a_q8_0_run() {
+fn the_fixtures_with_heads_of_whole_blocks_have_quantized_cache_runs() {
     for ty in TYPES.iter().chain(Q5_K_M) {
-        assert!(
-            reference_run(&fixture("qwen3", ty), "q8_0").is_some(),
-            "qwen3-{ty}: no q8_0 run: rerun scripts/tiny-models.sh qwen3"
-        );
+        for kv in ["q8_0", "q4_0"] {
+            assert!(
+                reference_run(&fixture("qwen3", ty), kv).is_some(),
+                "qwen3-{ty}: no {kv} run: rerun scripts/tiny-models.sh qwen3"
+            );
+        }
     }
 }
 
-/// A q8_0 cache needs heads of whole blocks of 32, as llama.cpp's does: a model with 16-wide
-/// heads is refused at load, by name, on either backend (candle keeps no q8_0 cache at all).
+/// A quantized cache needs heads of whole blocks of 32, as llama.cpp's does: a model with
+/// 16-wide heads is refused at load, by name, on either backend (candle keeps no quantized
+/// cache at all).
 #[test]
-fn a_q8_0_cache_for_heads_that_split_a_block_is_refused_by_name() {
-    for backend in [
-        BackendChoice::Fast,
-        BackendChoice::Candle,
-        BackendChoice::Auto,
-    ] {
-        let mut cfg = TextModelConfig::local(dir().join("llama-q8_0.gguf"));
-        cfg.threads = 2;
-        cfg.backend = backend;
-        cfg.kv_precision = KvPrecision::Q8_0;
-        let err = match TextModel::load(&cfg) {
-            Ok(_) => panic!("{backend:?}: a q8_0 cache of 16-wide heads loaded"),
-            Err(e) => e.to_string(),
-        };
-        assert!(err.contains("kv_precision"), "{backend:?}: {err}");
-        assert!(err.contains("q8_0"), "{backend:?}: {err}");
+fn a_quantized_cache_for_heads_that_split_a_block_is_refused_by_name() {
+    for kv in [KvPrecision::Q8_0, KvPrecision::Q4_0] {
+        for backend in [
+            BackendChoice::Fast,
+            BackendChoice::Candle,
+            BackendChoice::Auto,
+        ] {
+            let mut cfg = TextModelConfig::local(dir().join("llama-q8_0.gguf"));
+            cfg.threads = 2;
+            cfg.backend = backend;
+            cfg.kv_precision = kv;
+            let err = match TextModel::load(&cfg) {
+                Ok(_) => panic!("{backend:?}: a {kv:?} cache of 16-wide heads loaded"),
+                Err(e) => e.to_string(),
+            };
+            assert!(err.contains("kv_precision"), "{backend:?}: {err}");
+            assert!(err.contains(kv.name()), "{backend:?}: {err}");
+        }
     }
 }

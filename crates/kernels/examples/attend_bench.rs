@@ -6,7 +6,9 @@
 //! the first `KEYS - ROWS + r + 1` keys, as the last rows of a causal prefill do. Each figure is
 //! the best of 15 calls on one thread; the ratio is the anchor's time over the q8_0 cache's.
 
-use hearth_kernels::ops::{attend_rows, attend_rows_q8, quantize_q8_0, Q8Values, RowRun};
+use hearth_kernels::ops::{
+    attend_rows, attend_rows_quant, quantize_q8_0, QuantKind, QuantValues, RowRun,
+};
 use std::time::Instant;
 
 fn main() {
@@ -42,11 +44,16 @@ fn main() {
         f16_weights: false,
     };
     let mut out = vec![0f32; rows * heads * hd];
-    let kv = Q8Values { q: &q8, d: &d8 };
+    let q8: Vec<u8> = q8.iter().map(|&v| v as u8).collect();
+    let kv = QuantValues {
+        kind: QuantKind::Q8_0,
+        q: &q8,
+        d: &d8,
+    };
     let (mut q8_s, mut f16_s) = (f64::MAX, f64::MAX);
     for _ in 0..15 {
         let t = Instant::now();
-        attend_rows_q8(&run, kv, kv, stride, &mut out, heads * hd);
+        attend_rows_quant(&run, kv, kv, stride, &mut out, heads * hd);
         q8_s = q8_s.min(t.elapsed().as_secs_f64());
         let t = Instant::now();
         attend_rows(&run, &x16, &x16, stride, &mut out, heads * hd);

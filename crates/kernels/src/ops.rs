@@ -274,9 +274,8 @@ multiversion! {
 }
 
 mod attend;
-pub use attend::{
-    attend, attend_q8, attend_rows, attend_rows_q8, KvValue, Q8Values, RowRun, MAX_Q8_HEAD,
-};
+pub use attend::{attend, attend_quant, attend_rows, attend_rows_quant, KvValue, RowRun};
+pub use attend::{QuantKind, QuantValues, MAX_QUANT_HEAD};
 
 multiversion! {
     /// `x[i] = e^x[i]`, vectorized (see `exp_body` for the accuracy: within one f32 ulp of
@@ -316,7 +315,7 @@ multiversion! {
 
 mod quantize;
 mod rotate;
-pub use quantize::{quantize_q8_0, quantize_row, QuantRow};
+pub use quantize::{quantize_q4_0, quantize_q8_0, quantize_row, QuantRow};
 pub use rotate::hadamard;
 
 /// Rounds every element to the nearest f16 value (what an f16 KV cache keeps), ties to even, as

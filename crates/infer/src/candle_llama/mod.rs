@@ -251,10 +251,13 @@ impl CandleModel {
         act: DType,
         gpu: GpuTuning,
     ) -> Result<(), Error> {
-        if kv == KvPrecision::Q8_0 {
+        if kv.quant().is_some() {
             return Err(Error::InvalidConfig {
                 key: "kv_precision",
-                reason: "q8_0 runs on the fast CPU backend only (backend = \"fast\"); candle keeps f32 or f16".into(),
+                reason: format!(
+                    "{} runs on the fast CPU backend only (backend = \"fast\"); candle keeps f32 or f16",
+                    kv.name()
+                ),
             });
         }
         let rows = linear::RowProduct::of(&gpu);

@@ -3,7 +3,8 @@
 //! one place that knows how each [`KvPrecision`] is written and read.
 
 use half::slice::HalfFloatSliceExt;
-use hearth_kernels::{ops, ThreadPool};
+use hearth_kernels::ops::{self, QuantKind};
+use hearth_kernels::ThreadPool;
 
 use super::{HOST_CHECKED, MAX_ROWS_PER_PIECE};
 use crate::config::KvPrecision;
@@ -38,7 +39,7 @@ impl Shape {
     /// multiple of 64 wide (none otherwise): Q and K by the largest power of two that divides
     /// the head, V and the attention's output by 64 (`ops::hadamard`).
     fn rotation(&self) -> Option<(usize, usize)> {
-        let quantized = self.kv == KvPrecision::Q8_0;
+        let quantized = self.kv.quant().is_some();
         (quantized && self.hd.is_multiple_of(64)).then(|| (1 << self.hd.trailing_zeros(), 64))
     }
     /// The keys a row at `pos` attends: all before it, or its sliding window's.
@@ -50,8 +51,8 @@ impl Shape {
 
 /// Readies a row's Q, K and V (after RoPE) for the cache's precision before they are stored and
 /// used. An f16 cache keeps K/V at f16 precision, and without flash attention llama.cpp converts
-/// Q to f16 for the Q·K products (the f16 cache's vec-dot type). A q8_0 cache quantizes as it
-/// stores and its attention quantizes Q itself; before that, as llama.cpp does, Q, K and V are
+/// Q to f16 for the Q·K products (the f16 cache's vec-dot type). A quantized cache quantizes as
+/// it stores and its attention quantizes Q itself; before that, as llama.cpp does, Q, K and V are
 /// rotated ([`Shape::rotation`]), and [`finish_rows`] rotates the output back.
 pub(super) fn prepare_row(sh: &Shape, q: &mut [f32], k: &mut [f32], v: &mut [f32]) {
     if sh.kv.rounds_to_f16() {
@@ -83,10 +84,16 @@ pub(super) fn store(c: &mut HostKv, il: usize, pos: usize, k: &[f32], v: &[f32])
             LayerMut::F32(all) => all[at.clone()].copy_from_slice(x),
             // Exact: the values were rounded to f16 already.
             LayerMut::F16(all) => all[at.clone()].convert_from_f32_slice(x),
-            LayerMut::Q8(q, d) => {
-                let block = KvPrecision::Q8_BLOCK;
+            LayerMut::Quant(kind, q, d) => {
+                let block = KvPrecision::QUANT_BLOCK;
                 let ds = at.start / block..at.end / block;
-                ops::quantize_q8_0(x, &mut q[at.clone()], &mut d[ds]);
+                let qs = &mut q[kind.quant_bytes(at.start)..kind.quant_bytes(at.end)];
+                match kind {
+                    QuantKind::Q8_0 => {
+                        ops::quantize_q8_0(x, bytemuck::cast_slice_mut(qs), &mut d[ds])
+                    }
+                    QuantKind::Q4_0 => ops::quantize_q4_0(x, qs, &mut d[ds]),
+                }
             }
         }
     }
@@ -108,10 +115,10 @@ fn attend_heads(
     match (c.k.layer(il), c.v.layer(il)) {
         (Layer::F32(k), Layer::F32(v)) => attend_plain(sh, q, &k[at..], &v[at..], keys, out),
         (Layer::F16(k), Layer::F16(v)) => attend_plain(sh, q, &k[at..], &v[at..], keys, out),
-        (Layer::Q8(k), Layer::Q8(v)) => {
+        (Layer::Quant(k), Layer::Quant(v)) => {
             let (start, end) = keys;
             let (k, v) = (k.from(at), v.from(at));
-            ops::attend_q8(q, sh.hd, k, v, sh.kvd(), start, end, sh.scale, out)
+            ops::attend_quant(q, sh.hd, k, v, sh.kvd(), start, end, sh.scale, out)
         }
         _ => unreachable!("a sequence's K and V caches share one precision"),
     }
@@ -165,8 +172,8 @@ fn attend_run(
     match (c.k.layer(il), c.v.layer(il)) {
         (Layer::F32(k), Layer::F32(v)) => ops::attend_rows(&run, &k[at..], &v[at..], kvd, out, qd),
         (Layer::F16(k), Layer::F16(v)) => ops::attend_rows(&run, &k[at..], &v[at..], kvd, out, qd),
-        (Layer::Q8(k), Layer::Q8(v)) => {
-            ops::attend_rows_q8(&run, k.from(at), v.from(at), kvd, out, qd)
+        (Layer::Quant(k), Layer::Quant(v)) => {
+            ops::attend_rows_quant(&run, k.from(at), v.from(at), kvd, out, qd)
         }
         _ => unreachable!("a sequence's K and V caches share one precision"),
     }

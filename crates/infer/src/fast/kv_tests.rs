@@ -14,9 +14,16 @@ fn keys(c: &HostKv, il: usize, n: usize) -> Vec<f32> {
     match c.k.layer(il) {
         Layer::F32(k) => k[..n].to_vec(),
         Layer::F16(k) => k[..n].iter().map(|x| x.to_f32()).collect(),
-        Layer::Q8(k) => (0..n)
-            .map(|i| f32::from(k.q[i]) * k.d[i / 32].to_f32())
-            .collect(),
+        Layer::Quant(k) => {
+            assert_eq!(
+                k.kind,
+                hearth_kernels::ops::QuantKind::Q8_0,
+                "read back q8_0 only"
+            );
+            (0..n)
+                .map(|i| f32::from(k.q[i] as i8) * k.d[i / 32].to_f32())
+                .collect()
+        }
     }
 }
 

@@ -212,18 +212,17 @@ impl FastModel {
         b as u64
     }
 
-    /// Sets the caches' precision for sequences made from now on. q8_0 needs heads of whole
-    /// blocks of 32 (at most `ops::MAX_Q8_HEAD`), as llama.cpp's q8_0 cache does.
+    /// Sets the caches' precision for sequences made from now on. A quantized cache needs
+    /// heads of whole blocks of 32 (at most `ops::MAX_QUANT_HEAD`), as llama.cpp's does.
     pub(crate) fn set_kv(&mut self, kv: KvPrecision) -> Result<(), Error> {
         let hd = self.hp.head_dim;
-        if kv == KvPrecision::Q8_0
-            && (!hd.is_multiple_of(KvPrecision::Q8_BLOCK) || hd > ops::MAX_Q8_HEAD)
-        {
+        let block = KvPrecision::QUANT_BLOCK;
+        if kv.quant().is_some() && (!hd.is_multiple_of(block) || hd > ops::MAX_QUANT_HEAD) {
             return Err(Error::InvalidConfig {
                 key: "kv_precision",
                 reason: format!(
-                    "q8_0 stores blocks of {} values and this model's heads are {hd} wide; use f16 or f32",
-                    KvPrecision::Q8_BLOCK
+                    "{} stores blocks of {block} values and this model's heads are {hd} wide; use f16 or f32",
+                    kv.name()
                 ),
             });
         }

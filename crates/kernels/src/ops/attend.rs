@@ -13,9 +13,9 @@ use half::slice::HalfFloatSliceExt;
 
 use super::{dot_body, exp_in_place_body, reduce16, LANES};
 
-mod q8;
+mod quant;
 mod rows;
-pub use q8::{attend_q8, attend_rows_q8, Q8Values, MAX_Q8_HEAD};
+pub use quant::{attend_quant, attend_rows_quant, QuantKind, QuantValues, MAX_QUANT_HEAD};
 pub use rows::{attend_rows, RowRun};
 
 thread_local! {

@@ -88,6 +88,47 @@ multiversion! {
     pub fn quantize_q8_0(x: &[f32], q: &mut [i8], d: &mut [half::f16]) => quantize_q8_0_body
 }
 
+/// Quantizes 32 values into `qb` (16 bytes) as llama.cpp's `quantize_row_q4_0_ref` does, which
+/// its CPU backend uses to write a q4_0 KV cache, and returns the block's scale `d`, unrounded
+/// (stored as f16). `d` is the value of largest magnitude (the first, on a tie), sign and all,
+/// over -8, and value `x` becomes `min(15, trunc(x / d + 8.5))`: value `i < 16` in byte `i`'s
+/// low nibble, value `16 + i` in its high one. A block of zeros (or NaNs) gets `d = 0` and every
+/// nibble 8, which reads back as zeros.
+#[inline(always)]
+pub(crate) fn q4_0_block(xb: &[f32], qb: &mut [u8]) -> f32 {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in &xb[..32] {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    let d = max / -8.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let nibble = |x: f32| ((x * id + 8.5) as i8).clamp(0, 15) as u8;
+    for (j, q) in qb[..16].iter_mut().enumerate() {
+        *q = nibble(xb[j]) | nibble(xb[16 + j]) << 4;
+    }
+    d
+}
+
+#[inline(always)]
+fn quantize_q4_0_body(x: &[f32], q: &mut [u8], d: &mut [half::f16]) {
+    for ((xb, qb), db) in x
+        .chunks_exact(32)
+        .zip(q.chunks_exact_mut(16))
+        .zip(d.iter_mut())
+    {
+        *db = half::f16::from_f32(q4_0_block(xb, qb));
+    }
+}
+
+multiversion! {
+    /// `x` (a whole number of blocks of 32) into q4_0 blocks: 16 bytes of nibbles a block into
+    /// `q`, each block's scale as f16 into `d`, as llama.cpp writes a q4_0 KV cache.
+    pub fn quantize_q4_0(x: &[f32], q: &mut [u8], d: &mut [half::f16]) => quantize_q4_0_body
+}
+
 #[inline(always)]
 fn quantize_row_body(x: &[f32], out: QuantRow<'_>) {
     let QuantRow {
@@ -255,6 +296,24 @@ unsafe fn f16_round(x: f32) -> f32 {
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn q4_0_takes_the_signed_largest_over_minus_eight_and_truncates() {
+        // The largest magnitude is -1 (before 0.9): d = 1/8, and x / d + 8.5 truncated, at
+        // most 15. So -1 -> 0, 0.5 -> 12, 0.9 -> 15 (15.7), -0.3 -> 6 (6.1), 0 -> 8.
+        let mut x = [0f32; 32];
+        (x[0], x[1], x[2], x[17]) = (0.5, -1.0, 0.9, -0.3);
+        let mut q = [0u8; 16];
+        assert_eq!(q4_0_block(&x, &mut q), 0.125);
+        let nib = |i: usize| if i < 16 { q[i] & 15 } else { q[i - 16] >> 4 };
+        assert_eq!(
+            [nib(0), nib(1), nib(2), nib(17), nib(3), nib(31)],
+            [12, 0, 15, 6, 8, 8]
+        );
+        // A block of zeros reads back as zeros: d = 0, every nibble 8.
+        assert_eq!(q4_0_block(&[0.0; 32], &mut q), 0.0);
+        assert!(q.iter().all(|&b| b == 0x88));
+    }
 
     #[test]
     fn the_avx512_quantizer_is_bit_identical_to_the_portable_one() {

@@ -1,17 +1,17 @@
-//! [`super::attend_rows_q8`]'s tiled kernel: the rows of a prefill chunk over a q8_0 cache
-//! together, as `attend::rows` takes them over an f32 or f16 cache.
+//! [`super::attend_rows_quant`]'s tiled kernel: the rows of a prefill chunk over a quantized
+//! cache together, as `attend::rows` takes them over an f32 or f16 cache.
 //!
 //! Row by row, every row transposed every key tile again and widened every value row again.
 //! Here a tile of rows walks the keys sixteen at a time: the key tile is built once and scored
 //! against every query head of every row that attends any of its keys; then a block of value
 //! rows is widened once and summed into every row's accumulators. Each score, softmax and
-//! output column is the arithmetic of [`super::attend_q8`] for that row alone, in its order
+//! output column is the arithmetic of [`super::attend_quant`] for that row alone, in its order
 //! (the scores lane for lane as [`KeyTile::score`] gives them, each column summed over its keys
 //! in order with one fused multiply-add each of the same widened value), so a row's bits never
 //! depend on the rows beside it (`tests`).
 
-use super::simd::{f16_512, query_pairs, widen16, KeyTile};
-use super::{Q8Values, BLOCK, MAX_Q8_HEAD};
+use super::simd::{block_quants, f16_512, query_pairs, widen_block, KeyTile};
+use super::{QuantKind, QuantValues, BLOCK, MAX_QUANT_HEAD};
 use crate::ops::attend::rows::{add_value_block, TileSums, ROW_TILE, VALUE_BLOCK_BYTES};
 use crate::ops::attend::{softmax_in_place, RowRun};
 use crate::ops::quantize::q8_0_block;
@@ -24,12 +24,12 @@ thread_local! {
     static TILE: std::cell::Cell<Scratch> = const { std::cell::Cell::new((Vec::new(), Vec::new())) };
 }
 
-/// Whether [`tiles_q8`] takes `run`: this CPU has the kernels, heads are whole 64-column
+/// Whether [`tiles`] takes `run`: this CPU has the kernels, heads are whole 64-column
 /// pieces, rows do not overlap, and every key and value a row attends lies in the cache.
 pub(super) fn takes(
     run: &RowRun<'_>,
-    k: Q8Values<'_>,
-    v: Q8Values<'_>,
+    k: QuantValues<'_>,
+    v: QuantValues<'_>,
     stride: usize,
     out_stride: usize,
 ) -> bool {
@@ -42,9 +42,10 @@ pub(super) fn takes(
         }
     };
     run.ranges.len() > 1
+        && k.kind == v.kind
         && hd > 0
         && hd.is_multiple_of(64)
-        && hd <= MAX_Q8_HEAD
+        && hd <= MAX_QUANT_HEAD
         && stride.is_multiple_of(BLOCK)
         && run.q_stride >= width
         && out_stride >= width
@@ -54,11 +55,11 @@ pub(super) fn takes(
 }
 
 /// The tiled kernel, for a run [`takes`] accepted: row `r`'s heads to
-/// `out[r * out_stride..][..heads * hd]`, as [`super::attend_rows_q8`] row by row.
-pub(super) fn tiles_q8(
+/// `out[r * out_stride..][..heads * hd]`, as [`super::attend_rows_quant`] row by row.
+pub(super) fn tiles(
     run: &RowRun<'_>,
-    k: Q8Values<'_>,
-    v: Q8Values<'_>,
+    k: QuantValues<'_>,
+    v: QuantValues<'_>,
     stride: usize,
     out: &mut [f32],
     out_stride: usize,
@@ -73,16 +74,21 @@ pub(super) fn tiles_q8(
     let mut scratch = TILE.take();
     // SAFETY: `takes` checked the features, the head's shape and every key and value read;
     // the last row's query and output were sliced above.
-    unsafe { tiles_q8_512(run, k, v, stride, out, out_stride, &mut scratch) };
+    unsafe {
+        match k.kind {
+            QuantKind::Q4_0 => tiles_512::<true>(run, k, v, stride, out, out_stride, &mut scratch),
+            QuantKind::Q8_0 => tiles_512::<false>(run, k, v, stride, out, out_stride, &mut scratch),
+        }
+    };
     TILE.set(scratch);
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 #[allow(unsafe_code)]
-unsafe fn tiles_q8_512(
+unsafe fn tiles_512<const Q4: bool>(
     run: &RowRun<'_>,
-    k: Q8Values<'_>,
-    v: Q8Values<'_>,
+    k: QuantValues<'_>,
+    v: QuantValues<'_>,
     stride: usize,
     out: &mut [f32],
     out_stride: usize,
@@ -119,7 +125,7 @@ unsafe fn tiles_q8_512(
     let outp = out.as_mut_ptr();
     let (vp, vdp) = (v.q.as_ptr(), v.d.as_ptr().cast::<u16>());
     let mut keys = KeyTile::new();
-    let mut quants = [0i8; MAX_Q8_HEAD];
+    let mut quants = [0i8; MAX_QUANT_HEAD];
 
     for t0 in (0..ranges.len()).step_by(ROW_TILE) {
         let tile = &ranges[t0..(t0 + ROW_TILE).min(ranges.len())];
@@ -151,7 +157,7 @@ unsafe fn tiles_q8_512(
         let mut kb = lo;
         while kb < hi {
             let count = (hi - kb).min(16);
-            keys.load(k.q, k.d, stride, kb, count, blocks);
+            keys.load::<Q4>(k.q, k.d, stride, kb, count, blocks);
             for (r, &(s, e)) in tile.iter().enumerate() {
                 let (a, b) = (kb.max(s), (kb + count).min(e));
                 if a >= b {
@@ -195,13 +201,13 @@ unsafe fn tiles_q8_512(
         while vb < hi {
             let count = (hi - vb).min(value_keys);
             for j in 0..count {
-                let at = (vb + j) * stride;
+                let at = (vb + j) * stride / BLOCK;
                 let row = vbuf.as_mut_ptr().add(j * hd);
                 for b in 0..blocks {
-                    let d = _mm512_set1_ps(f16_512(*vdp.add(at / BLOCK + b)));
-                    let p = vp.add(at + b * BLOCK);
-                    _mm512_storeu_ps(row.add(b * BLOCK), widen16(p, d));
-                    _mm512_storeu_ps(row.add(b * BLOCK + 16), widen16(p.add(16), d));
+                    let d = _mm512_set1_ps(f16_512(*vdp.add(at + b)));
+                    let [x0, x1] = widen_block(block_quants::<Q4>(vp, at + b), d);
+                    _mm512_storeu_ps(row.add(b * BLOCK), x0);
+                    _mm512_storeu_ps(row.add(b * BLOCK + 16), x1);
                 }
             }
             add_value_block(&sums, vbuf.as_ptr(), hd, vb, vb, count);

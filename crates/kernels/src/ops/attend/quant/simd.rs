@@ -1,17 +1,17 @@
-//! The AVX-512 halves of the q8_0 attention: the same arithmetic as the portable bodies in
-//! `mod.rs`, lane for lane (`tests`).
+//! The AVX-512 halves of the quantized caches' attention: the same arithmetic as the portable
+//! bodies in `mod.rs`, lane for lane (`tests`). `Q4` picks q4_0 blocks, else q8_0.
 
-use super::{Q8Query, BLOCK, MAX_GROUP, MAX_Q8_HEAD};
+use super::{QuantQuery, BLOCK, MAX_GROUP, MAX_QUANT_HEAD};
 use crate::scores::transpose16x16;
 
 /// [`super::key_scores`] for several query heads on AVX-512 (BW for the 16-bit products, F16C
 /// for the scales), sixteen keys at a time, one key a lane: the same bits. Each tile of keys
 /// is built once ([`KeyTile`]) for all the heads.
-#[target_feature(enable = "avx512f,avx512bw,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 #[allow(unsafe_code)]
-pub(super) unsafe fn key_scores_512(
-    queries: &[Q8Query<'_>],
-    kq: &[i8],
+pub(super) unsafe fn key_scores_512<const Q4: bool>(
+    queries: &[QuantQuery<'_>],
+    kq: &[u8],
     kd: &[half::f16],
     stride: usize,
     start: usize,
@@ -21,22 +21,22 @@ pub(super) unsafe fn key_scores_512(
     use std::arch::x86_64::*;
     let blocks = queries[0].d.len();
     let n = w.len() / queries.len();
-    let mut pairs = [0i32; MAX_GROUP * MAX_Q8_HEAD / 2];
+    let mut pairs = [0i32; MAX_GROUP * MAX_QUANT_HEAD / 2];
     for (h, qh) in queries.iter().enumerate() {
-        query_pairs(qh.q, &mut pairs[h * MAX_Q8_HEAD / 2..][..blocks * 16]);
+        query_pairs(qh.q, &mut pairs[h * MAX_QUANT_HEAD / 2..][..blocks * 16]);
     }
     let mut tile = KeyTile::new();
     let mut done = 0;
     while done < n {
         let count = (n - done).min(16);
-        tile.load(kq, kd, stride, start + done, count, blocks);
+        tile.load::<Q4>(kq, kd, stride, start + done, count, blocks);
         let mask = if count == 16 {
             0xFFFF
         } else {
             (1u16 << count) - 1
         };
         for (h, qh) in queries.iter().enumerate() {
-            let out = tile.score(&pairs[h * MAX_Q8_HEAD / 2..], qh.d, scale);
+            let out = tile.score(&pairs[h * MAX_QUANT_HEAD / 2..], qh.d, scale);
             _mm512_mask_storeu_ps(w.as_mut_ptr().add(h * n + done), mask, out);
         }
         done += count;
@@ -60,8 +60,8 @@ pub(super) unsafe fn query_pairs(q: &[i8], pairs: &mut [i32]) {
 /// and transposed (lane `i` of vector `l` holds key `i`'s quants `2l` and `2l + 1`), and their
 /// scales. Built once, then scored against any number of query heads.
 pub(super) struct KeyTile {
-    quants: [std::arch::x86_64::__m512i; MAX_Q8_HEAD / 2],
-    scales: [std::arch::x86_64::__m512; MAX_Q8_HEAD / BLOCK],
+    quants: [std::arch::x86_64::__m512i; MAX_QUANT_HEAD / 2],
+    scales: [std::arch::x86_64::__m512; MAX_QUANT_HEAD / BLOCK],
 }
 
 impl KeyTile {
@@ -70,18 +70,18 @@ impl KeyTile {
     pub(super) unsafe fn new() -> Self {
         use std::arch::x86_64::*;
         KeyTile {
-            quants: [_mm512_setzero_si512(); MAX_Q8_HEAD / 2],
-            scales: [_mm512_setzero_ps(); MAX_Q8_HEAD / BLOCK],
+            quants: [_mm512_setzero_si512(); MAX_QUANT_HEAD / 2],
+            scales: [_mm512_setzero_ps(); MAX_QUANT_HEAD / BLOCK],
         }
     }
 
     /// Keys `first..first + count` (`count` at most 16; the lanes past it zero), each of
     /// `blocks` blocks, `stride` values apart. The caller checked every read lies in `kq`/`kd`.
-    #[target_feature(enable = "avx512f,avx512bw,f16c")]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
     #[allow(unsafe_code)]
-    pub(super) unsafe fn load(
+    pub(super) unsafe fn load<const Q4: bool>(
         &mut self,
-        kq: &[i8],
+        kq: &[u8],
         kd: &[half::f16],
         stride: usize,
         first: usize,
@@ -95,8 +95,8 @@ impl KeyTile {
                 if i >= count {
                     return _mm512_setzero_ps();
                 }
-                let at = (first + i) * stride + b * BLOCK;
-                _mm512_castsi512_ps(_mm512_cvtepi8_epi16(_mm256_loadu_si256(kp.add(at).cast())))
+                let block = (first + i) * stride / BLOCK + b;
+                _mm512_castsi512_ps(_mm512_cvtepi8_epi16(block_quants::<Q4>(kp, block)))
             });
             for (l, v) in transpose16x16(&rows).into_iter().enumerate() {
                 self.quants[16 * b + l] = _mm512_castps_si512(v);
@@ -139,17 +139,43 @@ impl KeyTile {
     }
 }
 
-/// Sixteen values widened: `q[i] * d` in f32, the one rounding the portable bodies make.
-#[target_feature(enable = "avx512f")]
+/// Block `block`'s 32 signed quants (as [`super::block_quants`] unpacks them).
+#[target_feature(enable = "avx2")]
 #[inline]
 #[allow(unsafe_code)]
-pub(super) unsafe fn widen16(
-    p: *const i8,
-    d: std::arch::x86_64::__m512,
-) -> std::arch::x86_64::__m512 {
+pub(super) unsafe fn block_quants<const Q4: bool>(
+    q: *const u8,
+    block: usize,
+) -> std::arch::x86_64::__m256i {
     use std::arch::x86_64::*;
-    let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast()));
-    _mm512_mul_ps(_mm512_cvtepi32_ps(q), d)
+    if Q4 {
+        let x = _mm_loadu_si128(q.add(block * BLOCK / 2).cast());
+        let low = _mm_set1_epi8(15);
+        let (lo, hi) = (
+            _mm_and_si128(x, low),
+            _mm_and_si128(_mm_srli_epi16::<4>(x), low),
+        );
+        _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8))
+    } else {
+        _mm256_loadu_si256(q.add(block * BLOCK).cast())
+    }
+}
+
+/// A block's 32 values widened, in two halves of sixteen: `q[i] * d` in f32, the one rounding
+/// the portable bodies make.
+#[target_feature(enable = "avx512f,avx2")]
+#[inline]
+#[allow(unsafe_code)]
+pub(super) unsafe fn widen_block(
+    q: std::arch::x86_64::__m256i,
+    d: std::arch::x86_64::__m512,
+) -> [std::arch::x86_64::__m512; 2] {
+    use std::arch::x86_64::*;
+    let half = |x: __m128i| _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x)), d);
+    [
+        half(_mm256_castsi256_si128(q)),
+        half(_mm256_extracti128_si256::<1>(q)),
+    ]
 }
 
 /// Keys ahead whose quants are fetched into L1 while this one is summed: one head's rows are a
@@ -159,10 +185,10 @@ const PREFETCH_KEYS: usize = 8;
 /// Hints the `len` bytes at `p` into L1 (a prefetch never faults).
 #[inline(always)]
 #[allow(unsafe_code)]
-unsafe fn prefetch(p: *const i8, len: usize) {
+unsafe fn prefetch(p: *const u8, len: usize) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
     for line in (0..len).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(p.add(line));
+        _mm_prefetch::<_MM_HINT_T0>(p.add(line).cast());
     }
 }
 
@@ -175,13 +201,14 @@ pub(super) unsafe fn f16_512(bits: u16) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
 
-/// [`super::weighted_q8`] on AVX-512, a block of 32 columns at a time for all `G` heads: the same bits.
-#[target_feature(enable = "avx512f,fma,f16c")]
+/// [`super::weighted`] on AVX-512, a block of 32 columns at a time for all `G` heads: the same
+/// bits.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[allow(unsafe_code, clippy::too_many_arguments)]
-pub(super) unsafe fn weighted_q8_512<const G: usize>(
+pub(super) unsafe fn weighted_512<const G: usize, const Q4: bool>(
     ws: &[f32],
     n: usize,
-    vq: &[i8],
+    vq: &[u8],
     vd: &[half::f16],
     stride: usize,
     start: usize,
@@ -190,15 +217,18 @@ pub(super) unsafe fn weighted_q8_512<const G: usize>(
 ) {
     use std::arch::x86_64::*;
     let (vp, dp) = (vq.as_ptr(), vd.as_ptr().cast::<u16>());
+    let block_bytes = if Q4 { BLOCK / 2 } else { BLOCK };
+    let ahead = PREFETCH_KEYS * stride / BLOCK * block_bytes;
     for c0 in (0..hd).step_by(BLOCK) {
         let mut acc = [[_mm512_setzero_ps(); 2]; G];
         for idx in 0..n {
-            let at = (start + idx) * stride + c0;
-            if at + PREFETCH_KEYS * stride + BLOCK <= vq.len() {
-                prefetch(vp.add(at + PREFETCH_KEYS * stride), BLOCK);
+            let block = ((start + idx) * stride + c0) / BLOCK;
+            let at = block * block_bytes;
+            if at + ahead + block_bytes <= vq.len() {
+                prefetch(vp.add(at + ahead), block_bytes);
             }
-            let d = _mm512_set1_ps(f16_512(*dp.add(at / BLOCK)));
-            let (x0, x1) = (widen16(vp.add(at), d), widen16(vp.add(at + 16), d));
+            let d = _mm512_set1_ps(f16_512(*dp.add(block)));
+            let [x0, x1] = widen_block(block_quants::<Q4>(vp, block), d);
             for (g, acc_g) in acc.iter_mut().enumerate() {
                 let w = _mm512_set1_ps(*ws.get_unchecked(g * n + idx));
                 acc_g[0] = _mm512_fmadd_ps(x0, w, acc_g[0]);
