@@ -8,22 +8,26 @@ use crate::gguf::GgufFile;
 use crate::kv::Layer;
 use crate::sequence::HostKv;
 use crate::Sequence;
+use hearth_kernels::ops::QuantKind;
 
 /// The first `n` keys of layer `il`, widened to f32.
 fn keys(c: &HostKv, il: usize, n: usize) -> Vec<f32> {
     match c.k.layer(il) {
         Layer::F32(k) => k[..n].to_vec(),
         Layer::F16(k) => k[..n].iter().map(|x| x.to_f32()).collect(),
-        Layer::Quant(k) => {
-            assert_eq!(
-                k.kind,
-                hearth_kernels::ops::QuantKind::Q8_0,
-                "read back q8_0 only"
-            );
-            (0..n)
-                .map(|i| f32::from(k.q[i] as i8) * k.d[i / 32].to_f32())
-                .collect()
-        }
+        Layer::Quant(k) => (0..n)
+            .map(|i| {
+                let quant = match k.kind {
+                    QuantKind::Q8_0 => k.q[i] as i8,
+                    // Value i of its block: byte i % 16's low nibble, or its high one, less 8.
+                    QuantKind::Q4_0 => {
+                        let (block, at) = (i / 32, i % 32);
+                        (k.q[block * 16 + at % 16] >> (4 * (at / 16)) & 15) as i8 - 8
+                    }
+                };
+                f32::from(quant) * k.d[i / 32].to_f32()
+            })
+            .collect(),
     }
 }
 
@@ -85,7 +89,7 @@ fn an_f16_cache_gives_the_logits_of_an_f32_cache_with_the_same_values_in_half_th
 /// A prompt prefilled in one step (its rows attend together, a tile at a time) leaves exactly
 /// the cache that feeding it one token per step leaves, in every layer: each row's attention
 /// is the same, bit for bit, whether it runs alone or beside the other rows of its chunk. With
-/// an f32 cache, an f16 one and a q8_0 one.
+/// an f32 cache, an f16 one, a q8_0 one and a q4_0 one.
 #[test]
 fn a_prompt_prefilled_at_once_leaves_the_cache_one_token_a_step_leaves() {
     let dir = tempfile::tempdir().unwrap();
@@ -98,7 +102,12 @@ fn a_prompt_prefilled_at_once_leaves_the_cache_one_token_a_step_leaves() {
     let file = GgufFile::open(&path).unwrap();
     let hp = Hparams::from_gguf(&file.content).unwrap();
     let prompt: Vec<u32> = (0..100).map(|i| (i * 29 + 3) % VOCAB as u32).collect();
-    for kv in [KvPrecision::F32, KvPrecision::F16, KvPrecision::Q8_0] {
+    for kv in [
+        KvPrecision::F32,
+        KvPrecision::F16,
+        KvPrecision::Q8_0,
+        KvPrecision::Q4_0,
+    ] {
         let mut fast = from_gguf(&path, &file.content, hp.clone(), 2).unwrap();
         fast.set_kv(kv).unwrap();
         let mut logits = Vec::new();

@@ -137,7 +137,7 @@ unsafe fn tiles_512<const Q4: bool>(
         else {
             continue;
         };
-        // Every query head of the tile as the cache's keys are kept (attend_q8's rule).
+        // Every query head of the tile as llama.cpp multiplies it: q8_0 (attend_quant's rule).
         for r in 0..tile.len() {
             for g in 0..heads {
                 let i = r * heads + g;
