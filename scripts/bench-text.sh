@@ -125,7 +125,7 @@ if [ -n "$IK_BIN" ] && [ ! -x "$IK_BIN/llama-bench" ]; then
 fi
 [ -n "$IK_BIN" ] || echo "ik_llama.cpp: not measured (set IK_LLAMA_BIN to its bin/ folder; scripts/build-ik-llama-cpp.sh)"
 
-# llama.cpp's cache as close to Hearth's as it has: q8_0 for q8_0, else its default f16.
+# llama.cpp's cache as close to Hearth's as it has: the same quantized type, else its default f16.
 LLAMA_KV=()
 case "${KV:-f32}" in q8_0 | q4_0) LLAMA_KV=(-ctk "$KV" -ctv "$KV" -fa 1) ;; esac
 echo "== single stream: $(basename "$MODEL"), $THREADS threads, $REPS interleaved runs, Hearth's KV cache ${KV:-f32} =="

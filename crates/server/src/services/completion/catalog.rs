@@ -341,6 +341,10 @@ mod tests {
             hearth_infer::KvPrecision::Q8_0
         );
         assert_eq!(
+            load_with("kv_precision = \"q4_0\"").unwrap().kv_precision,
+            hearth_infer::KvPrecision::Q4_0
+        );
+        assert_eq!(
             load_with("").unwrap().kv_precision,
             hearth_infer::KvPrecision::F32
         );
