@@ -156,9 +156,7 @@ unsafe fn tiles512<T: KvValue>(
         for r in 0..tile.len() {
             std::slice::from_raw_parts_mut(outp.add((t0 + r) * out_stride), width).fill(0.0);
         }
-        let live = tile.iter().filter(|&&(s, e)| s < e);
-        let (Some(lo), Some(hi)) = (live.clone().map(|r| r.0).min(), live.map(|r| r.1).max())
-        else {
+        let Some((lo, hi)) = keys_of(tile) else {
             continue;
         };
         // Scores: sixteen keys transposed once, then scored against every query head of every
@@ -204,12 +202,7 @@ unsafe fn tiles512<T: KvValue>(
             }
             kb += count;
         }
-        for (r, &(s, e)) in tile.iter().enumerate() {
-            for g in 0..heads {
-                let at = (r * heads + g) * nmax;
-                super::softmax_in_place(&mut scores[at..at + e.saturating_sub(s)], f16_weights);
-            }
-        }
+        softmax_tile(tile, heads, nmax, scores, f16_weights);
         // The sum over V, a block of value rows at a time into every row's accumulators.
         let sums = TileSums {
             ranges: tile,
@@ -231,6 +224,34 @@ unsafe fn tiles512<T: KvValue>(
                 }
             }
             vb += count;
+        }
+    }
+}
+
+/// The keys a tile of rows attends, first to last (`None` if none attends any).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) fn keys_of(tile: &[(usize, usize)]) -> Option<(usize, usize)> {
+    let live = tile.iter().filter(|&&(s, e)| s < e);
+    Some((live.clone().map(|r| r.0).min()?, live.map(|r| r.1).max()?))
+}
+
+/// The softmax of every head of every row of a tile, in place: row `r`'s head `g`'s scores at
+/// `scores[(r * heads + g) * nmax..]`, as many as the row attends. Inlined, so that the
+/// exponentials are compiled for the calling kernel's features.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) fn softmax_tile(
+    tile: &[(usize, usize)],
+    heads: usize,
+    nmax: usize,
+    scores: &mut [f32],
+    f16_weights: bool,
+) {
+    for (r, &(s, e)) in tile.iter().enumerate() {
+        for g in 0..heads {
+            let at = (r * heads + g) * nmax;
+            super::softmax_in_place(&mut scores[at..at + e.saturating_sub(s)], f16_weights);
         }
     }
 }

@@ -114,7 +114,7 @@ pub fn attend_quant(
 ) {
     assert!(
         hd > 0 && hd.is_multiple_of(BLOCK) && stride.is_multiple_of(BLOCK) && hd <= MAX_QUANT_HEAD,
-        "a q8_0 cache needs heads of whole blocks (head {hd}, stride {stride})"
+        "a quantized cache needs heads of whole blocks (head {hd}, stride {stride})"
     );
     SCORES.with(|cell| {
         let mut scores = cell.borrow_mut();

@@ -12,8 +12,9 @@
 
 use super::simd::{block_quants, f16_512, query_pairs, widen_block, KeyTile};
 use super::{QuantKind, QuantValues, BLOCK, MAX_QUANT_HEAD};
-use crate::ops::attend::rows::{add_value_block, TileSums, ROW_TILE, VALUE_BLOCK_BYTES};
-use crate::ops::attend::{softmax_in_place, RowRun};
+use crate::ops::attend::rows::{add_value_block, keys_of, softmax_tile, TileSums};
+use crate::ops::attend::rows::{ROW_TILE, VALUE_BLOCK_BYTES};
+use crate::ops::attend::RowRun;
 use crate::ops::quantize::q8_0_block;
 
 /// Per-thread scratch: (scores, widened values and query scales; query pairs). Grows to the
@@ -37,7 +38,7 @@ pub(super) fn takes(
     let in_cache = |&(s, e): &(usize, usize)| {
         s >= e || {
             let last = (e - 1) * stride;
-            last + hd <= k.q.len().min(v.q.len())
+            k.kind.quant_bytes(last + hd) <= k.q.len().min(v.q.len())
                 && last / BLOCK + hd / BLOCK <= k.d.len().min(v.d.len())
         }
     };
@@ -132,9 +133,7 @@ unsafe fn tiles_512<const Q4: bool>(
         for r in 0..tile.len() {
             std::slice::from_raw_parts_mut(outp.add((t0 + r) * out_stride), width).fill(0.0);
         }
-        let live = tile.iter().filter(|&&(s, e)| s < e);
-        let (Some(lo), Some(hi)) = (live.clone().map(|r| r.0).min(), live.map(|r| r.1).max())
-        else {
+        let Some((lo, hi)) = keys_of(tile) else {
             continue;
         };
         // Every query head of the tile as llama.cpp multiplies it: q8_0 (attend_quant's rule).
@@ -181,12 +180,7 @@ unsafe fn tiles_512<const Q4: bool>(
             }
             kb += count;
         }
-        for (r, &(s, e)) in tile.iter().enumerate() {
-            for g in 0..heads {
-                let at = (r * heads + g) * nmax;
-                softmax_in_place(&mut scores[at..at + e.saturating_sub(s)], false);
-            }
-        }
+        softmax_tile(tile, heads, nmax, scores, false);
         // The sum over V: a block of value rows widened once, summed into every row.
         let sums = TileSums {
             ranges: tile,

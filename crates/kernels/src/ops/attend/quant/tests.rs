@@ -187,6 +187,18 @@ fn rows_check(kind: QuantKind, hd: usize, heads: usize, ranges: &[(usize, usize)
         scale: 0.125,
         f16_weights: true,
     };
+    // Where this CPU has the kernels, the tiles are what is tested, not the row-by-row path.
+    #[cfg(target_arch = "x86_64")]
+    if simd512()
+        && is_x86_feature_detected!("avx512vl")
+        && hd.is_multiple_of(64)
+        && ranges.len() > 1
+    {
+        assert!(
+            rows::takes(&run, k, v, stride, out_stride),
+            "{kind:?} hd {hd}: the tiles refused a run they hold"
+        );
+    }
     let mut together = vec![f32::NAN; ranges.len() * out_stride];
     attend_rows_quant(&run, k, v, stride, &mut together, out_stride);
     let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
