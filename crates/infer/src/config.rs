@@ -140,13 +140,10 @@ impl KvPrecision {
     /// Bytes a host KV cache stores for `values` values (for a quantized cache, whole blocks:
     /// a block's quants and its f16 scale).
     pub fn bytes(self, values: usize) -> usize {
-        match self {
-            KvPrecision::F32 => 4 * values,
-            KvPrecision::F16 => 2 * values,
-            KvPrecision::Q8_0 | KvPrecision::Q4_0 => {
-                let kind = self.quant().expect("a quantized cache");
-                values.div_ceil(Self::QUANT_BLOCK) * (kind.block_bytes() + 2)
-            }
+        match self.quant() {
+            Some(kind) => values.div_ceil(Self::QUANT_BLOCK) * (kind.block_bytes() + 2),
+            None if self == KvPrecision::F16 => 2 * values,
+            None => 4 * values,
         }
     }
 }

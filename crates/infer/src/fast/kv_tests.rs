@@ -8,26 +8,13 @@ use crate::gguf::GgufFile;
 use crate::kv::Layer;
 use crate::sequence::HostKv;
 use crate::Sequence;
-use hearth_kernels::ops::QuantKind;
 
 /// The first `n` keys of layer `il`, widened to f32.
 fn keys(c: &HostKv, il: usize, n: usize) -> Vec<f32> {
     match c.k.layer(il) {
         Layer::F32(k) => k[..n].to_vec(),
         Layer::F16(k) => k[..n].iter().map(|x| x.to_f32()).collect(),
-        Layer::Quant(k) => (0..n)
-            .map(|i| {
-                let quant = match k.kind {
-                    QuantKind::Q8_0 => k.q[i] as i8,
-                    // Value i of its block: byte i % 16's low nibble, or its high one, less 8.
-                    QuantKind::Q4_0 => {
-                        let (block, at) = (i / 32, i % 32);
-                        (k.q[block * 16 + at % 16] >> (4 * (at / 16)) & 15) as i8 - 8
-                    }
-                };
-                f32::from(quant) * k.d[i / 32].to_f32()
-            })
-            .collect(),
+        Layer::Quant(k) => (0..n).map(|i| k.value(i)).collect(),
     }
 }
 

@@ -213,18 +213,36 @@ unsafe fn tiles512<T: KvValue>(
             out: outp.add(t0 * out_stride),
             out_stride,
         };
-        let mut vb = lo;
-        while vb < hi {
-            let count = (hi - vb).min(value_keys);
+        add_values(&sums, (lo, hi), value_keys, |vb, count| {
             match T::as_f32(v) {
-                Some(v32) => add_value_block(&sums, v32.as_ptr(), stride, 0, vb, count),
+                Some(v32) => (v32.as_ptr(), stride, 0),
                 None => {
                     T::widen_rows(v, vb, count, stride, hd, vbuf);
-                    add_value_block(&sums, vbuf.as_ptr(), hd, vb, vb, count);
+                    (vbuf.as_ptr(), hd, vb)
                 }
             }
-            vb += count;
-        }
+        });
+    }
+}
+
+/// Adds the tile's weighted sums over value rows `lo..hi`, `block` rows at a time:
+/// `values(vb, count)` readies rows `vb..vb + count` as f32 and says where they are
+/// (`(base, stride, first)`: row `j` at `base + (j - first) * stride`). Inlined into the
+/// calling kernel, which checked every pointer's reach.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) unsafe fn add_values(
+    sums: &TileSums<'_>,
+    (lo, hi): (usize, usize),
+    block: usize,
+    mut values: impl FnMut(usize, usize) -> (*const f32, usize, usize),
+) {
+    let mut vb = lo;
+    while vb < hi {
+        let count = (hi - vb).min(block);
+        let (base, stride, first) = values(vb, count);
+        add_value_block(sums, base, stride, first, vb, count);
+        vb += count;
     }
 }
 
@@ -277,7 +295,7 @@ pub(super) struct TileSums<'a> {
 /// sums them. `hd` is a multiple of 64; the caller checked every pointer's reach.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
-pub(super) unsafe fn add_value_block(
+unsafe fn add_value_block(
     t: &TileSums<'_>,
     base: *const f32,
     vstride: usize,

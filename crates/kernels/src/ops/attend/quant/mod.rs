@@ -47,6 +47,15 @@ pub enum QuantKind {
 }
 
 impl QuantKind {
+    /// The kind a kernel's `Q4` parameter names.
+    pub(super) const fn of(q4: bool) -> QuantKind {
+        if q4 {
+            QuantKind::Q4_0
+        } else {
+            QuantKind::Q8_0
+        }
+    }
+
     /// Bytes of one block's quants.
     pub const fn block_bytes(self) -> usize {
         match self {
@@ -80,6 +89,30 @@ impl<'a> QuantValues<'a> {
             d: &self.d[at / BLOCK..],
             ..self
         }
+    }
+}
+
+/// Query heads (whole blocks) as llama.cpp multiplies them by either cache's keys: q8_0
+/// quants into `q`, each block's scale rounded to f16 (and widened back) into `d`.
+#[inline(always)]
+fn quantize_query(x: &[f32], q: &mut [i8], d: &mut [f32]) {
+    for ((xb, qb), d) in x
+        .chunks_exact(BLOCK)
+        .zip(q.chunks_exact_mut(BLOCK))
+        .zip(d.iter_mut())
+    {
+        *d = half::f16::from_f32(q8_0_block(xb, qb)).to_f32();
+    }
+}
+
+impl QuantValues<'_> {
+    /// Value `i`, widened: its quant times its block's scale, in f32 (as the kernels widen it).
+    pub fn value(&self, i: usize) -> f32 {
+        let quants = match self.kind {
+            QuantKind::Q8_0 => block_quants::<false>(self.q, i / BLOCK),
+            QuantKind::Q4_0 => block_quants::<true>(self.q, i / BLOCK),
+        };
+        f32::from(quants[i % BLOCK]) * self.d[i / BLOCK].to_f32()
     }
 }
 
@@ -226,7 +259,7 @@ fn attend_quant_body(
     }
     let n = end - start;
     let blocks = hd / BLOCK;
-    let kind = if q4 { QuantKind::Q4_0 } else { QuantKind::Q8_0 };
+    let kind = QuantKind::of(q4);
     // Every key and value read lies within the slices (the kernels below index unchecked).
     let last = (end - 1) * stride;
     assert!(
@@ -238,14 +271,7 @@ fn attend_quant_body(
         "scales past the cache"
     );
     let scores = &mut scores[..heads * n];
-    // Every query head as llama.cpp multiplies it: q8_0 quants and f16-rounded scales.
-    for ((x, qb), d) in q
-        .chunks_exact(BLOCK)
-        .zip(qq.chunks_exact_mut(BLOCK))
-        .zip(qd.iter_mut())
-    {
-        *d = half::f16::from_f32(q8_0_block(x, qb)).to_f32();
-    }
+    quantize_query(q, qq, qd);
     let queries = (&*qq, &*qd);
     let (k, v) = ((kq, kd), (vq, vd, stride, start, hd));
     if q4 {

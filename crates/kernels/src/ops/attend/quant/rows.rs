@@ -11,11 +11,10 @@
 //! depend on the rows beside it (`tests`).
 
 use super::simd::{block_quants, f16_512, query_pairs, widen_block, KeyTile};
-use super::{QuantKind, QuantValues, BLOCK, MAX_QUANT_HEAD};
-use crate::ops::attend::rows::{add_value_block, keys_of, softmax_tile, TileSums};
+use super::{quantize_query, QuantKind, QuantValues, BLOCK, MAX_QUANT_HEAD};
+use crate::ops::attend::rows::{add_values, keys_of, softmax_tile, TileSums};
 use crate::ops::attend::rows::{ROW_TILE, VALUE_BLOCK_BYTES};
 use crate::ops::attend::RowRun;
-use crate::ops::quantize::q8_0_block;
 
 /// Per-thread scratch: (scores, widened values and query scales; query pairs). Grows to the
 /// largest tile seen, then is reused.
@@ -136,18 +135,12 @@ unsafe fn tiles_512<const Q4: bool>(
         let Some((lo, hi)) = keys_of(tile) else {
             continue;
         };
-        // Every query head of the tile as llama.cpp multiplies it: q8_0 (attend_quant's rule).
+        // Every query head of the tile, as attend_quant quantizes it.
         for r in 0..tile.len() {
             for g in 0..heads {
                 let i = r * heads + g;
                 let x = &q[(t0 + r) * q_stride + g * hd..][..hd];
-                for (b, (xb, qb)) in x
-                    .chunks_exact(BLOCK)
-                    .zip(quants.chunks_exact_mut(BLOCK))
-                    .enumerate()
-                {
-                    qd[i * blocks + b] = half::f16::from_f32(q8_0_block(xb, qb)).to_f32();
-                }
+                quantize_query(x, &mut quants[..hd], &mut qd[i * blocks..][..blocks]);
                 query_pairs(&quants[..hd], &mut pairs[i * blocks * 16..][..blocks * 16]);
             }
         }
@@ -191,9 +184,7 @@ unsafe fn tiles_512<const Q4: bool>(
             out: outp.add(t0 * out_stride),
             out_stride,
         };
-        let mut vb = lo;
-        while vb < hi {
-            let count = (hi - vb).min(value_keys);
+        add_values(&sums, (lo, hi), value_keys, |vb, count| {
             for j in 0..count {
                 let at = (vb + j) * stride / BLOCK;
                 let row = vbuf.as_mut_ptr().add(j * hd);
@@ -204,8 +195,7 @@ unsafe fn tiles_512<const Q4: bool>(
                     _mm512_storeu_ps(row.add(b * BLOCK + 16), x1);
                 }
             }
-            add_value_block(&sums, vbuf.as_ptr(), hd, vb, vb, count);
-            vb += count;
-        }
+            (vbuf.as_ptr(), hd, vb)
+        });
     }
 }

@@ -1,7 +1,7 @@
 //! The AVX-512 halves of the quantized caches' attention: the same arithmetic as the portable
 //! bodies in `mod.rs`, lane for lane (`tests`). `Q4` picks q4_0 blocks, else q8_0.
 
-use super::{QuantQuery, BLOCK, MAX_GROUP, MAX_QUANT_HEAD};
+use super::{QuantKind, QuantQuery, BLOCK, MAX_GROUP, MAX_QUANT_HEAD};
 use crate::scores::transpose16x16;
 
 /// [`super::key_scores`] for several query heads on AVX-512 (BW for the 16-bit products, F16C
@@ -217,7 +217,7 @@ pub(super) unsafe fn weighted_512<const G: usize, const Q4: bool>(
 ) {
     use std::arch::x86_64::*;
     let (vp, dp) = (vq.as_ptr(), vd.as_ptr().cast::<u16>());
-    let block_bytes = if Q4 { BLOCK / 2 } else { BLOCK };
+    let block_bytes = QuantKind::of(Q4).block_bytes();
     let ahead = PREFETCH_KEYS * stride / BLOCK * block_bytes;
     for c0 in (0..hd).step_by(BLOCK) {
         let mut acc = [[_mm512_setzero_ps(); 2]; G];

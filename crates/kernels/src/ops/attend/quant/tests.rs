@@ -8,15 +8,8 @@ const KINDS: [QuantKind; 2] = [QuantKind::Q8_0, QuantKind::Q4_0];
 
 /// The cache's values widened, for an f32 attention over exactly what the blocks kept.
 fn widen(kind: QuantKind, q: &[u8], d: &[half::f16]) -> Vec<f32> {
-    (0..d.len())
-        .flat_map(|b| {
-            let quants = match kind {
-                QuantKind::Q8_0 => block_quants::<false>(q, b),
-                QuantKind::Q4_0 => block_quants::<true>(q, b),
-            };
-            quants.map(|x| f32::from(x) * d[b].to_f32())
-        })
-        .collect()
+    let values = QuantValues { kind, q, d };
+    (0..d.len() * BLOCK).map(|i| values.value(i)).collect()
 }
 
 fn cache(kind: QuantKind, values: usize, seed: usize) -> (Vec<u8>, Vec<half::f16>) {
