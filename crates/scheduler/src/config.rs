@@ -63,6 +63,21 @@ pub enum Speculation {
     /// Prompt lookup: the draft is what followed the latest earlier occurrence of the stream's
     /// last tokens in its prompt and output.
     Ngram(Ngram),
+    /// A draft model (given to [`Scheduler::spawn_with_draft`](crate::Scheduler::spawn_with_draft)):
+    /// a smaller model with the same vocabulary keeps a cache of its own per stream and proposes
+    /// its greedy tokens, as many as its confidence and the stream's acceptance make worth a row.
+    Draft(DraftModel),
+}
+
+impl Speculation {
+    /// Whether the bounds make sense (see [`Ngram::check`] and [`DraftModel::check`]).
+    pub fn check(&self) -> Result<(), String> {
+        match self {
+            Speculation::Off => Ok(()),
+            Speculation::Ngram(n) => n.check(),
+            Speculation::Draft(d) => d.check(),
+        }
+    }
 }
 
 /// Most tokens one step may draft for a stream.
@@ -85,12 +100,10 @@ impl Ngram {
     /// Whether the bounds make sense: at least one token drafted and matched, at most
     /// [`MAX_DRAFT`] and [`MAX_MATCH`], `min_match <= max_match`.
     pub fn check(&self) -> Result<(), String> {
-        if self.max_draft == 0 || self.max_draft > MAX_DRAFT {
-            return Err(format!(
-                "speculation's max_draft must be within 1..={MAX_DRAFT}, got {}",
-                self.max_draft
-            ));
+        DraftModel {
+            max_draft: self.max_draft,
         }
+        .check()?;
         if self.min_match == 0 || self.max_match > MAX_MATCH || self.min_match > self.max_match {
             return Err(format!(
                 "speculation's min_match and max_match must satisfy 1 <= min_match <= max_match \
@@ -99,6 +112,33 @@ impl Ngram {
             ));
         }
         Ok(())
+    }
+}
+
+/// Draft-model speculation's bound. How many tokens a step drafts below it adapts to the draft
+/// model's own confidence, the stream's acceptance and what a drafted token costs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DraftModel {
+    /// Most tokens drafted for one step.
+    pub max_draft: usize,
+}
+
+impl DraftModel {
+    /// Whether at least one and at most [`MAX_DRAFT`] tokens may be drafted.
+    pub fn check(&self) -> Result<(), String> {
+        if self.max_draft == 0 || self.max_draft > MAX_DRAFT {
+            return Err(format!(
+                "speculation's max_draft must be within 1..={MAX_DRAFT}, got {}",
+                self.max_draft
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Default for DraftModel {
+    fn default() -> Self {
+        DraftModel { max_draft: 8 }
     }
 }
 
@@ -145,9 +185,7 @@ impl SchedulerConfig {
         if self.max_step_tokens == 0 {
             return bad("max_step_tokens");
         }
-        if let Speculation::Ngram(n) = self.speculation {
-            n.check().map_err(Error::InvalidConfig)?;
-        }
+        self.speculation.check().map_err(Error::InvalidConfig)?;
         if self.channel_capacity < 2 {
             return Err(Error::InvalidConfig(
                 "channel_capacity must be at least 2".into(),

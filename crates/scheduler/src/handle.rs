@@ -16,7 +16,7 @@ use tracing::Span;
 use crate::engine::Engine;
 use crate::metrics::{Metrics, MetricsSnapshot};
 pub(crate) use crate::queue::{Pending, Queue, RunState, Shared};
-use crate::{Error, SchedulerConfig};
+use crate::{Error, SchedulerConfig, Speculation};
 
 /// Stops one stream (queued or running) within one engine step. Cheap to clone.
 #[derive(Debug, Clone, Default)]
@@ -57,15 +57,51 @@ pub struct Request {
 pub struct Scheduler;
 
 impl Scheduler {
-    /// Moves `model` onto a new OS thread running its engine loop.
+    /// Moves `model` onto a new OS thread running its engine loop. A configuration that
+    /// speculates with a draft model is refused here: [`Scheduler::spawn_with_draft`] takes it.
     pub fn spawn(model: TextModel, config: SchedulerConfig) -> Result<SchedulerHandle, Error> {
+        if matches!(config.speculation, Speculation::Draft(_)) {
+            return Err(Error::InvalidConfig(
+                "draft-model speculation needs its draft model".into(),
+            ));
+        }
+        Self::start(model, None, config)
+    }
+
+    /// As [`spawn`](Scheduler::spawn), with `draft` proposing tokens for `model` to verify
+    /// (`config.speculation` must be [`Speculation::Draft`]). The draft must read ids as the
+    /// model does (the same tokenizer); each stream's KV budget counts both caches.
+    pub fn spawn_with_draft(
+        model: TextModel,
+        draft: TextModel,
+        config: SchedulerConfig,
+    ) -> Result<SchedulerHandle, Error> {
+        if !matches!(config.speculation, Speculation::Draft(_)) {
+            return Err(Error::InvalidConfig(
+                "a draft model is given but speculation is not `draft`".into(),
+            ));
+        }
+        if let Some(why) = model.tokenizer().id_mismatch(&draft.tokenizer()) {
+            return Err(Error::InvalidConfig(format!(
+                "the draft model's vocabulary is not the model's: {why}"
+            )));
+        }
+        Self::start(model, Some(draft), config)
+    }
+
+    fn start(
+        model: TextModel,
+        draft: Option<TextModel>,
+        config: SchedulerConfig,
+    ) -> Result<SchedulerHandle, Error> {
         config.check()?;
         let info = model.info();
+        let draft_kv = draft.as_ref().map_or(0, |d| d.info().kv_bytes_per_token);
         let (stopped, stopped_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
             context_length: info.context_length,
             vocab_size: info.vocab_size,
-            kv_bytes_per_token: info.kv_bytes_per_token as u64,
+            kv_bytes_per_token: (info.kv_bytes_per_token + draft_kv) as u64,
             tokenizer: model.tokenizer(),
             config,
             queue: Mutex::new(Queue {
@@ -83,7 +119,7 @@ impl Scheduler {
         let engine_shared = Arc::clone(&shared);
         std::thread::Builder::new()
             .name(format!("engine-{}", shared.config.name))
-            .spawn(move || Engine::new(model, engine_shared).run())
+            .spawn(move || Engine::new(model, draft, engine_shared).run())
             .map_err(|e| {
                 Error::EngineUnavailable(format!("cannot start the engine thread: {e}"))
             })?;

@@ -21,7 +21,7 @@ pub mod metrics;
 mod queue;
 mod spare;
 
-pub use config::{Ngram, SchedulerConfig, Speculation, MAX_DRAFT, MAX_MATCH};
+pub use config::{DraftModel, Ngram, SchedulerConfig, Speculation, MAX_DRAFT, MAX_MATCH};
 pub use error::Error;
 pub use handle::{
     Announced, CancelHandle, Generation, Outcome, Output, Request, Scheduler, SchedulerHandle,

@@ -233,6 +233,22 @@ impl TextTokenizer {
         self.format.bytes(&piece)
     }
 
+    /// Where `other` reads ids differently from this tokenizer, if anywhere among the ids both
+    /// have: the first id whose bytes or special-ness differ, described. A draft model must
+    /// speak its target's ids; ids only one of them has (a padded vocabulary) are not compared.
+    pub fn id_mismatch(&self, other: &TextTokenizer) -> Option<String> {
+        let shared = self.vocab_size().min(other.vocab_size()) as u32;
+        let id = (0..shared).find(|&id| {
+            self.token_bytes(id) != other.token_bytes(id)
+                || self.is_special(id) != other.is_special(id)
+        })?;
+        Some(format!(
+            "token {id} is {:?} in one vocabulary and {:?} in the other",
+            String::from_utf8_lossy(&self.token_bytes(id)),
+            String::from_utf8_lossy(&other.token_bytes(id))
+        ))
+    }
+
     /// True for special (control) tokens: `decode` leaves them out, grammars never produce them.
     pub fn is_special(&self, id: u32) -> bool {
         self.added

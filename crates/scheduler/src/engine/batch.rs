@@ -1,7 +1,8 @@
 //! The batch the engine loop owns: running sequences, admission, reaping, planning a step,
 //! sampling and sending events without ever blocking on a reader.
 
-use super::draft::{Drafter, StepCost};
+use super::draft::{Drafter, StepCost, MAX_SHARE};
+use super::draft_model::DraftCost;
 use super::emit::Emitter;
 use super::*;
 use crate::config::Speculation;
@@ -33,11 +34,16 @@ pub(super) struct Active {
     /// Tokens this step feeds, chosen by `plan`: positions of `ids`, or with a draft, the
     /// positions of `draft` as they will be.
     pub(super) planned: Option<(usize, usize)>,
-    /// Prompt lookup's drafter, when the model speculates.
+    /// The drafter, when the model speculates.
     pub(super) drafter: Option<Drafter>,
     /// This step's tokens when it verifies a draft: the last token, then the drafted ones
     /// (empty otherwise).
     pub(super) draft: Vec<u32>,
+    /// The draft model's cache of this stream's tokens, when a draft model drafts
+    /// (`draft_model.rs`; dropped if the draft model cannot go on with it).
+    pub(super) draft_seq: Option<Sequence>,
+    /// The most tokens the draft model may propose for this step (set by `plan`).
+    pub(super) draft_allowed: usize,
     pub(super) progress: Arc<AtomicUsize>,
     pub(super) span: Span,
 }
@@ -103,12 +109,20 @@ pub(super) struct Batch {
     pub(super) vocab: usize,
     /// What a drafted row costs, learned from the decoding steps.
     pub(super) cost: StepCost,
+    /// What a drafted token costs in draft-model steps, learned from them.
+    pub(super) draft_cost: DraftCost,
+    /// The draft model's vocabulary size (0 without one).
+    pub(super) draft_vocab: usize,
 }
 
 impl Batch {
     /// Moves waiting requests into the batch in arrival order while slots and KV budget allow.
     /// Returns the shutdown deadline when draining.
-    pub(super) fn admit(&mut self, model: &TextModel) -> Option<Instant> {
+    pub(super) fn admit(
+        &mut self,
+        model: &TextModel,
+        draft: Option<&TextModel>,
+    ) -> Option<Instant> {
         let shared = Arc::clone(&self.shared);
         let config = &shared.config;
         let mut queue = shared.lock();
@@ -182,9 +196,16 @@ impl Batch {
                 }
                 seq
             });
+            // The draft model's own cache, as long as its context allows.
+            let seq = seq.and_then(|seq| {
+                let draft_seq = draft
+                    .map(|d| d.new_sequence(p.capacity.min(d.info().context_length)))
+                    .transpose()?;
+                Ok((seq, draft_seq))
+            });
             // An allocation failure is the request's, not the engine's: refuse it and go on.
             match seq {
-                Ok(seq) => self.start(p, seq),
+                Ok((seq, draft_seq)) => self.start(p, seq, draft_seq),
                 Err(e) => {
                     let _ = p.admit.send(Err(e.into()));
                 }
@@ -226,7 +247,7 @@ impl Batch {
         }
     }
 
-    pub(super) fn start(&mut self, p: Pending, seq: Sequence) {
+    pub(super) fn start(&mut self, p: Pending, seq: Sequence, draft_seq: Option<Sequence>) {
         let Pending {
             stream_id,
             prompt,
@@ -255,7 +276,7 @@ impl Batch {
             )
         });
         // A kept cache may be a little larger than asked: account what it really holds.
-        let kv_bytes = seq.kv_bytes() as u64;
+        let kv_bytes = (seq.kv_bytes() + draft_seq.as_ref().map_or(0, Sequence::kv_bytes)) as u64;
         self.kv_reserved += kv_bytes;
         self.active.push(Active {
             stream_id,
@@ -280,8 +301,11 @@ impl Batch {
             drafter: match self.shared.config.speculation {
                 Speculation::Off => None,
                 Speculation::Ngram(bounds) => Some(Drafter::new(bounds)),
+                Speculation::Draft(bounds) => Some(Drafter::for_model(bounds)),
             },
             draft: Vec::new(),
+            draft_seq,
+            draft_allowed: 0,
             progress,
             span,
         });
@@ -335,16 +359,17 @@ impl Batch {
         let config = &self.shared.config;
         let mut budget = config.max_step_tokens;
         let mut rows = 0;
-        let share = self.cost.share();
+        let share = self.draft_share();
         for a in self.active.iter_mut() {
             a.planned = None;
             a.draft.clear();
             if a.outbox.is_empty() && !a.prefilling() {
                 budget = budget.saturating_sub(1);
                 let fed = a.fed();
+                // A draft model's tokens are not drafted yet: only their budget is kept.
                 let drafted = a.plan_draft(budget, share);
                 budget -= drafted;
-                a.planned = Some((fed, fed + 1 + drafted));
+                a.planned = Some((fed, fed + 1 + a.draft.len().saturating_sub(1)));
                 rows += 1;
             }
         }
@@ -365,6 +390,16 @@ impl Batch {
             rows += 1;
         }
         rows
+    }
+
+    /// The share of a token's time one drafted token costs: a row of the model's step, and with
+    /// a draft model, its draft steps too.
+    pub(super) fn draft_share(&self) -> f64 {
+        let rows = self.cost.share();
+        match self.shared.config.speculation {
+            Speculation::Draft(_) => (rows + self.draft_cost.share(&self.cost)).min(MAX_SHARE),
+            _ => rows,
+        }
     }
 
     /// Removes sequence `i` from the batch at once (its KV cache is freed here) and queues its

@@ -1,6 +1,7 @@
-//! Drafting for speculative decoding: prompt lookup. A stream whose last tokens occurred earlier
-//! in its prompt or output drafts what followed them there; the draft rides in the stream's next
-//! step after its last token, and `verify.rs` keeps what the model confirms.
+//! Drafting for speculative decoding. By prompt lookup, a stream whose last tokens occurred
+//! earlier in its prompt or output drafts what followed them there; with a draft model
+//! (`draft_model.rs`), the draft model's greedy tokens are the draft. Either way the draft rides in
+//! the stream's next step after its last token, and `verify.rs` keeps what the model confirms.
 //!
 //! How much to draft is a trade: a drafted row costs the step some time whether or not the model
 //! confirms it. [`StepCost`] learns from the engine's own steps what one more row costs, as a
@@ -12,7 +13,7 @@
 //! rarely repeats its context, pays little.
 
 use super::batch::Active;
-use crate::config::Ngram;
+use crate::config::{DraftModel, Ngram};
 
 /// Longest rest, in steps, after drafts that missed in a row.
 const MAX_REST: u32 = 16;
@@ -23,12 +24,14 @@ const STEP_DECAY: f64 = 0.97;
 /// Steps seen before their cost is trusted.
 const MIN_STEPS: f64 = 8.0;
 /// The highest share asked of a draft: even a costly row is worth a token confirmed this often.
-const MAX_SHARE: f64 = 0.9;
+pub(super) const MAX_SHARE: f64 = 0.9;
 
-/// One stream's prompt-lookup drafter and what it learned of its acceptance.
+/// One stream's drafter and what it learned of its acceptance.
 #[derive(Debug)]
 pub(super) struct Drafter {
-    bounds: Ngram,
+    max_draft: usize,
+    /// Prompt lookup's bounds; `None` when a draft model drafts.
+    lookup: Option<Ngram>,
     /// Drafted positions the model confirmed, and positions whose fate a verification told
     /// (the confirmed ones and the first refused one), both decayed per draft.
     hits: f64,
@@ -40,9 +43,21 @@ pub(super) struct Drafter {
 }
 
 impl Drafter {
+    /// A prompt-lookup drafter.
     pub(super) fn new(bounds: Ngram) -> Drafter {
         Drafter {
-            bounds,
+            lookup: Some(bounds),
+            ..Drafter::for_model(DraftModel {
+                max_draft: bounds.max_draft,
+            })
+        }
+    }
+
+    /// A drafter whose tokens a draft model proposes.
+    pub(super) fn for_model(bounds: DraftModel) -> Drafter {
+        Drafter {
+            max_draft: bounds.max_draft,
+            lookup: None,
             hits: 0.0,
             tries: 0.0,
             rest: 0,
@@ -54,7 +69,7 @@ impl Drafter {
     /// stream's recent drafts showed, from a prior of one half worth one position (a light one:
     /// in a full batch a row costs nearly a token's time, and a stream copying its input, whose
     /// drafts are all confirmed, must be seen to be so).
-    fn acceptance(&self) -> f64 {
+    pub(super) fn acceptance(&self) -> f64 {
         (self.hits + 0.5) / (self.tries + 1.0)
     }
 
@@ -64,7 +79,7 @@ impl Drafter {
     fn worth(&self, share: f64) -> usize {
         let a = self.acceptance();
         let (mut chance, mut n) = (1.0, 0);
-        while n < self.bounds.max_draft {
+        while n < self.max_draft {
             chance *= a;
             if chance < share {
                 break;
@@ -74,17 +89,32 @@ impl Drafter {
         n.max(1)
     }
 
-    /// Appends to `out` at most `limit` tokens expected after `ids`, as many as are worth their
-    /// rows at `share` (none while resting or when the last tokens occur nowhere earlier).
-    pub(super) fn propose(&mut self, ids: &[u32], limit: usize, share: f64, out: &mut Vec<u32>) {
+    /// How many tokens this stream may draft for its next step: none while it rests, else as
+    /// many as are worth their rows at `share`, at most `limit`.
+    pub(super) fn allowance(&mut self, limit: usize, share: f64) -> usize {
         if self.rest > 0 {
             self.rest -= 1;
+            return 0;
+        }
+        self.worth(share).min(limit)
+    }
+
+    /// Prompt lookup: appends to `out` at most `limit` tokens expected after `ids`, as many as
+    /// are worth their rows at `share` (none while resting, for a draft model's drafter, or when
+    /// the last tokens occur nowhere earlier).
+    pub(super) fn propose(&mut self, ids: &[u32], limit: usize, share: f64, out: &mut Vec<u32>) {
+        let Some(bounds) = self.lookup else {
             return;
-        }
-        let want = self.worth(share).min(limit);
+        };
+        let want = self.allowance(limit, share);
         if want > 0 {
-            lookup(ids, self.bounds.min_match, self.bounds.max_match, want, out);
+            lookup(ids, bounds.min_match, bounds.max_match, want, out);
         }
+    }
+
+    /// Whether a draft model proposes this stream's tokens.
+    pub(super) fn by_model(&self) -> bool {
+        self.lookup.is_none()
     }
 
     /// Learns from a verified draft: `accepted` of its `drafted` tokens were the model's.
@@ -131,6 +161,11 @@ impl StepCost {
         self.tokens = self.tokens * d + tokens as f64;
     }
 
+    /// What a token took, in seconds, over recent decoding steps (`None` before any).
+    pub(super) fn token_secs(&self) -> Option<f64> {
+        (self.tokens > 0.0).then(|| self.t / self.tokens)
+    }
+
     /// The share of a token's time one more row costs (0 until the steps tell: draft freely,
     /// which is how the steps come to differ in rows).
     pub(super) fn share(&self) -> f64 {
@@ -150,9 +185,11 @@ impl StepCost {
 
 impl Active {
     /// Drafts what this decoding stream's next step feeds after its last token (as many tokens
-    /// as are worth their rows when a row costs `share` of a token's time), at most `budget`, within its cache and its `max_tokens` (the step samples one token for
-    /// certain) and as far as its constraint allows; returns how many. The step's tokens go to
-    /// `draft`, the last token first; nothing is drafted without a drafter.
+    /// as are worth their rows when a row costs `share` of a token's time), at most `budget`,
+    /// within its cache and its `max_tokens` (the step samples one token for certain) and as far
+    /// as its constraint allows; returns how many. The step's tokens go to `draft`, the last
+    /// token first; nothing is drafted without a drafter. A draft model's drafter only sets
+    /// `draft_allowed`, the most its draft model may propose before the step, and returns that.
     pub(super) fn plan_draft(&mut self, budget: usize, share: f64) -> usize {
         let after_last = self.fed() + 1;
         let room = self
@@ -160,22 +197,29 @@ impl Active {
             .min(self.seq.capacity())
             .saturating_sub(after_last);
         let left = self.max_tokens.saturating_sub(self.generated + 1);
+        self.draft.clear();
+        self.draft_allowed = 0;
         let (Some(drafter), Some(&last)) = (self.drafter.as_mut(), self.ids.last()) else {
             return 0;
         };
-        self.draft.clear();
+        let limit = budget.min(room).min(left);
+        if drafter.by_model() {
+            self.draft_allowed = drafter.allowance(limit, share);
+            return self.draft_allowed;
+        }
         self.draft.push(last);
-        drafter.propose(
-            &self.ids,
-            budget.min(room).min(left),
-            share,
-            &mut self.draft,
-        );
-        if let Some(c) = self.constraint.as_mut() {
-            let allowed = c.allows_prefix(&self.draft[1..]);
+        drafter.propose(&self.ids, limit, share, &mut self.draft);
+        self.seal_draft()
+    }
+
+    /// Cuts the draft where the constraint stops allowing it (an empty draft when nothing is
+    /// left after the last token) and returns how many tokens it drafts.
+    pub(super) fn seal_draft(&mut self) -> usize {
+        if let (Some(c), Some(drafted)) = (self.constraint.as_mut(), self.draft.get(1..)) {
+            let allowed = c.allows_prefix(drafted);
             self.draft.truncate(1 + allowed);
         }
-        if self.draft.len() == 1 {
+        if self.draft.len() <= 1 {
             self.draft.clear();
         }
         self.draft.len().saturating_sub(1)

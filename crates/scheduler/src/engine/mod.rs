@@ -33,6 +33,7 @@ const FINAL_FLUSH: Duration = Duration::from_millis(500);
 
 mod batch;
 mod draft;
+mod draft_model;
 mod emit;
 mod verify;
 
@@ -40,6 +41,8 @@ use batch::{Active, Batch};
 
 pub(crate) struct Engine {
     model: TextModel,
+    /// The draft model, when one drafts for `model`.
+    draft: Option<TextModel>,
     batch: Batch,
 }
 
@@ -79,11 +82,13 @@ impl Drop for ExitGuard {
 }
 
 impl Engine {
-    pub(crate) fn new(model: TextModel, shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(model: TextModel, draft: Option<TextModel>, shared: Arc<Shared>) -> Self {
         let vocab = model.info().vocab_size;
         let tokenizer = Arc::clone(&shared.tokenizer);
+        let draft_vocab = draft.as_ref().map_or(0, |d| d.info().vocab_size);
         Engine {
             model,
+            draft,
             batch: Batch {
                 shared,
                 tokenizer,
@@ -93,6 +98,8 @@ impl Engine {
                 spares: Spares::default(),
                 vocab,
                 cost: Default::default(),
+                draft_cost: Default::default(),
+                draft_vocab,
             },
         }
     }
@@ -110,10 +117,10 @@ impl Engine {
         info!(model = %name, "engine started");
         loop {
             let idle = self.batch.active.is_empty();
-            let mut draining = self.batch.admit(&self.model);
+            let mut draining = self.batch.admit(&self.model, self.draft.as_ref());
             if idle && draining.is_none() && !self.batch.active.is_empty() {
                 self.batch.gather();
-                draining = self.batch.admit(&self.model);
+                draining = self.batch.admit(&self.model, self.draft.as_ref());
             }
             if let Some(deadline) = draining {
                 if Instant::now() >= deadline && !self.batch.active.is_empty() {
@@ -139,6 +146,9 @@ impl Engine {
     fn step(&mut self) {
         let started = Instant::now();
         let batch = &mut self.batch;
+        if let Some(draft) = self.draft.as_mut() {
+            batch.run_draft_model(draft);
+        }
         let mut rows = Vec::with_capacity(batch.active.len());
         let mut prefilling = false;
         let mut outputs = Vec::with_capacity(batch.active.len());

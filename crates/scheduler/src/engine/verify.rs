@@ -63,6 +63,10 @@ impl Batch {
                 // Positions past the last kept token held a rejected draft.
                 let kept = (fed_before + matched).min(a.ids.len());
                 a.seq.truncate(kept);
+                // The draft cache was fed the drafts but the last: it keeps the confirmed ones.
+                if let Some(d) = a.draft_seq.as_mut() {
+                    d.truncate(d.len().min(kept + 1));
+                }
                 if let Some(d) = a.drafter.as_mut() {
                     d.record(drafted, matched);
                 }
