@@ -128,7 +128,7 @@ fn arguments_a_random_model_cannot_honour_are_refused_with_the_reason() {
         "q5_k",
     ]);
     assert!(!ok);
-    assert!(err.contains("choose f16, q8_0 or q4_k"), "{err}");
+    assert!(err.contains("choose f16, q8_0, q4_0 or q4_k"), "{err}");
 
     // 200 is not a multiple of Q4_K's 256-value blocks.
     let (ok, _, err) = random_model(&[

@@ -14,6 +14,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A file read as GGUF that is not one (another format, a header cut short).
+    #[error("{path} is not a GGUF file: {reason}")]
+    NotGguf { path: PathBuf, reason: String },
     #[error("unsupported model architecture {0:?} (supported: llama, mistral, qwen2, qwen3, phi3, gemma3)")]
     UnsupportedArchitecture(String),
     #[error("model file is missing or has a bad value for {key}: {reason}")]

@@ -392,8 +392,17 @@ impl GgufFile {
         let file = File::open(path).map_err(io)?;
         let file_bytes = file.metadata().map_err(io)?.len();
         let mmap = mmap(&file).map_err(io)?;
-        let content =
-            gguf_file::Content::read(&mut Cursor::new(&mmap[..])).map_err(|e| e.with_path(path))?;
+        let content = gguf_file::Content::read(&mut Cursor::new(&mmap[..])).map_err(|e| {
+            // The reason only: candle's message carries a backtrace under RUST_BACKTRACE.
+            let reason = match e {
+                candle_core::Error::WithBacktrace { inner, .. } => inner.to_string(),
+                e => e.to_string(),
+            };
+            Error::NotGguf {
+                path: path.to_path_buf(),
+                reason,
+            }
+        })?;
         Ok(GgufFile {
             content,
             mmap,

@@ -4,9 +4,7 @@
 //! file to llama.cpp). `hearth dev random-model` is the command.
 
 use std::fs::File;
-use std::io::BufWriter;
 use std::path::Path;
-use std::str::FromStr;
 
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -15,47 +13,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 
+use crate::gguf_write::{GgufWriter, TensorEntry, WeightType};
 use crate::random::LlamaShape;
 use crate::Error;
-
-/// How the matrices of a random file are stored (norms are always f32).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RandomWeights {
-    F16,
-    Q8_0,
-    Q4K,
-}
-
-impl RandomWeights {
-    fn ggml(self) -> GgmlDType {
-        match self {
-            RandomWeights::F16 => GgmlDType::F16,
-            RandomWeights::Q8_0 => GgmlDType::Q8_0,
-            RandomWeights::Q4K => GgmlDType::Q4K,
-        }
-    }
-
-    /// `general.file_type` as llama.cpp numbers it (MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_Q4_K_M).
-    fn file_type(self) -> u32 {
-        match self {
-            RandomWeights::F16 => 1,
-            RandomWeights::Q8_0 => 7,
-            RandomWeights::Q4K => 15,
-        }
-    }
-}
-
-impl FromStr for RandomWeights {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "f16" => Ok(RandomWeights::F16),
-            "q8_0" => Ok(RandomWeights::Q8_0),
-            "q4_k" => Ok(RandomWeights::Q4K),
-            other => Err(format!("{other:?}: choose f16, q8_0 or q4_k")),
-        }
-    }
-}
 
 /// The `tokenizer.*` metadata of a GGUF file (the tokens, merges, special ids, chat template).
 fn tokenizer_metadata(from: &Path) -> Result<Vec<(String, Value)>, Error> {
@@ -93,18 +53,12 @@ fn write(
     meta: &[(String, Value)],
     tensors: &[(String, QTensor)],
 ) -> Result<(), Error> {
-    let io = |source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut f = BufWriter::new(File::create(path).map_err(io)?);
-    let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let t_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    gguf_file::write(&mut f, &meta_refs, &t_refs)?;
-    f.into_inner()
-        .map_err(|e| io(e.into_error()))?
-        .sync_all()
-        .map_err(io)
+    let entries = tensors.iter().map(|(k, t)| TensorEntry::of(k, t)).collect();
+    let mut w = GgufWriter::create(path, meta, entries)?;
+    for (_, t) in tensors {
+        w.tensor(t)?;
+    }
+    w.finish().map(drop)
 }
 
 /// Writes a GGUF file holding only the tokenizer of `from` (a megabyte or two where the model
@@ -127,7 +81,7 @@ pub fn write_tokenizer_gguf(from: &Path, to: &Path) -> Result<usize, Error> {
 pub fn write_random_gguf(
     path: &Path,
     shape: LlamaShape,
-    weights: RandomWeights,
+    weights: WeightType,
     tokenizer_from: &Path,
     seed: u64,
 ) -> Result<usize, Error> {
@@ -312,9 +266,10 @@ mod tests {
         let tok = dir.path().join("tok.gguf");
         assert_eq!(write_tokenizer_gguf(&source, &tok).unwrap(), 300);
         for (weights, name) in [
-            (RandomWeights::F16, "f16"),
-            (RandomWeights::Q8_0, "q8"),
-            (RandomWeights::Q4K, "q4k"),
+            (WeightType::F16, "f16"),
+            (WeightType::Q8_0, "q8"),
+            (WeightType::Q4_0, "q4_0"),
+            (WeightType::Q4K, "q4k"),
         ] {
             let path = dir.path().join(format!("{name}.gguf"));
             assert_eq!(
@@ -341,9 +296,9 @@ mod tests {
             dir.path().join("b.gguf"),
             dir.path().join("c.gguf"),
         );
-        write_random_gguf(&a, small(), RandomWeights::Q8_0, &tok, 7).unwrap();
-        write_random_gguf(&b, small(), RandomWeights::Q8_0, &tok, 7).unwrap();
-        write_random_gguf(&c, small(), RandomWeights::Q8_0, &tok, 8).unwrap();
+        write_random_gguf(&a, small(), WeightType::Q8_0, &tok, 7).unwrap();
+        write_random_gguf(&b, small(), WeightType::Q8_0, &tok, 7).unwrap();
+        write_random_gguf(&c, small(), WeightType::Q8_0, &tok, 8).unwrap();
         let read = |p: &Path| std::fs::read(p).unwrap();
         assert_eq!(read(&a), read(&b));
         assert_ne!(read(&a), read(&c));
@@ -355,7 +310,7 @@ mod tests {
         let tok = tokenizer_file(dir.path());
         let mut bad = small();
         bad.hidden = 200; // not a multiple of Q4_K's 256-value blocks
-        let err = write_random_gguf(&dir.path().join("x.gguf"), bad, RandomWeights::Q4K, &tok, 1)
+        let err = write_random_gguf(&dir.path().join("x.gguf"), bad, WeightType::Q4K, &tok, 1)
             .unwrap_err();
         assert!(err.to_string().contains("multiples of 256"), "{err}");
         let no_tok = dir.path().join("no-tok.gguf");
@@ -367,6 +322,6 @@ mod tests {
         .unwrap();
         let err = write_tokenizer_gguf(&no_tok, &dir.path().join("y.gguf")).unwrap_err();
         assert!(err.to_string().contains("carries no tokenizer"), "{err}");
-        assert!("q5_k".parse::<RandomWeights>().is_err());
+        assert!("q5_k".parse::<WeightType>().is_err());
     }
 }

@@ -119,9 +119,9 @@ enum DevCommand {
         /// Write only the tokenizer (a small file to carry where the model is written).
         #[arg(long)]
         tokenizer_only: bool,
-        /// How the matrices are stored: f16, q8_0 or q4_k.
+        /// How the matrices are stored: f16, q8_0, q4_0 or q4_k.
         #[arg(long, default_value = "f16")]
-        weights: hearth_infer::RandomWeights,
+        weights: hearth_infer::WeightType,
         #[arg(long, default_value_t = 16)]
         layers: usize,
         #[arg(long, default_value_t = 2048)]
@@ -140,6 +140,21 @@ enum DevCommand {
         /// Seed of the weights.
         #[arg(long, default_value_t = 7)]
         seed: u64,
+    },
+    /// Re-write a GGUF model with its matrices in another storage type: the same weights,
+    /// metadata and tokenizer (vectors stay F32; matrices whose rows are not whole blocks of
+    /// the type become F16). A same-vocabulary pair for draft-model speculation, say.
+    #[command(after_help = "Examples:\n  \
+        hearth dev requantize weights/SmolLM2-135M-Instruct.Q4_1.gguf weights/SmolLM2-135M-Instruct.F16.gguf --type f16\n  \
+        hearth dev requantize weights/SmolLM2-135M-Instruct.Q4_1.gguf weights/SmolLM2-135M-Instruct.Q4_0.gguf --type q4_0")]
+    Requantize {
+        /// GGUF file to read.
+        input: PathBuf,
+        /// File to write (overwritten; written beside and renamed, so it may be INPUT).
+        output: PathBuf,
+        /// How the matrices are stored: f16, q8_0, q4_0 or q4_k.
+        #[arg(long = "type", value_name = "TYPE")]
+        to: hearth_infer::WeightType,
     },
 }
 
@@ -473,6 +488,31 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 "wrote a random llama of {:.2}B weights ({weights:?}, vocabulary {vocab}, seed {seed}) to {}",
                 shape.parameters() as f64 / 1e9,
                 out.display()
+            );
+            Ok(())
+        }
+        Command::Dev(DevCommand::Requantize { input, output, to }) => {
+            let started = std::time::Instant::now();
+            let r = hearth_infer::requantize(&input, &output, to)
+                .map_err(|e| CliError::Usage(e.to_string()))?;
+            let mb = |b: u64| b as f64 / 1e6;
+            let fallback = match r.f16_fallback.as_slice() {
+                [] => String::new(),
+                names => format!(
+                    " ({} as f16, rows not whole {to} blocks: {})",
+                    names.len(),
+                    names.join(", ")
+                ),
+            };
+            println!(
+                "wrote {} as {to}: {} tensors, {} converted{fallback}, {} kept; {:.1} MB -> {:.1} MB in {:.1} s",
+                output.display(),
+                r.tensors,
+                r.converted,
+                r.kept,
+                mb(r.bytes_in),
+                mb(r.bytes_out),
+                started.elapsed().as_secs_f64()
             );
             Ok(())
         }
