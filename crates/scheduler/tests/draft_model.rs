@@ -1,13 +1,16 @@
 //! Draft-model speculation changes how many steps a generation takes, never what it generates:
 //! on every architecture fixture, the q4_0 file drafting for the q8_0 file of the same seeded
-//! model gives the q8_0 file's greedy output token for token, with drafts confirmed; a draft configuration
-//! without its draft, and a draft without the configuration, are refused.
+//! model gives the q8_0 file's greedy output token for token, with drafts confirmed; so does a
+//! Q4_0 copy of SmolLM2 drafting for SmolLM2, greedy, sampled with a seed, under a grammar, with
+//! stop strings and `max_tokens` inside a draft. A draft whose vocabulary is not the model's, a
+//! draft configuration without its draft, and a draft without the configuration, are refused.
 
 mod support;
 
 use std::path::{Path, PathBuf};
 
-use hearth_infer::{BackendChoice, SamplingParams, TextModel, TextModelConfig};
+use hearth_grammar::Grammars;
+use hearth_infer::{BackendChoice, SamplingParams, TextModel, TextModelConfig, WeightType};
 use hearth_scheduler::{DraftModel, Error, Scheduler, SchedulerConfig, Speculation};
 use support::*;
 
@@ -85,9 +88,116 @@ async fn a_draft_model_leaves_greedy_output_unchanged_on_every_architecture_fixt
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_draft_configuration_without_its_draft_or_a_draft_without_it_is_refused() {
+    let refused = Scheduler::spawn_with_draft(
+        smollm2_model(),
+        weights_model("gemma-3-270m-Q4_K_M.gguf"),
+        drafting("mismatch"),
+    );
+    assert!(
+        matches!(&refused, Err(Error::InvalidConfig(why)) if why.contains("vocabulary")),
+        "{:?}",
+        refused.err()
+    );
     let qwen = fixture("qwen3-q8_0.gguf");
     let refused = Scheduler::spawn(load(&qwen), drafting("no-draft"));
     assert!(matches!(refused, Err(Error::InvalidConfig(_))));
     let refused = Scheduler::spawn_with_draft(load(&qwen), load(&qwen), SchedulerConfig::default());
     assert!(matches!(refused, Err(Error::InvalidConfig(_))));
+}
+
+/// SmolLM2's weights re-written as Q4_0 (`hearth dev requantize`), in a folder of the test's.
+fn smollm2_q4_0() -> TextModel {
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../weights/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let dir = std::env::temp_dir().join(format!("hearth-draft-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("smollm2-q4_0.gguf");
+    hearth_infer::requantize(&source, &out, WeightType::Q4_0).expect("requantize");
+    let model = load(&out);
+    let _ = std::fs::remove_dir_all(&dir);
+    model
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_q4_0_copy_drafting_for_smollm2_changes_no_output_greedy_sampled_or_constrained() {
+    let on = Scheduler::spawn_with_draft(smollm2_model(), smollm2_q4_0(), drafting("draft"))
+        .expect("spawn with draft");
+    let off = Scheduler::spawn(smollm2_model(), SchedulerConfig::default()).expect("spawn");
+    let same = |label: String, params: SamplingParams, ids: Vec<u32>| {
+        let (on, off) = (on.clone(), off.clone());
+        async move {
+            let (a, b) = (format!("on-{label}"), format!("off-{label}"));
+            let (w, wo) = tokio::join!(
+                run(&on, ids.clone(), params.clone(), &a),
+                run(&off, ids.clone(), params.clone(), &b)
+            );
+            assert_eq!(w.text, wo.text, "{label}: the draft changed the output");
+            assert_eq!(w.usage, wo.usage, "{label}");
+            w
+        }
+    };
+    let tasks = [
+        "Repeat this sentence exactly: The quick brown fox jumps over the lazy dog.",
+        "Write a short poem about the sea.",
+        "List the days of the week.",
+    ];
+    for (n, task) in tasks.iter().enumerate() {
+        same(format!("greedy-{n}"), greedy(48), prompt(&on, task)).await;
+    }
+    assert!(on.metrics().accepted_tokens > 0, "{:?}", on.metrics());
+    assert!(on.metrics().steps < off.metrics().steps, "fewer steps");
+    // Sampled: each verified position draws as plain decoding would, so one seed, one output.
+    for seed in [1, 2, 3] {
+        let params = SamplingParams {
+            temperature: 0.9,
+            top_p: 0.95,
+            seed,
+            max_tokens: 40,
+            ..SamplingParams::default()
+        };
+        same(format!("seed-{seed}"), params, prompt(&on, tasks[1])).await;
+    }
+    // Stop strings and max_tokens that fall inside a draft.
+    let copy = prompt(&on, tasks[0]);
+    for (stop, max) in [
+        (vec!["lazy dog".to_string()], 48),
+        (vec![], 5),
+        (vec![], 13),
+    ] {
+        let params = SamplingParams {
+            stop: stop.clone(),
+            ..greedy(max)
+        };
+        let w = same(format!("stop-{max}"), params, copy.clone()).await;
+        assert!(w.usage.completion_tokens <= max);
+    }
+    // Under a grammar: drafts the grammar refuses are cut before the step.
+    let grammars = Grammars::new(&on.tokenizer()).expect("token table");
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "city": {"type": "string"}},
+        "required": ["name", "city"],
+        "additionalProperties": false
+    });
+    let ids = prompt(
+        &on,
+        "Extract as JSON with keys name and city: Maria Rossi lives in the city of Bologna.",
+    );
+    let request = |s: &str| hearth_scheduler::Request {
+        constraint: Some(grammars.json_schema(&schema).expect("compiles")),
+        ..request(ids.clone(), greedy(64), s)
+    };
+    let (w, wo) = tokio::join!(
+        async { on.submit(request("on-json")).await.unwrap().collect().await },
+        async {
+            off.submit(request("off-json"))
+                .await
+                .unwrap()
+                .collect()
+                .await
+        }
+    );
+    assert_eq!(w.text, wo.text);
+    let value: serde_json::Value = serde_json::from_str(&w.text).expect("valid JSON");
+    assert!(value["city"].is_string(), "{value}");
 }
