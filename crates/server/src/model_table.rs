@@ -85,11 +85,13 @@ pub struct RawTextModel {
     pub pinned: Option<bool>,
 }
 
-/// A text row's `speculative = { method = "ngram", ... }` (resolved by `completion::catalog`).
+/// A text row's `speculative = { method = "ngram", ... }` or `{ method = "draft", model = "id" }`
+/// (resolved by `completion::catalog`).
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawSpeculative {
     pub method: String,
+    pub model: Option<String>,
     pub max_draft: Option<usize>,
     pub min_match: Option<usize>,
     pub max_match: Option<usize>,

@@ -33,13 +33,37 @@ impl Served for SchedulerHandle {
     }
 }
 
-/// What makes two engines the same: how the weights load, the scheduler's limits (its name
-/// aside) and the files as they are on disk now.
+/// What makes two engines the same: how the weights load (and the draft model's, if one
+/// drafts), the scheduler's limits (its name aside) and the files as they are on disk now.
 #[derive(Debug, PartialEq)]
 pub struct EngineKey {
     load: TextModelConfig,
+    draft: Option<TextModelConfig>,
     scheduler: SchedulerConfig,
     files: Vec<FileStamp>,
+}
+
+/// The files of a local source as they are now (none for a hub source: its download is checked
+/// by hash).
+fn stamps(load: &TextModelConfig) -> Vec<FileStamp> {
+    match &load.source {
+        WeightSource::Local { path } => FileStamp::of(path),
+        _ => Vec::new(),
+    }
+}
+
+/// `load` with a hub source pulled first (reporting to `progress`), then loaded.
+fn load_model(
+    vars: &HubVars,
+    mut load: TextModelConfig,
+    progress: &Progress,
+) -> Result<TextModel, String> {
+    if let Some(source) = hub_source(&load.source) {
+        load.source = WeightSource::Local {
+            path: download(vars, &source, progress)?,
+        };
+    }
+    TextModel::load(&load).map_err(|e| e.to_string())
 }
 
 /// A hub source as a download.
@@ -108,20 +132,29 @@ impl Engines {
             let id = entry.spec.id.clone();
             let mut load = entry.load.clone();
             load.kernel = self.kernel;
+            let draft = entry.draft.as_ref().map(|d| TextModelConfig {
+                kernel: self.kernel,
+                ..d.load.clone()
+            });
             let mut scheduler = entry.scheduler.clone();
             scheduler.retry_after = self.retry_after;
             let key = EngineKey {
-                files: match &load.source {
-                    WeightSource::Local { path } => FileStamp::of(path),
-                    _ => Vec::new(),
-                },
+                files: [Some(&load), draft.as_ref()]
+                    .into_iter()
+                    .flatten()
+                    .flat_map(stamps)
+                    .collect(),
                 load,
+                draft,
                 scheduler: SchedulerConfig {
                     name: String::new(),
                     ..scheduler.clone()
                 },
             };
-            if let Some(same) = specs.iter_mut().find(|s| s.key.load == key.load) {
+            if let Some(same) = specs
+                .iter_mut()
+                .find(|s| (&s.key.load, &s.key.draft) == (&key.load, &key.draft))
+            {
                 same.ids.push(id);
                 continue;
             }
@@ -130,11 +163,18 @@ impl Engines {
                 place: key.load.device.into(),
                 bytes: weights + scheduler.kv_budget_bytes,
             };
-            let load = key.load.clone();
-            let pull = hub_source(&load.source).map(|source| -> Puller {
+            let (load, draft) = (key.load.clone(), key.draft.clone());
+            let sources: Vec<HubPull> = [Some(&load), draft.as_ref()]
+                .into_iter()
+                .flatten()
+                .filter_map(|l| hub_source(&l.source))
+                .collect();
+            let pull = (!sources.is_empty()).then(|| -> Puller {
                 let vars = self.pulls.clone();
                 std::sync::Arc::new(move |progress: &Progress| {
-                    download(&vars, &source, progress).map(drop)
+                    sources
+                        .iter()
+                        .try_for_each(|source| download(&vars, source, progress).map(drop))
                 })
             });
             let vars = self.pulls.clone();
@@ -142,14 +182,16 @@ impl Engines {
                 ids: vec![id],
                 key,
                 load: std::sync::Arc::new(move |progress: &Progress| {
-                    let mut load = load.clone();
-                    if let Some(source) = hub_source(&load.source) {
-                        load.source = WeightSource::Local {
-                            path: download(&vars, &source, progress)?,
-                        };
-                    }
-                    let model = TextModel::load(&load).map_err(|e| e.to_string())?;
-                    Scheduler::spawn(model, scheduler.clone()).map_err(|e| e.to_string())
+                    let model = load_model(&vars, load.clone(), progress)?;
+                    let spawned = match &draft {
+                        None => Scheduler::spawn(model, scheduler.clone()),
+                        Some(d) => {
+                            let d = load_model(&vars, d.clone(), progress)
+                                .map_err(|e| format!("its draft model: {e}"))?;
+                            Scheduler::spawn_with_draft(model, d, scheduler.clone())
+                        }
+                    };
+                    spawned.map_err(|e| e.to_string())
                 }),
                 pull,
                 need,

@@ -8,8 +8,9 @@
 //! `max_queued`, `kv_budget_mb`, `queue_timeout_ms`, `prefill_chunk`, `max_step_tokens`,
 //! `gather_window_us`, `shutdown_grace_ms`, `prefix_reuse`, `device`, `threads`, `numerics`,
 //! `speculative` (`{ method = "ngram", max_draft = 8, min_match = 2, max_match = 4 }`: prompt
-//! lookup drafts tokens that one step verifies; `method = "off"` turns it off; see
-//! `hearth_scheduler::Speculation`).
+//! lookup drafts tokens that one step verifies; `{ method = "draft", model = "id", max_draft = 8 }`:
+//! the weights of another row, with the same vocabulary, draft them; `method = "off"` turns it
+//! off; see `hearth_scheduler::Speculation`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,7 +18,7 @@ use std::time::Duration;
 
 use hearth_billing::Price;
 use hearth_infer::{DeviceSpec, TextModelConfig, WeightSource};
-use hearth_scheduler::{Ngram, SchedulerConfig, Speculation};
+use hearth_scheduler::SchedulerConfig;
 use rust_decimal::Decimal;
 
 use crate::models::KeepAlive;
@@ -48,6 +49,15 @@ pub struct TextModelEntry {
     pub keep_alive: Option<KeepAlive>,
     /// `pinned`: never unloaded.
     pub pinned: bool,
+    /// The model drafting for this one (`speculative = { method = "draft", model = ... }`).
+    pub draft: Option<DraftEntry>,
+}
+
+/// A draft model: the id of the row whose weights draft, and how that row loads them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DraftEntry {
+    pub id: String,
+    pub load: TextModelConfig,
 }
 
 /// Every text model id, in id order.
@@ -85,7 +95,9 @@ pub const DEFAULT_MAX_OUTPUT_TOKENS: usize = 512;
 pub const DEFAULT_TEMPERATURE: f32 = 0.7;
 
 pub use crate::model_table::TableError as CatalogError;
-use crate::model_table::{self, RawDefaults, RawModelTable, RawSpeculative, RawTextModel};
+use crate::model_table::{self, RawDefaults, RawModelTable, RawTextModel};
+
+mod speculative;
 
 /// Parses model-table text as if read from `base/models.toml`.
 #[cfg(test)]
@@ -97,9 +109,13 @@ pub(crate) fn parse(text: &str, base: &Path) -> Result<Catalog, CatalogError> {
 /// Every `[text."id"]` row of the table read from `path`, resolved.
 pub(crate) fn resolve(table: &RawModelTable, path: &Path) -> Result<Catalog, CatalogError> {
     let mut entries = Vec::new();
+    let mut drafts = Vec::new();
     for (id, m) in &table.text {
-        entries.push(resolve_row(id, m, &table.defaults, path)?);
+        let (entry, draft) = resolve_row(id, m, &table.defaults, path)?;
+        entries.push(entry);
+        drafts.push(draft);
     }
+    speculative::resolve_drafts(&mut entries, drafts, path)?;
     Ok(Catalog::new(entries))
 }
 
@@ -136,13 +152,14 @@ pub(crate) fn device(row: &Option<String>, defaults: &RawDefaults) -> Result<Dev
         .parse()
 }
 
-/// One `[text."id"]` row, with `[defaults]` filling what it leaves out.
+/// One `[text."id"]` row, with `[defaults]` filling what it leaves out, and the id of the row
+/// its `speculative` names as its draft model (which [`resolve`] looks up).
 fn resolve_row(
     id: &str,
     m: &RawTextModel,
     defaults: &RawDefaults,
     table: &Path,
-) -> Result<TextModelEntry, CatalogError> {
+) -> Result<(TextModelEntry, Option<String>), CatalogError> {
     let invalid = |message: String| CatalogError::Invalid {
         path: table.to_path_buf(),
         section: "text",
@@ -221,6 +238,7 @@ fn resolve_row(
         ..TextModelConfig::local(PathBuf::new())
     };
     let base_cfg = SchedulerConfig::default();
+    let (speculation, draft) = speculative::speculation(m.speculative.as_ref()).map_err(invalid)?;
     let scheduler = SchedulerConfig {
         name: id.to_string(),
         max_active: m.max_active.unwrap_or(base_cfg.max_active),
@@ -244,43 +262,18 @@ fn resolve_row(
             .map(Duration::from_millis)
             .unwrap_or(base_cfg.shutdown_grace),
         prefix_reuse: m.prefix_reuse.unwrap_or(base_cfg.prefix_reuse),
-        speculation: speculation(m.speculative.as_ref()).map_err(invalid)?,
+        speculation,
         ..base_cfg
     };
-    Ok(TextModelEntry {
+    let entry = TextModelEntry {
         spec,
         load,
         scheduler,
         keep_alive: m.keep_alive,
         pinned: m.pinned.unwrap_or(false),
-    })
-}
-
-/// `speculative`: absent or `method = "off"` is no speculation; `"ngram"` is prompt lookup
-/// within its bounds (each left out takes [`Ngram::default`]'s).
-fn speculation(raw: Option<&RawSpeculative>) -> Result<Speculation, String> {
-    let Some(raw) = raw else {
-        return Ok(Speculation::Off);
+        draft: None,
     };
-    let bounds_given =
-        raw.max_draft.is_some() || raw.min_match.is_some() || raw.max_match.is_some();
-    match raw.method.trim() {
-        "off" if !bounds_given => Ok(Speculation::Off),
-        "off" => Err("speculative: method \"off\" takes no max_draft, min_match or max_match".into()),
-        "ngram" => {
-            let d = Ngram::default();
-            let n = Ngram {
-                max_draft: raw.max_draft.unwrap_or(d.max_draft),
-                min_match: raw.min_match.unwrap_or(d.min_match),
-                max_match: raw.max_match.unwrap_or(d.max_match.max(raw.min_match.unwrap_or(0))),
-            };
-            n.check()?;
-            Ok(Speculation::Ngram(n))
-        }
-        other => Err(format!(
-            "speculative: unknown method {other:?} (\"ngram\" drafts by prompt lookup, \"off\" does not speculate)"
-        )),
-    }
+    Ok((entry, draft))
 }
 
 /// `numerics`: only "fast", the SIMD kernels every build serves with, is accepted (the key is
@@ -317,7 +310,7 @@ mod tests {
     }
 
     /// A one-model table with `extra` keys.
-    fn table(extra: &str) -> String {
+    pub(super) fn table(extra: &str) -> String {
         format!("[text.\"alpha-3.3\"]\nweights = \"w.gguf\"\ninput_price_per_million = \"1\"\noutput_price_per_million = \"1\"\n{extra}")
     }
 
@@ -383,69 +376,6 @@ mod tests {
         let cfg = &cat.entry("alpha-3.3").unwrap().scheduler;
         assert_eq!(cfg.gather_window, SchedulerConfig::default().gather_window);
         assert_eq!(cfg.gather_window, Duration::from_millis(1));
-    }
-
-    #[test]
-    fn speculative_decoding_is_read_with_defaults_and_bad_bounds_are_named() {
-        let base = Path::new("/models");
-        let spec = |extra: &str| {
-            parse(&table(extra), base).map(|c| c.entry("alpha-3.3").unwrap().scheduler.speculation)
-        };
-        assert_eq!(spec("").unwrap(), Speculation::Off);
-        assert_eq!(
-            spec("speculative = { method = \"off\" }").unwrap(),
-            Speculation::Off
-        );
-        assert_eq!(
-            spec("speculative = { method = \"ngram\" }").unwrap(),
-            Speculation::Ngram(Ngram::default())
-        );
-        assert_eq!(
-            spec("speculative = { method = \"ngram\", max_draft = 16, min_match = 3 }").unwrap(),
-            Speculation::Ngram(Ngram {
-                max_draft: 16,
-                min_match: 3,
-                max_match: 4
-            })
-        );
-        assert_eq!(
-            spec("speculative = { method = \"ngram\", min_match = 6 }").unwrap(),
-            Speculation::Ngram(Ngram {
-                max_draft: 8,
-                min_match: 6,
-                max_match: 6
-            }),
-            "a longer min_match raises the default max_match with it"
-        );
-        for (bad, names) in [
-            ("speculative = { method = \"medusa\" }", "medusa"),
-            (
-                "speculative = { method = \"ngram\", max_draft = 0 }",
-                "max_draft",
-            ),
-            (
-                "speculative = { method = \"ngram\", max_draft = 100000 }",
-                "max_draft",
-            ),
-            (
-                "speculative = { method = \"ngram\", min_match = 5, max_match = 2 }",
-                "min_match",
-            ),
-            ("speculative = { method = \"off\", max_draft = 4 }", "off"),
-        ] {
-            let err = spec(bad).unwrap_err().to_string();
-            assert!(
-                err.contains(names) && err.contains("alpha-3.3"),
-                "{bad}: {err}"
-            );
-        }
-        let err = spec("speculative = { method = \"ngram\", max_drafts = 4 }")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("max_drafts") && err.contains("max_draft"),
-            "{err}"
-        );
     }
 
     #[test]
