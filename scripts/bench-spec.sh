@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
-# Speculative decoding: Hearth's prompt lookup against plain decoding, and llama.cpp's own n-gram
-# lookup (llama-server --spec-type ngram-simple) against its plain decoding, on SmolLM2-135M and
-# Gemma 3 270M, 2 threads, greedy, one stream and 8, on input-grounded tasks (summarise, extract,
-# rewrite code, answer from a passage, JSON extraction) and open chat; the same prompt tokens for
-# both engines (crates/scheduler/benches/shared/grounded.rs).
+# Speculative decoding: Hearth's prompt lookup and draft model against plain decoding, and
+# llama.cpp's own n-gram lookup (llama-server --spec-type ngram-simple) and draft model
+# (llama-server -md) against its plain decoding, on SmolLM2-135M and Gemma 3 270M, 2 threads,
+# greedy, one stream and 8, on input-grounded tasks (summarise, extract, rewrite code, answer from
+# a passage, JSON extraction) and open chat; the same prompt tokens for both engines
+# (crates/scheduler/benches/shared/grounded.rs).
 #
 #   scripts/bench-spec.sh             # env: ROUNDS=3 STREAMS=1,8 MAX_TOKENS=160 THREADS=2
-#                                     #      MODELS="smollm2 gemma3" SKIP_LLAMA=1
+#                                     #      MODELS="smollm2 gemma3" SKIP_LLAMA=1 DRAFT=1
 #
-# Hearth: the scheduler bench `speculative`, two engines in one process, plain and speculating
-# alternately, ROUNDS rounds, medians. llama.cpp: llama-server -np 8, once plain and once with
-# ngram-simple (lookup of 3 tokens, drafts of up to 8: Hearth's bounds), ROUNDS rounds each, the
-# medians of the sum of its per-request `timings.predicted_per_second`. Results: Markdown on
-# stdout, JSON lines in .cache/bench-spec/.
+# DRAFT=1 (the default): the model is an F16 copy of the fetched file and a Q4_0 copy drafts for
+# it (both written by `hearth dev requantize` once, into weights/): the pair a team would run,
+# the full-precision model checked by its 4-bit self. DRAFT=0: the fetched file itself, plain and
+# prompt lookup only.
+#
+# Hearth: the scheduler bench `speculative`, the engines in one process, taking turns, ROUNDS
+# rounds, medians. llama.cpp: llama-server -np 8, plain, with ngram-simple (lookup of 3 tokens,
+# drafts of up to 8: Hearth's bounds) and with the draft model (--draft-max 8), ROUNDS rounds
+# each, the medians of the sum of its per-request `timings.predicted_per_second`. Results:
+# Markdown on stdout, JSON lines in .cache/bench-spec/.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,6 +28,7 @@ STREAMS="${STREAMS:-1,8}"
 MAX_TOKENS="${MAX_TOKENS:-160}"
 THREADS="${THREADS:-2}"
 MODELS="${MODELS:-smollm2 gemma3}"
+DRAFT="${DRAFT:-1}"
 OUT="$ROOT/.cache/bench-spec"
 mkdir -p "$OUT"
 log() { echo "bench-spec: $*" >&2; }
@@ -91,16 +98,33 @@ for name in $MODELS; do
     [ -f "$file" ] || scripts/fetch-weights.sh "$name"
     template=own
     [ "$name" = gemma3 ] && template=gemma
-    log "$name: Hearth, plain and prompt lookup, $ROUNDS rounds"
+    draft_args=()
+    if [ "$DRAFT" = 1 ]; then
+        source="$file"
+        file="${source%.gguf}.F16-copy.gguf"
+        draft="${source%.gguf}.Q4_0-copy.gguf"
+        for pair in "$file f16" "$draft q4_0"; do
+            set -- $pair
+            [ -f "$1" ] || cargo run -q --release -p hearth --bin hearth -- dev requantize \
+                "$source" "$1" --type "$2" >&2
+        done
+        draft_args=(--draft "$draft")
+    fi
+    log "$name: Hearth, plain, prompt lookup${draft_args:+ and draft model}, $ROUNDS rounds"
     cargo bench -q -p hearth-scheduler --bench speculative -- --model "$file" --template "$template" \
         --threads "$THREADS" --streams "$STREAMS" --max-tokens "$MAX_TOKENS" --rounds "$ROUNDS" \
-        --json "$OUT/$name-hearth.jsonl" --prompts "$OUT/$name-prompts.json"
+        --json "$OUT/$name-hearth.jsonl" --prompts "$OUT/$name-prompts.json" "${draft_args[@]}"
     if [ -n "$LLAMA_BIN" ]; then
         log "$name: llama-server plain"
         llama_run "$file" "$OUT/$name-prompts.json" "$OUT/$name-llama-plain.jsonl" plain
         log "$name: llama-server ngram-simple"
         llama_run "$file" "$OUT/$name-prompts.json" "$OUT/$name-llama-ngram.jsonl" ngram \
             --spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m 8
+        if [ "$DRAFT" = 1 ]; then
+            log "$name: llama-server with the draft model"
+            llama_run "$file" "$OUT/$name-prompts.json" "$OUT/$name-llama-draft.jsonl" draft \
+                -md "$draft" --draft-max 8 --draft-min 0
+        fi
     fi
 done
 log "load average after the run: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -110,23 +134,36 @@ import json, os, sys
 out, models = sys.argv[1], sys.argv[2:]
 def rows(path):
     return [json.loads(l) for l in open(path)] if os.path.exists(path) else []
-print("\n| model | task | streams | Hearth plain | Hearth ngram | ratio | accepted | llama.cpp plain | llama.cpp ngram | ratio | accepted | Hearth ngram / llama.cpp ngram |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-summary = []
+share = lambda a, d: f"{a / d:.0%}" if d else "-"
+hearth = {m: rows(f"{out}/{m}-hearth.jsonl") for m in models}
+methods = [k for k in ("ngram", "draft") if any(f"{k}_tok_s" in h for m in models for h in hearth[m])]
+head = ["model", "task", "streams", "Hearth plain"]
+for k in methods:
+    head += [f"Hearth {k}", "ratio", "accepted"]
+head += ["llama.cpp plain"]
+for k in methods:
+    head += [f"llama.cpp {k}", "ratio", "accepted", f"Hearth {k} / llama.cpp {k}"]
+print("\n| " + " | ".join(head) + " |")
+print("|---|---|" + "---:|" * (len(head) - 2))
 for m in models:
-    plain = {(r["task"], r["streams"]): r for r in rows(f"{out}/{m}-llama-plain.jsonl")}
-    ngram = {(r["task"], r["streams"]): r for r in rows(f"{out}/{m}-llama-ngram.jsonl")}
-    for h in rows(f"{out}/{m}-hearth.jsonl"):
-        k = (h["task"], h["streams"])
-        lp, ln = plain.get(k), ngram.get(k)
-        share = lambda a, d: f"{a / d:.0%}" if d else "-"
-        cells = [m, h["task"], h["streams"], f'{h["plain_tok_s"]:.1f}', f'{h["ngram_tok_s"]:.1f}',
-                 f'{h["ratio"]:.2f}', share(h["accepted"], h["drafted"])]
-        if lp and ln:
-            cells += [f'{lp["tok_s"]:.1f}', f'{ln["tok_s"]:.1f}', f'{ln["tok_s"] / lp["tok_s"]:.2f}',
-                      share(ln["accepted"], ln["drafted"]), f'{h["ngram_tok_s"] / ln["tok_s"]:.2f}']
-        else:
-            cells += ["-"] * 5
+    llama = {k: {(r["task"], r["streams"]): r for r in rows(f"{out}/{m}-llama-{k}.jsonl")}
+             for k in ["plain"] + methods}
+    for h in hearth[m]:
+        key = (h["task"], h["streams"])
+        cells = [m + (f' (draft {h["draft"]})' if h.get("draft") else ""), h["task"], h["streams"],
+                 f'{h["plain_tok_s"]:.1f}']
+        for k in methods:
+            cells += [f'{h[f"{k}_tok_s"]:.1f}', f'{h[f"{k}_ratio"]:.2f}',
+                      share(h[f"{k}_accepted"], h[f"{k}_drafted"])]
+        lp = llama["plain"].get(key)
+        cells += [f'{lp["tok_s"]:.1f}' if lp else "-"]
+        for k in methods:
+            lk = llama[k].get(key)
+            if lp and lk:
+                cells += [f'{lk["tok_s"]:.1f}', f'{lk["tok_s"] / lp["tok_s"]:.2f}',
+                          share(lk["accepted"], lk["drafted"]), f'{h[f"{k}_tok_s"] / lk["tok_s"]:.2f}']
+            else:
+                cells += ["-"] * 4
         print("| " + " | ".join(map(str, cells)) + " |")
         if not h["same_output"]:
             print(f"WARNING: {m} {h['task']} {h['streams']}: Hearth's outputs differ with speculation")

@@ -1,16 +1,17 @@
-//! Speculative decoding (prompt lookup) against plain decoding, in one process and one run: two
-//! engines on the same GGUF file, one speculating, fed the same greedy requests in alternating
-//! order, round after round. For each task (`shared/grounded.rs`: input-grounded work and open
-//! chat) and each concurrency level it prints the median aggregate decode rate of each engine
-//! (each stream's tokens after its first over the time from its first token to its last, summed
-//! over streams), their ratio, the share of drafted tokens the model confirmed, and whether the
-//! two engines' outputs were the same text (they must be).
+//! Speculative decoding against plain decoding, in one process and one run: engines on the same
+//! GGUF file, one plain, one drafting by prompt lookup and, with `--draft FILE`, one drafting with
+//! that smaller model (same tokenizer), fed the same greedy requests in rotating order, round
+//! after round. For each task (`shared/grounded.rs`: input-grounded work and open chat) and each
+//! concurrency level it prints the median aggregate decode rate of each engine (each stream's
+//! tokens after its first over the time from its first token to its last, summed over streams),
+//! each speculating engine's ratio to plain, the share of its drafted tokens the model confirmed,
+//! and whether the engines' outputs were the same text (they must be).
 //!
 //! ```text
 //! cargo bench -p hearth-scheduler --bench speculative -- \
 //!     [--model weights/SmolLM2-135M-Instruct.Q4_1.gguf] [--template own|gemma] [--threads 2]
 //!     [--streams 1,8] [--max-tokens 160] [--rounds 3] [--tasks summarise,json]
-//!     [--json out.jsonl] [--prompts out.json]
+//!     [--draft weights/SmolLM2-135M-Instruct.Q4_0.gguf] [--json out.jsonl] [--prompts out.json]
 //! ```
 //! `--template gemma` renders Gemma's turns (the Gemma 3 270M file has no chat template of its
 //! own). `--prompts` writes each task's prompt token ids, for the same requests to llama.cpp's
@@ -20,7 +21,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use hearth_infer::{ChatMessage, Role, SamplingParams, TextModel, TextModelConfig};
-use hearth_scheduler::{Ngram, Request, Scheduler, SchedulerConfig, SchedulerHandle, Speculation};
+use hearth_scheduler::{
+    DraftModel, Ngram, Request, Scheduler, SchedulerConfig, SchedulerHandle, Speculation,
+};
 use hearth_types::TokenEvent;
 use serde_json::json;
 
@@ -32,6 +35,7 @@ mod stats;
 
 struct Args {
     model: PathBuf,
+    draft: Option<PathBuf>,
     gemma: bool,
     threads: usize,
     streams: Vec<usize>,
@@ -46,6 +50,7 @@ fn parse_args() -> Result<Args, String> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut args = Args {
         model: root.join("weights/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        draft: None,
         gemma: false,
         threads: 2,
         streams: vec![1, 8],
@@ -66,6 +71,7 @@ fn parse_args() -> Result<Args, String> {
         let number = |v: String| v.parse::<usize>().map_err(|e| format!("{flag}: {e}"));
         match flag.as_str() {
             "--model" => args.model = value()?.into(),
+            "--draft" => args.draft = Some(value()?.into()),
             "--template" => args.gemma = value()? == "gemma",
             "--threads" => args.threads = number(value()?)?,
             "--max-tokens" => args.max_tokens = number(value()?)?,
@@ -186,28 +192,87 @@ fn main() {
     runtime.block_on(run(args));
 }
 
+/// One engine of the comparison and what it measured at the current task and level.
+struct Engine {
+    name: &'static str,
+    handle: SchedulerHandle,
+    rates: Vec<f64>,
+}
+
+/// One task at one level: every engine, `rounds` times, starting one engine later each round.
+async fn compare(
+    engines: &mut [Engine],
+    ids: &[u32],
+    n: usize,
+    args: &Args,
+    tag: &str,
+) -> (usize, bool) {
+    let (mut tokens, mut same) = (0, true);
+    for e in engines.iter_mut() {
+        e.rates.clear();
+    }
+    for round in 0..args.rounds {
+        let mut texts: Option<Vec<String>> = None;
+        for k in 0..engines.len() {
+            let e = &mut engines[(round + k) % engines.len()];
+            let run = level(
+                &e.handle,
+                ids,
+                n,
+                args.max_tokens,
+                &format!("{}-{tag}-{round}", e.name),
+            )
+            .await;
+            e.rates.push(run.tok_s);
+            tokens = run.tokens;
+            match &texts {
+                None => texts = Some(run.texts),
+                Some(t) => same &= *t == run.texts,
+            }
+        }
+    }
+    (tokens, same)
+}
+
 async fn run(args: Args) {
-    let load = || {
+    let load = |file: &PathBuf| {
         TextModel::load(&TextModelConfig {
             threads: args.threads,
-            ..TextModelConfig::local(&args.model)
+            ..TextModelConfig::local(file)
         })
         .unwrap_or_else(|e| {
-            eprintln!("cannot load {}: {e}", args.model.display());
+            eprintln!("cannot load {}: {e}", file.display());
             std::process::exit(1)
         })
     };
-    let engine = |name: &str, speculation| {
-        let config = SchedulerConfig {
-            name: name.into(),
-            speculation,
-            ..SchedulerConfig::default()
-        };
-        Scheduler::spawn(load(), config).expect("spawn")
+    let config = |name: &str, speculation| SchedulerConfig {
+        name: name.into(),
+        speculation,
+        ..SchedulerConfig::default()
     };
-    let off = engine("plain", Speculation::Off);
-    let on = engine("ngram", Speculation::Ngram(Ngram::default()));
-    let tok = on.tokenizer();
+    let spawn = |name: &'static str, speculation| Engine {
+        name,
+        handle: Scheduler::spawn(load(&args.model), config(name, speculation)).expect("spawn"),
+        rates: Vec::new(),
+    };
+    let mut engines = vec![
+        spawn("plain", Speculation::Off),
+        spawn("ngram", Speculation::Ngram(Ngram::default())),
+    ];
+    if let Some(draft) = &args.draft {
+        let c = config("draft", Speculation::Draft(DraftModel::default()));
+        let handle =
+            Scheduler::spawn_with_draft(load(&args.model), load(draft), c).unwrap_or_else(|e| {
+                eprintln!("cannot draft with {}: {e}", draft.display());
+                std::process::exit(1)
+            });
+        engines.push(Engine {
+            name: "draft",
+            handle,
+            rates: Vec::new(),
+        });
+    }
+    let tok = engines[0].handle.tokenizer();
     let render = |text: &str| {
         let rendered = if args.gemma {
             format!("<bos><start_of_turn>user\n{text}<end_of_turn>\n<start_of_turn>model\n")
@@ -217,17 +282,33 @@ async fn run(args: Args) {
         };
         tok.encode(&rendered).expect("encode")
     };
-    let model = args
-        .model
-        .file_name()
-        .map(|f| f.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let file_name = |p: &PathBuf| {
+        p.file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    let model = file_name(&args.model);
+    let draft = args.draft.as_ref().map(file_name);
     eprintln!(
-        "{model}: {} threads, greedy, at most {} tokens, {} rounds",
-        args.threads, args.max_tokens, args.rounds
+        "{model}{}: {} threads, greedy, at most {} tokens, {} rounds",
+        draft
+            .as_ref()
+            .map(|d| format!(" (draft {d})"))
+            .unwrap_or_default(),
+        args.threads,
+        args.max_tokens,
+        args.rounds
     );
-    println!("| task | grounded | streams | tokens | plain tok/s | ngram tok/s | ratio | accepted/drafted | same output |");
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---|");
+    let speculating: Vec<&str> = engines[1..].iter().map(|e| e.name).collect();
+    let heads: String = speculating
+        .iter()
+        .map(|n| format!(" {n} tok/s | ratio | accepted/drafted |"))
+        .collect();
+    println!("| task | grounded | streams | tokens | plain tok/s |{heads} same output |");
+    println!(
+        "|---|---|---:|---:|---:|{}---|",
+        "---:|---:|---:|".repeat(speculating.len())
+    );
     let mut lines = Vec::new();
     let mut prompts = serde_json::Map::new();
     for (task, grounded) in grounded::TASKS {
@@ -241,45 +322,33 @@ async fn run(args: Args) {
         let ids = render(&grounded::prompt(task));
         prompts.insert(task.to_string(), json!(ids));
         for &n in &args.streams {
-            let (mut plain, mut ngram) = (Vec::new(), Vec::new());
-            let before = on.metrics();
-            let mut same = true;
-            let mut tokens = 0;
-            for round in 0..args.rounds {
-                let tag = format!("{task}-{n}-{round}");
-                let (a, b) = if round % 2 == 0 {
-                    let a = level(&off, &ids, n, args.max_tokens, &format!("off-{tag}")).await;
-                    (
-                        a,
-                        level(&on, &ids, n, args.max_tokens, &format!("on-{tag}")).await,
-                    )
-                } else {
-                    let b = level(&on, &ids, n, args.max_tokens, &format!("on-{tag}")).await;
-                    (
-                        level(&off, &ids, n, args.max_tokens, &format!("off-{tag}")).await,
-                        b,
-                    )
-                };
-                same &= a.texts == b.texts;
-                tokens = a.tokens;
-                plain.push(a.tok_s);
-                ngram.push(b.tok_s);
+            let before: Vec<_> = engines.iter().map(|e| e.handle.metrics()).collect();
+            let (tokens, same) =
+                compare(&mut engines, &ids, n, &args, &format!("{task}-{n}")).await;
+            let plain = median(engines[0].rates.clone());
+            let mut line = json!({
+                "model": model, "draft": draft, "task": task, "grounded": grounded, "streams": n,
+                "tokens": tokens, "plain_tok_s": plain, "same_output": same,
+                "threads": args.threads, "rounds": args.rounds,
+            });
+            let mut cells = String::new();
+            for (e, before) in engines.iter().zip(&before).skip(1) {
+                let after = e.handle.metrics();
+                let drafted = after.drafted_tokens - before.drafted_tokens;
+                let accepted = after.accepted_tokens - before.accepted_tokens;
+                let rate = median(e.rates.clone());
+                cells += &format!(" {rate:.1} | {:.2} | {accepted}/{drafted} |", rate / plain);
+                let name = e.name;
+                line[format!("{name}_tok_s")] = json!(rate);
+                line[format!("{name}_ratio")] = json!(rate / plain);
+                line[format!("{name}_drafted")] = json!(drafted);
+                line[format!("{name}_accepted")] = json!(accepted);
             }
-            let after = on.metrics();
-            let drafted = after.drafted_tokens - before.drafted_tokens;
-            let accepted = after.accepted_tokens - before.accepted_tokens;
-            let (p, s) = (median(plain), median(ngram));
             println!(
-                "| {task} | {grounded} | {n} | {tokens} | {p:.1} | {s:.1} | {:.2} | {accepted}/{drafted} | {} |",
-                s / p,
+                "| {task} | {grounded} | {n} | {tokens} | {plain:.1} |{cells} {} |",
                 if same { "yes" } else { "NO" }
             );
-            lines.push(json!({
-                "model": model, "task": task, "grounded": grounded, "streams": n,
-                "tokens": tokens, "plain_tok_s": p, "ngram_tok_s": s, "ratio": s / p,
-                "drafted": drafted, "accepted": accepted, "same_output": same,
-                "threads": args.threads, "rounds": args.rounds,
-            }));
+            lines.push(line);
         }
     }
     if let Some(path) = &args.json {
@@ -290,6 +359,7 @@ async fn run(args: Args) {
         std::fs::write(path, serde_json::Value::Object(prompts).to_string())
             .expect("write --prompts");
     }
-    off.shutdown().await;
-    on.shutdown().await;
+    for e in engines {
+        e.handle.shutdown().await;
+    }
 }
