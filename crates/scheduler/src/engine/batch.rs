@@ -1,7 +1,7 @@
 //! The batch the engine loop owns: running sequences, admission, reaping, planning a step,
 //! sampling and sending events without ever blocking on a reader.
 
-use super::draft::{Drafter, StepCost, MAX_SHARE};
+use super::draft::{Drafter, StepCost, MAX_MODEL_SHARE};
 use super::draft_model::DraftCost;
 use super::emit::Emitter;
 use super::*;
@@ -113,7 +113,12 @@ pub(super) struct Batch {
     pub(super) draft_cost: DraftCost,
     /// The draft model's vocabulary size (0 without one).
     pub(super) draft_vocab: usize,
+    /// Streams admitted so far (for [`Batch::gets_draft`]).
+    pub(super) admitted: u64,
 }
+
+/// With a draft model that costs more than it saves, one new stream in this many still drafts.
+const DRAFT_PROBE: u64 = 32;
 
 impl Batch {
     /// Moves waiting requests into the batch in arrival order while slots and KV budget allow.
@@ -197,6 +202,7 @@ impl Batch {
                 seq
             });
             // The draft model's own cache, as long as its context allows.
+            let draft = draft.filter(|_| self.gets_draft());
             let seq = seq.and_then(|seq| {
                 let draft_seq = draft
                     .map(|d| d.new_sequence(p.capacity.min(d.info().context_length)))
@@ -301,7 +307,9 @@ impl Batch {
             drafter: match self.shared.config.speculation {
                 Speculation::Off => None,
                 Speculation::Ngram(bounds) => Some(Drafter::new(bounds)),
-                Speculation::Draft(bounds) => Some(Drafter::for_model(bounds)),
+                Speculation::Draft(bounds) => {
+                    draft_seq.is_some().then(|| Drafter::for_model(bounds))
+                }
             },
             draft: Vec::new(),
             draft_seq,
@@ -360,6 +368,7 @@ impl Batch {
         let mut budget = config.max_step_tokens;
         let mut rows = 0;
         let share = self.draft_share();
+        let mut freed = 0;
         for a in self.active.iter_mut() {
             a.planned = None;
             a.draft.clear();
@@ -369,6 +378,13 @@ impl Batch {
                 // A draft model's tokens are not drafted yet: only their budget is kept.
                 let drafted = a.plan_draft(budget, share);
                 budget -= drafted;
+                if a.drafter.as_ref().is_some_and(Drafter::gave_up) {
+                    // Its draft model does not pay: its cache goes, and its budget with it.
+                    if let Some(d) = a.draft_seq.take() {
+                        a.kv_bytes -= d.kv_bytes() as u64;
+                        freed += d.kv_bytes() as u64;
+                    }
+                }
                 a.planned = Some((fed, fed + 1 + a.draft.len().saturating_sub(1)));
                 rows += 1;
             }
@@ -389,7 +405,21 @@ impl Batch {
             budget = budget.saturating_sub(to - from);
             rows += 1;
         }
+        if freed > 0 {
+            self.kv_reserved -= freed;
+            let metrics = &self.shared.metrics;
+            metrics.kv_bytes_in_use.store(self.kv_reserved, Relaxed);
+        }
         rows
+    }
+
+    /// Whether the stream admitted now gets a draft cache: yes, unless a drafted token is known
+    /// to cost more than a token's time (then no acceptance pays for it, and the draft model's
+    /// prefill of the prompt is spared), but even then one stream in [`DRAFT_PROBE`], so that
+    /// the cost is learned again as the batch changes.
+    fn gets_draft(&mut self) -> bool {
+        self.admitted += 1;
+        self.draft_share() < 1.0 || self.admitted.is_multiple_of(DRAFT_PROBE)
     }
 
     /// The share of a token's time one drafted token costs: a row of the model's step, and with
@@ -397,7 +427,9 @@ impl Batch {
     pub(super) fn draft_share(&self) -> f64 {
         let rows = self.cost.share();
         match self.shared.config.speculation {
-            Speculation::Draft(_) => (rows + self.draft_cost.share(&self.cost)).min(MAX_SHARE),
+            Speculation::Draft(_) => {
+                (rows + self.draft_cost.share(&self.cost)).min(MAX_MODEL_SHARE)
+            }
             _ => rows,
         }
     }

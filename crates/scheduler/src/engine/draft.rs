@@ -24,7 +24,12 @@ const STEP_DECAY: f64 = 0.97;
 /// Steps seen before their cost is trusted.
 const MIN_STEPS: f64 = 8.0;
 /// The highest share asked of a draft: even a costly row is worth a token confirmed this often.
-pub(super) const MAX_SHARE: f64 = 0.9;
+const MAX_SHARE: f64 = 0.9;
+/// The highest share a draft model's token is known to cost: its draft steps may cost more than
+/// the token it saves (a draft not much smaller than the model), and then it does not draft.
+pub(super) const MAX_MODEL_SHARE: f64 = 4.0;
+/// Drafted positions whose fate a stream must have been told before it judges its draft model.
+const MIN_TOLD: f64 = 3.0;
 
 /// One stream's drafter and what it learned of its acceptance.
 #[derive(Debug)]
@@ -40,6 +45,8 @@ pub(super) struct Drafter {
     rest: u32,
     /// Drafts in a row that missed at their first token.
     misses: u32,
+    /// Whether a draft model's tokens were found not worth their cost even at one token.
+    gave_up: bool,
 }
 
 impl Drafter {
@@ -62,6 +69,7 @@ impl Drafter {
             tries: 0.0,
             rest: 0,
             misses: 0,
+            gave_up: false,
         }
     }
 
@@ -74,8 +82,7 @@ impl Drafter {
     }
 
     /// How many tokens are worth drafting when a row costs `share` of a token's time: each one
-    /// while the chance that it and all before it are confirmed stays at least `share`; one at
-    /// least, to keep learning.
+    /// while the chance that it and all before it are confirmed stays at least `share`.
     fn worth(&self, share: f64) -> usize {
         let a = self.acceptance();
         let (mut chance, mut n) = (1.0, 0);
@@ -86,17 +93,34 @@ impl Drafter {
             }
             n += 1;
         }
-        n.max(1)
+        n
     }
 
     /// How many tokens this stream may draft for its next step: none while it rests, else as
-    /// many as are worth their rows at `share`, at most `limit`.
+    /// many as are worth their rows at `share`, at most `limit`; one when none is (to keep
+    /// learning), unless a draft model drafts and the stream's acceptance is known: then none,
+    /// from then on.
     pub(super) fn allowance(&mut self, limit: usize, share: f64) -> usize {
-        if self.rest > 0 {
-            self.rest -= 1;
+        if self.rest > 0 || self.gave_up {
+            self.rest = self.rest.saturating_sub(1);
             return 0;
         }
-        self.worth(share).min(limit)
+        let n = self.worth(share);
+        if n > 0 {
+            return n.min(limit);
+        }
+        if self.by_model() && self.tries >= MIN_TOLD {
+            // Not one drafted token pays for its draft steps, though the stream's acceptance is
+            // known: it decodes undrafted from now on (the caller drops its draft cache).
+            self.gave_up = true;
+            return 0;
+        }
+        1.min(limit) // one token at least, to keep learning
+    }
+
+    /// Whether this stream's draft model was found not to pay for itself (see `allowance`).
+    pub(super) fn gave_up(&self) -> bool {
+        self.gave_up
     }
 
     /// Prompt lookup: appends to `out` at most `limit` tokens expected after `ids`, as many as
@@ -344,6 +368,34 @@ mod tests {
         d.record(1, 1);
         assert!(propose(&mut d, 100, 0.2, &mut out) >= 1);
         assert_eq!(d.rest, 0, "a confirmed draft ends the rests");
+    }
+
+    #[test]
+    fn a_draft_model_that_costs_more_than_it_saves_stops_drafting_once_its_acceptance_is_known() {
+        let mut d = Drafter::for_model(DraftModel { max_draft: 8 });
+        // Unknown acceptance (a prior of one half) at a cost of 0.6: one token, to learn.
+        assert_eq!(d.allowance(100, 0.6), 1);
+        d.record(1, 1);
+        assert_eq!(d.allowance(100, 0.6), 1);
+        for _ in 0..4 {
+            d.record(4, 4); // its drafts are confirmed
+        }
+        assert!(
+            d.allowance(100, 0.3) >= 4,
+            "cheap drafts that are confirmed go far"
+        );
+        assert!(!d.gave_up());
+        // The same drafts at more than a token's time each: none, and none ever after.
+        assert_eq!(d.allowance(100, 1.5), 0);
+        assert!(d.gave_up());
+        assert_eq!(d.allowance(100, 0.0), 0);
+        // Prompt lookup costs only a row: it keeps drafting one token however costly that is.
+        let mut lookup = Drafter::new(Ngram::default());
+        for _ in 0..4 {
+            lookup.record(4, 4);
+        }
+        assert_eq!(lookup.allowance(100, 1.5), 1);
+        assert!(!lookup.gave_up());
     }
 
     #[test]

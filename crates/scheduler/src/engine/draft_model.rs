@@ -23,7 +23,7 @@ use hearth_infer::{Step, TextModel};
 use tracing::warn;
 
 use super::batch::Batch;
-use super::draft::{StepCost, MAX_SHARE};
+use super::draft::{StepCost, MAX_MODEL_SHARE};
 
 /// How much earlier draft steps still weigh in the cost of a drafted token, at each new one.
 const DRAFT_DECAY: f64 = 0.9;
@@ -48,7 +48,7 @@ impl DraftCost {
     pub(super) fn share(&self, cost: &StepCost) -> f64 {
         match cost.token_secs() {
             Some(token) if self.rows > 0.0 && token > 0.0 => {
-                (self.secs / self.rows / token).min(MAX_SHARE)
+                (self.secs / self.rows / token).min(MAX_MODEL_SHARE)
             }
             _ => 0.0,
         }
@@ -291,6 +291,6 @@ mod tests {
             draft.share(&cost)
         );
         draft.record(1, 10.0);
-        assert_eq!(draft.share(&cost), MAX_SHARE, "capped");
+        assert_eq!(draft.share(&cost), MAX_MODEL_SHARE, "capped");
     }
 }

@@ -100,6 +100,7 @@ impl Engine {
                 cost: Default::default(),
                 draft_cost: Default::default(),
                 draft_vocab,
+                admitted: 0,
             },
         }
     }
@@ -149,6 +150,8 @@ impl Engine {
         if let Some(draft) = self.draft.as_mut() {
             batch.run_draft_model(draft);
         }
+        // The model's step alone: the draft steps' time is `DraftCost`'s.
+        let stepped = Instant::now();
         let mut rows = Vec::with_capacity(batch.active.len());
         let mut prefilling = false;
         let mut outputs = Vec::with_capacity(batch.active.len());
@@ -202,7 +205,9 @@ impl Engine {
         let elapsed = started.elapsed();
         metrics.step_time.record_duration(elapsed);
         if !prefilling && batch.shared.config.speculation != Speculation::Off {
-            batch.cost.record(tokens, took, elapsed.as_secs_f64());
+            batch
+                .cost
+                .record(tokens, took, stepped.elapsed().as_secs_f64());
         }
     }
 }
