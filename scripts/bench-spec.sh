@@ -16,7 +16,8 @@
 #
 # Hearth: the scheduler bench `speculative`, the engines in one process, taking turns, ROUNDS
 # rounds, medians. llama.cpp: llama-server -np 8, plain, with ngram-simple (lookup of 3 tokens,
-# drafts of up to 8: Hearth's bounds) and with the draft model (--draft-max 8), ROUNDS rounds
+# drafts of up to 8: Hearth's bounds) and with the draft model (drafts of up to 8, each token
+# drafted while the draft is 75% sure of it: llama.cpp's long-time default), ROUNDS rounds
 # each, the medians of the sum of its per-request `timings.predicted_per_second`. Results:
 # Markdown on stdout, JSON lines in .cache/bench-spec/.
 set -euo pipefail
@@ -123,7 +124,8 @@ for name in $MODELS; do
         if [ "$DRAFT" = 1 ]; then
             log "$name: llama-server with the draft model"
             llama_run "$file" "$OUT/$name-prompts.json" "$OUT/$name-llama-draft.jsonl" draft \
-                -md "$draft" --draft-max 8 --draft-min 0
+                -md "$draft" --spec-type draft-simple --spec-draft-n-max 8 --spec-draft-n-min 0 \
+                --spec-draft-p-min 0.75
         fi
     fi
 done
