@@ -35,18 +35,7 @@ async fn a_speculating_model_answers_and_bills_as_one_without_and_counts_its_dra
     assert_eq!(fast["usage"], plain["usage"]);
     assert_eq!(cost_of(&fast), cost_of(&plain), "the same bill");
 
-    let drafted = with
-        .metric("hearth_completion_drafted_tokens_total")
-        .await
-        .unwrap();
-    let accepted = with
-        .metric("hearth_completion_accepted_tokens_total")
-        .await
-        .unwrap();
-    assert!(
-        accepted > 0.0 && accepted <= drafted,
-        "{accepted} of {drafted}"
-    );
+    assert_drafts_confirmed(&with).await;
     assert_eq!(
         without
             .metric("hearth_completion_drafted_tokens_total")
@@ -81,6 +70,22 @@ async fn a_speculating_model_answers_and_bills_as_one_without_and_counts_its_dra
         answers.push(body["choices"][0]["message"]["content"].clone());
     }
     assert_eq!(answers[0], answers[1]);
+}
+
+/// That `app`'s `/metrics` counts drafted tokens and some of them confirmed.
+async fn assert_drafts_confirmed(app: &App) {
+    let drafted = app
+        .metric("hearth_completion_drafted_tokens_total")
+        .await
+        .unwrap();
+    let accepted = app
+        .metric("hearth_completion_accepted_tokens_total")
+        .await
+        .unwrap();
+    assert!(
+        accepted > 0.0 && accepted <= drafted,
+        "{accepted} of {drafted}"
+    );
 }
 
 /// A `[text."smol-draft"]` row serving `weights`.
@@ -144,18 +149,7 @@ async fn a_model_with_a_draft_model_answers_and_bills_as_one_without_and_counts_
         assert_eq!(fast["usage"], plain["usage"]);
         assert_eq!(cost_of(&fast), cost_of(&plain), "the same bill");
     }
-    let drafted = with
-        .metric("hearth_completion_drafted_tokens_total")
-        .await
-        .unwrap();
-    let accepted = with
-        .metric("hearth_completion_accepted_tokens_total")
-        .await
-        .unwrap();
-    assert!(
-        accepted > 0.0 && accepted <= drafted,
-        "{accepted} of {drafted}"
-    );
+    assert_drafts_confirmed(&with).await;
 
     // Streamed, and on the OpenAI route with a sampled request (the rejection rule keeps the
     // seed's answer only in distribution, so that one is checked for its shape and bill).
