@@ -49,6 +49,10 @@ async fn a_draft_model_leaves_greedy_output_unchanged_on_every_architecture_fixt
         .collect();
     archs.sort();
     assert!(archs.len() >= 6, "every architecture: {archs:?}");
+    // How much an engine drafts is its cost rule's call, and on these tiny fixtures a q4_0
+    // draft may cost about what the model does: each engine must draft (a stream whose
+    // acceptance is unknown always does) and some drafts must be confirmed overall.
+    let mut confirmed = 0;
     for arch in &archs {
         let target = fixture(&format!("{arch}-q8_0.gguf"));
         let draft = fixture(&format!("{arch}-q4_0.gguf"));
@@ -78,12 +82,19 @@ async fn a_draft_model_leaves_greedy_output_unchanged_on_every_architecture_fixt
             assert_eq!(w.usage, wo.usage, "{arch}");
             accepted = on.metrics().accepted_tokens;
         }
-        assert!(accepted > 0, "{arch}: the q4_0 draft is never confirmed");
         assert!(
-            on.metrics().steps < off.metrics().steps,
-            "{arch}: fewer steps with a draft"
+            on.metrics().drafted_tokens > 0,
+            "{arch}: nothing was drafted"
         );
+        if accepted > 0 {
+            assert!(
+                on.metrics().steps < off.metrics().steps,
+                "{arch}: fewer steps with confirmed drafts"
+            );
+        }
+        confirmed += accepted;
     }
+    assert!(confirmed > 0, "no q4_0 draft was ever confirmed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
