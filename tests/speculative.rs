@@ -88,6 +88,20 @@ async fn assert_drafts_confirmed(app: &App) {
     );
 }
 
+/// A client streaming a long copy leaves after its first event: billed for what was made, no
+/// hold left.
+async fn leave_after_the_first_event(app: &App) {
+    use futures::StreamExt;
+    let token = app.user("leaver", "10").await;
+    let before = app.store().balance("leaver").await.unwrap();
+    let response = app.stream(request(&token, COPY, 2000)).await;
+    let mut body = response.bytes_stream();
+    let first = body.next().await.unwrap().unwrap();
+    assert!(!first.is_empty());
+    drop(body);
+    assert_billed_for_what_it_made(app, "leaver", before, 2000).await;
+}
+
 /// A `[text."smol-draft"]` row serving `weights`.
 fn draft_row(weights: &Path) -> String {
     format!(
@@ -182,17 +196,9 @@ async fn a_model_with_a_draft_model_answers_and_bills_as_one_without_and_counts_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_a_drafted_stream_is_billed_for_what_was_made() {
-    use futures::StreamExt;
     let dir = tempfile::tempdir().unwrap();
     let app = spawn_drafting(dir.path()).await;
-    let token = app.user("leaver", "10").await;
-    let before = app.store().balance("leaver").await.unwrap();
-    let response = app.stream(request(&token, COPY, 2000)).await;
-    let mut body = response.bytes_stream();
-    let first = body.next().await.unwrap().unwrap();
-    assert!(!first.is_empty());
-    drop(body);
-    assert_billed_for_what_it_made(&app, "leaver", before, 2000).await;
+    leave_after_the_first_event(&app).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -233,14 +239,6 @@ async fn a_draft_with_another_vocabulary_leaves_the_model_unavailable_and_says_w
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_a_speculating_stream_is_billed_for_what_was_made() {
-    use futures::StreamExt;
     let app = spawn_completion_with("speculative = { method = \"ngram\" }", |_| {}).await;
-    let token = app.user("leaver", "10").await;
-    let before = app.store().balance("leaver").await.unwrap();
-    let response = app.stream(request(&token, COPY, 2000)).await;
-    let mut body = response.bytes_stream();
-    let first = body.next().await.unwrap().unwrap();
-    assert!(!first.is_empty());
-    drop(body);
-    assert_billed_for_what_it_made(&app, "leaver", before, 2000).await;
+    leave_after_the_first_event(&app).await;
 }
