@@ -34,7 +34,7 @@ OUT="$ROOT/.cache/bench-spec"
 mkdir -p "$OUT"
 log() { echo "bench-spec: $*" >&2; }
 
-log "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) before the run"
+log "$("$ROOT/scripts/bench/machine.sh") (before the run)"
 cargo bench -q -p hearth-scheduler --bench speculative --no-run 2>/dev/null
 LLAMA_BIN=""
 if [ "${SKIP_LLAMA:-0}" != 1 ]; then

@@ -130,7 +130,7 @@ LLAMA_KV=()
 case "${KV:-f32}" in q8_0 | q4_0) LLAMA_KV=(-ctk "$KV" -ctv "$KV" -fa 1) ;; esac
 echo "== single stream: $(basename "$MODEL"), $THREADS threads, $REPS interleaved runs, Hearth's KV cache ${KV:-f32} =="
 echo "prefill of $PROMPTS tokens into an empty cache; decode of $GEN tokens after $DEPTHS tokens"
-echo "machine: $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+"$ROOT/scripts/bench/machine.sh"
 for i in $(seq 1 "$REPS"); do
     # llama.cpp: the prefill tests, then the decode tests at each depth (-d applies to every test).
     /usr/bin/time -v "$LLAMA_BIN/llama-bench" -m "$MODEL" -t "$THREADS" -p "$PROMPTS" -n 0 -r 1 -o json \

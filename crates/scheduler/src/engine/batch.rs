@@ -61,6 +61,13 @@ impl Active {
             completion_tokens: self.generated,
         }
     }
+    /// Drops the draft model's cache of this stream, if it has one, and returns the bytes its
+    /// reservation held (for [`Batch::release_kv`]).
+    pub(super) fn drop_draft_cache(&mut self) -> u64 {
+        let bytes = self.draft_seq.take().map_or(0, |d| d.kv_bytes() as u64);
+        self.kv_bytes -= bytes;
+        bytes
+    }
 }
 
 /// A stream that has ended but whose last events wait for room in its channel.
@@ -380,10 +387,7 @@ impl Batch {
                 budget -= drafted;
                 if a.drafter.as_ref().is_some_and(Drafter::gave_up) {
                     // Its draft model does not pay: its cache goes, and its budget with it.
-                    if let Some(d) = a.draft_seq.take() {
-                        a.kv_bytes -= d.kv_bytes() as u64;
-                        freed += d.kv_bytes() as u64;
-                    }
+                    freed += a.drop_draft_cache();
                 }
                 a.planned = Some((fed, fed + 1 + a.draft.len().saturating_sub(1)));
                 rows += 1;
@@ -405,12 +409,17 @@ impl Batch {
             budget = budget.saturating_sub(to - from);
             rows += 1;
         }
-        if freed > 0 {
-            self.kv_reserved -= freed;
+        self.release_kv(freed);
+        rows
+    }
+
+    /// Gives back `bytes` of the KV reservation (a stream's draft cache that was dropped).
+    pub(super) fn release_kv(&mut self, bytes: u64) {
+        if bytes > 0 {
+            self.kv_reserved -= bytes;
             let metrics = &self.shared.metrics;
             metrics.kv_bytes_in_use.store(self.kv_reserved, Relaxed);
         }
-        rows
     }
 
     /// Whether the stream admitted now gets a draft cache: yes, unless a drafted token is known

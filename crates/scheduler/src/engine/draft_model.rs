@@ -254,12 +254,16 @@ impl Batch {
     /// A draft step failed: its streams decode without drafting from now on.
     fn draft_failed(&mut self, drafting: &[Drafting], e: &hearth_infer::Error) {
         warn!(error = %e, streams = drafting.len(), "draft step failed; those streams decode undrafted");
+        let mut freed = 0;
         for d in drafting {
             let a = &mut self.active[d.i];
-            a.draft_seq = None;
+            // The drafter goes with its cache, so no later step keeps budget for its drafts.
+            a.drafter = None;
+            freed += a.drop_draft_cache();
             a.draft_allowed = 0;
             a.draft.clear();
         }
+        self.release_kv(freed);
     }
 }
 
