@@ -469,3 +469,55 @@ fn linear_rope_scaling_rotates_by_scaled_positions() {
     assert_eq!(a[0], b[0], "position 0 is not rotated");
     assert_ne!(a[1], b[1], "position 1 is rotated by half the angle");
 }
+
+/// A prompt longer than two MLP blocks ([`MLP_ROWS`]), and not a multiple of one, in one step
+/// gives bit for bit the logits it gives fed in chunks of at most one block, on every kernel
+/// path: the blocks take the right rows and put their sums back where they belong.
+#[test]
+fn a_long_prompt_in_one_step_gives_what_it_gives_in_chunks_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = Spec {
+        arch: "llama",
+        embd: GgmlDType::Q8_0,
+        layer: [GgmlDType::Q4K; 7],
+    };
+    let path = write_model(dir.path(), &spec, 5);
+    let file = GgufFile::open(&path).unwrap();
+    let hp = Hparams::from_gguf(&file.content).unwrap();
+    let mut fast = from_gguf(&path, &file.content, hp.clone(), 2).unwrap();
+    let len = 2 * MLP_ROWS + 44;
+    let prompt: Vec<u32> = (0..len).map(|i| ((i * 53 + 11) % VOCAB) as u32).collect();
+    let outputs = 3;
+    for path in KernelPath::available() {
+        assert!(fast.set_kernel_path(path));
+        let mut whole = new_seq(&fast, &hp, len);
+        let mut once = Vec::new();
+        let mut step = [Step {
+            seq: &mut whole,
+            tokens: &prompt,
+        }];
+        fast.forward(&mut step, &[outputs], &mut once).unwrap();
+        assert_eq!(once.len(), outputs * VOCAB);
+
+        let mut chunked = new_seq(&fast, &hp, len);
+        let mut last = Vec::new();
+        for piece in prompt.chunks(100) {
+            let wanted = if chunked.len + piece.len() == len {
+                outputs
+            } else {
+                0
+            };
+            let mut step = [Step {
+                seq: &mut chunked,
+                tokens: piece,
+            }];
+            fast.forward(&mut step, &[wanted], &mut last).unwrap();
+            chunked.len += piece.len();
+        }
+        let same = once
+            .iter()
+            .zip(&last)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{path:?}: one step and chunks disagree");
+    }
+}
