@@ -138,6 +138,7 @@ impl Batch {
         let started = Instant::now();
         let mut fed = Vec::new();
         let mut prefill = false;
+        let mut freed = 0;
         let result = {
             let mut steps: Vec<Step<'_>> = Vec::new();
             for (i, a) in self.active.iter_mut().enumerate() {
@@ -161,8 +162,10 @@ impl Batch {
                     continue;
                 }
                 if a.ids[start..end].iter().any(|&t| t as usize >= vocab) {
-                    // An id the draft model does not have: this stream decodes undrafted.
-                    a.draft_seq = None;
+                    // An id the draft model does not have: this stream decodes undrafted, and
+                    // its drafter goes with its cache (as after a failed draft step).
+                    a.drafter = None;
+                    freed += a.drop_draft_cache();
                     a.draft_allowed = 0;
                     continue;
                 }
@@ -176,9 +179,14 @@ impl Batch {
                 }
             }
             if steps.is_empty() {
-                return Vec::new();
+                None
+            } else {
+                Some(draft.forward(&mut steps))
             }
-            draft.forward(&mut steps)
+        };
+        self.release_kv(freed);
+        let Some(result) = result else {
+            return Vec::new();
         };
         let logits = match result {
             Ok(logits) => logits,
