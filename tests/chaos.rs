@@ -1,6 +1,8 @@
 //! Faults without loss: the database taken away under running `hearth serve` processes and
 //! brought back. Every test runs on a PostgreSQL cluster of its own (`common::postgres`), which
 //! it stops (`pg_ctl stop -m fast`: every connection is cut) and starts again on the same port.
+//! The outage runs under plain decoding on one node and two, and under a draft model's
+//! speculation on one.
 //!
 //! What must hold, whatever the database does:
 //! - money: the balance at the end is the start less exactly the costs of the answers that said
@@ -38,15 +40,41 @@ const HEALTH_LIMIT: Duration = Duration::from_secs(2);
 /// acquire timeout (0.75 s) before the circuit opens, at once after; the rest is room again.
 const REFUSAL_LIMIT: Duration = Duration::from_secs(2);
 
+/// How the nodes' `alpha-3.3` decodes.
+#[derive(Clone, Copy, PartialEq)]
+enum Decoding {
+    Plain,
+    /// Drafted for by a Q4_0 copy of its weights (`speculative = { method = "draft" }`): the
+    /// draft model's caches and its back-off beside the money.
+    Drafted,
+}
+
 /// `n` auth + completion nodes on the database at `url`, each in its own data dir (10 credits
 /// for a new user, no per-user cap, room in the queue for every client).
 async fn nodes(url: &str, n: usize, dir: &std::path::Path) -> Vec<ServerProcess> {
+    nodes_decoding(url, n, dir, Decoding::Plain).await
+}
+
+/// [`nodes`], with `alpha-3.3` decoding as `decoding` says.
+async fn nodes_decoding(
+    url: &str,
+    n: usize,
+    dir: &std::path::Path,
+    decoding: Decoding,
+) -> Vec<ServerProcess> {
     let models = models_toml(dir);
-    let table = std::fs::read_to_string(&models).unwrap().replacen(
-        "shutdown_grace_ms = 500",
-        "shutdown_grace_ms = 500\nmax_queued = 256",
-        1,
-    );
+    let mut row = "shutdown_grace_ms = 500\nmax_queued = 256".to_string();
+    let mut extra = String::new();
+    if decoding == Decoding::Drafted {
+        row.push_str("\nspeculative = { method = \"draft\", model = \"smol-draft\" }");
+        extra = crate::speculative::draft_row(&crate::speculative::smollm2_q4_0(dir));
+    }
+    let mut table =
+        std::fs::read_to_string(&models)
+            .unwrap()
+            .replacen("shutdown_grace_ms = 500", &row, 1);
+    table.push('\n');
+    table.push_str(&extra);
     std::fs::write(&models, table).unwrap();
     n_completion_nodes(url, models, n).await
 }
@@ -180,13 +208,13 @@ fn openai_cost(body: &Value) -> Decimal {
 
 /// Traffic on `n` nodes; the database stops for a few seconds and starts again. Health and new
 /// requests answer at once meanwhile, and afterwards the money is exact and no hold is open.
-async fn an_outage_mid_traffic(n: usize, test: &str) {
+async fn an_outage_mid_traffic(n: usize, test: &str, decoding: Decoding) {
     let Some(cluster) = Cluster::start() else {
         return;
     };
     let url = cluster.database(test).await;
     let dir = tempfile::tempdir().unwrap();
-    let nodes = nodes(&url, n, dir.path()).await;
+    let nodes = nodes_decoding(&url, n, dir.path(), decoding).await;
     let idp = hearth(&["idp", "mint", "eve"], nodes[0].data_dir(), &url);
     let token = sign_in(&nodes[0], "eve", idp.trim()).await;
     let store = store(&url).await;
@@ -299,12 +327,19 @@ async fn an_outage_mid_traffic(n: usize, test: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_database_stopped_mid_traffic_under_one_node_costs_no_money_and_nothing_hangs() {
-    an_outage_mid_traffic(1, "chaos_one_node").await;
+    an_outage_mid_traffic(1, "chaos_one_node", Decoding::Plain).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_database_stopped_mid_traffic_under_two_nodes_costs_no_money_and_nothing_hangs() {
-    an_outage_mid_traffic(2, "chaos_two_nodes").await;
+    an_outage_mid_traffic(2, "chaos_two_nodes", Decoding::Plain).await;
+}
+
+/// The same outage under one node whose model a draft model drafts for: the drafted streams,
+/// the long one among them, settle exactly and leave no hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_stopped_under_drafted_traffic_costs_no_money_and_nothing_hangs() {
+    an_outage_mid_traffic(1, "chaos_drafted", Decoding::Drafted).await;
 }
 
 /// Completions finish while the database is down: each is answered with its cost and waits in

@@ -103,7 +103,7 @@ async fn leave_after_the_first_event(app: &App) {
 }
 
 /// A `[text."smol-draft"]` row serving `weights`.
-fn draft_row(weights: &Path) -> String {
+pub(crate) fn draft_row(weights: &Path) -> String {
     format!(
         "[text.\"smol-draft\"]\nweights = \"{}\"\ninput_price_per_million = \"0.01\"\n\
          output_price_per_million = \"0.01\"\n",
@@ -112,7 +112,7 @@ fn draft_row(weights: &Path) -> String {
 }
 
 /// SmolLM2 re-encoded as Q4_0 by `hearth dev requantize`, in `dir`.
-fn smollm2_q4_0(dir: &Path) -> PathBuf {
+pub(crate) fn smollm2_q4_0(dir: &Path) -> PathBuf {
     let source =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("weights/SmolLM2-135M-Instruct.Q4_1.gguf");
     let out = dir.join("smollm2.q4_0.gguf");
