@@ -127,6 +127,9 @@ pub struct Metrics {
     pub prompt_tokens: AtomicU64,
     /// Prompt tokens not prefilled because a kept KV cache already held them.
     pub prefix_reused_tokens: AtomicU64,
+    /// Prompt tokens the draft model did not prefill because a kept or running draft cache
+    /// already held them.
+    pub draft_reused_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
     /// Tokens drafted by speculative decoding and fed for verification.
     pub drafted_tokens: AtomicU64,
@@ -155,6 +158,7 @@ pub struct MetricsSnapshot {
     pub aborted: u64,
     pub prompt_tokens: u64,
     pub prefix_reused_tokens: u64,
+    pub draft_reused_tokens: u64,
     pub generated_tokens: u64,
     pub drafted_tokens: u64,
     pub accepted_tokens: u64,
@@ -180,6 +184,7 @@ impl Metrics {
             aborted: self.aborted.load(Relaxed),
             prompt_tokens: self.prompt_tokens.load(Relaxed),
             prefix_reused_tokens: self.prefix_reused_tokens.load(Relaxed),
+            draft_reused_tokens: self.draft_reused_tokens.load(Relaxed),
             generated_tokens: self.generated_tokens.load(Relaxed),
             drafted_tokens: self.drafted_tokens.load(Relaxed),
             accepted_tokens: self.accepted_tokens.load(Relaxed),

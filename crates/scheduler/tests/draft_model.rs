@@ -212,3 +212,41 @@ async fn a_q4_0_copy_drafting_for_smollm2_changes_no_output_greedy_sampled_or_co
     let value: serde_json::Value = serde_json::from_str(&w.text).expect("valid JSON");
     assert!(value["city"].is_string(), "{value}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_draft_models_cache_is_reused_with_the_models_and_changes_no_output() {
+    let on = Scheduler::spawn_with_draft(smollm2_model(), smollm2_q4_0(), drafting("draft"))
+        .expect("spawn with draft");
+    let off = Scheduler::spawn(smollm2_model(), SchedulerConfig::default()).expect("spawn");
+    let ids = prompt(
+        &on,
+        "Repeat this sentence exactly: The quick brown fox jumps over the lazy dog.",
+    );
+    // One token: the prompt's prefill step only, so no step's cost is known yet and the next
+    // stream is sure to get a draft cache.
+    let first = run(&on, ids.clone(), greedy(1), "first").await;
+    assert_eq!(first.usage.completion_tokens, 1);
+    assert_eq!(
+        on.metrics().draft_reused_tokens,
+        0,
+        "nothing was kept before"
+    );
+    // The same prompt again: the draft cache kept with the model's holds all of it but the last
+    // token (fed again for its logits), and drafting from it changes nothing.
+    let drafted = on.metrics().drafted_tokens;
+    let (again, plain) = tokio::join!(
+        run(&on, ids.clone(), greedy(40), "again"),
+        run(&off, ids.clone(), greedy(40), "plain")
+    );
+    assert_eq!(
+        on.metrics().draft_reused_tokens as usize,
+        ids.len() - 1,
+        "the kept draft cache's positions of the prompt"
+    );
+    assert!(on.metrics().drafted_tokens > drafted, "it drafted");
+    assert_eq!(
+        again.text, plain.text,
+        "a reused draft cache changed the output"
+    );
+    assert_eq!(again.usage, plain.usage);
+}

@@ -177,26 +177,31 @@ impl Batch {
             // A kept cache if one fits; else a new one, for which kept caches make room.
             let room = config.kv_budget_bytes - self.kv_reserved;
             let reused = &shared.metrics.prefix_reused_tokens;
-            let seq = match self
+            let taken = self
                 .spares
-                .take(p.capacity, room, &p.prompt, config.prefix_reuse)
-            {
-                Some(Taken::Whole(seq, n)) => {
+                .take(p.capacity, room, &p.prompt, config.prefix_reuse);
+            let (seq, kept_draft) = match taken {
+                Some((Taken::Whole(seq, n), kept_draft)) => {
                     reused.fetch_add(n as u64, Relaxed);
-                    Ok(seq)
+                    if draft.is_some() && kept_draft.is_none() {
+                        // A new draft cache: kept caches make room for it as for any.
+                        self.spares.shrink_to(room - p.kv_bytes);
+                    }
+                    (Ok(seq), kept_draft)
                 }
                 // The prompt's start sits in a smaller cache: a new cache, that start copied in.
-                Some(Taken::CopyFrom(from, n)) => {
+                Some((Taken::CopyFrom(from, n), kept_draft)) => {
                     self.spares.shrink_to(room - p.kv_bytes);
-                    model.new_sequence(p.capacity).map(|mut seq| {
+                    let seq = model.new_sequence(p.capacity).map(|mut seq| {
                         let copied = seq.copy_prefix(&from, n);
                         reused.fetch_add(copied as u64, Relaxed);
                         seq
-                    })
+                    });
+                    (seq, kept_draft)
                 }
                 None => {
                     self.spares.shrink_to(room - p.kv_bytes);
-                    model.new_sequence(p.capacity)
+                    (model.new_sequence(p.capacity), None)
                 }
             };
             // A running sequence may hold a longer start of the prompt than any kept cache
@@ -208,11 +213,11 @@ impl Batch {
                 }
                 seq
             });
-            // The draft model's own cache, as long as its context allows.
+            // The draft model's own cache, holding what it can of the prompt already.
             let draft = draft.filter(|_| self.gets_draft());
             let seq = seq.and_then(|seq| {
                 let draft_seq = draft
-                    .map(|d| d.new_sequence(p.capacity.min(d.info().context_length)))
+                    .map(|d| self.draft_cache(d, &p, kept_draft))
                     .transpose()?;
                 Ok((seq, draft_seq))
             });
@@ -488,7 +493,8 @@ impl Batch {
         }
         let config = &self.shared.config;
         let room = config.kv_budget_bytes.saturating_sub(self.kv_reserved);
-        self.spares.put(a.seq, a.ids, room, config.max_active);
+        self.spares
+            .put(a.seq, a.draft_seq, a.ids, room, config.max_active);
         self.shared
             .metrics
             .active

@@ -2,7 +2,9 @@
 //! set its `draft_allowed`) runs the draft model greedily over its own cache of the draft model,
 //! one batched draft step per drafted token, all such streams together.
 //!
-//! A stream's draft cache follows its tokens: it is fed the prompt chunk by chunk beside the
+//! A stream's draft cache starts with what the caches it can reuse hold of its prompt (the one
+//! kept with the cache it was given, and a running stream's, as for the model's own cache), and
+//! follows its tokens: it is fed the rest of the prompt chunk by chunk beside the
 //! model's prefill, catches up with the tokens the last verification kept (one or two) in the
 //! first draft step, and after a verification forgets the drafted positions the model refused
 //! (`verify.rs`). A stream drafts only once its draft cache holds every token but the last.
@@ -17,13 +19,16 @@
 //! costs only the draft: its streams decode without drafting from then on, and a warning says
 //! why.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
-use hearth_infer::{Step, TextModel};
+use hearth_infer::{Sequence, Step, TextModel};
 use tracing::warn;
 
 use super::batch::Batch;
 use super::draft::{StepCost, MAX_MODEL_SHARE};
+use crate::queue::Pending;
+use crate::spare::{common_prefix, WORTH_A_COPY};
 
 /// How much earlier draft steps still weigh in the cost of a drafted token, at each new one.
 const DRAFT_DECAY: f64 = 0.9;
@@ -76,6 +81,47 @@ struct Drafting {
 }
 
 impl Batch {
+    /// The draft model's cache for `p`, admitted now, as long as the draft's context allows:
+    /// the one `kept` with the cache `p` was given, or a new one holding what that one held;
+    /// then, with prefix reuse, a running stream's draft cache's fed start of the prompt when
+    /// that is longer (the draft model's prefill of a shared start is spared, as the model's).
+    pub(super) fn draft_cache(
+        &self,
+        draft: &TextModel,
+        p: &Pending,
+        kept: Option<Sequence>,
+    ) -> Result<Sequence, hearth_infer::Error> {
+        let capacity = p.capacity.min(draft.info().context_length);
+        let reused = &self.shared.metrics.draft_reused_tokens;
+        let mut seq = match kept {
+            Some(k) if k.capacity() >= capacity => k,
+            Some(k) => {
+                let mut seq = draft.new_sequence(capacity)?;
+                seq.copy_prefix(&k, k.len());
+                seq
+            }
+            None => draft.new_sequence(capacity)?,
+        };
+        if self.shared.config.prefix_reuse {
+            // All but the prompt's last token: drafting needs the logits after it.
+            let usable = p.prompt.len().saturating_sub(1).min(seq.capacity());
+            let best = self
+                .active
+                .iter()
+                .filter_map(|a| {
+                    let from = a.draft_seq.as_ref()?;
+                    let held = from.len().min(a.ids.len());
+                    Some((from, common_prefix(&a.ids[..held], &p.prompt).min(usable)))
+                })
+                .max_by_key(|&(_, n)| n);
+            if let Some((from, n)) = best.filter(|&(_, n)| n >= seq.len() + WORTH_A_COPY) {
+                seq.copy_prefix(from, n);
+            }
+        }
+        reused.fetch_add(seq.len() as u64, Relaxed);
+        Ok(seq)
+    }
+
     /// Runs `draft` for this step: feeds prefill chunks and catch-ups to the draft caches and
     /// drafts for every stream `plan` allowed to, then seals each draft into the step's plan.
     pub(super) fn run_draft_model(&mut self, draft: &mut TextModel) {

@@ -88,13 +88,14 @@ impl<K: PartialEq + Send + Sync + 'static> Collector for TextEngines<K> {
         }
 
         type Read = fn(&Engine) -> u64;
-        let counters: [(&str, &str, Read); 10] = [
+        let counters: [(&str, &str, Read); 11] = [
             ("hearth_completion_requests", "Requests submitted to the engine", |e| e.snapshot.requests),
             ("hearth_completion_rejected", "Requests the engine refused at submission (queue full, prompt too long, shutting down)", |e| e.snapshot.rejected),
             ("hearth_completion_finished", "Sequences that finished (a stop, the length limit)", |e| e.snapshot.finished),
             ("hearth_completion_aborted", "Sequences aborted (cancelled, client gone, engine failure, shutdown)", |e| e.snapshot.aborted),
             ("hearth_completion_prompt_tokens", "Prompt tokens of the sequences admitted", |e| e.snapshot.prompt_tokens),
             ("hearth_completion_prefix_reused_tokens", "Prompt tokens taken from a kept KV cache instead of prefilled", |e| e.snapshot.prefix_reused_tokens),
+            ("hearth_completion_draft_prefix_reused_tokens", "Prompt tokens the draft model took from a kept or running draft cache instead of prefilling", |e| e.snapshot.draft_reused_tokens),
             ("hearth_completion_generated_tokens", "Tokens generated", |e| e.snapshot.generated_tokens),
             ("hearth_completion_drafted_tokens", "Tokens drafted by speculative decoding and fed for verification", |e| e.snapshot.drafted_tokens),
             ("hearth_completion_accepted_tokens", "Drafted tokens the model confirmed", |e| e.snapshot.accepted_tokens),
