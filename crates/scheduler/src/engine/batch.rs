@@ -2,7 +2,7 @@
 //! sampling and sending events without ever blocking on a reader.
 
 use super::draft::{Drafter, StepCost, MAX_MODEL_SHARE};
-use super::draft_model::DraftCost;
+use super::draft_model::{DraftAcceptance, DraftCost};
 use super::emit::Emitter;
 use super::*;
 use crate::config::Speculation;
@@ -118,6 +118,8 @@ pub(super) struct Batch {
     pub(super) cost: StepCost,
     /// What a drafted token costs in draft-model steps, learned from them.
     pub(super) draft_cost: DraftCost,
+    /// How often the draft model's first tokens were confirmed lately.
+    pub(super) draft_acceptance: DraftAcceptance,
     /// The draft model's vocabulary size (0 without one).
     pub(super) draft_vocab: usize,
     /// Streams admitted so far (for [`Batch::gets_draft`]).
@@ -428,12 +430,15 @@ impl Batch {
     }
 
     /// Whether the stream admitted now gets a draft cache: yes, unless a drafted token is known
-    /// to cost more than a token's time (then no acceptance pays for it, and the draft model's
-    /// prefill of the prompt is spared), but even then one stream in [`DRAFT_PROBE`], so that
-    /// the cost is learned again as the batch changes.
+    /// to cost a larger share of a token's time than the draft model's first tokens were lately
+    /// confirmed (then not even one drafted token pays, and the draft model's prefill of the
+    /// prompt and its stream's first drafts are spared), but even then one stream in
+    /// [`DRAFT_PROBE`], so that cost and acceptance are learned again as the batch and the
+    /// prompts change.
     fn gets_draft(&mut self) -> bool {
         self.admitted += 1;
-        self.draft_share() < 1.0 || self.admitted.is_multiple_of(DRAFT_PROBE)
+        self.draft_share() < self.draft_acceptance.first_token()
+            || self.admitted.is_multiple_of(DRAFT_PROBE)
     }
 
     /// The share of a token's time one drafted token costs: a row of the model's step, and with

@@ -60,6 +60,37 @@ impl DraftCost {
     }
 }
 
+/// How much earlier verifications still weigh in the draft model's acceptance, at each new one
+/// (a full batch verifies a draft of each stream every step).
+const ACCEPTANCE_DECAY: f64 = 0.95;
+
+/// How often the draft model's first tokens were confirmed lately, over every stream: a drafted
+/// token is worth its cost only if it is confirmed at least as often as that cost's share of a
+/// token's time, and new streams get a draft cache only while it is (`Batch::gets_draft`).
+#[derive(Debug, Default)]
+pub(super) struct DraftAcceptance {
+    /// Decayed sums: drafts verified, and those whose first token was confirmed.
+    drafts: f64,
+    confirmed: f64,
+}
+
+impl DraftAcceptance {
+    /// A stream's draft was verified: `accepted` of its `drafted` tokens were the model's.
+    pub(super) fn record(&mut self, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        self.drafts = self.drafts * ACCEPTANCE_DECAY + 1.0;
+        self.confirmed = self.confirmed * ACCEPTANCE_DECAY + f64::from(u8::from(accepted > 0));
+    }
+
+    /// The chance that a first drafted token is confirmed, from a prior of certainty worth one
+    /// draft (before any draft is verified, drafting may pay whatever it costs below a token).
+    pub(super) fn first_token(&self) -> f64 {
+        (self.confirmed + 1.0) / (self.drafts + 1.0)
+    }
+}
+
 /// The most likely token of `logits` and its probability.
 fn greedy(logits: &[f32]) -> (u32, f64) {
     let (mut best, mut max) = (0, f32::NEG_INFINITY);
@@ -332,6 +363,27 @@ mod tests {
         assert!((p - 0.5).abs() < 1e-6, "{p}");
         let (t, p) = greedy(&[-1e30, 5.0]);
         assert_eq!((t, p), (1, 1.0));
+    }
+
+    #[test]
+    fn the_draft_models_acceptance_is_how_often_its_first_tokens_were_confirmed_lately() {
+        let mut a = DraftAcceptance::default();
+        assert_eq!(a.first_token(), 1.0, "nothing verified yet");
+        a.record(0, 0);
+        assert_eq!(a.first_token(), 1.0, "no draft, nothing learned");
+        for _ in 0..200 {
+            a.record(4, 0); // refused at the first token
+            a.record(4, 3);
+            a.record(2, 2);
+        }
+        // Two drafts in three confirmed at their first token (the latest weigh a little more,
+        // and the prior of one confirmed draft a little).
+        let two_in_three = a.first_token();
+        assert!((0.64..0.72).contains(&two_in_three), "{two_in_three}");
+        for _ in 0..200 {
+            a.record(8, 0);
+        }
+        assert!(a.first_token() < 0.1, "the latest drafts weigh most");
     }
 
     #[test]

@@ -99,6 +99,7 @@ impl Engine {
                 vocab,
                 cost: Default::default(),
                 draft_cost: Default::default(),
+                draft_acceptance: Default::default(),
                 draft_vocab,
                 admitted: 0,
             },

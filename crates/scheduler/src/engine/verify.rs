@@ -69,6 +69,9 @@ impl Batch {
                 }
                 if let Some(d) = a.drafter.as_mut() {
                     d.record(drafted, matched);
+                    if d.by_model() {
+                        self.draft_acceptance.record(drafted, matched);
+                    }
                 }
                 let metrics = &self.shared.metrics;
                 metrics.drafted_tokens.fetch_add(drafted as u64, Relaxed);
