@@ -179,21 +179,23 @@ impl Batch {
             // A kept cache if one fits; else a new one, for which kept caches make room.
             let room = config.kv_budget_bytes - self.kv_reserved;
             let reused = &shared.metrics.prefix_reused_tokens;
+            // The draft model's own cache, for a stream that gets one.
+            let draft = draft.filter(|_| self.gets_draft());
             let taken = self
                 .spares
                 .take(p.capacity, room, &p.prompt, config.prefix_reuse);
+            // A cache taken whole needs no room; anything allocated anew (the cache, a draft
+            // cache) gets it from the kept caches.
+            if draft.is_some() || !matches!(taken, Some((Taken::Whole(..), _))) {
+                self.spares.shrink_to(room - p.kv_bytes);
+            }
             let (seq, kept_draft) = match taken {
                 Some((Taken::Whole(seq, n), kept_draft)) => {
                     reused.fetch_add(n as u64, Relaxed);
-                    if draft.is_some() && kept_draft.is_none() {
-                        // A new draft cache: kept caches make room for it as for any.
-                        self.spares.shrink_to(room - p.kv_bytes);
-                    }
                     (Ok(seq), kept_draft)
                 }
                 // The prompt's start sits in a smaller cache: a new cache, that start copied in.
                 Some((Taken::CopyFrom(from, n), kept_draft)) => {
-                    self.spares.shrink_to(room - p.kv_bytes);
                     let seq = model.new_sequence(p.capacity).map(|mut seq| {
                         let copied = seq.copy_prefix(&from, n);
                         reused.fetch_add(copied as u64, Relaxed);
@@ -201,22 +203,18 @@ impl Batch {
                     });
                     (seq, kept_draft)
                 }
-                None => {
-                    self.spares.shrink_to(room - p.kv_bytes);
-                    (model.new_sequence(p.capacity), None)
-                }
+                None => (model.new_sequence(p.capacity), None),
             };
             // A running sequence may hold a longer start of the prompt than any kept cache
             // (requests that arrive together with one system prompt): copy it from there.
             let seq = seq.map(|mut seq| {
                 if config.prefix_reuse {
-                    let copied = self.copy_from_running(&mut seq, &p.prompt);
+                    let copied = self.copy_from_running(&mut seq, &p.prompt, |a| Some(&a.seq));
                     reused.fetch_add(copied as u64, Relaxed);
                 }
                 seq
             });
-            // The draft model's own cache, holding what it can of the prompt already.
-            let draft = draft.filter(|_| self.gets_draft());
+            // The draft cache holds what it can of the prompt already.
             let seq = seq.and_then(|seq| {
                 let draft_seq = draft
                     .map(|d| self.draft_cache(d, &p, kept_draft))
@@ -247,21 +245,31 @@ impl Batch {
         draining
     }
 
-    /// Copies into `seq` the positions of the running sequence that shares the longest start
-    /// with `prompt` (all but its last token), when that is at least [`WORTH_A_COPY`] longer
-    /// than what `seq` holds already; returns how many positions it added. Only fed positions
-    /// are read, which hold what a fresh prefill of the same tokens computes.
-    fn copy_from_running(&self, seq: &mut Sequence, prompt: &[u32]) -> usize {
+    /// Copies into `seq` the positions of the running stream whose cache (`cache_of` it: its
+    /// own, or its draft model's) shares the longest start with `prompt` (all but its last
+    /// token), when that is at least [`WORTH_A_COPY`] longer than what `seq` holds already;
+    /// returns how many positions it added. Only positions of the stream's tokens are read,
+    /// which hold what a fresh prefill of the same tokens computes.
+    pub(super) fn copy_from_running(
+        &self,
+        seq: &mut Sequence,
+        prompt: &[u32],
+        cache_of: impl Fn(&Active) -> Option<&Sequence>,
+    ) -> usize {
         let usable = prompt.len().saturating_sub(1).min(seq.capacity());
         let best = self
             .active
             .iter()
-            .map(|a| (a, common_prefix(&a.ids[..a.fed()], prompt).min(usable)))
+            .filter_map(|a| {
+                let from = cache_of(a)?;
+                let held = from.len().min(a.ids.len());
+                Some((from, common_prefix(&a.ids[..held], prompt).min(usable)))
+            })
             .max_by_key(|&(_, n)| n);
         match best {
-            Some((a, n)) if n >= seq.len() + WORTH_A_COPY => {
+            Some((from, n)) if n >= seq.len() + WORTH_A_COPY => {
                 let before = seq.len();
-                seq.copy_prefix(&a.seq, n).saturating_sub(before)
+                seq.copy_prefix(from, n).saturating_sub(before)
             }
             _ => 0,
         }

@@ -28,7 +28,6 @@ use tracing::warn;
 use super::batch::Batch;
 use super::draft::{StepCost, MAX_MODEL_SHARE};
 use crate::queue::Pending;
-use crate::spare::{common_prefix, WORTH_A_COPY};
 
 /// How much earlier draft steps still weigh in the cost of a drafted token, at each new one.
 const DRAFT_DECAY: f64 = 0.9;
@@ -134,20 +133,7 @@ impl Batch {
             None => draft.new_sequence(capacity)?,
         };
         if self.shared.config.prefix_reuse {
-            // All but the prompt's last token: drafting needs the logits after it.
-            let usable = p.prompt.len().saturating_sub(1).min(seq.capacity());
-            let best = self
-                .active
-                .iter()
-                .filter_map(|a| {
-                    let from = a.draft_seq.as_ref()?;
-                    let held = from.len().min(a.ids.len());
-                    Some((from, common_prefix(&a.ids[..held], &p.prompt).min(usable)))
-                })
-                .max_by_key(|&(_, n)| n);
-            if let Some((from, n)) = best.filter(|&(_, n)| n >= seq.len() + WORTH_A_COPY) {
-                seq.copy_prefix(from, n);
-            }
+            self.copy_from_running(&mut seq, &p.prompt, |a| a.draft_seq.as_ref());
         }
         reused.fetch_add(seq.len() as u64, Relaxed);
         Ok(seq)
